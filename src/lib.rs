@@ -1,0 +1,100 @@
+//! Exactly-once execution of retried operations.
+//!
+//! Clients retry: timeouts, gateways, at-least-once queues, impatient users.
+//! This crate remembers what an idempotency key *meant* (a fingerprint of the
+//! request's business fields) and how far its work got, in one embedded
+//! [redb](https://docs.rs/redb) file:
+//!
+//! - **Atomic claim.** [`Engine::begin`] inserts a PROCESSING record in one
+//!   durable write transaction *before* the work runs; a concurrent twin can
+//!   never also win. Claims are group-committed: many callers share one fsync.
+//! - **Fingerprint.** [`Fingerprint`] hashes the canonical form of the
+//!   business fields (not raw bytes). Same key with a different fingerprint
+//!   is [`Begin::Mismatch`], never a replay.
+//! - **Visible in-progress** with a retry-after hint, **replay** of a stored
+//!   [`Envelope`] (versioned for upgrades), and **recovery**: work that may
+//!   have happened but was never recorded becomes UNKNOWN and is settled by a
+//!   [`Resolver`] that queries the provider, never by executing again.
+//! - **Expiry** by TTL, decided at read time and cleaned up by a background
+//!   sweeper, with an optional tombstone policy ([`ExpiryPolicy`]).
+//!
+//! What it is not: a distributed lock service or a cache shared between
+//! machines. One process owns the database file (redb locks it). Keys and
+//! scopes are at most 255 bytes; responses are limited by
+//! [`EngineBuilder::max_response_bytes`] (1 MiB by default).
+//!
+//! # Example
+//!
+//! ```
+//! use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let engine = Engine::builder().open(dir.path().join("idem.redb"))?;
+//! let key = IdempotencyKey::new("tenant-1:create_payment", "9f1c-retry-safe")?;
+//! let fp = Fingerprint::of_json(br#"{"amount": 10, "currency": "EUR"}"#, &[])?;
+//!
+//! match engine.begin(&key, fp)? {
+//!     Begin::Claimed(claim) => {
+//!         // Do the work once, passing claim.reference() to the provider.
+//!         let body = format!(r#"{{"payment":"{}"}}"#, claim.reference());
+//!         engine.complete(claim, Envelope::new(1, 201, body))?;
+//!     }
+//!     other => panic!("a new key is claimed, got {other:?}"),
+//! }
+//!
+//! // The retry, with members reordered: same fingerprint, so it replays.
+//! let retry = Fingerprint::of_json(br#"{"currency":"EUR","amount":10.0}"#, &[])?;
+//! match engine.begin(&key, retry)? {
+//!     Begin::Replay(replay) => assert_eq!(replay.envelope.status, 201),
+//!     other => panic!("expected a replay, got {other:?}"),
+//! }
+//!
+//! // The same key with a different amount is a conflict, never a replay.
+//! let tampered = Fingerprint::of_json(br#"{"amount": 100, "currency": "EUR"}"#, &[])?;
+//! assert!(matches!(engine.begin(&key, tampered)?, Begin::Mismatch));
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod builder;
+pub mod canonical;
+mod claim;
+mod clock;
+mod codec;
+mod engine;
+mod envelope;
+mod error;
+mod fingerprint;
+mod inspect;
+mod key;
+mod ops;
+mod outcome;
+mod poison;
+mod recovery;
+mod sweeper;
+mod tables;
+mod writer;
+
+pub use builder::EngineBuilder;
+pub use claim::Claim;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::Engine;
+pub use envelope::{Envelope, Upcaster};
+pub use error::{Error, Result};
+pub use fingerprint::{
+    Fingerprint, FingerprintBuilder, FingerprintError, FINGERPRINT_ALGORITHM_VERSION,
+};
+pub use inspect::{RecordFilter, RecordInfo, Stats};
+pub use key::{IdempotencyKey, MAX_KEY_BYTES};
+pub use ops::{ExpiryPolicy, SweepCounts};
+pub use outcome::{Begin, Failure, Pending, Replay, ReplayKind, State};
+pub use recovery::{RecoveryReport, Resolution, Resolver};
+
+/// Decodes bytes as a stored record, for the `record_decode` fuzz target.
+/// Returns whether they decoded. Not part of the stable API.
+#[doc(hidden)]
+pub fn __fuzz_decode_record(bytes: &[u8]) -> bool {
+    codec::decode(bytes).is_ok()
+}

@@ -1,0 +1,35 @@
+//! The redb tables the engine owns.
+//!
+//! Every engine table name starts with `idempotency.`; an app that keeps its
+//! own tables in the same database file must use names without that prefix.
+//!
+//! Index tables let background passes cost O(work) instead of a scan:
+//! each record is in exactly one index, chosen by its state:
+//!
+//! | state | index | entry |
+//! |---|---|---|
+//! | PROCESSING | `idempotency.leases` | `(lease_until_ms, record key)` |
+//! | UNKNOWN | `idempotency.recovery` | `(unknown_since_ms, record key)` |
+//! | COMPLETED, FAILED_FINAL, TOMBSTONE | `idempotency.expiry` | `(expires_at_ms, record key)` |
+
+use redb::TableDefinition;
+
+/// Format version and the fencing-token counter.
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
+/// Record key → encoded record (see `codec.rs`).
+pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idempotency.records");
+/// PROCESSING records by lease end.
+pub(crate) const LEASES: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency.leases");
+/// UNKNOWN records by the instant they became unknown: the recovery queue.
+pub(crate) const RECOVERY: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency.recovery");
+/// Records that expire, by expiry instant.
+pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency.expiry");
+
+/// `META` key holding the one-byte record format version.
+pub(crate) const META_FORMAT_VERSION: &str = "format_version";
+/// `META` key holding the next fencing token (u64 little-endian).
+pub(crate) const META_NEXT_TOKEN: &str = "next_token";
