@@ -98,3 +98,8 @@ pub use recovery::{RecoveryReport, Resolution, Resolver};
 pub fn __fuzz_decode_record(bytes: &[u8]) -> bool {
     codec::decode(bytes).is_ok()
 }
+
+/// The README's Rust snippets, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
