@@ -1,1 +1,334 @@
-fn main() {}
+//! `idem`: inspect and repair an idempotency database from the shell.
+//!
+//! The file is opened with `open_existing` and no background sweeper, so the
+//! CLI never creates a database and never changes one unless a command says
+//! so (`resolve`, `sweep`, `purge`). redb locks the file: stop the app (or
+//! use its own admin endpoint) while the CLI runs.
+
+#![forbid(unsafe_code)]
+
+mod commands;
+mod envelope_json;
+mod render;
+
+use std::error::Error as StdError;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use idempotency::{
+    Engine, EngineBuilder, ExpiryPolicy, IdempotencyKey, RecordFilter, Resolution, State,
+};
+
+use crate::commands::{CliError, CliResult};
+
+/// Inspect and repair an idempotency database.
+#[derive(Parser, Debug)]
+#[command(name = "idem", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List records: scope, key, state, age, fingerprint prefix, status.
+    Inspect {
+        /// The database file.
+        db: PathBuf,
+        /// Only records in this scope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Only records in this state, as stored (PROCESSING, COMPLETED,
+        /// FAILED_FINAL, UNKNOWN, TOMBSTONE).
+        #[arg(long, value_parser = parse_state)]
+        state: Option<State>,
+        /// At most this many rows.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// One JSON array of objects.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one record with every field and its stored response.
+    Show {
+        /// The database file.
+        db: PathBuf,
+        /// The record's scope.
+        scope: String,
+        /// The record's key.
+        key: String,
+        /// One JSON object; its `response` is valid input for
+        /// `resolve --completed`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List UNKNOWN records awaiting recovery, oldest first.
+    Unknown {
+        /// The database file.
+        db: PathBuf,
+        /// One JSON array of objects.
+        #[arg(long)]
+        json: bool,
+        /// At most this many rows.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Settle one UNKNOWN record after checking with the provider.
+    Resolve {
+        /// The database file.
+        db: PathBuf,
+        /// The record's scope.
+        scope: String,
+        /// The record's key.
+        key: String,
+        /// The work never happened: release the key so the next request
+        /// executes afresh.
+        #[arg(
+            long,
+            required_unless_present = "completed",
+            conflicts_with = "completed"
+        )]
+        not_executed: bool,
+        /// The work happened and this was its response (see cli/README.md
+        /// for the file's shape). Later requests replay it.
+        #[arg(long, value_name = "ENVELOPE.json")]
+        completed: Option<PathBuf>,
+        /// How long the stored response is replayed. Use the app's TTL: the
+        /// file does not record it.
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value_t = 86_400,
+            requires = "completed"
+        )]
+        ttl_secs: u64,
+    },
+    /// Run one sweep pass: stale claims to UNKNOWN, expired records deleted
+    /// or tombstoned.
+    Sweep {
+        /// The database file.
+        db: PathBuf,
+        /// Tombstone expired records for this long instead of deleting them.
+        /// Use the app's expiry policy: the file does not record it, and
+        /// deleting records the app would tombstone lets their keys be
+        /// reused.
+        #[arg(long, value_name = "SECS")]
+        tombstone_keep_secs: Option<u64>,
+    },
+    /// Count records by state.
+    Stats {
+        /// The database file.
+        db: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete one record (PROCESSING and UNKNOWN only with --force).
+    Purge {
+        /// The database file.
+        db: PathBuf,
+        /// The record's scope.
+        scope: String,
+        /// The record's key.
+        key: String,
+        /// Also delete a PROCESSING or UNKNOWN record. A retry may then
+        /// execute its work a second time.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn parse_state(name: &str) -> Result<State, String> {
+    State::parse(name).ok_or_else(|| {
+        format!("unknown state {name:?} (PROCESSING, COMPLETED, FAILED_FINAL, UNKNOWN, TOMBSTONE)")
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match try_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&*e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem: {}", one_line(&*e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main(cli: Cli) -> CliResult {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    run(cli.command, &mut out, &mut io::stderr())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Opens the database and runs one command, writing its report to `out`
+/// and warnings to `warn`.
+fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliResult {
+    let builder = || Engine::builder().sweep_interval(None);
+    match command {
+        Command::Inspect {
+            db,
+            scope,
+            state,
+            limit,
+            json,
+        } => {
+            let filter = RecordFilter {
+                scope,
+                state,
+                limit,
+            };
+            commands::inspect(&open(&db, builder())?, &filter, json, out)
+        }
+        Command::Show {
+            db,
+            scope,
+            key,
+            json,
+        } => {
+            let key = IdempotencyKey::new(scope, key)?;
+            commands::show(&open(&db, builder())?, &key, json, out)
+        }
+        Command::Unknown { db, json, limit } => {
+            let engine = open(&db, builder())?;
+            commands::unknown(&engine, limit.unwrap_or(usize::MAX), json, out)
+        }
+        Command::Resolve {
+            db,
+            scope,
+            key,
+            not_executed,
+            completed,
+            ttl_secs,
+        } => {
+            let key = IdempotencyKey::new(scope, key)?;
+            let resolution = match (not_executed, completed) {
+                (true, None) => Resolution::NotExecuted,
+                (false, Some(path)) => Resolution::Completed(read_envelope(&path)?),
+                // clap enforces exactly one of the two.
+                _ => return Err(CliError("give --not-executed or --completed".into()).into()),
+            };
+            let engine = open(&db, builder().ttl(Duration::from_secs(ttl_secs)))?;
+            commands::resolve(&engine, &key, resolution, out)
+        }
+        Command::Sweep {
+            db,
+            tombstone_keep_secs,
+        } => {
+            let policy = match tombstone_keep_secs {
+                None => ExpiryPolicy::Forget,
+                Some(secs) => ExpiryPolicy::Tombstone {
+                    keep_ms: secs.saturating_mul(1000),
+                },
+            };
+            commands::sweep(&open(&db, builder().expiry_policy(policy))?, out)
+        }
+        Command::Stats { db, json } => commands::stats(&open(&db, builder())?, json, out),
+        Command::Purge {
+            db,
+            scope,
+            key,
+            force,
+        } => {
+            let key = IdempotencyKey::new(scope, key)?;
+            commands::purge(&open(&db, builder())?, &key, force, out, warn)
+        }
+    }
+}
+
+fn open(path: &Path, builder: EngineBuilder) -> CliResult<Engine> {
+    Ok(builder.open_existing(path)?)
+}
+
+fn read_envelope(path: &Path) -> CliResult<idempotency::Envelope> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError(format!(
+            "{}: cannot read envelope file: {e}",
+            path.display()
+        ))
+    })?;
+    envelope_json::parse(&text)
+        .map_err(|e| CliError(format!("{}: invalid envelope: {e}", path.display())).into())
+}
+
+/// The error's message and its sources joined with `": "`, on one line. A
+/// source whose text the message already contains (errors that print their
+/// source in their own `Display`) is not repeated.
+fn one_line(e: &dyn StdError) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line.replace(['\n', '\r'], " ")
+}
+
+fn is_broken_pipe(e: &(dyn StdError + 'static)) -> bool {
+    e.downcast_ref::<io::Error>()
+        .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(io::Error, bool);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            if self.1 {
+                write!(f, "outer: {}", self.0)
+            } else {
+                write!(f, "outer")
+            }
+        }
+    }
+
+    impl StdError for Outer {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn one_line_joins_sources_without_repeating_them() {
+        let inner = || io::Error::other("disk\nfull");
+        assert_eq!(one_line(&Outer(inner(), false)), "outer: disk full");
+        assert_eq!(one_line(&Outer(inner(), true)), "outer: disk full");
+    }
+
+    #[test]
+    fn cli_definition_is_valid() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn missing_database_is_an_error_not_a_new_file() -> Result<(), Box<dyn StdError>> {
+        let dir = std::env::temp_dir().join(format!("idem-unit-{}", std::process::id()));
+        let path = dir.join("absent.redb");
+        let cmd = Command::Stats {
+            db: path.clone(),
+            json: false,
+        };
+        let mut out = Vec::new();
+        let err = run(cmd, &mut out, &mut io::sink())
+            .err()
+            .ok_or("expected an error")?;
+        assert!(one_line(&*err).contains("no such database file"), "{err}");
+        assert!(!path.exists());
+        Ok(())
+    }
+}

@@ -1,0 +1,393 @@
+//! One function per subcommand. Each takes an open [`Engine`] and writes its
+//! report to a generic writer, so tests can run it against a buffer.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::io::Write;
+
+use idempotency::{Engine, Envelope, IdempotencyKey, RecordFilter, RecordInfo, Resolution, State};
+use serde_json::{json, Value};
+
+use crate::envelope_json;
+use crate::render::{self, bytes_for_terminal, escape_controls, human_ms, relative, when};
+
+/// What a command returns: any error, printed by `main` on one line.
+pub type CliResult<T = ()> = Result<T, Box<dyn StdError>>;
+
+/// A failure the CLI itself decided on (a refusal, a missing record).
+#[derive(Debug)]
+pub struct CliError(pub String);
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for CliError {}
+
+fn print_json<W: Write>(out: &mut W, value: &Value) -> CliResult {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// A note for records whose stored state is not what a `begin` would see
+/// now (records are listed as stored; expiry and leases are decided at read
+/// time).
+fn read_time_note(info: &RecordInfo, now: u64) -> Option<&'static str> {
+    match (info.state, info.lease_until_ms, info.expires_at_ms) {
+        (State::Processing, Some(lease), _) if lease <= now => {
+            Some("lease ran out: counts as UNKNOWN")
+        }
+        (State::Completed | State::FailedFinal | State::Tombstone, _, Some(exp)) if exp <= now => {
+            Some("expired, not yet swept")
+        }
+        _ => None,
+    }
+}
+
+/// `idem inspect`: records in key order, corrupt ones included as rows.
+pub fn inspect<W: Write>(
+    engine: &Engine,
+    filter: &RecordFilter,
+    json: bool,
+    out: &mut W,
+) -> CliResult {
+    let now = engine.clock().now_ms();
+    let rows = engine.records(filter)?;
+    if json {
+        let items: Vec<Value> = rows
+            .iter()
+            .map(|row| match row {
+                Ok(info) => json!({
+                    "scope": info.key.scope(),
+                    "key": info.key.key(),
+                    "state": info.state.as_str(),
+                    "fingerprint": info.fingerprint.to_hex(),
+                    "fencing_token": info.fencing_token,
+                    "claimed_at_ms": info.claimed_at_ms,
+                    "updated_at_ms": info.updated_at_ms,
+                    "age_ms": now.saturating_sub(info.claimed_at_ms),
+                    "status": info.response.as_ref().map(|r| r.status),
+                    "note": read_time_note(info, now),
+                }),
+                Err(e) => corrupt_json(e),
+            })
+            .collect();
+        return print_json(out, &Value::Array(items));
+    }
+    if rows.is_empty() {
+        writeln!(out, "no records")?;
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| match row {
+            Ok(info) => {
+                let mut state = info.state.to_string();
+                if let Some(note) = read_time_note(info, now) {
+                    state = format!("{state} ({note})");
+                }
+                vec![
+                    escape_controls(info.key.scope()),
+                    escape_controls(info.key.key()),
+                    state,
+                    human_ms(now.saturating_sub(info.claimed_at_ms)),
+                    human_ms(now.saturating_sub(info.updated_at_ms)),
+                    info.fingerprint.to_hex()[..12].to_string(),
+                    info.response
+                        .as_ref()
+                        .map_or_else(|| "-".to_string(), |r| r.status.to_string()),
+                ]
+            }
+            Err(e) => {
+                let (key, _) = corrupt_parts(e);
+                vec![
+                    "?".into(),
+                    escape_controls(&key),
+                    "CORRUPT".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    escape_controls(&e.to_string()),
+                ]
+            }
+        })
+        .collect();
+    let header = [
+        "SCOPE",
+        "KEY",
+        "STATE",
+        "AGE",
+        "UPDATED",
+        "FINGERPRINT",
+        "STATUS",
+    ];
+    render::table(out, &header, &table)?;
+    Ok(())
+}
+
+/// The key and reason of a row that did not decode.
+fn corrupt_parts(e: &idempotency::Error) -> (String, String) {
+    match e {
+        idempotency::Error::CorruptRecord { key, reason } => (key.clone(), reason.clone()),
+        other => ("?".into(), other.to_string()),
+    }
+}
+
+fn corrupt_json(e: &idempotency::Error) -> Value {
+    let (key, reason) = corrupt_parts(e);
+    json!({ "key": key, "state": "CORRUPT", "error": reason })
+}
+
+/// `idem show`: one record with every field and its stored response.
+pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &mut W) -> CliResult {
+    let now = engine.clock().now_ms();
+    let info = engine
+        .record(key)?
+        .ok_or_else(|| CliError(format!("no record for {key}")))?;
+    if json {
+        return print_json(out, &record_json(&info, now));
+    }
+    let opt_when = |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| when(t, now));
+    let or_dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            escape_controls(s)
+        }
+    };
+    let mut fields: Vec<(&str, String)> = vec![
+        ("scope", escape_controls(info.key.scope())),
+        ("key", escape_controls(info.key.key())),
+        ("state", info.state.to_string()),
+        (
+            "fingerprint",
+            format!(
+                "{} (algorithm v{})",
+                info.fingerprint.to_hex(),
+                info.fingerprint_version
+            ),
+        ),
+        ("fencing token", info.fencing_token.to_string()),
+        ("reference", or_dash(&info.reference)),
+        ("claimed at", when(info.claimed_at_ms, now)),
+        ("updated at", when(info.updated_at_ms, now)),
+        ("lease until", opt_when(info.lease_until_ms)),
+        ("expires at", opt_when(info.expires_at_ms)),
+        ("unknown since", opt_when(info.unknown_since_ms)),
+        ("attempts", info.attempts.to_string()),
+        ("reason", or_dash(&info.reason)),
+        ("resource", or_dash(info.resource.as_deref().unwrap_or(""))),
+    ];
+    if let Some(note) = read_time_note(&info, now) {
+        fields.push(("note", note.to_string()));
+    }
+    for (name, value) in fields {
+        writeln!(out, "{:<15}{value}", format!("{name}:"))?;
+    }
+    match &info.response {
+        None => writeln!(out, "{:<15}-", "response:")?,
+        Some(env) => write_envelope(out, env)?,
+    }
+    Ok(())
+}
+
+fn write_envelope<W: Write>(out: &mut W, env: &Envelope) -> CliResult {
+    writeln!(out, "response:")?;
+    writeln!(out, "  {:<13}{}", "schema:", env.schema_version)?;
+    writeln!(out, "  {:<13}{}", "status:", env.status)?;
+    if env.headers.is_empty() {
+        writeln!(out, "  {:<13}-", "headers:")?;
+    } else {
+        writeln!(out, "  headers:")?;
+        for (name, value) in &env.headers {
+            writeln!(
+                out,
+                "    {}: {}",
+                escape_controls(name),
+                bytes_for_terminal(value)
+            )?;
+        }
+    }
+    writeln!(out, "  {:<13}{}", "body:", bytes_for_terminal(&env.body))?;
+    Ok(())
+}
+
+fn record_json(info: &RecordInfo, now: u64) -> Value {
+    json!({
+        "scope": info.key.scope(),
+        "key": info.key.key(),
+        "state": info.state.as_str(),
+        "fingerprint": info.fingerprint.to_hex(),
+        "fingerprint_version": info.fingerprint_version,
+        "fencing_token": info.fencing_token,
+        "reference": info.reference,
+        "claimed_at_ms": info.claimed_at_ms,
+        "updated_at_ms": info.updated_at_ms,
+        "lease_until_ms": info.lease_until_ms,
+        "expires_at_ms": info.expires_at_ms,
+        "unknown_since_ms": info.unknown_since_ms,
+        "attempts": info.attempts,
+        "reason": info.reason,
+        "resource": info.resource,
+        "response": info.response.as_ref().map(envelope_json::to_json),
+        "note": read_time_note(info, now),
+    })
+}
+
+/// `idem unknown`: UNKNOWN records awaiting recovery, oldest first.
+pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W) -> CliResult {
+    let pending = engine.pending(limit)?;
+    if json {
+        let items: Vec<Value> = pending
+            .iter()
+            .map(|p| {
+                json!({
+                    "scope": p.key.scope(),
+                    "key": p.key.key(),
+                    "reference": p.reference,
+                    "fencing_token": p.fencing_token,
+                    "attempts": p.attempts,
+                    "claimed_at_ms": p.claimed_at_ms,
+                    "unknown_since_ms": p.unknown_since_ms,
+                    "age_ms": p.age_ms,
+                    "reason": p.reason,
+                })
+            })
+            .collect();
+        return print_json(out, &Value::Array(items));
+    }
+    if pending.is_empty() {
+        writeln!(out, "no UNKNOWN records")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = pending
+        .iter()
+        .map(|p| {
+            vec![
+                escape_controls(p.key.scope()),
+                escape_controls(p.key.key()),
+                escape_controls(&p.reference),
+                p.attempts.to_string(),
+                human_ms(p.age_ms),
+                escape_controls(&p.reason),
+            ]
+        })
+        .collect();
+    let header = ["SCOPE", "KEY", "REFERENCE", "ATTEMPTS", "AGE", "REASON"];
+    render::table(out, &header, &rows)?;
+    Ok(())
+}
+
+/// `idem resolve`: settles one UNKNOWN record by hand.
+pub fn resolve<W: Write>(
+    engine: &Engine,
+    key: &IdempotencyKey,
+    resolution: Resolution,
+    out: &mut W,
+) -> CliResult {
+    let what = match &resolution {
+        Resolution::Completed(env) => format!(
+            "completed (status {}, {} body bytes): later requests with this key replay it",
+            env.status,
+            env.body.len()
+        ),
+        Resolution::NotExecuted => {
+            "not executed: the next request with this key executes afresh".to_string()
+        }
+        Resolution::StillUnknown => "still unknown".to_string(),
+    };
+    engine.resolve(key, resolution)?;
+    writeln!(out, "resolved {key} as {what}")?;
+    Ok(())
+}
+
+/// `idem sweep`: one full sweep pass.
+pub fn sweep<W: Write>(engine: &Engine, out: &mut W) -> CliResult {
+    let c = engine.sweep_now()?;
+    writeln!(
+        out,
+        "moved to UNKNOWN: {}, deleted: {}, tombstoned: {}",
+        c.moved_to_unknown, c.deleted, c.tombstoned
+    )?;
+    if c.more {
+        writeln!(out, "more work is left: run sweep again")?;
+    }
+    Ok(())
+}
+
+/// `idem stats`: records by state, as stored. The engine's counters (claims,
+/// replays, ...) count since *this* process opened the file, so they are
+/// always zero here and not shown.
+pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
+    let s = engine.stats()?;
+    if json {
+        return print_json(
+            out,
+            &json!({
+                "processing": s.processing,
+                "completed": s.completed,
+                "failed_final": s.failed_final,
+                "unknown": s.unknown,
+                "tombstones": s.tombstones,
+                "corrupt": s.corrupt,
+                "oldest_unknown_age_ms": s.oldest_unknown_age_ms,
+            }),
+        );
+    }
+    let rows = [
+        ("PROCESSING", s.processing),
+        ("COMPLETED", s.completed),
+        ("FAILED_FINAL", s.failed_final),
+        ("UNKNOWN", s.unknown),
+        ("TOMBSTONE", s.tombstones),
+        ("corrupt", s.corrupt),
+    ];
+    for (name, n) in rows {
+        writeln!(out, "{name:<15}{n}")?;
+    }
+    let oldest = s
+        .oldest_unknown_age_ms
+        .map_or_else(|| "-".to_string(), |ms| format!("{} ago", human_ms(ms)));
+    writeln!(out, "{:<15}{oldest}", "oldest UNKNOWN")?;
+    Ok(())
+}
+
+/// `idem purge`: deletes one record; PROCESSING and UNKNOWN only with
+/// `force`, with a warning on `warn`.
+pub fn purge<W: Write, E: Write>(
+    engine: &Engine,
+    key: &IdempotencyKey,
+    force: bool,
+    out: &mut W,
+    warn: &mut E,
+) -> CliResult {
+    let now = engine.clock().now_ms();
+    let info = engine
+        .record(key)?
+        .ok_or_else(|| CliError(format!("no record for {key}")))?;
+    let risky = matches!(info.state, State::Processing | State::Unknown);
+    if risky && !force {
+        return Err(Box::new(CliError(format!(
+            "refusing to purge {key}: it is {}, so its work may have run or still be running, \
+             and after a purge a retry may execute it a second time; \
+             settle it with `idem resolve` or re-run with --force",
+            info.state
+        ))));
+    }
+    let state = engine.purge(key, force)?;
+    writeln!(out, "purged {state} record {key}")?;
+    if risky {
+        writeln!(
+            warn,
+            "idem: warning: force-purged {state} record {key} (reference {}, fencing token {}, \
+             claimed {}): a retry with this key may execute the work a second time",
+            escape_controls(&info.reference),
+            info.fencing_token,
+            relative(info.claimed_at_ms, now)
+        )?;
+    }
+    Ok(())
+}

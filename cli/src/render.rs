@@ -1,0 +1,162 @@
+//! Text rendering shared by the commands: tables, ages, timestamps, bytes.
+
+use std::io::{self, Write};
+
+/// How many leading bytes of a binary body `show` prints as hex.
+pub const HEX_PREFIX_BYTES: usize = 32;
+
+/// Writes rows under a header, columns padded to their widest cell. The last
+/// column is not padded, so long reasons do not leave trailing spaces.
+pub fn table<W: Write>(out: &mut W, header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = header.iter().map(|h| (*h).to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', pad + 2));
+            }
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// A duration in milliseconds as a short human string: `850ms`, `42s`,
+/// `5m12s`, `3h05m`, `2d03h`.
+pub fn human_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// How long ago `at_ms` was, as seen at `now_ms`; a time in the future (clock
+/// skew, a lease still running) reads `in 5s`.
+pub fn relative(at_ms: u64, now_ms: u64) -> String {
+    if at_ms <= now_ms {
+        format!("{} ago", human_ms(now_ms - at_ms))
+    } else {
+        format!("in {}", human_ms(at_ms - now_ms))
+    }
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds.
+pub fn timestamp(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// A timestamp with its distance from now: `2025-01-02T03:04:05.678Z (5s ago)`.
+pub fn when(ms: u64, now_ms: u64) -> String {
+    format!("{} ({})", timestamp(ms), relative(ms, now_ms))
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
+/// `civil_from_days`, restricted to dates after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes for a terminal: valid UTF-8 is shown as text (control characters
+/// other than newline and tab escaped, so a stored body cannot drive the
+/// terminal); anything else as `<N bytes> ` and a hex prefix.
+pub fn bytes_for_terminal(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => escape_controls(s),
+        Err(_) => {
+            let shown = &bytes[..bytes.len().min(HEX_PREFIX_BYTES)];
+            let more = if bytes.len() > shown.len() { "…" } else { "" };
+            format!("<{} bytes> {}{more}", bytes.len(), hex(shown))
+        }
+    }
+}
+
+/// Escapes control characters except `\n` and `\t`.
+pub fn escape_controls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_and_timestamps() {
+        assert_eq!(human_ms(850), "850ms");
+        assert_eq!(human_ms(42_000), "42s");
+        assert_eq!(human_ms(312_000), "5m12s");
+        assert_eq!(human_ms(3 * 3_600_000 + 5 * 60_000), "3h05m");
+        assert_eq!(human_ms(2 * 86_400_000 + 3 * 3_600_000), "2d03h");
+        assert_eq!(relative(1_000, 6_000), "5s ago");
+        assert_eq!(relative(6_000, 1_000), "in 5s");
+        assert_eq!(timestamp(0), "1970-01-01T00:00:00.000Z");
+        // 2024-02-29T12:34:56.789Z, a leap day.
+        assert_eq!(timestamp(1_709_210_096_789), "2024-02-29T12:34:56.789Z");
+    }
+
+    #[test]
+    fn bytes_are_text_or_hex() {
+        assert_eq!(bytes_for_terminal(b"{\"a\":1}"), "{\"a\":1}");
+        assert_eq!(bytes_for_terminal(b"a\x1b[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(bytes_for_terminal(&[0xff, 0x00]), "<2 bytes> ff00");
+        let long: Vec<u8> = (0..40).map(|i| 0x80 + i).collect();
+        let shown = bytes_for_terminal(&long);
+        assert!(shown.starts_with("<40 bytes> 808182"), "{shown}");
+        assert!(shown.ends_with("9f…"), "{shown}");
+    }
+
+    #[test]
+    fn table_pads_all_but_last_column() -> io::Result<()> {
+        let mut out = Vec::new();
+        let rows = vec![vec!["long-scope".into(), "k".into(), "x".into()]];
+        table(&mut out, &["SCOPE", "KEY", "REASON"], &rows)?;
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(text, "SCOPE       KEY  REASON\nlong-scope  k    x\n");
+        Ok(())
+    }
+}
