@@ -14,13 +14,14 @@ use crate::envelope::{Envelope, Upcasters};
 use crate::error::{Error, Result};
 use crate::ops::{ExpiryPolicy, WriteConfig};
 use crate::recovery::Resolver;
-use crate::tables::{EXPIRY, LEASES, META, META_FORMAT_VERSION, RECORDS, RECOVERY};
+use crate::tables::{
+    ENTITIES, EXPIRY, LEASES, META, META_FORMAT_VERSION, OUTBOX, RECORDS, RECOVERY,
+};
 
 /// Settings fixed when the engine opens.
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) lease: Duration,
-    pub(crate) max_response_bytes: usize,
     pub(crate) write: WriteConfig,
     pub(crate) upcasters: Upcasters,
     pub(crate) resolver: Option<Arc<dyn Resolver>>,
@@ -33,7 +34,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("lease", &self.lease)
-            .field("max_response_bytes", &self.max_response_bytes)
+            .field("max_response_bytes", &self.write.max_response_bytes)
             .field("ttl_ms", &self.write.ttl_ms)
             .field("expiry", &self.write.expiry)
             .field("upcasters", &self.upcasters)
@@ -72,10 +73,10 @@ impl Default for EngineBuilder {
         EngineBuilder {
             cfg: Config {
                 lease: Duration::from_secs(30),
-                max_response_bytes: 1 << 20,
                 write: WriteConfig {
                     ttl_ms: 24 * 60 * 60 * 1000,
                     expiry: ExpiryPolicy::Forget,
+                    max_response_bytes: 1 << 20,
                 },
                 upcasters: Upcasters::default(),
                 resolver: None,
@@ -116,7 +117,7 @@ impl EngineBuilder {
 
     /// Largest response `complete` stores, in bytes of body plus headers.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.cfg.max_response_bytes = bytes;
+        self.cfg.write.max_response_bytes = bytes;
         self
     }
 
@@ -311,6 +312,9 @@ fn init_format(db: &Database) -> Result<()> {
                 txn.open_table(RECOVERY)
                     .map_err(|e| Error::storage(ctx, e))?;
                 txn.open_table(EXPIRY).map_err(|e| Error::storage(ctx, e))?;
+                txn.open_table(OUTBOX).map_err(|e| Error::storage(ctx, e))?;
+                txn.open_table(ENTITIES)
+                    .map_err(|e| Error::storage(ctx, e))?;
             }
             txn.commit().map_err(|e| Error::storage(ctx, e))
         }

@@ -9,6 +9,10 @@
 //!             integers are varints, strings and byte strings length-prefixed)
 //! ```
 //!
+//! The outbox (`idempotency.outbox`, u64 sequence → value) and entity
+//! (`idempotency.entities`, entity id → value) tables use the same framing:
+//! a format-version byte, then postcard of `OutboxEntry` / `EntityState`.
+//!
 //! Keys of the records table are `[scope length: u8][scope][key]` (see
 //! `IdempotencyKey::to_record_key`). Index tables hold `(instant ms, record key)`
 //! tuples; see `tables.rs`. All instants are milliseconds since the Unix epoch.
@@ -18,8 +22,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::entity::EntityState;
 use crate::envelope::Envelope;
 use crate::fingerprint::{Fingerprint, FINGERPRINT_ALGORITHM_VERSION};
+use crate::outbox::OutboxEntry;
 use crate::outcome::State;
 
 /// The record format this build reads and writes.
@@ -167,26 +173,53 @@ impl std::fmt::Display for DecodeError {
 }
 
 pub(crate) fn encode(record: &Record) -> Vec<u8> {
+    encode_versioned(record)
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+    decode_versioned(bytes)
+}
+
+/// Outbox table values: `[FORMAT_VERSION][postcard OutboxEntry]`.
+pub(crate) fn encode_outbox(entry: &OutboxEntry) -> Vec<u8> {
+    encode_versioned(entry)
+}
+
+pub(crate) fn decode_outbox(bytes: &[u8]) -> Result<OutboxEntry, DecodeError> {
+    decode_versioned(bytes)
+}
+
+/// Entity table values: `[FORMAT_VERSION][postcard EntityState]`.
+pub(crate) fn encode_entity(entity: &EntityState) -> Vec<u8> {
+    encode_versioned(entity)
+}
+
+pub(crate) fn decode_entity(bytes: &[u8]) -> Result<EntityState, DecodeError> {
+    decode_versioned(bytes)
+}
+
+fn encode_versioned<T: Serialize>(value: &T) -> Vec<u8> {
     let out = vec![FORMAT_VERSION];
     // postcard serializes these plain structs infallibly into a Vec; the
-    // fallback keeps the function total without an unwrap.
-    match postcard::to_extend(record, out) {
+    // fallback (a bare version byte, which fails to decode) keeps the
+    // function total without an unwrap.
+    match postcard::to_extend(value, out) {
         Ok(v) => v,
         Err(_) => vec![FORMAT_VERSION],
     }
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+fn decode_versioned<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
     let (&version, rest) = bytes.split_first().ok_or(DecodeError::Empty)?;
     if version != FORMAT_VERSION {
         return Err(DecodeError::UnknownVersion(version));
     }
-    let (record, tail): (Record, &[u8]) =
+    let (value, tail): (T, &[u8]) =
         postcard::take_from_bytes(rest).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if !tail.is_empty() {
         return Err(DecodeError::TrailingBytes(tail.len()));
     }
-    Ok(record)
+    Ok(value)
 }
 
 #[cfg(test)]

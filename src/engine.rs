@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::ops::{classify, Class, Op, Reply, Settle, SweepCounts};
+use crate::outbox::OutgoingMessage;
 use crate::outcome::{Begin, Failure, Pending, Replay, ReplayKind};
 use crate::poison::Poison;
 use crate::recovery::{RecoveryReport, Resolution, Resolver};
@@ -325,7 +326,7 @@ impl Engine {
     /// - [`Error::ForeignClaim`], [`Error::Poisoned`], [`Error::Closed`],
     ///   storage errors.
     pub fn complete(&self, claim: Claim, envelope: Envelope) -> Result<()> {
-        self.finish(claim, Some(envelope), None, false)
+        self.finish_with(claim, Some(envelope), None, false, Vec::new())
     }
 
     /// [`Engine::complete`], also storing a resource reference (e.g. a payment
@@ -342,7 +343,13 @@ impl Engine {
         envelope: Envelope,
         resource: impl Into<String>,
     ) -> Result<()> {
-        self.finish(claim, Some(envelope), Some(resource.into()), false)
+        self.finish_with(
+            claim,
+            Some(envelope),
+            Some(resource.into()),
+            false,
+            Vec::new(),
+        )
     }
 
     /// Ends a claim without success; see [`Failure`] for the three kinds.
@@ -353,10 +360,12 @@ impl Engine {
     /// [`Failure::Final`] envelope).
     pub fn fail(&self, claim: Claim, failure: Failure) -> Result<()> {
         match failure {
-            Failure::Final(envelope) => self.finish(claim, Some(envelope), None, true),
-            Failure::Retryable => self.finish(claim, None, None, false),
+            Failure::Final(envelope) => {
+                self.finish_with(claim, Some(envelope), None, true, Vec::new())
+            }
+            Failure::Retryable => self.finish_with(claim, None, None, false, Vec::new()),
             Failure::Unknown { reason } => {
-                let mut claim = self.own(claim)?;
+                let mut claim = self.own_claim(claim)?;
                 claim.finished = true;
                 let op = Op::MarkUnknown {
                     key: claim.key.clone(),
@@ -368,7 +377,7 @@ impl Engine {
         }
     }
 
-    fn own(&self, claim: Claim) -> Result<Claim> {
+    pub(crate) fn own_claim(&self, claim: Claim) -> Result<Claim> {
         if std::ptr::eq(claim.engine.as_ptr(), Arc::as_ptr(&self.shared)) {
             Ok(claim)
         } else {
@@ -378,14 +387,15 @@ impl Engine {
         }
     }
 
-    fn finish(
+    pub(crate) fn finish_with(
         &self,
         claim: Claim,
         envelope: Option<Envelope>,
         resource: Option<String>,
         final_failure: bool,
+        outbox: Vec<OutgoingMessage>,
     ) -> Result<()> {
-        let mut claim = self.own(claim)?;
+        let mut claim = self.own_claim(claim)?;
         let s = &self.shared;
         let Some(envelope) = envelope else {
             claim.finished = true;
@@ -396,11 +406,11 @@ impl Engine {
             return s.submit(op).map(drop);
         };
         let size = envelope.size_bytes() + resource.as_ref().map_or(0, String::len);
-        if size > s.cfg.max_response_bytes {
+        if size > s.cfg.write.max_response_bytes {
             claim.finished = true;
             let reason = format!(
                 "response of {size} bytes refused (limit {} bytes)",
-                s.cfg.max_response_bytes
+                s.cfg.write.max_response_bytes
             );
             s.submit(Op::MarkUnknown {
                 key: claim.key.clone(),
@@ -410,7 +420,7 @@ impl Engine {
             return Err(Error::ResponseTooLarge {
                 key: claim.key.clone(),
                 size,
-                limit: s.cfg.max_response_bytes,
+                limit: s.cfg.write.max_response_bytes,
             });
         }
         claim.finished = true;
@@ -419,6 +429,7 @@ impl Engine {
             token: claim.token,
             response: StoredResponse::new(envelope, resource),
             final_failure,
+            outbox,
         };
         s.submit(op).map(drop)
     }
@@ -567,7 +578,7 @@ impl Engine {
     /// The largest response (body plus headers, see
     /// [`Envelope::size_bytes`]) `complete` accepts, in bytes.
     pub fn max_response_bytes(&self) -> usize {
-        self.shared.cfg.max_response_bytes
+        self.shared.cfg.write.max_response_bytes
     }
 }
 
@@ -707,11 +718,11 @@ impl Shared {
         Ok(match resolution {
             Resolution::Completed(envelope) => {
                 let size = envelope.size_bytes();
-                if size > self.cfg.max_response_bytes {
+                if size > self.cfg.write.max_response_bytes {
                     return Err(Error::ResponseTooLarge {
                         key: key.clone(),
                         size,
-                        limit: self.cfg.max_response_bytes,
+                        limit: self.cfg.write.max_response_bytes,
                     });
                 }
                 Settle::Completed(StoredResponse::new(envelope, None))

@@ -147,6 +147,17 @@ pub enum Error {
         cause: Arc<str>,
     },
 
+    /// The app's local write (see `Engine::complete_local`) failed or
+    /// panicked; its transaction was rolled back and the key released.
+    #[error("local write for {key} failed and was rolled back: {source}")]
+    LocalWrite {
+        /// The key whose completion carried the write.
+        key: IdempotencyKey,
+        /// The app's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
     /// A claim was passed to an engine other than the one that issued it.
     #[error("claim for {key} was issued by another engine")]
     ForeignClaim {

@@ -7,6 +7,11 @@ use crate::error::{Error, Result};
 /// Longest scope or key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 
+/// Scopes starting with this are the engine's own.
+const RESERVED_SCOPE_PREFIX: &str = "@";
+/// Scope prefix of inbox records.
+const INBOX_SCOPE_PREFIX: &str = "@inbox:";
+
 /// An idempotency key inside its scope.
 ///
 /// The scope names the caller and the operation (for example
@@ -33,7 +38,37 @@ impl IdempotencyKey {
     /// or contains a control character; the error says which part and why.
     pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Result<IdempotencyKey> {
         let scope = scope.into();
-        let key = key.into();
+        if scope.starts_with(RESERVED_SCOPE_PREFIX) {
+            return Err(Error::InvalidKey {
+                what: "scope",
+                value: scope,
+                reason: "scopes starting with '@' are reserved for the engine (inbox)",
+            });
+        }
+        IdempotencyKey::any(scope, key.into())
+    }
+
+    /// The key of message `message_id` in `consumer`'s inbox: scope
+    /// `@inbox:<consumer>`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] as for `new`.
+    pub fn inbox(consumer: &str, message_id: impl Into<String>) -> Result<IdempotencyKey> {
+        IdempotencyKey::any(format!("{INBOX_SCOPE_PREFIX}{consumer}"), message_id.into())
+    }
+
+    /// Parses a key as shown by operators, reserved scopes included (what
+    /// the `idem` CLI uses to address inbox records).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] as for `new`, without the reserved-scope rule.
+    pub fn parse_any(scope: &str, key: &str) -> Result<IdempotencyKey> {
+        IdempotencyKey::any(scope.to_owned(), key.to_owned())
+    }
+
+    fn any(scope: String, key: String) -> Result<IdempotencyKey> {
         validate("scope", &scope)?;
         validate("key", &key)?;
         Ok(IdempotencyKey { scope, key })
@@ -56,6 +91,11 @@ impl IdempotencyKey {
                 })
         };
         IdempotencyKey::new(utf8("scope", scope)?, utf8("key", key)?)
+    }
+
+    /// Whether this key is in an engine-reserved scope (an inbox).
+    pub fn is_reserved(&self) -> bool {
+        self.scope.starts_with(RESERVED_SCOPE_PREFIX)
     }
 
     /// The scope (caller and operation).
@@ -88,7 +128,9 @@ impl IdempotencyKey {
             return None;
         }
         let (scope, key) = rest.split_at(len);
-        IdempotencyKey::from_bytes(scope, key).ok()
+        let scope = std::str::from_utf8(scope).ok()?;
+        let key = std::str::from_utf8(key).ok()?;
+        IdempotencyKey::parse_any(scope, key).ok()
     }
 }
 

@@ -64,12 +64,16 @@ mod claim;
 mod clock;
 mod codec;
 mod engine;
+mod entity;
 mod envelope;
 mod error;
 mod fingerprint;
+mod inbox;
 mod inspect;
 mod key;
+mod local;
 mod ops;
+mod outbox;
 mod outcome;
 mod poison;
 mod recovery;
@@ -81,14 +85,18 @@ pub use builder::EngineBuilder;
 pub use claim::Claim;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::Engine;
+pub use entity::{Transition, MAX_ENTITY_BYTES};
 pub use envelope::{Envelope, Upcaster};
 pub use error::{Error, Result};
 pub use fingerprint::{
     Fingerprint, FingerprintBuilder, FingerprintError, FINGERPRINT_ALGORITHM_VERSION,
 };
+pub use inbox::{Inbox, Receive, Ticket};
 pub use inspect::{RecordFilter, RecordInfo, Stats};
 pub use key::{IdempotencyKey, MAX_KEY_BYTES};
+pub use local::{BoxError, LocalTx};
 pub use ops::{ExpiryPolicy, SweepCounts};
+pub use outbox::{Outbox, OutboxEntry, OutgoingMessage};
 pub use outcome::{Begin, Failure, Pending, Replay, ReplayKind, State};
 pub use recovery::{RecoveryReport, Resolution, Resolver};
 

@@ -8,10 +8,13 @@
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use crate::codec::{self, DiskState, Record, StoredResponse};
+use crate::entity::{EntityState, Transition};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::tables::{EXPIRY, LEASES, RECORDS, RECOVERY};
+use crate::local::LocalOp;
+use crate::outbox::{OutboxEntry, OutgoingMessage};
+use crate::tables::{ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
 
 /// What happens to a COMPLETED or FAILED_FINAL record once its TTL has run
 /// out. See the README's expiry table.
@@ -105,12 +108,14 @@ pub(crate) enum Op {
         fingerprint: Fingerprint,
         lease_ms: u64,
     },
-    /// Store the outcome of a claim (success or final failure).
+    /// Store the outcome of a claim (success or final failure), with any
+    /// outbox messages it carries.
     Complete {
         key: IdempotencyKey,
         token: u64,
         response: StoredResponse,
         final_failure: bool,
+        outbox: Vec<OutgoingMessage>,
     },
     /// Retryable failure: release the key.
     Release { key: IdempotencyKey, token: u64 },
@@ -138,6 +143,17 @@ pub(crate) enum Op {
     Sweep { limit: usize },
     /// Delete one record.
     Purge { key: IdempotencyKey, force: bool },
+    /// Compare-and-set an entity's state.
+    Transition {
+        entity: String,
+        from: Vec<String>,
+        to: String,
+    },
+    /// Remove published outbox messages.
+    MarkPublished { seqs: Vec<u64> },
+    /// The app's own write plus a completion, in a transaction of its own
+    /// (the writer runs it; `Store::apply` never sees it).
+    Local(LocalOp),
 }
 
 /// What an applied op answers.
@@ -162,6 +178,8 @@ pub(crate) enum Reply {
     Purged {
         state: crate::State,
     },
+    Transition(Transition),
+    Count(u64),
 }
 
 /// What one sweep step did.
@@ -196,6 +214,18 @@ impl<E: Into<redb::Error>> From<E> for OpError {
 pub(crate) struct WriteConfig {
     pub(crate) ttl_ms: u64,
     pub(crate) expiry: ExpiryPolicy,
+    pub(crate) max_response_bytes: usize,
+}
+
+/// Counters the writer hands out, persisted in the meta table at each
+/// commit that changes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sequences {
+    /// Next fencing token (global, so tokens grow per key even across
+    /// expiry and release).
+    pub(crate) token: u64,
+    /// Next outbox sequence number.
+    pub(crate) outbox: u64,
 }
 
 /// The engine's tables inside one write transaction, plus the batch's state.
@@ -204,7 +234,9 @@ pub(crate) struct Store<'t> {
     leases: Table<'t, (u64, &'static [u8]), ()>,
     recovery: Table<'t, (u64, &'static [u8]), ()>,
     expiry: Table<'t, (u64, &'static [u8]), ()>,
-    pub(crate) next_token: u64,
+    outbox: Table<'t, u64, &'static [u8]>,
+    entities: Table<'t, &'static str, &'static [u8]>,
+    pub(crate) seq: Sequences,
     pub(crate) now: u64,
     cfg: WriteConfig,
 }
@@ -212,7 +244,7 @@ pub(crate) struct Store<'t> {
 impl<'t> Store<'t> {
     pub(crate) fn open(
         txn: &'t WriteTransaction,
-        next_token: u64,
+        seq: Sequences,
         now: u64,
         cfg: WriteConfig,
     ) -> Result<Store<'t>, redb::Error> {
@@ -221,7 +253,9 @@ impl<'t> Store<'t> {
             leases: txn.open_table(LEASES)?,
             recovery: txn.open_table(RECOVERY)?,
             expiry: txn.open_table(EXPIRY)?,
-            next_token,
+            outbox: txn.open_table(OUTBOX)?,
+            entities: txn.open_table(ENTITIES)?,
+            seq,
             now,
             cfg,
         })
@@ -239,7 +273,8 @@ impl<'t> Store<'t> {
                 token,
                 response,
                 final_failure,
-            } => self.complete(&key, token, response, final_failure),
+                outbox,
+            } => self.complete(&key, token, response, final_failure, outbox),
             Op::Release { key, token } => {
                 let rkey = key.to_record_key();
                 let rec = self.owned(&key, &rkey, token, "release")?;
@@ -297,7 +332,58 @@ impl<'t> Store<'t> {
                 tracing::warn!(key = %key, state = %state, force, "record purged");
                 Ok(Reply::Purged { state })
             }
+            Op::Transition { entity, from, to } => self.transition(&entity, &from, to),
+            Op::MarkPublished { seqs } => {
+                let mut removed = 0;
+                for seq in seqs {
+                    if self.outbox.remove(seq)?.is_some() {
+                        removed += 1;
+                    }
+                }
+                Ok(Reply::Count(removed))
+            }
+            Op::Local(local) => Err(OpError::Refused(Error::Config(format!(
+                "internal error: local op for {} reached a shared batch",
+                local.key
+            )))),
         }
+    }
+
+    fn transition(&mut self, entity: &str, from: &[String], to: String) -> Result<Reply, OpError> {
+        let current = match self.entities.get(entity)? {
+            None => None,
+            Some(v) => Some(codec::decode_entity(v.value()).map_err(|e| {
+                OpError::Refused(Error::CorruptRecord {
+                    key: format!("entity {entity:?}"),
+                    reason: e.to_string(),
+                })
+            })?),
+        };
+        let (allowed, version) = match &current {
+            Some(cur) if cur.state == to => {
+                return Ok(Reply::Transition(Transition::AlreadyInState {
+                    version: cur.version,
+                }))
+            }
+            Some(cur) => (from.contains(&cur.state), cur.version),
+            None => (from.is_empty(), 0),
+        };
+        if !allowed {
+            return Ok(Reply::Transition(Transition::Conflict {
+                current: current.map(|c| c.state),
+                version,
+            }));
+        }
+        let new = EntityState {
+            state: to,
+            version: version + 1,
+            updated_at_ms: self.now,
+        };
+        self.entities
+            .insert(entity, codec::encode_entity(&new).as_slice())?;
+        Ok(Reply::Transition(Transition::Applied {
+            version: new.version,
+        }))
     }
 
     fn begin(
@@ -341,8 +427,8 @@ impl<'t> Store<'t> {
         fingerprint: Fingerprint,
         lease_ms: u64,
     ) -> Result<Reply, OpError> {
-        let token = self.next_token;
-        self.next_token += 1;
+        let token = self.seq.token;
+        self.seq.token += 1;
         let reference = reference(rkey, token);
         let lease_until_ms = self.now.saturating_add(lease_ms.max(1));
         let rec = Record::processing(
@@ -368,6 +454,7 @@ impl<'t> Store<'t> {
         token: u64,
         response: StoredResponse,
         final_failure: bool,
+        outbox: Vec<OutgoingMessage>,
     ) -> Result<Reply, OpError> {
         let rkey = key.to_record_key();
         let rec = self.owned(key, &rkey, token, "complete")?;
@@ -381,6 +468,18 @@ impl<'t> Store<'t> {
         new.expires_at_ms = self.now.saturating_add(self.cfg.ttl_ms);
         new.response = Some(response);
         self.put(&rkey, Some(&rec), &new)?;
+        for (n, msg) in outbox.into_iter().enumerate() {
+            let entry = OutboxEntry {
+                seq: self.seq.outbox,
+                id: format!("{}/{n}", rec.reference),
+                topic: msg.topic,
+                payload: msg.payload,
+                created_at_ms: self.now,
+            };
+            self.outbox
+                .insert(entry.seq, codec::encode_outbox(&entry).as_slice())?;
+            self.seq.outbox += 1;
+        }
         tracing::debug!(key = %key, token, final_failure, was = ?rec.state, "completed");
         Ok(Reply::Done)
     }

@@ -29,7 +29,15 @@ pub(crate) const RECOVERY: TableDefinition<(u64, &[u8]), ()> =
 pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
     TableDefinition::new("idempotency.expiry");
 
+/// Unpublished outbox messages by sequence number (commit order).
+pub(crate) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.outbox");
+/// Business entity id → encoded state and version.
+pub(crate) const ENTITIES: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("idempotency.entities");
+
 /// `META` key holding the one-byte record format version.
 pub(crate) const META_FORMAT_VERSION: &str = "format_version";
 /// `META` key holding the next fencing token (u64 little-endian).
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
+/// `META` key holding the next outbox sequence number (u64 little-endian).
+pub(crate) const META_NEXT_OUTBOX: &str = "next_outbox_seq";

@@ -17,9 +17,9 @@ use crossbeam_channel::{Receiver, Sender};
 use redb::{Database, Durability};
 
 use crate::error::{Error, Result};
-use crate::ops::{Op, OpError, Reply, Store, WriteConfig};
+use crate::ops::{Op, OpError, Reply, Sequences, Store, WriteConfig};
 use crate::poison::Poison;
-use crate::tables::{META, META_NEXT_TOKEN};
+use crate::tables::{META, META_NEXT_OUTBOX, META_NEXT_TOKEN};
 use crate::Clock;
 
 /// A message to the writer.
@@ -49,12 +49,15 @@ impl Writer {
     pub(crate) fn run(self) {
         // A panic here must not leave callers believing writes succeed.
         let _guard = PoisonOnPanic(self.poison.clone());
-        let mut next_token = match read_next_token(&self.db) {
-            Ok(t) => t,
+        let mut seq = match read_sequences(&self.db) {
+            Ok(seq) => seq,
             Err(e) => {
                 self.poison
-                    .set(format!("reading the fencing-token counter: {e}"));
-                0
+                    .set(format!("reading the engine's counters: {e}"));
+                Sequences {
+                    token: 0,
+                    outbox: 0,
+                }
             }
         };
         let mut batch: Vec<Request> = Vec::with_capacity(self.max_batch);
@@ -80,24 +83,7 @@ impl Writer {
                 });
                 continue;
             }
-            match self.commit_batch(&mut batch, next_token) {
-                Ok((results, token)) => {
-                    next_token = token;
-                    for (req, result) in batch.drain(..).zip(results) {
-                        if let Some(reply) = req.reply {
-                            let _ = reply.send(result);
-                        }
-                    }
-                }
-                Err(e) => {
-                    let cause: Arc<str> = format!("group commit failed: {e}").into();
-                    tracing::error!(%cause, "engine poisoned");
-                    self.poison.set(cause.to_string());
-                    answer_all(&mut batch, || Error::Poisoned {
-                        cause: cause.clone(),
-                    });
-                }
-            }
+            seq = self.process(std::mem::take(&mut batch), seq);
         }
         // Callers still queued after shutdown hear that the engine closed.
         while let Ok(Msg::Op(mut r)) = self.rx.try_recv() {
@@ -107,37 +93,127 @@ impl Writer {
         }
     }
 
+    /// Commits one batch: shared ops are group-committed together; a local
+    /// op (the app's own write) gets a transaction of its own. Arrival order
+    /// is kept. Every caller is answered only after its transaction
+    /// committed.
+    fn process(&self, mut rest: Vec<Request>, mut seq: Sequences) -> Sequences {
+        while !rest.is_empty() {
+            let split = rest
+                .iter()
+                .position(|r| matches!(r.op, Op::Local(_)))
+                .map_or(rest.len(), |i| i.max(1));
+            let tail = rest.split_off(split);
+            let mut group = std::mem::replace(&mut rest, tail);
+            let outcome = match group.first_mut() {
+                Some(Request {
+                    op: op @ Op::Local(_),
+                    ..
+                }) => self.commit_local(op, seq).map(|(r, s)| (vec![r], s)),
+                _ => self.commit_batch(&mut group, seq),
+            };
+            match outcome {
+                Ok((results, after)) => {
+                    seq = after;
+                    for (req, result) in group.drain(..).zip(results) {
+                        if let Some(reply) = req.reply {
+                            let _ = reply.send(result);
+                        }
+                    }
+                }
+                Err(e) => {
+                    let cause: Arc<str> = format!("group commit failed: {e}").into();
+                    tracing::error!(%cause, "engine poisoned");
+                    self.poison.set(cause.to_string());
+                    group.append(&mut rest);
+                    answer_all(&mut group, || Error::Poisoned {
+                        cause: cause.clone(),
+                    });
+                }
+            }
+        }
+        seq
+    }
+
     /// Applies every op of the batch in one transaction and commits it.
     /// Returns each op's result, or the error that sank the whole batch.
     fn commit_batch(
         &self,
         batch: &mut [Request],
-        next_token: u64,
-    ) -> Result<(Vec<Result<Reply>>, u64), redb::Error> {
+        seq: Sequences,
+    ) -> Result<(Vec<Result<Reply>>, Sequences), redb::Error> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         let mut results = Vec::with_capacity(batch.len());
-        let token_after;
+        let after;
         {
-            let mut store = Store::open(&txn, next_token, self.clock.now_ms(), self.cfg)?;
+            let mut store = Store::open(&txn, seq, self.clock.now_ms(), self.cfg)?;
             for req in batch.iter_mut() {
-                // Ops are moved out; the placeholder is never applied.
-                let op = std::mem::replace(&mut req.op, Op::Sweep { limit: 0 });
-                match store.apply(op) {
+                match store.apply(take_op(&mut req.op)) {
                     Ok(reply) => results.push(Ok(reply)),
                     Err(OpError::Refused(e)) => results.push(Err(e)),
                     Err(OpError::Fatal(e)) => return Err(e),
                 }
             }
-            token_after = store.next_token;
+            after = store.seq;
         }
-        if token_after != next_token {
-            let mut meta = txn.open_table(META)?;
-            meta.insert(META_NEXT_TOKEN, token_after.to_le_bytes().as_slice())?;
-        }
+        write_sequences(&txn, seq, after)?;
         txn.commit()?;
-        Ok((results, token_after))
+        Ok((results, after))
     }
+
+    /// Runs one local op (the app's closure plus its completion) in its own
+    /// transaction; a refusal rolls the whole transaction back.
+    fn commit_local(
+        &self,
+        op: &mut Op,
+        seq: Sequences,
+    ) -> Result<(Result<Reply>, Sequences), redb::Error> {
+        let Op::Local(local) = take_op(op) else {
+            return Ok((
+                Err(Error::Config("internal error: not a local op".into())),
+                seq,
+            ));
+        };
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        let now = self.clock.now_ms();
+        let cfg = self.cfg;
+        let applied = local.apply(
+            &txn,
+            |txn| Store::open(txn, seq, now, cfg),
+            cfg.max_response_bytes,
+        )?;
+        match applied {
+            Ok((reply, after)) => {
+                write_sequences(&txn, seq, after)?;
+                txn.commit()?;
+                Ok((Ok(reply), after))
+            }
+            Err(e) => {
+                txn.abort()?;
+                Ok((Err(e), seq))
+            }
+        }
+    }
+}
+
+/// Moves an op out of its request; the placeholder is never applied.
+fn take_op(op: &mut Op) -> Op {
+    std::mem::replace(op, Op::Sweep { limit: 0 })
+}
+
+fn write_sequences(
+    txn: &redb::WriteTransaction,
+    before: Sequences,
+    after: Sequences,
+) -> Result<(), redb::Error> {
+    if before != after {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(META_NEXT_TOKEN, after.token.to_le_bytes().as_slice())?;
+        meta.insert(META_NEXT_OUTBOX, after.outbox.to_le_bytes().as_slice())?;
+    }
+    Ok(())
 }
 
 fn answer_all(batch: &mut Vec<Request>, err: impl Fn() -> Error) {
@@ -148,14 +224,20 @@ fn answer_all(batch: &mut Vec<Request>, err: impl Fn() -> Error) {
     }
 }
 
-pub(crate) fn read_next_token(db: &Database) -> Result<u64, redb::Error> {
+pub(crate) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {
     use redb::ReadableDatabase;
     let txn = db.begin_read()?;
     let meta = txn.open_table(META)?;
-    let bytes = meta.get(META_NEXT_TOKEN)?;
-    Ok(bytes
-        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-        .map_or(1, u64::from_le_bytes))
+    let read = |name| -> Result<u64, redb::Error> {
+        Ok(meta
+            .get(name)?
+            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map_or(1, u64::from_le_bytes))
+    };
+    Ok(Sequences {
+        token: read(META_NEXT_TOKEN)?,
+        outbox: read(META_NEXT_OUTBOX)?,
+    })
 }
 
 struct PoisonOnPanic(Arc<Poison>);
