@@ -370,10 +370,16 @@ pub fn purge<W: Write, E: Write>(
         .ok_or_else(|| CliError(format!("no record for {key}")))?;
     let risky = matches!(info.state, State::Processing | State::Unknown);
     if risky && !force {
+        let instead = if info.state == State::Processing {
+            "wait for its lease to run out (it then becomes UNKNOWN) and settle it with \
+             `idem resolve`"
+        } else {
+            "settle it with `idem resolve` after checking with the provider"
+        };
         return Err(Box::new(CliError(format!(
             "refusing to purge {key}: it is {}, so its work may have run or still be running, \
-             and after a purge a retry may execute it a second time; \
-             settle it with `idem resolve` or re-run with --force",
+             and after a purge a retry may execute it a second time; {instead}, \
+             or re-run with --force",
             info.state
         ))));
     }

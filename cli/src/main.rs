@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 use idempotency::{
     Engine, EngineBuilder, ExpiryPolicy, IdempotencyKey, RecordFilter, Resolution, State,
 };
@@ -77,6 +77,7 @@ enum Command {
         limit: Option<usize>,
     },
     /// Settle one UNKNOWN record after checking with the provider.
+    #[command(group(ArgGroup::new("outcome").required(true).args(["not_executed", "completed"])))]
     Resolve {
         /// The database file.
         db: PathBuf,

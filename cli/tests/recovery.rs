@@ -204,25 +204,3 @@ fn purge_of_a_completed_record_needs_no_force() -> TestResult {
     assert_eq!(err, format!("idem: no record for {SCOPE}/done"));
     Ok(())
 }
-
-#[test]
-fn sweep_reports_what_it_did() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let db = db_path(dir.path());
-    let engine = idempotency::Engine::builder()
-        .sweep_interval(None)
-        .lease(std::time::Duration::from_millis(1))
-        .open(&db)?;
-    let running = claim(&engine, &key(SCOPE, "stale")?, fp(BODY)?)?;
-    drop(engine);
-    drop(running);
-    std::thread::sleep(std::time::Duration::from_millis(5));
-    let out = idem_ok(args(&["sweep"], &db))?;
-    assert_eq!(out, "moved to UNKNOWN: 1, deleted: 0, tombstoned: 0\n");
-    let out = idem_ok(args(&["unknown"], &db))?;
-    assert!(
-        out.contains("stale") && out.contains("lease ran out"),
-        "{out}"
-    );
-    Ok(())
-}
