@@ -208,6 +208,13 @@ impl EngineBuilder {
             .unwrap_or(false);
         let builder = redb::Builder::new();
         let db = if existing {
+            // redb's writable open rewrites the file header even when nothing
+            // is committed, so an unknown format is refused from a read-only
+            // view first. A file read-only open cannot take (damaged, needing
+            // repair, locked) goes on to the writable open, which reports it.
+            if let Ok(ro) = builder.open_read_only(path) {
+                check_version(stored_format(&ro)?)?;
+            }
             builder.open(path)
         } else {
             builder.create(path)
@@ -278,25 +285,10 @@ fn open_error(path: &Path, e: DatabaseError) -> Error {
 /// Checks the record format version; on a database without the engine's
 /// tables, creates them. An unknown version is refused before any write.
 fn init_format(db: &Database) -> Result<()> {
-    let ctx = "checking the record format";
-    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-    let found = match txn.open_table(META) {
-        Ok(meta) => meta
-            .get(META_FORMAT_VERSION)
-            .map_err(|e| Error::storage(ctx, e))?
-            .map(|v| v.value().first().copied().unwrap_or(0)),
-        Err(TableError::TableDoesNotExist(_)) => None,
-        Err(e) => return Err(Error::storage(ctx, e)),
-    };
     // The version and all tables are created in one transaction, so a
     // version present means every table is.
-    drop(txn);
-    match found {
-        Some(v) if v != FORMAT_VERSION => Err(Error::UnsupportedFormat {
-            found: v,
-            supported: FORMAT_VERSION,
-        }),
-        Some(_) => Ok(()),
+    match stored_format(db)? {
+        Some(v) => check_version(Some(v)),
         None => {
             let ctx = "creating the engine's tables";
             let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
@@ -318,5 +310,30 @@ fn init_format(db: &Database) -> Result<()> {
             }
             txn.commit().map_err(|e| Error::storage(ctx, e))
         }
+    }
+}
+
+/// The record format version stored in the database, if any.
+fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>> {
+    let ctx = "checking the record format";
+    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    match txn.open_table(META) {
+        Ok(meta) => Ok(meta
+            .get(META_FORMAT_VERSION)
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|v| v.value().first().copied().unwrap_or(0))),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(Error::storage(ctx, e)),
+    }
+}
+
+/// Refuses a format version this build does not read.
+fn check_version(found: Option<u8>) -> Result<()> {
+    match found {
+        Some(v) if v != FORMAT_VERSION => Err(Error::UnsupportedFormat {
+            found: v,
+            supported: FORMAT_VERSION,
+        }),
+        _ => Ok(()),
     }
 }
