@@ -13,7 +13,7 @@ use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::local::{BoxError, LocalTx};
+use crate::local::{BoxError, LocalRun, LocalTx};
 use crate::outbox::OutgoingMessage;
 use crate::outcome::{Begin, Failure, Pending};
 
@@ -40,6 +40,22 @@ pub enum Receive<'e> {
     },
     /// A consumer crashed mid-processing (lease ran out) or failed it as
     /// unknown: never reprocessed automatically; resolve it.
+    Unknown(Pending),
+}
+
+/// The answer to [`Inbox::process_local`].
+#[derive(Debug)]
+pub enum Processed {
+    /// Processed now: the app's write and the mark committed together.
+    Done,
+    /// Already processed: skip it and ack the broker.
+    Duplicate,
+    /// Another consumer holds it through [`Inbox::receive`]; redeliver later.
+    InProgress {
+        /// Remaining lease of the current holder.
+        retry_after: Duration,
+    },
+    /// A `receive`-based consumer crashed holding it: resolve it first.
     Unknown(Pending),
 }
 
@@ -93,6 +109,37 @@ impl<'e> Inbox<'e> {
             Begin::Unknown(pending) => Receive::Unknown(pending),
             // Processed (or processed long ago and tombstoned): never again.
             Begin::Replay(_) | Begin::Expired { .. } | Begin::Mismatch => Receive::Duplicate,
+        })
+    }
+
+    /// Processes `message_id` exactly once with a purely local effect: the
+    /// dedup check, the app's write and the processed mark share one
+    /// transaction (see [`Engine::execute_local`]). A crash inside `write`
+    /// leaves neither the app's rows nor the mark, so redelivery processes
+    /// it once.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::LocalWrite`] if `write` fails (nothing stored; the
+    /// message can be redelivered), bad message ids, storage errors.
+    pub fn process_local<F>(&self, message_id: &str, write: F) -> Result<Processed>
+    where
+        F: FnOnce(&mut LocalTx<'_>) -> Result<(), BoxError> + Send + 'static,
+    {
+        let key = IdempotencyKey::inbox(&self.consumer, message_id)?;
+        let run = self
+            .engine
+            .execute_local(&key, message_fingerprint(), move |tx| {
+                write(tx)?;
+                Ok(processed())
+            })?;
+        Ok(match run {
+            LocalRun::Executed => Processed::Done,
+            LocalRun::Skipped(Begin::InProgress { retry_after }) => {
+                Processed::InProgress { retry_after }
+            }
+            LocalRun::Skipped(Begin::Unknown(pending)) => Processed::Unknown(pending),
+            LocalRun::Skipped(_) => Processed::Duplicate,
         })
     }
 

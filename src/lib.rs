@@ -68,6 +68,8 @@ mod entity;
 mod envelope;
 mod error;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 mod inbox;
 mod inspect;
 mod key;
@@ -91,10 +93,10 @@ pub use error::{Error, Result};
 pub use fingerprint::{
     Fingerprint, FingerprintBuilder, FingerprintError, FINGERPRINT_ALGORITHM_VERSION,
 };
-pub use inbox::{Inbox, Receive, Ticket};
+pub use inbox::{Inbox, Processed, Receive, Ticket};
 pub use inspect::{RecordFilter, RecordInfo, Stats};
 pub use key::{IdempotencyKey, MAX_KEY_BYTES};
-pub use local::{BoxError, LocalTx};
+pub use local::{BoxError, LocalRun, LocalTx};
 pub use ops::{ExpiryPolicy, SweepCounts};
 pub use outbox::{Outbox, OutboxEntry, OutgoingMessage};
 pub use outcome::{Begin, Failure, Pending, Replay, ReplayKind, State};

@@ -14,14 +14,20 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redb::WriteTransaction;
 
+use std::time::Duration;
+
 use crate::claim::Claim;
+use crate::clock::duration_ms;
 use crate::codec::StoredResponse;
 use crate::engine::Engine;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+use crate::ops::Class;
 use crate::ops::{Op, OpError, Reply, Store};
 use crate::outbox::OutgoingMessage;
+use crate::outcome::Begin;
 
 /// The error type an app's local write returns to abort.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -57,10 +63,23 @@ impl std::fmt::Debug for LocalTx<'_> {
     }
 }
 
+/// Whose record a local write completes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target {
+    /// A claim the caller already holds.
+    Claimed { token: u64 },
+    /// No claim yet: check and claim inside the same transaction, so a crash
+    /// anywhere leaves nothing behind (no PROCESSING record to recover).
+    Fresh {
+        fingerprint: Fingerprint,
+        lease_ms: u64,
+    },
+}
+
 /// A local write waiting for the writer thread.
 pub(crate) struct LocalOp {
     pub(crate) key: IdempotencyKey,
-    pub(crate) token: u64,
+    target: Target,
     run: LocalFn,
 }
 
@@ -68,7 +87,7 @@ impl std::fmt::Debug for LocalOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalOp")
             .field("key", &self.key)
-            .field("token", &self.token)
+            .field("target", &self.target)
             .finish()
     }
 }
@@ -82,11 +101,33 @@ impl LocalOp {
         store: impl FnOnce(&WriteTransaction) -> Result<Store<'_>, redb::Error>,
         max_response_bytes: usize,
     ) -> Result<Result<(Reply, crate::ops::Sequences), Error>, redb::Error> {
+        // The engine's tables stay open while the app's closure runs, so the
+        // closure cannot open (and corrupt) them: redb refuses a second open.
+        let mut store = store(txn)?;
+        let key = self.key;
+        let token = match self.target {
+            Target::Claimed { token } => token,
+            Target::Fresh {
+                fingerprint,
+                lease_ms,
+            } => {
+                let op = Op::Begin {
+                    key: key.clone(),
+                    fingerprint,
+                    lease_ms,
+                };
+                match store.apply(op) {
+                    Ok(Reply::Claimed { token, .. }) => token,
+                    Ok(other) => return Ok(Ok((other, store.seq))),
+                    Err(OpError::Refused(e)) => return Ok(Err(e)),
+                    Err(OpError::Fatal(e)) => return Err(e),
+                }
+            }
+        };
         let mut ltx = LocalTx {
             txn,
             outbox: Vec::new(),
         };
-        let key = self.key;
         let envelope = match catch_unwind(AssertUnwindSafe(|| (self.run)(&mut ltx))) {
             Ok(Ok(envelope)) => envelope,
             Ok(Err(source)) => return Ok(Err(Error::LocalWrite { key, source })),
@@ -106,10 +147,9 @@ impl LocalOp {
             }));
         }
         let outbox = ltx.outbox;
-        let mut store = store(txn)?;
         let op = Op::Complete {
             key,
-            token: self.token,
+            token,
             response: StoredResponse::new(envelope, None),
             final_failure: false,
             outbox,
@@ -152,7 +192,7 @@ impl Engine {
         let token = claim.token;
         let op = Op::Local(LocalOp {
             key: key.clone(),
-            token,
+            target: Target::Claimed { token },
             run: Box::new(write),
         });
         match self.shared.submit(op) {
@@ -162,6 +202,59 @@ impl Engine {
                 Err(e)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `write` exactly once for `key`, with no claim in between: in one
+    /// write transaction the engine checks the key, runs the app's write
+    /// (see [`Engine::complete_local`]) and stores the COMPLETED record with
+    /// the envelope `write` returns. A crash anywhere leaves nothing: no
+    /// app rows, no record, so a retry simply runs it. Use it when the
+    /// work is entirely local (a ledger row in the same file).
+    ///
+    /// Returns [`LocalRun::Executed`], or [`LocalRun::Skipped`] with what
+    /// `begin` would have answered (replay, in progress, mismatch, unknown,
+    /// expired) when the key is not free; the resolver is not consulted.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LocalWrite`] (rolled back; nothing stored),
+    /// [`Error::ResponseTooLarge`], [`Error::CorruptRecord`], storage errors.
+    pub fn execute_local<F>(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        write: F,
+    ) -> Result<LocalRun>
+    where
+        F: FnOnce(&mut LocalTx<'_>) -> Result<Envelope, BoxError> + Send + 'static,
+    {
+        let s = &self.shared;
+        let op = Op::Local(LocalOp {
+            key: key.clone(),
+            target: Target::Fresh {
+                fingerprint,
+                lease_ms: duration_ms(s.cfg.lease).max(1),
+            },
+            run: Box::new(write),
+        });
+        match s.submit(op)? {
+            Reply::Existing { record, class } => Ok(LocalRun::Skipped(match class {
+                Class::Live { retry_after_ms } => Begin::InProgress {
+                    retry_after: Duration::from_millis(retry_after_ms.max(1)),
+                },
+                Class::Done => Begin::Replay(s.replay(key, &record)?),
+                Class::Tombstoned {
+                    expired_at_ms,
+                    reusable_at_ms,
+                } => Begin::Expired {
+                    expired_at_ms,
+                    reusable_at_ms,
+                },
+                Class::Unknown | Class::Stale => Begin::Unknown(s.pending_of(key.clone(), &record)),
+                Class::Mismatch | Class::Absent => Begin::Mismatch,
+            })),
+            _ => Ok(LocalRun::Executed),
         }
     }
 
@@ -179,4 +272,13 @@ impl Engine {
     ) -> Result<()> {
         self.finish_with(claim, Some(envelope), None, false, messages)
     }
+}
+
+/// The answer to [`Engine::execute_local`].
+#[derive(Debug)]
+pub enum LocalRun {
+    /// The write ran and committed with its COMPLETED record.
+    Executed,
+    /// The key was not free; the write did not run. Never `Claimed`.
+    Skipped(Begin),
 }
