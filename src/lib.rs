@@ -70,6 +70,8 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod http;
 mod inbox;
 mod inspect;
 mod key;

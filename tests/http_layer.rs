@@ -1,0 +1,431 @@
+//! The `Idempotency-Key` HTTP layer, end to end over loopback: a real axum
+//! server on an ephemeral port, real HTTP requests with reqwest, an engine on
+//! a redb file. Guards against a handler running twice for one key
+//! (concurrent duplicates, retries), against a changed request being
+//! answered with another request's response, and against refusals (bad key,
+//! bad body, oversize body) leaving records behind.
+
+use std::error::Error;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Extension;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::Router;
+use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
+use idempotency::{Engine, IdempotencyKey};
+use reqwest::Response;
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+/// A server with the layer in front of counting handlers.
+struct App {
+    base: String,
+    engine: Arc<Engine>,
+    runs: Arc<AtomicUsize>,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(
+    configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+) -> Result<App, Box<dyn Error>> {
+    let dir = tempfile::tempdir()?;
+    let engine = Arc::new(Engine::builder().open(dir.path().join("http.redb"))?);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = configure(
+        IdempotencyLayer::new(engine.clone())
+            .route(Route::new("/payments").require_key().json())
+            .max_body_bytes(1024),
+    );
+    let counted = |status: StatusCode, delay_ms: u64| {
+        let runs = runs.clone();
+        move |Extension(claim): Extension<ClaimInfo>, body: String| {
+            let runs = runs.clone();
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                let mut headers = HeaderMap::new();
+                headers.insert("content-type", "application/json".parse().unwrap());
+                headers.insert("location", format!("/payments/{run}").parse().unwrap());
+                headers.insert("x-not-stored", "1".parse().unwrap());
+                let body = serde_json::json!({
+                    "run": run,
+                    "reference": claim.reference,
+                    "request": body,
+                });
+                (status, headers, body.to_string())
+            }
+        }
+    };
+    let passthrough_runs = runs.clone();
+    let unknown_runs = runs.clone();
+    let app = Router::new()
+        .route("/payments", post(counted(StatusCode::CREATED, 300)))
+        .route(
+            "/fail500",
+            post(counted(StatusCode::INTERNAL_SERVER_ERROR, 0)),
+        )
+        .route("/decline", post(counted(StatusCode::PAYMENT_REQUIRED, 0)))
+        .route(
+            "/open",
+            post(move || {
+                let runs = passthrough_runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    "passed"
+                }
+            }),
+        )
+        .route(
+            "/timeout",
+            post(move || {
+                let runs = unknown_runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Extension(Disposition::Unknown),
+                        "provider timed out",
+                    )
+                }
+            }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(App {
+        base,
+        engine,
+        runs,
+        client: reqwest::Client::new(),
+        _dir: dir,
+    })
+}
+
+impl App {
+    async fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::Result<Response> {
+        let mut req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req.send().await
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+fn replayed(r: &Response) -> bool {
+    r.headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+fn content_type(r: &Response) -> String {
+    r.headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Reads a problem+json answer and checks its shape; returns its type.
+async fn problem(r: Response, status: u16) -> Result<String, Box<dyn Error>> {
+    assert_eq!(r.status().as_u16(), status);
+    assert_eq!(content_type(&r), "application/problem+json");
+    let body: serde_json::Value = r.json().await?;
+    assert_eq!(body["status"], status);
+    assert!(
+        body["title"].is_string() && body["detail"].is_string(),
+        "{body}"
+    );
+    let kind = body["type"].as_str().unwrap_or("").to_string();
+    Ok(kind.rsplit('#').next().unwrap_or("").to_string())
+}
+
+const PAYMENT: &str = r#"{"amount": 1000, "currency": "EUR"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_duplicates_run_the_handler_once() -> TestResult {
+    let app = Arc::new(start(|l| l).await?);
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = app.post("/payments", Some("\"dup-1\""), PAYMENT).await?;
+            let status = r.status().as_u16();
+            let is_replay = replayed(&r);
+            let retry_after = r.headers().get("retry-after").cloned();
+            let body = r.text().await?;
+            Ok::<_, reqwest::Error>((status, is_replay, retry_after, body))
+        }));
+    }
+    let mut original = None;
+    let (mut replays, mut in_progress) = (0, 0);
+    let mut replay_bodies = Vec::new();
+    for task in tasks {
+        let (status, is_replay, retry_after, body) = task.await??;
+        match (status, is_replay) {
+            (201, false) => {
+                assert!(original.is_none(), "two original responses");
+                original = Some(body);
+            }
+            (201, true) => {
+                replays += 1;
+                replay_bodies.push(body);
+            }
+            (409, false) => {
+                in_progress += 1;
+                assert!(retry_after.is_some(), "409 in-progress without Retry-After");
+                assert!(body.contains("in-progress"), "{body}");
+            }
+            other => panic!("unexpected answer {other:?}: {body}"),
+        }
+    }
+    assert_eq!(app.runs(), 1, "the handler ran more than once");
+    let original = original.ok_or("no request ran the handler")?;
+    assert_eq!(replays + in_progress, 49);
+    for body in replay_bodies {
+        assert_eq!(body, original, "a replay differs from the original");
+    }
+
+    // A later retry replays the stored status, stored headers and body.
+    let r = app.post("/payments", Some("\"dup-1\""), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(replayed(&r));
+    assert_eq!(r.headers()["location"], "/payments/1");
+    assert_eq!(content_type(&r), "application/json");
+    assert!(r.headers().get("x-not-stored").is_none());
+    assert_eq!(r.text().await?, original);
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quoted_and_bare_keys_name_the_same_key() -> TestResult {
+    let app = start(|l| l).await?;
+    let first = app.post("/payments", Some("abc-123"), PAYMENT).await?;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first));
+    // Member order and number spelling do not change the fingerprint.
+    let same = r#"{"currency":"EUR","amount":1000.0}"#;
+    let again = app.post("/payments", Some("\"abc-123\""), same).await?;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(replayed(&again));
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tampered_retry_is_a_conflict() -> TestResult {
+    let app = start(|l| l).await?;
+    let r = app.post("/payments", Some("t-1"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let tampered = r#"{"amount": 100000, "currency": "EUR"}"#;
+    let r = app.post("/payments", Some("t-1"), tampered).await?;
+    assert_eq!(problem(r, 409).await?, "key-mismatch");
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tampered_retry_is_422_when_configured() -> TestResult {
+    let app = start(|l| l.mismatch_status(StatusCode::UNPROCESSABLE_ENTITY)).await?;
+    let r = app.post("/payments", Some("t-2"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = app
+        .post(
+            "/payments",
+            Some("t-2"),
+            r#"{"amount": 1, "currency": "EUR"}"#,
+        )
+        .await?;
+    assert_eq!(problem(r, 422).await?, "key-mismatch");
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_key_is_400_where_required_and_passes_elsewhere() -> TestResult {
+    let app = start(|l| l).await?;
+    let r = app.post("/payments", None, PAYMENT).await?;
+    assert_eq!(problem(r, 400).await?, "missing-key");
+    assert_eq!(app.runs(), 0);
+
+    // Not required: passed through untouched, every time.
+    for _ in 0..2 {
+        let r = app.post("/open", None, "not even json").await?;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.text().await?, "passed");
+    }
+    // Methods not configured pass through even with a key.
+    let r = app
+        .client
+        .get(format!("{}/health", app.base))
+        .header("idempotency-key", "\"unterminated")
+        .send()
+        .await?;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(app.runs(), 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_key_is_400_problem_json() -> TestResult {
+    let app = start(|l| l).await?;
+    let too_long = "k".repeat(256);
+    for key in [
+        "\"unterminated",
+        "two words",
+        "\"\"",
+        "a,b",
+        too_long.as_str(),
+    ] {
+        let r = app.post("/payments", Some(key), PAYMENT).await?;
+        assert_eq!(problem(r, 400).await?, "malformed-key", "key {key:?}");
+    }
+    // Repeated header.
+    let r = app
+        .client
+        .post(format!("{}/payments", app.base))
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .body(PAYMENT)
+        .send()
+        .await?;
+    assert_eq!(problem(r, 400).await?, "malformed-key");
+    assert_eq!(app.runs(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_json_is_400_and_stores_nothing() -> TestResult {
+    let app = start(|l| l).await?;
+    for body in [r#"{"amount": 10,"#, r#"{"amount": 1, "amount": 2}"#, ""] {
+        let r = app.post("/payments", Some("bad-json"), body).await?;
+        assert_eq!(problem(r, 400).await?, "invalid-body", "body {body:?}");
+    }
+    let key = IdempotencyKey::new("POST /payments", "bad-json")?;
+    assert!(
+        app.engine.record(&key)?.is_none(),
+        "a refused request left a record"
+    );
+    assert_eq!(app.runs(), 0);
+
+    // The key is still free for a valid request.
+    let r = app.post("/payments", Some("bad-json"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(app.engine.record(&key)?.is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversize_body_is_413_before_any_claim() -> TestResult {
+    let app = start(|l| l).await?;
+    let big = format!(r#"{{"amount": 1, "pad": "{}"}}"#, "x".repeat(2000));
+    let r = app.post("/payments", Some("big"), &big).await?;
+    assert_eq!(problem(r, 413).await?, "body-too-large");
+
+    // Without Content-Length (chunked), the limit holds while reading.
+    let r = app
+        .client
+        .post(format!("{}/payments", app.base))
+        .header("idempotency-key", "big")
+        .body(reqwest::Body::wrap(Chunked(40)))
+        .send()
+        .await?;
+    assert_eq!(problem(r, 413).await?, "body-too-large");
+
+    let key = IdempotencyKey::new("POST /payments", "big")?;
+    assert!(app.engine.record(&key)?.is_none());
+    assert_eq!(app.runs(), 0);
+    Ok(())
+}
+
+/// A body of this many 100-byte chunks, with no declared length.
+struct Chunked(usize);
+
+impl http_body::Body for Chunked {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        if self.0 == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.0 -= 1;
+        let chunk = bytes::Bytes::from(vec![b'x'; 100]);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inner_500_is_retried_and_402_is_replayed() -> TestResult {
+    let app = start(|l| l).await?;
+    for _ in 0..2 {
+        let r = app.post("/fail500", Some("e-500"), PAYMENT).await?;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!replayed(&r));
+    }
+    assert_eq!(app.runs(), 2, "a 5xx must release the key");
+
+    let first = app.post("/decline", Some("e-402"), PAYMENT).await?;
+    assert_eq!(first.status(), StatusCode::PAYMENT_REQUIRED);
+    assert!(!replayed(&first));
+    let first = first.text().await?;
+    let again = app.post("/decline", Some("e-402"), PAYMENT).await?;
+    assert_eq!(again.status(), StatusCode::PAYMENT_REQUIRED);
+    assert!(replayed(&again));
+    assert_eq!(again.text().await?, first);
+    assert_eq!(app.runs(), 3, "a stored 4xx must not run again");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dispositions_are_configurable() -> TestResult {
+    let app = start(|l| {
+        l.on_server_error(Disposition::Store)
+            .on_client_error(Disposition::Retry)
+    })
+    .await?;
+    for _ in 0..2 {
+        let r = app.post("/fail500", Some("c-500"), PAYMENT).await?;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    for _ in 0..2 {
+        let r = app.post("/decline", Some("c-402"), PAYMENT).await?;
+        assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
+        assert!(!replayed(&r));
+    }
+    assert_eq!(app.runs(), 3, "500 stored once, 402 run twice");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_marked_unknown_is_503_with_retry_after() -> TestResult {
+    let app = start(|l| l.unknown_retry_after(Duration::from_millis(1500))).await?;
+    let r = app.post("/timeout", Some("u-1"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.text().await?, "provider timed out");
+    let r = app.post("/timeout", Some("u-1"), PAYMENT).await?;
+    assert_eq!(r.headers()["retry-after"], "2");
+    assert_eq!(problem(r, 503).await?, "outcome-unknown");
+    assert_eq!(app.runs(), 1, "an unknown outcome must never run again");
+    let key = IdempotencyKey::new("POST /timeout", "u-1")?;
+    let record = app.engine.record(&key)?.ok_or("no record")?;
+    assert_eq!(record.state, idempotency::State::Unknown);
+    Ok(())
+}
