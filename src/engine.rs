@@ -627,10 +627,14 @@ impl Shared {
         answer.recv().unwrap_or_else(|_| Err(self.closed()))
     }
 
-    /// Sends an op nobody waits for (a dropped claim).
+    /// Sends an op nobody waits for (a dropped claim). Never blocks: it may
+    /// run in `Drop` on an async worker or inside a local write on the
+    /// writer thread. If the queue is full the op is skipped, which delays
+    /// but does not change the outcome: the lease runs out and the record
+    /// counts as UNKNOWN.
     pub(crate) fn submit_detached(&self, op: Op) {
         if self.poison.check().is_ok() {
-            let _ = self.tx.send(Msg::Op(Request { op, reply: None }));
+            let _ = self.tx.try_send(Msg::Op(Request { op, reply: None }));
         }
     }
 
