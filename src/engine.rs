@@ -505,13 +505,14 @@ impl Engine {
     /// freely (the next request with the key executes again). PROCESSING and
     /// UNKNOWN records need `force`: deleting them lets a retry run work that
     /// may already be running or have run — a possible double execution.
-    /// Returns the state the record was in.
+    /// A record that does not decode can be deleted only with `force`.
+    /// Returns the state the record was in (`None` for a corrupt record).
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`], [`Error::InvalidState`] (without `force`),
-    /// storage errors.
-    pub fn purge(&self, key: &IdempotencyKey, force: bool) -> Result<crate::State> {
+    /// [`Error::NotFound`], [`Error::InvalidState`] or
+    /// [`Error::CorruptRecord`] (without `force`), storage errors.
+    pub fn purge(&self, key: &IdempotencyKey, force: bool) -> Result<Option<crate::State>> {
         match self.shared.submit(Op::Purge {
             key: key.clone(),
             force,
@@ -533,38 +534,41 @@ impl Engine {
     }
 
     /// Up to `limit` UNKNOWN records from the recovery queue, oldest first.
+    /// A record that does not decode is skipped (and logged); see
+    /// [`Engine::records`] to list it.
     ///
     /// # Errors
     ///
-    /// Storage errors; [`Error::CorruptRecord`] for a record that does not
-    /// decode.
+    /// Storage errors.
     pub fn pending(&self, limit: usize) -> Result<Vec<Pending>> {
         let s = &self.shared;
-        let txn =
-            s.db.begin_read()
-                .map_err(|e| Error::storage("reading the recovery queue", e))?;
+        let ctx = "reading the recovery queue";
+        // One snapshot for both tables, so every queue entry has its record.
+        let txn = s.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
         let queue = txn
             .open_table(RECOVERY)
-            .map_err(|e| Error::storage("reading the recovery queue", e))?;
+            .map_err(|e| Error::storage(ctx, e))?;
         let records = txn
             .open_table(RECORDS)
-            .map_err(|e| Error::storage("reading the recovery queue", e))?;
+            .map_err(|e| Error::storage(ctx, e))?;
         let mut out = Vec::new();
-        let iter = queue
-            .iter()
-            .map_err(|e| Error::storage("reading the recovery queue", e))?;
-        for entry in iter.take(limit) {
-            let (k, _) = entry.map_err(|e| Error::storage("reading the recovery queue", e))?;
+        for entry in queue.iter().map_err(|e| Error::storage(ctx, e))? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = entry.map_err(|e| Error::storage(ctx, e))?;
             let (_, rkey) = k.value();
             let Some(key) = IdempotencyKey::from_record_key(rkey) else {
                 continue;
             };
-            let value = records
-                .get(rkey)
-                .map_err(|e| Error::storage("reading the recovery queue", e))?;
-            if let Some(v) = value {
-                let rec = decode_for(&key, v.value())?;
-                out.push(s.pending_of(key, &rec));
+            let Some(v) = records.get(rkey).map_err(|e| Error::storage(ctx, e))? else {
+                continue;
+            };
+            // One corrupt record must not hide the rest of the queue;
+            // `records()` lists it with its error.
+            match decode_for(&key, v.value()) {
+                Ok(rec) => out.push(s.pending_of(key, &rec)),
+                Err(e) => tracing::error!(error = %e, "skipping a corrupt UNKNOWN record"),
             }
         }
         Ok(out)
@@ -653,12 +657,20 @@ impl Shared {
         Error::Config(cause)
     }
 
+    /// One engine table in a fresh read transaction (a snapshot of the
+    /// last commit). `ctx` says what for, in errors.
+    pub(crate) fn read_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        table: redb::TableDefinition<K, V>,
+        ctx: &'static str,
+    ) -> Result<redb::ReadOnlyTable<K, V>> {
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        txn.open_table(table).map_err(|e| Error::storage(ctx, e))
+    }
+
     pub(crate) fn read_record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         let ctx = "reading a record";
-        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        let table = txn
-            .open_table(RECORDS)
-            .map_err(|e| Error::storage(ctx, e))?;
+        let table = self.read_table(RECORDS, ctx)?;
         let value = table
             .get(key.to_record_key().as_slice())
             .map_err(|e| Error::storage(ctx, e))?;

@@ -79,16 +79,8 @@ impl Engine {
     ///
     /// Storage errors; [`Error::CorruptRecord`].
     pub fn entity_state(&self, entity: &str) -> Result<Option<(String, u64)>> {
-        use redb::ReadableDatabase;
         let ctx = "reading an entity";
-        let txn = self
-            .shared
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(ctx, e))?;
-        let table = txn
-            .open_table(crate::tables::ENTITIES)
-            .map_err(|e| Error::storage(ctx, e))?;
+        let table = self.shared.read_table(crate::tables::ENTITIES, ctx)?;
         let Some(v) = table.get(entity).map_err(|e| Error::storage(ctx, e))? else {
             return Ok(None);
         };

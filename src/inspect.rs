@@ -1,6 +1,6 @@
 //! Read-only views for operators: record listings and statistics.
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::codec::{DiskState, Record};
 use crate::engine::{decode_for, Engine};
@@ -148,14 +148,7 @@ impl Engine {
     /// Storage errors.
     pub fn records(&self, filter: &RecordFilter) -> Result<Vec<Result<RecordInfo>>> {
         let ctx = "listing records";
-        let txn = self
-            .shared
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(ctx, e))?;
-        let table = txn
-            .open_table(RECORDS)
-            .map_err(|e| Error::storage(ctx, e))?;
+        let table = self.shared.read_table(RECORDS, ctx)?;
         let mut out = Vec::new();
         let limit = filter.limit.unwrap_or(usize::MAX);
         for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
@@ -208,14 +201,7 @@ impl Engine {
             ..Stats::default()
         };
         let ctx = "computing stats";
-        let txn = self
-            .shared
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(ctx, e))?;
-        let table = txn
-            .open_table(RECORDS)
-            .map_err(|e| Error::storage(ctx, e))?;
+        let table = self.shared.read_table(RECORDS, ctx)?;
         for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
             let (_, v) = entry.map_err(|e| Error::storage(ctx, e))?;
             match crate::codec::decode(v.value()).map(|r| r.state) {
@@ -227,9 +213,7 @@ impl Engine {
                 Err(_) => stats.corrupt += 1,
             }
         }
-        let queue = txn
-            .open_table(RECOVERY)
-            .map_err(|e| Error::storage(ctx, e))?;
+        let queue = self.shared.read_table(RECOVERY, ctx)?;
         if let Some((k, _)) = queue.first().map_err(|e| Error::storage(ctx, e))? {
             let since = k.value().0;
             stats.oldest_unknown_age_ms = Some(self.shared.clock.now_ms().saturating_sub(since));

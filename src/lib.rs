@@ -70,8 +70,6 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-#[cfg(feature = "http")]
-pub mod http;
 mod inbox;
 mod inspect;
 mod key;

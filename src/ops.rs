@@ -175,8 +175,9 @@ pub(crate) enum Reply {
         until_ms: u64,
     },
     Swept(SweepCounts),
+    /// `None`: the record was corrupt (force-purged).
     Purged {
-        state: crate::State,
+        state: Option<crate::State>,
     },
     Transition(Transition),
     Count(u64),
@@ -317,8 +318,23 @@ impl<'t> Store<'t> {
             Op::Sweep { limit } => self.sweep(limit).map(Reply::Swept),
             Op::Purge { key, force } => {
                 let rkey = key.to_record_key();
-                let Some(rec) = self.get(&key, &rkey)? else {
-                    return Err(OpError::Refused(Error::NotFound { key }));
+                let rec = match self.get_raw(&rkey)? {
+                    None => return Err(OpError::Refused(Error::NotFound { key })),
+                    Some(Ok(rec)) => rec,
+                    // A record that does not decode can only be removed by
+                    // force; its index entries are dropped by the next sweep
+                    // that meets them.
+                    Some(Err(e)) if force => {
+                        self.records.remove(rkey.as_slice())?;
+                        tracing::warn!(key = %key, error = %e, "corrupt record purged");
+                        return Ok(Reply::Purged { state: None });
+                    }
+                    Some(Err(e)) => {
+                        return Err(OpError::Refused(Error::CorruptRecord {
+                            key: key.to_string(),
+                            reason: format!("{e} (purge with force to delete it)"),
+                        }))
+                    }
                 };
                 let state = rec.state.into();
                 if !force && matches!(rec.state, DiskState::Processing | DiskState::Unknown) {
@@ -330,7 +346,7 @@ impl<'t> Store<'t> {
                 }
                 self.delete(&rkey, &rec)?;
                 tracing::warn!(key = %key, state = %state, force, "record purged");
-                Ok(Reply::Purged { state })
+                Ok(Reply::Purged { state: Some(state) })
             }
             Op::Transition { entity, from, to } => self.transition(&entity, &from, to),
             Op::MarkPublished { seqs } => {

@@ -1,7 +1,7 @@
 //! The transactional outbox: messages stored in the same transaction as the
 //! outcome that produced them, and the relay API that publishes them.
 
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{ReadableTable, ReadableTableMetadata};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Engine;
@@ -75,13 +75,7 @@ impl Outbox<'_> {
     /// decode.
     pub fn take(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
         let ctx = "reading the outbox";
-        let txn = self
-            .engine
-            .shared
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(ctx, e))?;
-        let table = txn.open_table(OUTBOX).map_err(|e| Error::storage(ctx, e))?;
+        let table = self.engine.shared.read_table(OUTBOX, ctx)?;
         let mut out = Vec::new();
         for entry in table
             .iter()
@@ -122,13 +116,7 @@ impl Outbox<'_> {
     /// Storage errors.
     pub fn len(&self) -> Result<u64> {
         let ctx = "counting the outbox";
-        let txn = self
-            .engine
-            .shared
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(ctx, e))?;
-        let table = txn.open_table(OUTBOX).map_err(|e| Error::storage(ctx, e))?;
+        let table = self.engine.shared.read_table(OUTBOX, ctx)?;
         table.len().map_err(|e| Error::storage(ctx, e))
     }
 

@@ -365,9 +365,26 @@ pub fn purge<W: Write, E: Write>(
     warn: &mut E,
 ) -> CliResult {
     let now = engine.clock().now_ms();
-    let info = engine
-        .record(key)?
-        .ok_or_else(|| CliError(format!("no record for {key}")))?;
+    let info = match engine.record(key) {
+        Ok(info) => info.ok_or_else(|| CliError(format!("no record for {key}")))?,
+        // A record that does not decode can only be deleted by force.
+        Err(idempotency::Error::CorruptRecord { .. }) if force => {
+            engine.purge(key, true)?;
+            writeln!(out, "purged corrupt record {key}")?;
+            writeln!(
+                warn,
+                "idem: warning: force-purged a corrupt record {key}: its state was unknown, \
+                 so a retry with this key may execute the work a second time"
+            )?;
+            return Ok(());
+        }
+        Err(e @ idempotency::Error::CorruptRecord { .. }) => {
+            return Err(Box::new(CliError(format!(
+                "{e}; re-run with --force to delete it"
+            ))))
+        }
+        Err(e) => return Err(e.into()),
+    };
     let risky = matches!(info.state, State::Processing | State::Unknown);
     if risky && !force {
         let instead = if info.state == State::Processing {
@@ -383,7 +400,7 @@ pub fn purge<W: Write, E: Write>(
             info.state
         ))));
     }
-    let state = engine.purge(key, force)?;
+    let state = engine.purge(key, force)?.unwrap_or(info.state);
     writeln!(out, "purged {state} record {key}")?;
     if risky {
         writeln!(

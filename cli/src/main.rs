@@ -193,7 +193,7 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
             key,
             json,
         } => {
-            let key = IdempotencyKey::new(scope, key)?;
+            let key = IdempotencyKey::parse_any(&scope, &key)?;
             commands::show(&open(&db, builder())?, &key, json, out)
         }
         Command::Unknown { db, json, limit } => {
@@ -208,7 +208,7 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
             completed,
             ttl_secs,
         } => {
-            let key = IdempotencyKey::new(scope, key)?;
+            let key = IdempotencyKey::parse_any(&scope, &key)?;
             let resolution = match (not_executed, completed) {
                 (true, None) => Resolution::NotExecuted,
                 (false, Some(path)) => Resolution::Completed(read_envelope(&path)?),
@@ -237,7 +237,7 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
             key,
             force,
         } => {
-            let key = IdempotencyKey::new(scope, key)?;
+            let key = IdempotencyKey::parse_any(&scope, &key)?;
             commands::purge(&open(&db, builder())?, &key, force, out, warn)
         }
     }

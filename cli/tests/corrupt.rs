@@ -93,3 +93,39 @@ fn show_of_a_corrupt_record_is_one_error_line() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn a_corrupt_record_is_purged_only_with_force() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = with_corrupt_record(dir.path())?;
+    let args = |force: bool| {
+        let mut a = vec![
+            "purge".as_ref(),
+            db.as_os_str(),
+            "shop".as_ref(),
+            "broken".as_ref(),
+        ];
+        if force {
+            a.push("--force".as_ref());
+        }
+        a
+    };
+    let err = idem_err(args(false))?;
+    assert!(
+        err.contains("is corrupt") && err.contains("--force"),
+        "{err}"
+    );
+    let out = idem_ok(args(true))?;
+    assert!(out.contains("purged corrupt record shop/broken"), "{out}");
+    // The key is usable again; the good record is untouched.
+    let engine = engine(&db)?;
+    assert!(matches!(
+        engine.begin(&key("shop", "broken")?, fp("{}")?)?,
+        idempotency::Begin::Claimed(_)
+    ));
+    assert!(matches!(
+        engine.begin(&key("shop", "good")?, fp("{}")?)?,
+        idempotency::Begin::Replay(_)
+    ));
+    Ok(())
+}
