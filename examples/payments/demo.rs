@@ -1,0 +1,670 @@
+//! The demo: runs the API as a child process on a loopback port, drives
+//! real HTTP traffic at it, crashes and restarts it, then audits the
+//! provider's ledger for double and lost charges.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+
+use crate::provider::{read_ledger, DECLINE_ABOVE};
+use crate::server::{provider_path, FAULT_HEADER};
+
+type DemoResult<T> = Result<T, Box<dyn Error>>;
+
+/// The lease the demo's servers use: short, so the crash scenario's
+/// PROCESSING record becomes UNKNOWN quickly.
+const LEASE_MS: u64 = 1500;
+
+/// A server child process.
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    base: String,
+}
+
+impl Server {
+    /// Starts `payments serve` on an ephemeral loopback port and waits for
+    /// its "listening on" line.
+    async fn start(db: &Path, crash_after_charge: bool) -> DemoResult<Server> {
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["serve", "--addr", "127.0.0.1:0", "--exit-on-stdin-eof"])
+            .arg("--lease-ms")
+            .arg(LEASE_MS.to_string())
+            .arg("--db")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if crash_after_charge {
+            cmd.arg("--crash-after-charge");
+        }
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                println!("    [server] {line}");
+            }
+        });
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .map_err(|_| "the server did not start within 20 s")??
+            .ok_or("the server exited before listening")?;
+        let base = first
+            .strip_prefix("listening on ")
+            .ok_or_else(|| format!("unexpected server output: {first}"))?
+            .to_string();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let stdin = child.stdin.take();
+        Ok(Server { child, stdin, base })
+    }
+
+    /// Closes its standard input (graceful shutdown) and waits for it.
+    async fn stop(mut self) -> DemoResult<()> {
+        drop(self.stdin.take());
+        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                if !status.success() {
+                    return Err(format!("server exited with {status}").into());
+                }
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                return Err("server did not shut down within 10 s".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One scenario's counts.
+#[derive(Default)]
+struct Row {
+    name: &'static str,
+    requests: u32,
+    charges: usize,
+    replays: u32,
+    conflicts: u32,
+    recovered: u32,
+}
+
+/// The answer to one request, as the client saw it.
+#[derive(Debug)]
+struct Answer {
+    /// `None`: no response (connection failed).
+    status: Option<u16>,
+    replayed: bool,
+    retry_after: Option<u64>,
+    body: serde_json::Value,
+}
+
+impl Answer {
+    fn problem_type(&self) -> &str {
+        self.body["type"]
+            .as_str()
+            .and_then(|t| t.rsplit('#').next())
+            .unwrap_or("")
+    }
+
+    fn payment_id(&self) -> Option<String> {
+        self.body["id"].as_str().map(str::to_owned)
+    }
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    merchant: String,
+}
+
+impl Client {
+    async fn pay(&self, key: &str, amount: u64, description: &str, fault: Option<&str>) -> Answer {
+        let body = serde_json::json!({
+            "amount": amount,
+            "currency": "EUR",
+            "customer": "cus_demo",
+            "description": description,
+        });
+        let mut req = self
+            .http
+            .post(format!("{}/payments", self.base))
+            .header("idempotency-key", format!("\"{key}\""))
+            .header("x-merchant-id", &self.merchant)
+            .json(&body);
+        if let Some(fault) = fault {
+            req = req.header(FAULT_HEADER, fault);
+        }
+        match req.send().await {
+            Ok(r) => {
+                let status = Some(r.status().as_u16());
+                let replayed = r
+                    .headers()
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v == "true");
+                let retry_after = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok());
+                let body = r.json().await.unwrap_or(serde_json::Value::Null);
+                Answer {
+                    status,
+                    replayed,
+                    retry_after,
+                    body,
+                }
+            }
+            Err(_) => Answer {
+                status: None,
+                replayed: false,
+                retry_after: None,
+                body: serde_json::Value::Null,
+            },
+        }
+    }
+}
+
+/// What the demo checks along the way.
+#[derive(Default)]
+struct Audit {
+    /// Client key → the payment id the client was told (a 201).
+    succeeded: BTreeMap<String, String>,
+    /// Keys the client was refused for (declined): must have no charge.
+    refused: Vec<String>,
+    failures: Vec<String>,
+}
+
+impl Audit {
+    /// Records a 201; a second 201 for the key must name the same payment.
+    fn success(&mut self, key: &str, answer: &Answer) {
+        let Some(id) = answer.payment_id() else {
+            self.fail(format!("{key}: a 201 without a payment id"));
+            return;
+        };
+        if let Some(previous) = self.succeeded.insert(key.to_owned(), id.clone()) {
+            if previous != id {
+                self.fail(format!("{key}: told {previous} first, then {id}"));
+            }
+        }
+    }
+
+    fn expect(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.fail(what());
+        }
+    }
+
+    fn fail(&mut self, what: String) {
+        println!("    FAILED: {what}");
+        self.failures.push(what);
+    }
+}
+
+/// The rows' charges come from the provider's own ledger.
+fn ledger_count(ledger: &Path, run: &str) -> DemoResult<usize> {
+    Ok(read_ledger(ledger)?
+        .iter()
+        .filter(|c| c.client_key.starts_with(run))
+        .count())
+}
+
+/// Runs the whole demo; `Ok(false)` if any check failed.
+pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
+    let started = Instant::now();
+    let tempdir;
+    let db = match db {
+        Some(db) => db,
+        None => {
+            tempdir = tempfile::tempdir()?;
+            tempdir.path().join("payments.redb")
+        }
+    };
+    let ledger = provider_path(&db);
+    // Keys are unique per run, so a reused --db does not mix runs.
+    let run = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    println!("engine file    {}", db.display());
+    println!("provider file  {}", ledger.display());
+    println!("key prefix     {run}");
+
+    let server = Server::start(&db, false).await?;
+    println!("server         {} (child process)", server.base);
+    let mut client = Client {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?,
+        base: server.base.clone(),
+        merchant: "merchant-1".into(),
+    };
+    let mut audit = Audit::default();
+    let mut rows = Vec::new();
+
+    rows.push(concurrent_duplicates(&client, &mut audit, &ledger, &run).await?);
+    rows.push(lost_responses(&client, &mut audit, &ledger, &run).await?);
+    rows.push(tampered_retry(&client, &mut audit, &ledger, &run).await?);
+    rows.push(declined(&client, &mut audit, &ledger, &run).await?);
+    rows.push(provider_timeout(&client, &mut audit, &ledger, &run).await?);
+
+    // Crash: restart with fault injection, charge, abort, restart, retry.
+    server.stop().await?;
+    let crashing = Server::start(&db, true).await?;
+    client.base = crashing.base.clone();
+    let key = format!("{run}-crash");
+    let before = ledger_count(&ledger, &run)?;
+    let mut row = Row {
+        name: "server crash after charge",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let first = client.pay(&key, 4_200, "crash", None).await;
+    row.requests += 1;
+    audit.expect(first.status.is_none(), || {
+        format!(
+            "{key}: expected the connection to fail, got {:?}",
+            first.status
+        )
+    });
+    let Server { mut child, .. } = crashing;
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await??;
+    println!("    server exited: {status} (abort after the provider charged)");
+    audit.expect(!status.success(), || {
+        "the crashing server exited cleanly".into()
+    });
+    let restarted = Server::start(&db, false).await?;
+    client.base = restarted.base.clone();
+    println!("    restarted on {}", restarted.base);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = client.pay(&key, 4_200, "crash retry", None).await;
+        row.requests += 1;
+        match answer.status {
+            Some(201) => {
+                row.replays += u32::from(answer.replayed);
+                audit.expect(answer.replayed, || {
+                    format!("{key}: after the crash the payment ran again")
+                });
+                audit.success(&key, &answer);
+                row.recovered += 1;
+                break;
+            }
+            Some(409) => row.conflicts += 1,
+            Some(503) | None => {}
+            other => {
+                audit.fail(format!(
+                    "{key}: unexpected answer {other:?} {}",
+                    answer.body
+                ));
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            audit.fail(format!("{key}: not settled within 20 s"));
+            break;
+        }
+        let wait = answer.retry_after.unwrap_or(1).min(2);
+        println!(
+            "    retry got {} ({}); waiting {wait} s",
+            answer
+                .status
+                .map_or("no response".into(), |s| s.to_string()),
+            answer.problem_type()
+        );
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+    }
+    row.charges = ledger_count(&ledger, &run)? - before;
+    println!(
+        "    settled by the resolver: replayed {}",
+        audit.succeeded.get(&key).map_or("nothing", String::as_str)
+    );
+    rows.push(row);
+    restarted.stop().await?;
+
+    // The audit, from the provider's own ledger.
+    let charges: Vec<_> = read_ledger(&ledger)?
+        .into_iter()
+        .filter(|c| c.client_key.starts_with(&run))
+        .collect();
+    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for c in &charges {
+        by_key.entry(&c.client_key).or_default().push(&c.id);
+    }
+    let mut charged_twice = 0;
+    let mut lost = 0;
+    for (key, ids) in &by_key {
+        if ids.len() > 1 {
+            charged_twice += 1;
+            audit.fail(format!("{key}: charged {} times: {ids:?}", ids.len()));
+        }
+    }
+    for (key, told) in &audit.succeeded.clone() {
+        match by_key.get(key.as_str()).map(Vec::as_slice) {
+            Some([id]) if id == told => {}
+            Some(ids) => audit.fail(format!(
+                "{key}: client was told {told}, provider has {ids:?}"
+            )),
+            None => {
+                lost += 1;
+                audit.fail(format!(
+                    "{key}: client was told {told}, provider has no charge"
+                ));
+            }
+        }
+    }
+    for key in by_key.keys() {
+        if !audit.succeeded.contains_key(*key) {
+            lost += 1;
+            audit.fail(format!(
+                "{key}: charged, but the client never learned of it"
+            ));
+        }
+    }
+    for key in &audit.refused.clone() {
+        if by_key.contains_key(key.as_str()) {
+            audit.fail(format!("{key}: refused to the client, yet charged"));
+        }
+    }
+
+    print_table(&rows);
+    println!(
+        "\naudit of the provider ledger: {} payments succeeded for the client, {} charges, \
+         {charged_twice} charged twice, {lost} lost",
+        audit.succeeded.len(),
+        charges.len(),
+    );
+    println!("finished in {:.1} s", started.elapsed().as_secs_f64());
+    if audit.failures.is_empty() {
+        println!("OK: every payment the client saw succeed was charged exactly once");
+        Ok(true)
+    } else {
+        println!("FAILED: {} check(s) failed", audit.failures.len());
+        Ok(false)
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "\n{:<28} {:>8} {:>8} {:>8} {:>9} {:>9}",
+        "scenario", "requests", "charges", "replays", "conflicts", "recovered"
+    );
+    println!("{}", "-".repeat(75));
+    let mut total = Row {
+        name: "total",
+        ..Row::default()
+    };
+    for r in rows.iter().chain(std::iter::once(&Row::default())) {
+        if r.name.is_empty() {
+            println!("{}", "-".repeat(75));
+            println!(
+                "{:<28} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                total.name,
+                total.requests,
+                total.charges,
+                total.replays,
+                total.conflicts,
+                total.recovered
+            );
+            break;
+        }
+        println!(
+            "{:<28} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            r.name, r.requests, r.charges, r.replays, r.conflicts, r.recovered
+        );
+        total.requests += r.requests;
+        total.charges += r.charges;
+        total.replays += r.replays;
+        total.conflicts += r.conflicts;
+        total.recovered += r.recovered;
+    }
+}
+
+/// 20 identical POSTs at once: one charge; the rest see 409 in-progress or
+/// a replay; each 409 retries after `Retry-After` and gets the replay.
+async fn concurrent_duplicates(
+    client: &Client,
+    audit: &mut Audit,
+    ledger: &Path,
+    run: &str,
+) -> DemoResult<Row> {
+    let mut row = Row {
+        name: "20 concurrent duplicates",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let before = ledger_count(ledger, run)?;
+    let key = format!("{run}-dup");
+    let answers = join_all((0..20).map(|_| client.pay(&key, 1_999, "dup", None))).await;
+    row.requests += 20;
+    let mut retries = 0;
+    let mut originals = 0;
+    for answer in &answers {
+        match (answer.status, answer.replayed) {
+            (Some(201), replayed) => {
+                originals += u32::from(!replayed);
+                row.replays += u32::from(replayed);
+                audit.success(&key, answer);
+            }
+            (Some(409), _) => {
+                row.conflicts += 1;
+                audit.expect(answer.problem_type() == "in-progress", || {
+                    format!("{key}: 409 {}", answer.body)
+                });
+                retries += 1;
+            }
+            other => audit.fail(format!("{key}: unexpected {other:?} {}", answer.body)),
+        }
+    }
+    audit.expect(originals == 1, || {
+        format!("{key}: {originals} original responses")
+    });
+    println!(
+        "    1 charged, {} replayed, {} told 409 in-progress",
+        row.replays, row.conflicts
+    );
+    if retries > 0 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let again = join_all((0..retries).map(|_| client.pay(&key, 1_999, "dup", None))).await;
+        row.requests += retries;
+        for answer in &again {
+            audit.expect(answer.status == Some(201) && answer.replayed, || {
+                format!("{key}: retry after 409 got {:?}", answer.status)
+            });
+            row.replays += u32::from(answer.replayed);
+            audit.success(&key, answer);
+        }
+        println!("    the {retries} retried after Retry-After: all replayed");
+    }
+    row.charges = ledger_count(ledger, run)? - before;
+    Ok(row)
+}
+
+/// 10 payments whose responses were "lost": each is retried, the retry
+/// with a different description (not fingerprinted), and replays.
+async fn lost_responses(
+    client: &Client,
+    audit: &mut Audit,
+    ledger: &Path,
+    run: &str,
+) -> DemoResult<Row> {
+    let mut row = Row {
+        name: "10 payments, each retried",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let before = ledger_count(ledger, run)?;
+    let keys: Vec<String> = (0..10).map(|i| format!("{run}-pay-{i}")).collect();
+    let pairs = join_all(keys.iter().enumerate().map(|(i, key)| async move {
+        let amount = 1_000 + 100 * i as u64;
+        let first = client.pay(key, amount, "order", None).await;
+        let retry = client.pay(key, amount, "order (retry)", None).await;
+        (key, first, retry)
+    }))
+    .await;
+    for (key, first, retry) in &pairs {
+        row.requests += 2;
+        audit.expect(first.status == Some(201) && !first.replayed, || {
+            format!("{key}: first attempt got {:?}", first.status)
+        });
+        audit.expect(retry.status == Some(201) && retry.replayed, || {
+            format!("{key}: retry got {:?}", retry.status)
+        });
+        row.replays += u32::from(retry.replayed);
+        audit.success(key, first);
+        audit.success(key, retry);
+    }
+    row.charges = ledger_count(ledger, run)? - before;
+    println!(
+        "    {} charged, {} retries replayed",
+        row.charges, row.replays
+    );
+    Ok(row)
+}
+
+/// The same key with a different amount: 409, nothing charged.
+async fn tampered_retry(
+    client: &Client,
+    audit: &mut Audit,
+    ledger: &Path,
+    run: &str,
+) -> DemoResult<Row> {
+    let mut row = Row {
+        name: "tampered retry",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let before = ledger_count(ledger, run)?;
+    let key = format!("{run}-pay-0");
+    let answer = client.pay(&key, 99_999, "order", None).await;
+    row.requests += 1;
+    if answer.status == Some(409) {
+        row.conflicts += 1;
+    }
+    audit.expect(
+        answer.status == Some(409) && answer.problem_type() == "key-mismatch",
+        || {
+            format!(
+                "{key}: tampered retry got {:?} {}",
+                answer.status, answer.body
+            )
+        },
+    );
+    println!(
+        "    same key, amount 1000 -> 99999: {} {}",
+        answer.status.unwrap_or(0),
+        answer.problem_type()
+    );
+    row.charges = ledger_count(ledger, run)? - before;
+    Ok(row)
+}
+
+/// A declined card: 402 stored; the retry replays the 402, no charge.
+async fn declined(client: &Client, audit: &mut Audit, ledger: &Path, run: &str) -> DemoResult<Row> {
+    let mut row = Row {
+        name: "declined card, retried",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let before = ledger_count(ledger, run)?;
+    let key = format!("{run}-declined");
+    let first = client.pay(&key, DECLINE_ABOVE + 1, "too much", None).await;
+    let retry = client.pay(&key, DECLINE_ABOVE + 1, "too much", None).await;
+    row.requests += 2;
+    row.replays += u32::from(retry.replayed);
+    audit.expect(first.status == Some(402) && !first.replayed, || {
+        format!("{key}: got {:?}", first.status)
+    });
+    audit.expect(retry.status == Some(402) && retry.replayed, || {
+        format!("{key}: retry got {:?}", retry.status)
+    });
+    audit.refused.push(key);
+    row.charges = ledger_count(ledger, run)? - before;
+    println!("    402, then a replayed 402");
+    Ok(row)
+}
+
+/// The provider charges, then the call times out: 503 and UNKNOWN. The
+/// retry is settled by the resolver asking the provider: a replay.
+async fn provider_timeout(
+    client: &Client,
+    audit: &mut Audit,
+    ledger: &Path,
+    run: &str,
+) -> DemoResult<Row> {
+    let mut row = Row {
+        name: "provider timeout",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let before = ledger_count(ledger, run)?;
+    let key = format!("{run}-timeout");
+    let first = client
+        .pay(&key, 3_100, "slow provider", Some("provider-timeout"))
+        .await;
+    row.requests += 1;
+    audit.expect(first.status == Some(503), || {
+        format!("{key}: got {:?} {}", first.status, first.body)
+    });
+    println!(
+        "    first attempt: {} (provider charged, then timed out)",
+        first.status.unwrap_or(0)
+    );
+    let retry = client.pay(&key, 3_100, "slow provider", None).await;
+    row.requests += 1;
+    audit.expect(retry.status == Some(201) && retry.replayed, || {
+        format!("{key}: retry got {:?} {}", retry.status, retry.body)
+    });
+    if retry.status == Some(201) {
+        row.replays += u32::from(retry.replayed);
+        row.recovered += 1;
+        audit.success(&key, &retry);
+    }
+    println!(
+        "    retry: {} replayed={} (the resolver found charge {})",
+        retry.status.unwrap_or(0),
+        retry.replayed,
+        retry.payment_id().unwrap_or_default()
+    );
+    row.charges = ledger_count(ledger, run)? - before;
+    Ok(row)
+}
+
+/// Runs futures concurrently on the runtime and collects their outputs in
+/// order (no `futures` dependency needed).
+async fn join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future,
+{
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    let mut out = Vec::with_capacity(set.len());
+    let mut pending: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (i, f) in set.iter_mut().enumerate() {
+            if pending[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => pending[i] = Some(v),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.extend(pending.into_iter().flatten());
+    out
+}
