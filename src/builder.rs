@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::ops::{ExpiryPolicy, WriteConfig};
 use crate::recovery::Resolver;
 use crate::tables::{
-    ENTITIES, EXPIRY, LEASES, META, META_FORMAT_VERSION, OUTBOX, RECORDS, RECOVERY,
+    ENTITIES, EXPIRY, LEASES, META, META_EXPIRY_POLICY, META_FORMAT_VERSION, META_TTL_MS, OUTBOX,
+    RECORDS, RECOVERY,
 };
 
 /// Settings fixed when the engine opens.
@@ -66,6 +67,7 @@ pub struct EngineBuilder {
     cfg: Config,
     clock: Arc<dyn Clock>,
     sweep_interval: Option<Duration>,
+    stored_expiry: bool,
 }
 
 impl Default for EngineBuilder {
@@ -86,6 +88,7 @@ impl Default for EngineBuilder {
             },
             clock: Arc::new(SystemClock),
             sweep_interval: Some(Duration::from_secs(1)),
+            stored_expiry: false,
         }
     }
 }
@@ -153,6 +156,17 @@ impl EngineBuilder {
             .upcasters
             .by_version
             .insert(from, Arc::new(upcaster));
+        self
+    }
+
+    /// Takes TTL and expiry policy from the database instead of this
+    /// builder: the values the last app stored when it opened the file
+    /// (every open stores its own). For operator tools such as `idem`, so a
+    /// sweep or a resolution follows the app's expiry contract, not this
+    /// tool's defaults. A database no app has opened yet keeps the
+    /// builder's values.
+    pub fn expiry_settings_from_database(mut self) -> Self {
+        self.stored_expiry = true;
         self
     }
 
@@ -264,8 +278,18 @@ impl EngineBuilder {
         self.start(db)
     }
 
-    fn start(self, db: Database) -> Result<Engine> {
+    fn start(mut self, db: Database) -> Result<Engine> {
         init_format(&db)?;
+        let stored = stored_expiry(&db)?;
+        match stored {
+            Some((ttl_ms, expiry)) if self.stored_expiry => {
+                self.cfg.write.ttl_ms = ttl_ms;
+                self.cfg.write.expiry = expiry;
+            }
+            _ if self.stored_expiry => {}
+            Some(s) if s == (self.cfg.write.ttl_ms, self.cfg.write.expiry) => {}
+            _ => store_expiry(&db, self.cfg.write.ttl_ms, self.cfg.write.expiry)?,
+        }
         Engine::start(db, self.cfg, self.clock, self.sweep_interval)
     }
 }
@@ -325,6 +349,60 @@ fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>> {
         Err(TableError::TableDoesNotExist(_)) => Ok(None),
         Err(e) => Err(Error::storage(ctx, e)),
     }
+}
+
+/// The TTL and expiry policy the last app stored, if any.
+fn stored_expiry(db: &Database) -> Result<Option<(u64, ExpiryPolicy)>> {
+    let ctx = "reading the stored expiry settings";
+    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let get = |name| -> Result<Option<Vec<u8>>> {
+        Ok(meta
+            .get(name)
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|v| v.value().to_vec()))
+    };
+    let (Some(ttl), Some(policy)) = (get(META_TTL_MS)?, get(META_EXPIRY_POLICY)?) else {
+        return Ok(None);
+    };
+    let ttl = <[u8; 8]>::try_from(ttl.as_slice()).map(u64::from_le_bytes);
+    let policy = match policy.split_first() {
+        Some((0, [])) => Some(ExpiryPolicy::Forget),
+        Some((1, keep)) => <[u8; 8]>::try_from(keep)
+            .ok()
+            .map(|k| ExpiryPolicy::Tombstone {
+                keep_ms: u64::from_le_bytes(k),
+            }),
+        _ => None,
+    };
+    match (ttl, policy) {
+        (Ok(ttl), Some(policy)) => Ok(Some((ttl, policy))),
+        // Unreadable settings are ignored, not fatal: they only advise tools.
+        _ => Ok(None),
+    }
+}
+
+fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<()> {
+    let ctx = "storing the expiry settings";
+    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| Error::storage(ctx, e))?;
+    {
+        let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+        let policy = match policy {
+            ExpiryPolicy::Forget => vec![0],
+            ExpiryPolicy::Tombstone { keep_ms } => {
+                let mut v = vec![1];
+                v.extend_from_slice(&keep_ms.to_le_bytes());
+                v
+            }
+        };
+        meta.insert(META_TTL_MS, ttl_ms.to_le_bytes().as_slice())
+            .map_err(|e| Error::storage(ctx, e))?;
+        meta.insert(META_EXPIRY_POLICY, policy.as_slice())
+            .map_err(|e| Error::storage(ctx, e))?;
+    }
+    txn.commit().map_err(|e| Error::storage(ctx, e))
 }
 
 /// Refuses a format version this build does not read.

@@ -39,5 +39,11 @@ pub(crate) const ENTITIES: TableDefinition<&str, &[u8]> =
 pub(crate) const META_FORMAT_VERSION: &str = "format_version";
 /// `META` key holding the next fencing token (u64 little-endian).
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
+/// `META` key holding the TTL (u64 little-endian ms) of the last app
+/// that opened the database, for operator tools.
+pub(crate) const META_TTL_MS: &str = "ttl_ms";
+/// `META` key holding that app's expiry policy: `[0]` forget, or `[1]`
+/// followed by the tombstone duration (u64 little-endian ms).
+pub(crate) const META_EXPIRY_POLICY: &str = "expiry_policy";
 /// `META` key holding the next outbox sequence number (u64 little-endian).
 pub(crate) const META_NEXT_OUTBOX: &str = "next_outbox_seq";

@@ -15,12 +15,9 @@ use std::error::Error as StdError;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{ArgGroup, Parser, Subcommand};
-use idempotency::{
-    Engine, EngineBuilder, ExpiryPolicy, IdempotencyKey, RecordFilter, Resolution, State,
-};
+use idempotency::{Engine, EngineBuilder, IdempotencyKey, RecordFilter, Resolution, State};
 
 use crate::commands::{CliError, CliResult};
 
@@ -97,27 +94,12 @@ enum Command {
         /// for the file's shape). Later requests replay it.
         #[arg(long, value_name = "ENVELOPE.json")]
         completed: Option<PathBuf>,
-        /// How long the stored response is replayed. Use the app's TTL: the
-        /// file does not record it.
-        #[arg(
-            long,
-            value_name = "SECS",
-            default_value_t = 86_400,
-            requires = "completed"
-        )]
-        ttl_secs: u64,
     },
     /// Run one sweep pass: stale claims to UNKNOWN, expired records deleted
     /// or tombstoned.
     Sweep {
         /// The database file.
         db: PathBuf,
-        /// Tombstone expired records for this long instead of deleting them.
-        /// Use the app's expiry policy: the file does not record it, and
-        /// deleting records the app would tombstone lets their keys be
-        /// reused.
-        #[arg(long, value_name = "SECS")]
-        tombstone_keep_secs: Option<u64>,
     },
     /// Count records by state.
     Stats {
@@ -171,7 +153,13 @@ fn try_main(cli: Cli) -> CliResult {
 /// Opens the database and runs one command, writing its report to `out`
 /// and warnings to `warn`.
 fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliResult {
-    let builder = || Engine::builder().sweep_interval(None);
+    // Never sweep unless asked; follow the app's stored TTL and expiry
+    // policy, so a sweep or a resolution keeps the app's contract.
+    let builder = || {
+        Engine::builder()
+            .sweep_interval(None)
+            .expiry_settings_from_database()
+    };
     match command {
         Command::Inspect {
             db,
@@ -206,7 +194,6 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
             key,
             not_executed,
             completed,
-            ttl_secs,
         } => {
             let key = IdempotencyKey::parse_any(&scope, &key)?;
             let resolution = match (not_executed, completed) {
@@ -215,21 +202,10 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
                 // clap enforces exactly one of the two.
                 _ => return Err(CliError("give --not-executed or --completed".into()).into()),
             };
-            let engine = open(&db, builder().ttl(Duration::from_secs(ttl_secs)))?;
+            let engine = open(&db, builder())?;
             commands::resolve(&engine, &key, resolution, out)
         }
-        Command::Sweep {
-            db,
-            tombstone_keep_secs,
-        } => {
-            let policy = match tombstone_keep_secs {
-                None => ExpiryPolicy::Forget,
-                Some(secs) => ExpiryPolicy::Tombstone {
-                    keep_ms: secs.saturating_mul(1000),
-                },
-            };
-            commands::sweep(&open(&db, builder().expiry_policy(policy))?, out)
-        }
+        Command::Sweep { db } => commands::sweep(&open(&db, builder())?, out),
         Command::Stats { db, json } => commands::stats(&open(&db, builder())?, json, out),
         Command::Purge {
             db,

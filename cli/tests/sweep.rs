@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idempotency::{Engine, Envelope};
+use idempotency::{Engine, Envelope, ExpiryPolicy};
 
 const SCOPE: &str = "tenant-1:create_payment";
 
@@ -37,11 +37,12 @@ fn sweep_moves_stale_claims_to_unknown() -> TestResult {
 }
 
 /// A database with one COMPLETED record whose 1 ms TTL has run out.
-fn expired(dir: &std::path::Path) -> TestResult<std::path::PathBuf> {
+fn expired(dir: &std::path::Path, policy: ExpiryPolicy) -> TestResult<std::path::PathBuf> {
     let db = db_path(dir);
     let engine = Engine::builder()
         .sweep_interval(None)
         .ttl(Duration::from_millis(1))
+        .expiry_policy(policy)
         .open(&db)?;
     let c = claim(&engine, &key(SCOPE, "old")?, fp("{}")?)?;
     engine.complete(c, Envelope::new(1, 200, "ok"))?;
@@ -53,7 +54,7 @@ fn expired(dir: &std::path::Path) -> TestResult<std::path::PathBuf> {
 #[test]
 fn sweep_deletes_expired_records_by_default() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let db = expired(dir.path())?;
+    let db = expired(dir.path(), ExpiryPolicy::Forget)?;
     let out = idem_ok(["sweep".as_ref(), db.as_os_str()])?;
     assert_eq!(out, "moved to UNKNOWN: 0, deleted: 1, tombstoned: 0\n");
     assert_eq!(
@@ -64,20 +65,15 @@ fn sweep_deletes_expired_records_by_default() -> TestResult {
 }
 
 #[test]
-fn sweep_tombstones_when_told_the_apps_policy() -> TestResult {
+fn sweep_follows_the_apps_stored_tombstone_policy() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let db = expired(dir.path())?;
+    let db = expired(dir.path(), ExpiryPolicy::Tombstone { keep_ms: 3_600_000 })?;
     let listed = idem_ok(["inspect".as_ref(), db.as_os_str()])?;
     assert!(
         listed.contains("COMPLETED (expired, not yet swept)"),
         "{listed}"
     );
-    let out = idem_ok([
-        "sweep".as_ref(),
-        db.as_os_str(),
-        "--tombstone-keep-secs".as_ref(),
-        "3600".as_ref(),
-    ])?;
+    let out = idem_ok(["sweep".as_ref(), db.as_os_str()])?;
     assert_eq!(out, "moved to UNKNOWN: 0, deleted: 0, tombstoned: 1\n");
     let listed = idem_ok([
         "inspect".as_ref(),
