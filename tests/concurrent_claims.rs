@@ -115,3 +115,75 @@ fn hundred_threads_one_key_work_runs_once() -> TestResult {
     assert_eq!(stats.processing + stats.unknown + stats.corrupt, 0);
     Ok(())
 }
+
+/// The same race on keys that went UNKNOWN: every caller's `begin` asks the
+/// resolver, which says the work never ran; exactly one caller may claim it
+/// afresh.
+#[test]
+fn hundred_threads_recovering_one_unknown_key_work_runs_once() -> TestResult {
+    use idempotency::{ManualClock, Pending, Resolution};
+    use std::time::Duration;
+
+    const ROUNDS: usize = 20;
+    let clock = ManualClock::new(1_700_000_000_000);
+    let engine = Engine::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(1))
+        .sweep_interval(None)
+        .resolver(|_: &Pending| Resolution::NotExecuted)
+        .in_memory()?;
+    let fingerprint = Fingerprint::of_json(br#"{"amount": 10}"#, &[])?;
+    let barrier = Barrier::new(THREADS);
+    for round in 0..ROUNDS {
+        let key = IdempotencyKey::new("tenant-1:create_payment", format!("recover-{round}"))?;
+        // A crashed holder: claimed, lease ran out.
+        let old = match engine.begin(&key, fingerprint)? {
+            Begin::Claimed(c) => c,
+            other => return Err(format!("expected Claimed, got {other:?}").into()),
+        };
+        clock.advance(Duration::from_secs(2));
+        let tally = Tally::default();
+        std::thread::scope(|s| -> TestResult {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| -> Result<(), idempotency::Error> {
+                        barrier.wait();
+                        match engine.begin(&key, fingerprint)? {
+                            Begin::Claimed(claim) => {
+                                tally.work.fetch_add(1, Ordering::SeqCst);
+                                engine.complete(claim, Envelope::new(1, 201, "recovered"))?;
+                            }
+                            Begin::InProgress { .. } => {
+                                tally.in_progress.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Begin::Replay(_) => {
+                                tally.replay.fetch_add(1, Ordering::SeqCst);
+                            }
+                            other => {
+                                eprintln!("{key}: unexpected answer {other:?}");
+                                tally.other.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().map_err(|_| "worker thread panicked")??;
+            }
+            Ok(())
+        })?;
+        assert_eq!(
+            tally.work.load(Ordering::SeqCst),
+            1,
+            "{key}: work ran more than once"
+        );
+        assert_eq!(tally.other.load(Ordering::SeqCst), 0, "{key}");
+        let err = engine.complete(old, Envelope::new(1, 201, "old holder"));
+        assert!(
+            matches!(err, Err(idempotency::Error::Fenced { .. })),
+            "{err:?}"
+        );
+    }
+    Ok(())
+}
