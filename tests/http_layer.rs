@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
-use idempotency::{Engine, IdempotencyKey};
+use idempotency::{
+    Engine, EngineBuilder, ExpiryPolicy, IdempotencyKey, ManualClock, Pending, Resolution, State,
+};
 use reqwest::Response;
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -32,8 +34,15 @@ struct App {
 async fn start(
     configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
 ) -> Result<App, Box<dyn Error>> {
+    start_with(Engine::builder(), configure).await
+}
+
+async fn start_with(
+    builder: EngineBuilder,
+    configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+) -> Result<App, Box<dyn Error>> {
     let dir = tempfile::tempdir()?;
-    let engine = Arc::new(Engine::builder().open(dir.path().join("http.redb"))?);
+    let engine = Arc::new(builder.open(dir.path().join("http.redb"))?);
     let runs = Arc::new(AtomicUsize::new(0));
     let layer = configure(
         IdempotencyLayer::new(engine.clone())
@@ -62,6 +71,7 @@ async fn start(
     };
     let passthrough_runs = runs.clone();
     let unknown_runs = runs.clone();
+    let panic_runs = runs.clone();
     let app = Router::new()
         .route("/payments", post(counted(StatusCode::CREATED, 300)))
         .route(
@@ -94,6 +104,19 @@ async fn start(
             }),
         )
         .route("/health", get(|| async { "ok" }))
+        .route(
+            "/panic",
+            post(move || {
+                let runs = panic_runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    if runs.load(Ordering::SeqCst) < 1000 {
+                        panic!("handler bug");
+                    }
+                    "unreachable"
+                }
+            }),
+        )
         .layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -426,6 +449,159 @@ async fn handler_marked_unknown_is_503_with_retry_after() -> TestResult {
     assert_eq!(app.runs(), 1, "an unknown outcome must never run again");
     let key = IdempotencyKey::new("POST /timeout", "u-1")?;
     let record = app.engine.record(&key)?.ok_or("no record")?;
-    assert_eq!(record.state, idempotency::State::Unknown);
+    assert_eq!(record.state, State::Unknown);
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resolver_settles_unknown_into_a_replay() -> TestResult {
+    let builder = Engine::builder().resolver(|p: &Pending| {
+        Resolution::Completed(
+            idempotency::Envelope::new(1, 201, format!(r#"{{"settled":"{}"}}"#, p.reference))
+                .with_header("content-type", "application/json"),
+        )
+    });
+    let app = start_with(builder, |l| l).await?;
+    let r = app.post("/timeout", Some("r-1"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let r = app.post("/timeout", Some("r-1"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(replayed(&r));
+    assert!(r.text().await?.contains("settled"));
+    assert_eq!(app.runs(), 1, "settled by querying, never by running again");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_key_under_tombstone_is_409() -> TestResult {
+    let clock = ManualClock::new(1_000_000);
+    let builder = Engine::builder()
+        .clock(clock.clone())
+        .ttl(Duration::from_secs(60))
+        .expiry_policy(ExpiryPolicy::Tombstone { keep_ms: 3_600_000 })
+        .sweep_interval(None);
+    let app = start_with(builder, |l| l).await?;
+    let r = app.post("/decline", Some("x-1"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
+    clock.advance(Duration::from_secs(120));
+    let r = app.post("/decline", Some("x-1"), PAYMENT).await?;
+    assert_eq!(problem(r, 409).await?, "key-expired");
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_do_not_share_keys() -> TestResult {
+    let app = start(|l| l.tenant_header(axum::http::HeaderName::from_static("x-tenant"))).await?;
+    for tenant in ["a", "b", "a"] {
+        let r = app
+            .client
+            .post(format!("{}/decline", app.base))
+            .header("idempotency-key", "same")
+            .header("x-tenant", tenant)
+            .header("content-type", "application/json")
+            .body(PAYMENT)
+            .send()
+            .await?;
+        assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
+    }
+    assert_eq!(app.runs(), 2, "tenant b's key is not tenant a's");
+    let key = IdempotencyKey::new("POST /decline tenant=b", "same")?;
+    assert!(app.engine.record(&key)?.is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_pointers_ignore_other_fields() -> TestResult {
+    let app =
+        start(|l| l.route(Route::new("/decline").json_pointers(["/amount", "/currency"]))).await?;
+    let a = r#"{"amount": 5, "currency": "EUR", "trace": "1"}"#;
+    let b = r#"{"trace": "2", "currency": "EUR", "amount": 5}"#;
+    let c = r#"{"trace": "2", "currency": "USD", "amount": 5}"#;
+    assert!(!replayed(&app.post("/decline", Some("p-1"), a).await?));
+    assert!(replayed(&app.post("/decline", Some("p-1"), b).await?));
+    let r = app.post("/decline", Some("p-1"), c).await?;
+    assert_eq!(problem(r, 409).await?, "key-mismatch");
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_panic_leaves_the_key_unknown() -> TestResult {
+    let app = start(|l| l).await?;
+    // The panic unwinds through the layer into the server, which drops the
+    // connection (or answers 500, depending on the stack).
+    let first = app.post("/panic", Some("boom"), PAYMENT).await;
+    assert!(first.map_or(true, |r| r.status().is_server_error()));
+    let key = IdempotencyKey::new("POST /panic", "boom")?;
+    let record = app.engine.record(&key)?.ok_or("no record")?;
+    assert_eq!(record.state, State::Unknown);
+    let r = app.post("/panic", Some("boom"), PAYMENT).await?;
+    assert_eq!(problem(r, 503).await?, "outcome-unknown");
+    assert_eq!(app.runs(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_panic_can_release_the_key() -> TestResult {
+    let app = start(|l| l.on_panic(Disposition::Retry)).await?;
+    for _ in 0..2 {
+        let _ = app.post("/panic", Some("boom"), PAYMENT).await;
+    }
+    assert_eq!(app.runs(), 2, "a released key runs again");
+    let key = IdempotencyKey::new("POST /panic", "boom")?;
+    assert!(app.engine.record(&key)?.is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropped_request_mid_handler_leaves_the_key_unknown() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let engine = Arc::new(Engine::builder().open(dir.path().join("drop.redb"))?);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let mut app: Router = Router::new()
+        .route(
+            "/slow",
+            post(move || {
+                let runs = counter.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    "too late"
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(engine.clone()));
+    let request = || {
+        axum::http::Request::post("/slow")
+            .header("idempotency-key", "slow-1")
+            .body(axum::body::Body::from("{}"))
+    };
+    // A timeout (or a client hanging up) drops the response future while
+    // the handler runs.
+    let call = tower::Service::call(&mut app, request()?);
+    let outcome = tokio::time::timeout(Duration::from_millis(300), call).await;
+    assert!(outcome.is_err(), "the handler should still be running");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let key = IdempotencyKey::new("POST /slow", "slow-1")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = app_state(&engine, &key)?;
+        if state == Some(State::Unknown) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {state:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Never executed again: the retry is told the outcome is unknown.
+    let response = tower::Service::call(&mut app, request()?).await?;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+fn app_state(engine: &Engine, key: &IdempotencyKey) -> idempotency::Result<Option<State>> {
+    Ok(engine.record(key)?.map(|r| r.state))
 }
