@@ -239,10 +239,15 @@ fn crash_and_retry(point: &str, want: Retry) -> TestResult {
             })
             .open_existing(dir.path().join("idem.redb"))?
     };
+    let crashed_token = engine
+        .record(&order_key()?)?
+        .ok_or("the claim was not durable before begin returned")?
+        .fencing_token;
     let (got, body) = match engine.begin(&order_key()?, order_fp()?)? {
         Begin::Replay(r) if asked.load(Ordering::SeqCst) == 0 => (Retry::Replayed, r.envelope.body),
         Begin::Replay(r) => (Retry::ResolvedFromProvider, r.envelope.body),
         Begin::Claimed(c) => {
+            assert!(c.fencing_token() > crashed_token, "{point}: token reused");
             let charge = provider.charge(ORDER, c.reference(), AMOUNT)?;
             let envelope = receipt(&charge);
             engine.complete(c, envelope.clone())?;

@@ -86,12 +86,53 @@ fn replay_after_reopen_is_byte_identical() -> TestResult {
         assert_eq!(r.resource.as_deref(), Some("pay_123"));
         assert_eq!(r.kind, ReplayKind::Completed);
         assert_eq!(r.reference, reference);
-        // Another key still claims after the reopen, with a larger token.
-        let k2 = key(&format!("other-{}", r.completed_at_ms))?;
-        if let Begin::Claimed(c) = engine.begin(&k2, fp()?)? {
-            engine.complete(c, Envelope::new(1, 200, "x"))?;
-        }
+        // Another key still claims after the reopen, with a larger token:
+        // the fencing-token counter survives the restart.
+        let newest = engine
+            .records(&idempotency::RecordFilter::default())?
+            .into_iter()
+            .map(|r| r.map(|r| r.fencing_token))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .max()
+            .ok_or("no records")?;
+        let k2 = key(&format!("other-{newest}"))?;
+        let c = claimed(engine.begin(&k2, fp()?)?)?;
+        assert!(
+            c.fencing_token() > newest,
+            "token {} reused",
+            c.fencing_token()
+        );
+        engine.complete(c, Envelope::new(1, 200, "x"))?;
     }
+    Ok(())
+}
+
+#[test]
+fn second_open_of_the_same_file_is_already_open() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("idem.redb");
+    let first = Engine::builder().sweep_interval(None).open(&path)?;
+    for _ in 0..2 {
+        let err = Engine::builder()
+            .sweep_interval(None)
+            .open(&path)
+            .err()
+            .ok_or("opened twice")?;
+        assert!(
+            matches!(err, idempotency::Error::AlreadyOpen { .. }),
+            "{err:?}"
+        );
+    }
+    // The first handle is unaffected.
+    let c = claimed(first.begin(&key("still-open")?, fp()?)?)?;
+    first.complete(c, Envelope::new(1, 200, "ok"))?;
+    drop(first);
+    let again = Engine::builder()
+        .sweep_interval(None)
+        .open_existing(&path)?;
+    let r = replay(again.begin(&key("still-open")?, fp()?)?)?;
+    assert_eq!(r.envelope.body, b"ok");
     Ok(())
 }
 
