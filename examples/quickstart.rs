@@ -31,7 +31,7 @@ fn transfer(
     let fingerprint = Fingerprint::of_serialize(cmd)?;
     Ok(match engine.begin(&key, fingerprint)? {
         Begin::Claimed(claim) => {
-            if cmd.amount_cents > 1_000_00 {
+            if cmd.amount_cents > 100_000 {
                 let body = r#"{"error":"insufficient funds"}"#;
                 engine.fail(claim, Failure::Final(Envelope::new(1, 402, body)))?;
                 return Ok((402, body.into()));

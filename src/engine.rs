@@ -445,7 +445,16 @@ impl Engine {
         let s = &self.shared;
         let mut report = RecoveryReport::default();
         for pending in self.pending(limit)? {
-            let settle = s.settlement(&pending.key, resolver.resolve(&pending))?;
+            // One bad answer (an envelope over the size limit) must not stop
+            // the rest of the queue: the record stays UNKNOWN.
+            let settle = match s.settlement(&pending.key, resolver.resolve(&pending)) {
+                Ok(settle) => settle,
+                Err(e) => {
+                    tracing::error!(key = %pending.key, error = %e, "resolver answer refused");
+                    report.still_unknown += 1;
+                    continue;
+                }
+            };
             let op = Op::Settle {
                 key: pending.key.clone(),
                 token: pending.fencing_token,
