@@ -374,3 +374,40 @@ fn claim_reference_is_stable_everywhere() -> TestResult {
     engine.complete(c2, Envelope::new(1, 201, "ok"))?;
     Ok(())
 }
+
+#[test]
+fn an_oversized_resolver_answer_does_not_stop_recovery() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock).max_response_bytes(64).in_memory()?;
+    for k in ["a", "b"] {
+        let c = claimed(engine.begin(&key(k)?, fp()?)?)?;
+        engine.fail(
+            c,
+            Failure::Unknown {
+                reason: "timeout".into(),
+            },
+        )?;
+    }
+    let resolver = |p: &Pending| {
+        if p.key.key() == "a" {
+            Resolution::Completed(Envelope::new(1, 200, vec![b'x'; 1000]))
+        } else {
+            Resolution::NotExecuted
+        }
+    };
+    let report = engine.recover_pending(&resolver, 10)?;
+    assert_eq!(
+        report,
+        RecoveryReport {
+            not_executed: 1,
+            still_unknown: 1,
+            ..RecoveryReport::default()
+        }
+    );
+    assert_eq!(
+        engine.record(&key("a")?)?.map(|r| r.state),
+        Some(State::Unknown)
+    );
+    assert_eq!(engine.record(&key("b")?)?, None);
+    Ok(())
+}
