@@ -439,8 +439,11 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// Storage errors and [`Error::Poisoned`]; a record settled concurrently
-    /// by someone else is skipped, not an error.
+    /// Storage errors and [`Error::Poisoned`]. Not errors: a record settled
+    /// concurrently by someone else is counted in `skipped`; a resolver
+    /// answer the engine refuses (a `Completed` envelope over
+    /// `max_response_bytes`) leaves that record UNKNOWN, is counted in
+    /// `still_unknown`, and recovery goes on with the next record.
     pub fn recover_pending(&self, resolver: &dyn Resolver, limit: usize) -> Result<RecoveryReport> {
         let s = &self.shared;
         let mut report = RecoveryReport::default();
