@@ -92,6 +92,9 @@
 //! is sent, so a retry that follows the response always replays. A response
 //! larger than the engine's `max_response_bytes` is still sent, but cannot
 //! be stored: the record becomes UNKNOWN (see [`crate::Engine::complete`]).
+//! A replay sends the envelope after the engine's upcasters ran on it (see
+//! [`crate::EngineBuilder::upcaster`]); one older than the current schema
+//! and not covered by an upcaster is sent as stored.
 //!
 //! # Failures, panics and cancellation
 //!
@@ -167,7 +170,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use parking_lot::Mutex;
 
-use crate::{Begin, Claim, Engine, Envelope, Failure, Fingerprint, IdempotencyKey};
+use crate::{Begin, BoxError, Claim, Engine, Envelope, Failure, Fingerprint, IdempotencyKey};
 use problem::Problem;
 use route::BodyMode;
 pub use route::Route;
@@ -177,9 +180,6 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 
 /// The header on replayed responses: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// Boxed errors, as in tower and hyper.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The request body the inner service receives: the original body for
 /// requests passed through, the buffered body for claimed ones.

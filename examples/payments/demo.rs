@@ -293,7 +293,7 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
                     format!("{key}: after the crash the payment ran again")
                 });
                 audit.success(&key, &answer);
-                row.recovered += 1;
+                row.recovered += u32::from(answer.replayed);
                 break;
             }
             Some(409) => row.conflicts += 1,
@@ -321,10 +321,12 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
         tokio::time::sleep(Duration::from_secs(wait)).await;
     }
     row.charges = ledger_count(&ledger, &run)? - before;
-    println!(
-        "    settled by the resolver: replayed {}",
-        audit.succeeded.get(&key).map_or("nothing", String::as_str)
-    );
+    if row.recovered == 1 {
+        println!(
+            "    settled by the resolver: replayed {}",
+            audit.succeeded.get(&key).map_or("nothing", String::as_str)
+        );
+    }
     rows.push(row);
     restarted.stop().await?;
 
@@ -623,7 +625,7 @@ async fn provider_timeout(
     });
     if retry.status == Some(201) {
         row.replays += u32::from(retry.replayed);
-        row.recovered += 1;
+        row.recovered += u32::from(retry.replayed);
         audit.success(&key, &retry);
     }
     println!(
