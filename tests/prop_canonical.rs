@@ -1,0 +1,630 @@
+//! Property tests for the parsers that read outside input: the JSON
+//! canonicalizer behind request fingerprints, and the on-disk record decoder.
+//!
+//! They guard against a retry being judged by the wrong fingerprint (two
+//! spellings of one request hashing differently, or two requests hashing the
+//! same) and against a parser panicking on hostile or corrupt bytes. They
+//! mirror the cargo-fuzz targets in `fuzz/` (see `fuzz/README.md`), bounded
+//! so that the whole file runs in a few seconds:
+//!
+//! - canonicalization is idempotent, and its output parses to a value equal
+//!   to the input's (generated JSON, and arbitrary or JSON-like bytes, which
+//!   never panic);
+//! - a value rendered two ways (members shuffled, whitespace, numbers in
+//!   another exact form, escapes instead of raw characters) fingerprints
+//!   equal, with and without JSON Pointers; one changed value differs;
+//! - the record decoder never panics on arbitrary bytes nor on mutations of
+//!   valid records written by a real engine, and refuses garbage.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+use idempotency::canonical;
+use idempotency::{
+    Begin, Engine, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, ManualClock,
+};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+// ---------------------------------------------------------------------------
+// Generated JSON values and their renderings.
+
+#[derive(Debug, Clone)]
+enum Value {
+    Null,
+    Bool(bool),
+    /// `±digits × 10^exponent`; `digits` has no leading zero, empty is zero.
+    Number {
+        negative: bool,
+        digits: Vec<u8>,
+        exponent: i32,
+    },
+    String(String),
+    Array(Vec<Value>),
+    /// Member names are unique (the parser rejects duplicates by design).
+    Object(Vec<(String, Value)>),
+}
+
+fn name_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z]{0,3}",
+        // Escapes, control characters, `~` and `/` (pointer escapes),
+        // non-ASCII and astral characters (UTF-16 ordering).
+        "[a-c~/\"\\\\\u{0}-\u{1f}\u{7f}\u{80}\u{e9}\u{20ac}\u{fb33}\u{1F600}]{0,4}",
+    ]
+}
+
+fn number_strategy() -> impl Strategy<Value = Value> {
+    (
+        any::<bool>(),
+        prop_oneof![
+            proptest::collection::vec(0u8..10, 0..4),
+            // Past u64 and f64 precision.
+            proptest::collection::vec(0u8..10, 15..40),
+        ],
+        prop_oneof![-30i32..30, -400i32..400, -1_000i32..1_000],
+    )
+        .prop_map(|(negative, mut digits, exponent)| {
+            while digits.first() == Some(&0) {
+                digits.remove(0);
+            }
+            Value::Number {
+                negative,
+                digits,
+                exponent,
+            }
+        })
+}
+
+fn value_strategy() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        number_strategy(),
+        number_strategy(),
+        name_strategy().prop_map(Value::String),
+        any::<String>().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(5, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            proptest::collection::vec((name_strategy(), inner), 0..6).prop_map(|members| {
+                let mut seen = HashSet::new();
+                Value::Object(
+                    members
+                        .into_iter()
+                        .filter(|(name, _)| seen.insert(name.clone()))
+                        .collect(),
+                )
+            }),
+        ]
+    })
+}
+
+/// The choices a rendering makes: `None` renders plainly (document order,
+/// no whitespace, minimal escapes, numbers as `digits e exponent`).
+struct Style(Option<u64>);
+
+impl Style {
+    fn pick(&mut self, n: u64) -> Option<u64> {
+        let state = self.0.as_mut()?;
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        Some(*state % n.max(1))
+    }
+
+    fn chance(&mut self, one_in: u64) -> bool {
+        self.pick(one_in) == Some(0)
+    }
+
+    fn space(&mut self, out: &mut Vec<u8>) {
+        for _ in 0..self.pick(3).unwrap_or(0) {
+            let i = self.pick(4).unwrap_or(0) as usize;
+            out.push(b" \t\n\r"[i]);
+        }
+    }
+}
+
+fn plain(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    render(value, &mut Style(None), &mut out);
+    out
+}
+
+fn respelled(value: &Value, seed: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    render(value, &mut Style(Some(seed | 1)), &mut out);
+    out
+}
+
+fn render(value: &Value, style: &mut Style, out: &mut Vec<u8>) {
+    style.space(out);
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        Value::Number {
+            negative,
+            digits,
+            exponent,
+        } => render_number(*negative, digits, *exponent, style, out),
+        Value::String(s) => render_string(s, style, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                render(item, style, out);
+            }
+            style.space(out);
+            out.push(b']');
+        }
+        Value::Object(members) => {
+            let mut order: Vec<usize> = (0..members.len()).collect();
+            for i in (1..order.len()).rev() {
+                if let Some(j) = style.pick(i as u64 + 1) {
+                    order.swap(i, j as usize);
+                }
+            }
+            out.push(b'{');
+            for (i, &m) in order.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let (name, member) = &members[m];
+                style.space(out);
+                render_string(name, style, out);
+                style.space(out);
+                out.push(b':');
+                render(member, style, out);
+            }
+            style.space(out);
+            out.push(b'}');
+        }
+    }
+    style.space(out);
+}
+
+/// Writes `±digits × 10^exponent` in one of several exact forms.
+fn render_number(
+    negative: bool,
+    digits: &[u8],
+    exponent: i32,
+    style: &mut Style,
+    out: &mut Vec<u8>,
+) {
+    if digits.is_empty() {
+        let zeros = [
+            "0", "-0", "0.0", "-0.000", "0e5", "0E-7", "-0.0e+0", "0.00E12",
+        ];
+        let i = style.pick(zeros.len() as u64).unwrap_or(0) as usize;
+        out.extend_from_slice(zeros[i].as_bytes());
+        return;
+    }
+    if negative {
+        out.push(b'-');
+    }
+    // value = d × 10^e, where d is the digits plus `pad` trailing zeros.
+    let pad = style.pick(3).unwrap_or(0) as usize;
+    let mut d: Vec<u8> = digits.iter().map(|x| b'0' + x).collect();
+    d.extend(std::iter::repeat_n(b'0', pad));
+    let e = i64::from(exponent) - pad as i64;
+    let len = d.len() as i64;
+    let shown = match style.pick(3) {
+        // d.ddd × 10^(e + len − 1)
+        Some(0) => {
+            out.push(d[0]);
+            if d.len() > 1 {
+                out.push(b'.');
+                out.extend_from_slice(&d[1..]);
+            }
+            e + len - 1
+        }
+        // 0.000ddd × 10^(e + zeros + len)
+        Some(1) => {
+            let zeros = style.pick(3).unwrap_or(0);
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', zeros as usize));
+            out.extend_from_slice(&d);
+            e + zeros as i64 + len
+        }
+        _ => {
+            out.extend_from_slice(&d);
+            e
+        }
+    };
+    if shown != 0 || style.chance(4) {
+        out.push(if style.chance(2) { b'E' } else { b'e' });
+        if shown >= 0 && style.chance(2) {
+            out.push(b'+');
+        }
+        out.extend_from_slice(shown.to_string().as_bytes());
+    }
+}
+
+/// Writes a string with minimal escapes, or with characters escaped at
+/// random (`\uXXXX` in either case, surrogate pairs, short escapes, `\/`).
+fn render_string(s: &str, style: &mut Style, out: &mut Vec<u8>) {
+    out.push(b'"');
+    for c in s.chars() {
+        let short = match c {
+            '"' => Some(b'"'),
+            '\\' => Some(b'\\'),
+            '/' => Some(b'/'),
+            '\u{8}' => Some(b'b'),
+            '\u{c}' => Some(b'f'),
+            '\n' => Some(b'n'),
+            '\r' => Some(b'r'),
+            '\t' => Some(b't'),
+            _ => None,
+        };
+        let must_escape = c < ' ' || c == '"' || c == '\\';
+        match (style.pick(3), short) {
+            (Some(0), _) => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    let hex = if style.chance(2) {
+                        format!("\\u{unit:04X}")
+                    } else {
+                        format!("\\u{unit:04x}")
+                    };
+                    out.extend_from_slice(hex.as_bytes());
+                }
+            }
+            (Some(1), Some(b)) => out.extend_from_slice(&[b'\\', b]),
+            (_, Some(b)) if must_escape => out.extend_from_slice(&[b'\\', b]),
+            _ if must_escape => {
+                out.extend_from_slice(format!("\\u{:04x}", u32::from(c)).as_bytes());
+            }
+            _ => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+/// How many places [`change_one`] can hit: scalars, empty containers and
+/// member names.
+fn targets(value: &Value) -> usize {
+    match value {
+        Value::Array(items) if !items.is_empty() => items.iter().map(targets).sum(),
+        Value::Object(members) if !members.is_empty() => {
+            members.iter().map(|(_, v)| 1 + targets(v)).sum()
+        }
+        _ => 1,
+    }
+}
+
+/// Changes the `at`-th place (see [`targets`]) so that the whole is a
+/// different JSON value. Returns whether it did.
+fn change_one(value: &mut Value, at: &mut usize) -> bool {
+    match value {
+        Value::Array(items) if !items.is_empty() => {
+            items.iter_mut().any(|item| change_one(item, at))
+        }
+        Value::Object(members) if !members.is_empty() => {
+            let names: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
+            for (name, member) in members.iter_mut() {
+                if *at == 0 {
+                    let mut new = format!("{name}~");
+                    while names.contains(&new) {
+                        new.push('~');
+                    }
+                    *name = new;
+                    return true;
+                }
+                *at -= 1;
+                if change_one(member, at) {
+                    return true;
+                }
+            }
+            false
+        }
+        leaf => {
+            if *at > 0 {
+                *at -= 1;
+                return false;
+            }
+            *leaf = match std::mem::replace(leaf, Value::Null) {
+                Value::Null => Value::Bool(false),
+                Value::Bool(b) => Value::Bool(!b),
+                // 10·d + 1 ≠ d for every d, zero included.
+                Value::Number {
+                    negative,
+                    mut digits,
+                    exponent,
+                } => {
+                    digits.push(1);
+                    Value::Number {
+                        negative,
+                        digits,
+                        exponent,
+                    }
+                }
+                Value::String(mut s) => {
+                    s.push('x');
+                    Value::String(s)
+                }
+                Value::Array(_) => Value::Array(vec![Value::Null]),
+                Value::Object(_) => Value::Object(vec![(String::new(), Value::Null)]),
+            };
+            true
+        }
+    }
+}
+
+fn pointers_of(value: &Value) -> Vec<String> {
+    let mut out = vec![String::new(), "/missing".to_owned()];
+    match value {
+        Value::Object(members) => out.extend(
+            members
+                .iter()
+                .map(|(name, _)| format!("/{}", name.replace('~', "~0").replace('/', "~1"))),
+        ),
+        Value::Array(items) => out.extend((0..items.len().min(3)).map(|i| format!("/{i}"))),
+        _ => {}
+    }
+    out
+}
+
+fn shown(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Canonicalization is a fixed point and keeps the value; checked for any
+/// input `canonicalize` accepts.
+fn check_canonical_fixed_point(input: &[u8]) -> Result<(), TestCaseError> {
+    let parsed = canonical::parse(input);
+    let once = canonical::canonicalize(input);
+    prop_assert_eq!(parsed.is_ok(), once.is_ok());
+    let (Ok(value), Ok(once)) = (parsed, once) else {
+        return Ok(());
+    };
+    let twice = canonical::canonicalize(&once);
+    prop_assert_eq!(twice.as_ref().ok(), Some(&once), "{}", shown(input));
+    prop_assert_eq!(
+        canonical::parse(&once).ok(),
+        Some(value),
+        "{}",
+        shown(input)
+    );
+    prop_assert_eq!(
+        Fingerprint::of_json(input, &[]).ok(),
+        Fingerprint::of_json(&once, &[]).ok()
+    );
+    Ok(())
+}
+
+/// `PROPTEST_CASES` overrides the bounded default, for a longer search.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(2048)))]
+
+    #[test]
+    fn canonical_form_is_idempotent_and_keeps_the_value(value in value_strategy(), seed in any::<u64>()) {
+        for text in [plain(&value), respelled(&value, seed)] {
+            prop_assert!(canonical::parse(&text).is_ok(), "rejected {}", shown(&text));
+            check_canonical_fixed_point(&text)?;
+        }
+    }
+
+    #[test]
+    fn equivalent_renderings_fingerprint_equal(value in value_strategy(), seed in any::<u64>()) {
+        let a = plain(&value);
+        let b = respelled(&value, seed);
+        prop_assert_eq!(
+            canonical::canonicalize(&a).ok(),
+            canonical::canonicalize(&b).ok(),
+            "{} vs {}", shown(&a), shown(&b)
+        );
+        prop_assert_eq!(
+            Fingerprint::of_json(&a, &[]).ok(),
+            Fingerprint::of_json(&b, &[]).ok()
+        );
+        prop_assert!(Fingerprint::of_json(&a, &[]).is_ok());
+        let pointers = pointers_of(&value);
+        let mut pointers: Vec<&str> = pointers.iter().map(String::as_str).collect();
+        let fa = Fingerprint::of_json(&a, &pointers).ok();
+        prop_assert!(fa.is_some());
+        pointers.reverse();
+        prop_assert_eq!(fa, Fingerprint::of_json(&b, &pointers).ok());
+    }
+
+    #[test]
+    fn one_changed_value_fingerprints_differently(
+        value in value_strategy(),
+        seed in any::<u64>(),
+        at in any::<usize>(),
+    ) {
+        let mut changed = value.clone();
+        let mut at = at % targets(&value);
+        prop_assert!(change_one(&mut changed, &mut at));
+        let a = plain(&value);
+        let b = respelled(&changed, seed);
+        let (fa, fb) = (Fingerprint::of_json(&a, &[]), Fingerprint::of_json(&b, &[]));
+        prop_assert!(fa.is_ok() && fb.is_ok());
+        prop_assert_ne!(fa.ok(), fb.ok(), "{} vs {}", shown(&a), shown(&b));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..64)) {
+        check_canonical_fixed_point(&input)?;
+        let _ = Fingerprint::of_json(&input, &["/a", ""]);
+    }
+
+    /// Bytes from JSON's alphabet reach far more of the parser than uniform
+    /// bytes do.
+    #[test]
+    fn json_like_bytes_never_panic(input in proptest::collection::vec(
+        proptest::sample::select(b"{}[],:\"\\/-+.0123456789eEtrufalsnu \t\n\xC3\xA9\xED\xFFdD8".to_vec()),
+        0..48,
+    )) {
+        check_canonical_fixed_point(&input)?;
+    }
+
+    #[test]
+    fn record_decoder_never_panics_on_arbitrary_bytes(input in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let accepted = idempotency::__fuzz_decode_record(&input);
+        if accepted {
+            prop_assert_eq!(input.first(), Some(&1u8));
+        }
+        if input.first() != Some(&1) {
+            prop_assert!(!accepted, "accepted a value of another format version");
+        }
+    }
+
+    #[test]
+    fn record_decoder_never_panics_on_mutated_records(
+        which in any::<prop::sample::Index>(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..5),
+    ) {
+        let records = valid_records();
+        let mut bytes = which.get(records).clone();
+        for (at, byte, kind) in edits {
+            let i = at.index(bytes.len() + 1);
+            match kind {
+                0 if i < bytes.len() => bytes[i] = byte,
+                1 if i < bytes.len() => { bytes.remove(i); }
+                2 => bytes.truncate(i),
+                _ => bytes.insert(i, byte),
+            }
+        }
+        let _ = idempotency::__fuzz_decode_record(&bytes);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Valid records, as a real engine writes them.
+
+/// The raw value of every record in the engine's database at `path`.
+fn raw_records(path: &Path) -> Result<Vec<Vec<u8>>, Box<dyn std::error::Error>> {
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
+    let db = redb::Database::open(path)?;
+    let txn = db.begin_read()?;
+    let table = txn.open_table(RECORDS)?;
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (_, value) = entry?;
+        out.push(value.value().to_vec());
+    }
+    Ok(out)
+}
+
+/// Records in every state: PROCESSING, COMPLETED (headers, resource),
+/// FAILED_FINAL, UNKNOWN (with a reason) and TOMBSTONE.
+fn make_records(dir: &Path) -> Result<Vec<Vec<u8>>, Box<dyn std::error::Error>> {
+    let path = dir.join("records.redb");
+    let clock = ManualClock::new(1_700_000_000_000);
+    {
+        let engine = Engine::builder()
+            .clock(clock.clone())
+            .sweep_interval(None)
+            .ttl(Duration::from_secs(60))
+            .expiry_policy(ExpiryPolicy::Tombstone { keep_ms: 600_000 })
+            .open(&path)?;
+        let fp = Fingerprint::of_json(br#"{"amount": 10, "currency": "EUR"}"#, &[])?;
+        let claim = |key: &str| -> Result<idempotency::Claim, Box<dyn std::error::Error>> {
+            match engine.begin(&IdempotencyKey::new("tenant:pay", key)?, fp)? {
+                Begin::Claimed(claim) => Ok(claim),
+                other => Err(format!("{key}: expected a claim, got {other:?}").into()),
+            }
+        };
+        let tomb = claim("tombstone")?;
+        engine.complete(tomb, Envelope::new(1, 200, "old"))?;
+        clock.advance(Duration::from_secs(61));
+        engine.sweep_now()?;
+        let processing = claim("processing")?;
+        let done = claim("completed")?;
+        engine.complete_with_resource(
+            done,
+            Envelope::new(3, 201, br#"{"id":"pay_1"}"#.to_vec())
+                .with_header("content-type", "application/json")
+                .with_header("x-bin", vec![0u8, 255, 7]),
+            "pay_1",
+        )?;
+        let failed = claim("failed")?;
+        engine.fail(
+            failed,
+            Failure::Final(Envelope::new(1, 402, "insufficient funds")),
+        )?;
+        let unknown = claim("unknown")?;
+        engine.fail(
+            unknown,
+            Failure::Unknown {
+                reason: "provider timed out".into(),
+            },
+        )?;
+        let empty = claim("empty")?;
+        engine.complete(empty, Envelope::new(0, 204, Vec::new()))?;
+        // Neither completed nor dropped: the record stays PROCESSING.
+        std::mem::forget(processing);
+    }
+    raw_records(&path)
+}
+
+fn valid_records() -> &'static Vec<Vec<u8>> {
+    static RECORDS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    RECORDS.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        make_records(dir.path()).expect("records written by a real engine")
+    })
+}
+
+#[test]
+fn valid_records_decode_and_their_truncations_do_not() -> TestResult {
+    let records = valid_records();
+    assert_eq!(records.len(), 6);
+    for record in records {
+        assert!(idempotency::__fuzz_decode_record(record));
+        for cut in 0..record.len() {
+            assert!(
+                !idempotency::__fuzz_decode_record(&record[..cut]),
+                "prefix {cut}"
+            );
+        }
+        let mut longer = record.clone();
+        longer.push(0);
+        assert!(!idempotency::__fuzz_decode_record(&longer));
+        let mut other_version = record.clone();
+        other_version[0] = 2;
+        assert!(!idempotency::__fuzz_decode_record(&other_version));
+    }
+    Ok(())
+}
+
+/// Writes the records above as seeds for the `record_decode` fuzz target:
+/// `cargo test --release --test prop_canonical -- --ignored write_record_seeds`.
+#[test]
+#[ignore = "writes fuzz/corpus/record_decode; run by hand"]
+fn write_record_seeds() -> TestResult {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/record_decode");
+    std::fs::create_dir_all(&dir)?;
+    let names = [
+        "completed",
+        "empty",
+        "failed",
+        "processing",
+        "tombstone",
+        "unknown",
+    ];
+    let records = valid_records();
+    assert_eq!(records.len(), names.len());
+    // The records table is sorted by record key: scope, then key.
+    for (name, record) in names.iter().zip(records) {
+        std::fs::write(dir.join(format!("{name}.bin")), record)?;
+    }
+    Ok(())
+}
