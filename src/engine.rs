@@ -503,13 +503,18 @@ impl Engine {
             });
         }
         let settle = s.settlement(key, resolution)?;
+        // "Still unknown" settles nothing: not counted as resolved, as in
+        // `recover_pending` and `begin`.
+        let resolved = !matches!(settle, Settle::StillUnknown);
         s.submit(Op::Settle {
             key: key.clone(),
             token: rec.token,
             settle,
             then_claim: None,
         })?;
-        bump(&s.counters.resolved, 1);
+        if resolved {
+            bump(&s.counters.resolved, 1);
+        }
         Ok(())
     }
 
