@@ -59,8 +59,48 @@ pub(crate) struct StoredResponse {
     pub(crate) schema_version: u32,
     pub(crate) status: u16,
     pub(crate) headers: Vec<(String, Vec<u8>)>,
+    #[serde(with = "byte_buf")]
     pub(crate) body: Vec<u8>,
     pub(crate) resource: Option<String>,
+}
+
+/// `Vec<u8>` as a serde byte string. postcard writes exactly the bytes a
+/// sequence of `u8` gets (varint length, then the raw bytes), so the format
+/// is unchanged; but a byte string is copied in one go, where a sequence is
+/// decoded one element at a time (that loop was the largest cost of a
+/// replay, see BENCHMARKS.md).
+mod byte_buf {
+    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
+    use serde::Serializer;
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct ByteBuf;
+        impl<'de> Visitor<'de> for ByteBuf {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            // Self-describing formats may hand bytes over as a sequence.
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(b) = seq.next_element()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_byte_buf(ByteBuf)
+    }
 }
 
 impl StoredResponse {
@@ -234,6 +274,29 @@ mod tests {
             Some("pay_1".into()),
         ));
         r
+    }
+
+    #[test]
+    fn byte_buf_is_the_seq_format() {
+        // The body's byte-string encoding must equal the `Vec<u8>` sequence
+        // encoding format 1 was written with.
+        #[derive(Serialize, Deserialize)]
+        struct Seq {
+            v: Vec<u8>,
+        }
+        #[derive(Serialize, Deserialize)]
+        struct Bytes {
+            #[serde(with = "byte_buf")]
+            v: Vec<u8>,
+        }
+        for len in [0usize, 1, 127, 128, 300, 20_000] {
+            let v: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let seq = postcard::to_allocvec(&Seq { v: v.clone() }).unwrap();
+            let bytes = postcard::to_allocvec(&Bytes { v: v.clone() }).unwrap();
+            assert_eq!(seq, bytes);
+            let back: Bytes = postcard::from_bytes(&seq).unwrap();
+            assert_eq!(back.v, v);
+        }
     }
 
     #[test]
