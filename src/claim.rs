@@ -99,6 +99,7 @@ impl Drop for Claim {
                 key: self.key.clone(),
                 token: self.token,
                 reason: "claim dropped without an outcome".to_string(),
+                holder_done: false,
             });
         }
     }

@@ -137,6 +137,7 @@ pub(crate) struct Record {
     pub(crate) claimed_at_ms: u64,
     pub(crate) updated_at_ms: u64,
     /// PROCESSING: the lease runs out at this instant (stale from then on).
+    /// UNKNOWN: the original lease end, from which a resolver may settle it.
     pub(crate) lease_until_ms: u64,
     /// COMPLETED / FAILED_FINAL: expires at this instant.
     /// TOMBSTONE: the tombstone runs out at this instant.

@@ -229,6 +229,18 @@ impl Engine {
                 }
             }
             Class::Unknown => match &self.shared.cfg.resolver {
+                // A dropped claim's work may still be running until its lease
+                // ends: asking the provider now could hear "not executed" for
+                // a call still in flight. Until then it is in progress.
+                Some(_) if rec.lease_until_ms > self.shared.clock.now_ms() => {
+                    bump(&c.in_progress, 1);
+                    Begin::InProgress {
+                        retry_after: Duration::from_millis(
+                            rec.lease_until_ms - self.shared.clock.now_ms(),
+                        )
+                        .max(Duration::from_millis(1)),
+                    }
+                }
                 Some(resolver) => {
                     let resolver = resolver.clone();
                     return self.settle_in_begin(key, &rec, &*resolver, fingerprint, lease_ms);
@@ -371,6 +383,7 @@ impl Engine {
                     key: claim.key.clone(),
                     token: claim.token,
                     reason,
+                    holder_done: true,
                 };
                 self.shared.submit(op).map(drop)
             }
@@ -416,6 +429,7 @@ impl Engine {
                 key: claim.key.clone(),
                 token: claim.token,
                 reason,
+                holder_done: true,
             })?;
             return Err(Error::ResponseTooLarge {
                 key: claim.key.clone(),
@@ -447,7 +461,14 @@ impl Engine {
     pub fn recover_pending(&self, resolver: &dyn Resolver, limit: usize) -> Result<RecoveryReport> {
         let s = &self.shared;
         let mut report = RecoveryReport::default();
+        let now = s.clock.now_ms();
         for pending in self.pending(limit)? {
+            // A dropped claim's work may still be running until its lease
+            // ends; it is not safe to settle yet.
+            if pending.resolvable_at_ms > now {
+                report.still_unknown += 1;
+                continue;
+            }
             // One bad answer (an envelope over the size limit) must not stop
             // the rest of the queue: the record stays UNKNOWN.
             let settle = match s.settlement(&pending.key, resolver.resolve(&pending)) {
@@ -738,6 +759,7 @@ impl Shared {
             attempts: rec.attempts,
             claimed_at_ms: rec.claimed_at_ms,
             unknown_since_ms: since,
+            resolvable_at_ms: rec.lease_until_ms,
             age_ms: self.clock.now_ms().saturating_sub(since),
             reason: rec.reason.clone(),
         }

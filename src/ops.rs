@@ -124,6 +124,10 @@ pub(crate) enum Op {
         key: IdempotencyKey,
         token: u64,
         reason: String,
+        /// The holder says it stopped acting (an explicit `fail`), so a
+        /// resolver may settle the record at once. A dropped claim keeps its
+        /// lease: its work may still be running until the lease ends.
+        holder_done: bool,
     },
     /// Renew a lease.
     Extend {
@@ -283,11 +287,21 @@ impl<'t> Store<'t> {
                 tracing::debug!(key = %key, token, "claim released (retryable failure)");
                 Ok(Reply::Done)
             }
-            Op::MarkUnknown { key, token, reason } => {
+            Op::MarkUnknown {
+                key,
+                token,
+                reason,
+                holder_done,
+            } => {
                 let rkey = key.to_record_key();
                 let rec = self.owned(&key, &rkey, token, "mark unknown")?;
                 if rec.state == DiskState::Processing {
-                    self.mark_unknown(&key, &rkey, rec, reason)?;
+                    let lease_end = if holder_done {
+                        rec.lease_until_ms.min(self.now)
+                    } else {
+                        rec.lease_until_ms
+                    };
+                    self.mark_unknown(&key, &rkey, rec, reason, lease_end)?;
                 }
                 Ok(Reply::Done)
             }
@@ -418,7 +432,8 @@ impl<'t> Store<'t> {
                         "lease ran out at {} ms without an outcome",
                         rec.lease_until_ms
                     );
-                    let rec = self.mark_unknown(key, &rkey, rec.clone(), reason)?;
+                    let lease_end = rec.lease_until_ms;
+                    let rec = self.mark_unknown(key, &rkey, rec.clone(), reason, lease_end)?;
                     return Ok(Reply::Existing {
                         record: Box::new(rec),
                         class: Class::Unknown,
@@ -573,7 +588,8 @@ impl<'t> Store<'t> {
                         rec.lease_until_ms
                     );
                     tracing::warn!(key = %shown, token = rec.token, "stale claim moved to UNKNOWN");
-                    self.unknown_record(&rkey, rec, reason)?;
+                    let lease_end = rec.lease_until_ms;
+                    self.unknown_record(&rkey, rec, reason, lease_end)?;
                     counts.moved_to_unknown += 1;
                 }
                 // An index entry that does not match its record: drop it so
@@ -653,19 +669,24 @@ impl<'t> Store<'t> {
         rkey: &[u8],
         rec: Record,
         reason: String,
+        lease_end: u64,
     ) -> Result<Record, OpError> {
         tracing::warn!(key = %key, token = rec.token, %reason, "moved to UNKNOWN");
-        self.unknown_record(rkey, rec, reason)
+        self.unknown_record(rkey, rec, reason, lease_end)
     }
 
+    /// PROCESSING → UNKNOWN. `lease_end` is kept as the instant from which a
+    /// resolver may settle the record (see `Pending::resolvable_at_ms`).
     fn unknown_record(
         &mut self,
         rkey: &[u8],
         rec: Record,
         reason: String,
+        lease_end: u64,
     ) -> Result<Record, OpError> {
         let mut new = rec.clone();
         new.state = DiskState::Unknown;
+        new.lease_until_ms = lease_end;
         new.unknown_since_ms = self.now;
         new.updated_at_ms = self.now;
         new.reason = reason;

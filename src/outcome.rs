@@ -152,6 +152,14 @@ pub struct Pending {
     pub unknown_since_ms: u64,
     /// How long it has been UNKNOWN, in milliseconds, when this was read.
     pub age_ms: u64,
+    /// From when a resolver may settle it (ms since the Unix epoch): the
+    /// end of the original claim's lease. A claim that was dropped (not
+    /// failed explicitly) may still have its work running until then, so a
+    /// provider asked earlier could answer "not executed" for a call still
+    /// in flight. `begin` answers `InProgress` and `recover_pending` skips
+    /// the record until this instant; an explicit `Failure::Unknown` makes
+    /// it settleable at once.
+    pub resolvable_at_ms: u64,
     /// Why it became UNKNOWN (lease ran out, dropped claim, app's reason).
     pub reason: String,
 }

@@ -411,3 +411,71 @@ fn an_oversized_resolver_answer_does_not_stop_recovery() -> TestResult {
     assert_eq!(engine.record(&key("b")?)?, None);
     Ok(())
 }
+
+/// A dropped claim's work may still be running (an orphaned task, a client
+/// that hung up): a resolver asked before the lease ends could answer "not
+/// executed" for a provider call still in flight, and a fresh claim would
+/// charge twice. Until the lease ends the key is in progress.
+#[test]
+fn a_dropped_claim_is_not_resolved_before_its_lease_ends() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let asked = Arc::new(Mutex::new(0));
+    let counter = asked.clone();
+    let engine = builder(&clock)
+        .resolver(move |_: &Pending| {
+            if let Ok(mut n) = counter.lock() {
+                *n += 1;
+            }
+            Resolution::NotExecuted
+        })
+        .in_memory()?;
+    let k = key("dropped")?;
+    drop(claimed(engine.begin(&k, fp()?)?)?);
+    // The drop notifies the writer without waiting; any later write op is
+    // queued behind it, so a sweep is a barrier.
+    engine.sweep_now()?;
+    assert_eq!(engine.record(&k)?.map(|r| r.state), Some(State::Unknown));
+
+    clock.advance(Duration::from_millis(LEASE_MS - 1));
+    match engine.begin(&k, fp()?)? {
+        Begin::InProgress { retry_after } => assert_eq!(retry_after, Duration::from_millis(1)),
+        other => return Err(format!("expected InProgress, got {other:?}").into()),
+    }
+    let report = engine.recover_pending(&|_: &Pending| Resolution::NotExecuted, 10)?;
+    assert_eq!(
+        report.not_executed, 0,
+        "recovery must wait for the lease too"
+    );
+    assert_eq!(
+        *asked.lock().map_err(|_| "poisoned")?,
+        0,
+        "resolver asked too early"
+    );
+
+    clock.advance(Duration::from_millis(1));
+    let second = claimed(engine.begin(&k, fp()?)?)?;
+    assert_eq!(*asked.lock().map_err(|_| "poisoned")?, 1);
+    engine.complete(second, Envelope::new(1, 201, "once"))?;
+    Ok(())
+}
+
+/// An explicit `Failure::Unknown` means the holder stopped acting: the
+/// resolver may settle it at once.
+#[test]
+fn an_explicit_unknown_failure_is_resolvable_at_once() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock)
+        .resolver(|_: &Pending| Resolution::Completed(Envelope::new(1, 201, "charged")))
+        .in_memory()?;
+    let k = key("timed-out")?;
+    let c = claimed(engine.begin(&k, fp()?)?)?;
+    engine.fail(
+        c,
+        Failure::Unknown {
+            reason: "provider timed out".into(),
+        },
+    )?;
+    let r = replay(engine.begin(&k, fp()?)?)?;
+    assert_eq!(r.envelope.body, b"charged");
+    Ok(())
+}
