@@ -177,11 +177,13 @@ impl EngineBuilder {
         self
     }
 
-    /// How often the background sweeper runs; `None` starts no sweeper
-    /// thread (call [`Engine::sweep_now`] yourself). Expiry and leases are
-    /// decided at read time either way.
+    /// How often the background sweeper runs (at least every 10 ms: shorter
+    /// intervals are raised to 10 ms); `None` starts no sweeper thread (call
+    /// [`Engine::sweep_now`] yourself). Expiry and leases are decided at
+    /// read time either way. A tick with nothing due costs two read
+    /// transactions, no write.
     pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
-        self.sweep_interval = interval;
+        self.sweep_interval = interval.map(|d| d.max(Duration::from_millis(10)));
         self
     }
 

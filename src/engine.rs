@@ -658,6 +658,9 @@ impl Shared {
     /// Sends an op to the writer and waits for its durable answer.
     pub(crate) fn submit(&self, op: Op) -> Result<Reply> {
         self.poison.check()?;
+        if crate::writer::on_writer_of(&self.poison) {
+            return Err(Error::Reentrant);
+        }
         let (reply, answer) = crossbeam_channel::bounded(1);
         let req = Request {
             op,
@@ -787,11 +790,30 @@ impl Shared {
         })
     }
 
+    /// Whether a lease or an expiry is due: the oldest entry of either
+    /// index is at or before now.
+    fn sweep_due(&self) -> Result<bool> {
+        let ctx = "checking for sweep work";
+        let now = self.clock.now_ms();
+        for table in [crate::tables::LEASES, crate::tables::EXPIRY] {
+            let index = self.read_table(table, ctx)?;
+            let first = index.first().map_err(|e| Error::storage(ctx, e))?;
+            if first.is_some_and(|(k, _)| k.value().0 <= now) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// One full sweep pass in bounded steps; stops early if `stop` has a
     /// message waiting (engine shutdown).
     pub(crate) fn sweep_pass(&self, stop: Option<&Receiver<()>>) -> Result<SweepCounts> {
         let mut total = SweepCounts::default();
         loop {
+            // An idle engine must not pay a durable commit per tick.
+            if !self.sweep_due()? {
+                return Ok(total);
+            }
             let step = match self.submit(Op::Sweep {
                 limit: self.cfg.sweep_batch,
             })? {

@@ -158,6 +158,13 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 
+    /// A write was called from inside an app's local write closure (see
+    /// `Engine::complete_local`) on the same engine. The closure runs on the
+    /// engine's writer thread, so the call would wait for itself forever.
+    /// Reads (`record`, `records`, ...) are fine there.
+    #[error("engine write called from inside a local write closure of the same engine (it would deadlock); do the write after the closure returns")]
+    Reentrant,
+
     /// A claim was passed to an engine other than the one that issued it.
     #[error("claim for {key} was issued by another engine")]
     ForeignClaim {

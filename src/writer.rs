@@ -49,6 +49,7 @@ impl Writer {
     pub(crate) fn run(self) {
         // A panic here must not leave callers believing writes succeed.
         let _guard = PoisonOnPanic(self.poison.clone());
+        WRITER_OF.with(|w| w.set(Arc::as_ptr(&self.poison) as usize));
         let mut seq = match read_sequences(&self.db) {
             Ok(seq) => seq,
             Err(e) => {
@@ -238,6 +239,19 @@ pub(crate) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {
         token: read(META_NEXT_TOKEN)?,
         outbox: read(META_NEXT_OUTBOX)?,
     })
+}
+
+thread_local! {
+    /// On a writer thread: the identity (its poison cell's address) of the
+    /// engine it writes for. An app's local write runs on this thread, and
+    /// a call from it back into the same engine's writer would wait for
+    /// itself forever.
+    static WRITER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the current thread is the writer of the engine owning `poison`.
+pub(crate) fn on_writer_of(poison: &Arc<Poison>) -> bool {
+    WRITER_OF.with(|w| w.get() == Arc::as_ptr(poison) as usize)
 }
 
 struct PoisonOnPanic(Arc<Poison>);

@@ -312,3 +312,25 @@ fn cancel_and_pay_race_has_one_winner() -> TestResult {
     }
     Ok(())
 }
+
+/// A local write runs on the engine's writer thread: a write call back into
+/// the same engine from inside it would wait for itself. It must fail fast
+/// with a clear error, and the engine must keep serving.
+#[test]
+fn engine_write_inside_a_local_write_fails_instead_of_hanging() -> TestResult {
+    let engine = Arc::new(Engine::builder().sweep_interval(None).in_memory()?);
+    let inner = engine.clone();
+    let err = engine
+        .inbox("billing")?
+        .process_local("m1", move |_| {
+            let key = idempotency::IdempotencyKey::new("s", "k")?;
+            let fp = idempotency::Fingerprint::of_json(b"{}", &[])?;
+            inner.begin(&key, fp)?;
+            Ok(())
+        })
+        .err()
+        .ok_or("a reentrant write must fail")?;
+    assert!(err.to_string().contains("deadlock"), "{err}");
+    assert!(matches!(consume(&engine, "m1")?, Processed::Done));
+    Ok(())
+}
