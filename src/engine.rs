@@ -571,6 +571,17 @@ impl Engine {
         self.shared.sweep_pass(None)
     }
 
+    /// Waits until every write queued before this call has committed
+    /// durably, including the notices of dropped claims (which are sent
+    /// without waiting). Costs one commit.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Poisoned`], [`Error::Closed`], storage errors.
+    pub fn flush(&self) -> Result<()> {
+        self.shared.submit(Op::Flush).map(drop)
+    }
+
     /// Up to `limit` UNKNOWN records from the recovery queue, oldest first.
     /// A record that does not decode is skipped (and logged); see
     /// [`Engine::records`] to list it.

@@ -155,6 +155,8 @@ pub(crate) enum Op {
     },
     /// Remove published outbox messages.
     MarkPublished { seqs: Vec<u64> },
+    /// Nothing: answered once everything queued before it has committed.
+    Flush,
     /// The app's own write plus a completion, in a transaction of its own
     /// (the writer runs it; `Store::apply` never sees it).
     Local(LocalOp),
@@ -363,6 +365,7 @@ impl<'t> Store<'t> {
                 Ok(Reply::Purged { state: Some(state) })
             }
             Op::Transition { entity, from, to } => self.transition(&entity, &from, to),
+            Op::Flush => Ok(Reply::Done),
             Op::MarkPublished { seqs } => {
                 let mut removed = 0;
                 for seq in seqs {

@@ -258,7 +258,7 @@ fn failure_kinds_and_dropped_claims() -> TestResult {
     let reference = c.reference().to_string();
     drop(c);
     // The dropped claim's report is queued to the writer ahead of this op.
-    engine.sweep_now()?;
+    engine.flush()?;
     let p = unknown(engine.begin(&k, fp()?)?)?;
     assert_eq!(p.reference, reference);
     assert!(p.reason.contains("dropped"), "reason: {}", p.reason);
@@ -431,9 +431,8 @@ fn a_dropped_claim_is_not_resolved_before_its_lease_ends() -> TestResult {
         .in_memory()?;
     let k = key("dropped")?;
     drop(claimed(engine.begin(&k, fp()?)?)?);
-    // The drop notifies the writer without waiting; any later write op is
-    // queued behind it, so a sweep is a barrier.
-    engine.sweep_now()?;
+    // The drop notifies the writer without waiting; flush waits for it.
+    engine.flush()?;
     assert_eq!(engine.record(&k)?.map(|r| r.state), Some(State::Unknown));
 
     clock.advance(Duration::from_millis(LEASE_MS - 1));
