@@ -77,7 +77,8 @@
 //! | status | default | setting |
 //! |---|---|---|
 //! | 1xx–3xx | stored ([`crate::Engine::complete`]) | a [`Disposition`] response extension |
-//! | 4xx | stored as a final failure ([`crate::Failure::Final`]) | [`IdempotencyLayer::on_client_error`] |
+//! | 400, 411, 413, 415, 422 | not stored, key released: these reject a request before the handler acts (axum's extractors), so a corrected retry runs | [`IdempotencyLayer::on_status`] |
+//! | other 4xx | stored as a final failure ([`crate::Failure::Final`]) | [`IdempotencyLayer::on_client_error`] |
 //! | 5xx | not stored; the key is released and a retry runs the handler again ([`crate::Failure::Retryable`]) | [`IdempotencyLayer::on_server_error`] |
 //!
 //! A handler overrides this for one response by inserting a [`Disposition`]
@@ -243,10 +244,25 @@ struct Config {
     stored_headers: Vec<HeaderName>,
     client_errors: Disposition,
     server_errors: Disposition,
+    /// Per-status overrides of the class defaults.
+    by_status: Vec<(StatusCode, Disposition)>,
     panics: Disposition,
     unknown_retry_after: Duration,
     schema_version: u32,
 }
+
+/// Statuses with which a request is rejected before the handler could act
+/// (axum's extractors answer malformed syntax 400, a missing length 411, an
+/// oversized body 413, a wrong media type 415 and a wrongly shaped body
+/// 422). Nothing happened, so by default they are not stored: the corrected
+/// retry runs, as Stripe does for validation failures.
+const REJECTIONS: [StatusCode; 5] = [
+    StatusCode::BAD_REQUEST,
+    StatusCode::LENGTH_REQUIRED,
+    StatusCode::PAYLOAD_TOO_LARGE,
+    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    StatusCode::UNPROCESSABLE_ENTITY,
+];
 
 /// A [`tower::Layer`] implementing the `Idempotency-Key` header on an
 /// [`Engine`]; see the [module docs](self) for what requests get.
@@ -264,6 +280,7 @@ struct Config {
 /// | [`mismatch_status`](Self::mismatch_status) | 409 Conflict |
 /// | [`stored_headers`](Self::stored_headers) | `Content-Type`, `Location` |
 /// | [`on_client_error`](Self::on_client_error) | [`Disposition::Store`] |
+/// | [`on_status`](Self::on_status) | 400, 411, 413, 415, 422: [`Disposition::Retry`] |
 /// | [`on_server_error`](Self::on_server_error) | [`Disposition::Retry`] |
 /// | [`on_panic`](Self::on_panic) | [`Disposition::Unknown`] |
 /// | [`unknown_retry_after`](Self::unknown_retry_after) | 1 s |
@@ -289,6 +306,10 @@ impl IdempotencyLayer {
                 mismatch_status: StatusCode::CONFLICT,
                 stored_headers: vec![CONTENT_TYPE, LOCATION],
                 client_errors: Disposition::Store,
+                by_status: REJECTIONS
+                    .iter()
+                    .map(|&s| (s, Disposition::Retry))
+                    .collect(),
                 server_errors: Disposition::Retry,
                 panics: Disposition::Unknown,
                 unknown_retry_after: Duration::from_secs(1),
@@ -365,9 +386,23 @@ impl IdempotencyLayer {
         self
     }
 
-    /// What happens to a 4xx response of the handler.
+    /// What happens to a 4xx response of the handler (except the statuses
+    /// set by [`on_status`](Self::on_status)).
     pub fn on_client_error(mut self, disposition: Disposition) -> Self {
         self.cfg().client_errors = disposition;
+        self
+    }
+
+    /// What happens to responses with this exact status, over the class
+    /// default. By default 400, 411, 413, 415 and 422 are
+    /// [`Disposition::Retry`]: those are how a request is rejected before the
+    /// handler acts (axum's extractors), so a corrected retry must run. A
+    /// handler that answers one of them *after* a side effect inserts
+    /// [`Disposition::Store`] into its response extensions.
+    pub fn on_status(mut self, status: StatusCode, disposition: Disposition) -> Self {
+        let by_status = &mut self.cfg().by_status;
+        by_status.retain(|(s, _)| *s != status);
+        by_status.push((status, disposition));
         self
     }
 
@@ -415,6 +450,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("mismatch_status", &c.mismatch_status)
             .field("stored_headers", &c.stored_headers)
             .field("client_errors", &c.client_errors)
+            .field("by_status", &c.by_status)
             .field("server_errors", &c.server_errors)
             .field("panics", &c.panics)
             .finish_non_exhaustive()
@@ -899,16 +935,22 @@ where
         }
     };
     let status = head.status;
-    let disposition =
-        head.extensions
-            .remove::<Disposition>()
-            .unwrap_or(if status.is_server_error() {
-                cfg.server_errors
-            } else if status.is_client_error() {
-                cfg.client_errors
-            } else {
-                Disposition::Store
-            });
+    let disposition = head
+        .extensions
+        .remove::<Disposition>()
+        .or_else(|| {
+            cfg.by_status
+                .iter()
+                .find(|(s, _)| *s == status)
+                .map(|&(_, d)| d)
+        })
+        .unwrap_or(if status.is_server_error() {
+            cfg.server_errors
+        } else if status.is_client_error() {
+            cfg.client_errors
+        } else {
+            Disposition::Store
+        });
     let outcome = match disposition {
         Disposition::Store => {
             let mut envelope = Envelope::new(cfg.schema_version, status.as_u16(), body.to_vec());

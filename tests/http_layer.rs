@@ -72,6 +72,7 @@ async fn start_with(
     let passthrough_runs = runs.clone();
     let unknown_runs = runs.clone();
     let panic_runs = runs.clone();
+    let typed_runs = runs.clone();
     let app = Router::new()
         .route("/payments", post(counted(StatusCode::CREATED, 300)))
         .route(
@@ -104,6 +105,16 @@ async fn start_with(
             }),
         )
         .route("/health", get(|| async { "ok" }))
+        .route(
+            "/typed",
+            post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+                let runs = typed_runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, v.to_string())
+                }
+            }),
+        )
         .route(
             "/panic",
             post(move || {
@@ -604,4 +615,30 @@ async fn dropped_request_mid_handler_leaves_the_key_unknown() -> TestResult {
 
 fn app_state(engine: &Engine, key: &IdempotencyKey) -> idempotency::Result<Option<State>> {
     Ok(engine.record(key)?.map(|r| r.state))
+}
+
+/// axum's extractors reject a request (415 without a JSON content type, 422
+/// for a wrongly shaped body) before the handler acts: storing that answer
+/// would burn the key, and the corrected retry would replay the rejection.
+#[tokio::test(flavor = "multi_thread")]
+async fn extractor_rejections_are_not_stored() -> TestResult {
+    let app = start(|l| l).await?;
+    let url = format!("{}/typed", app.base);
+    let rejected = app
+        .client
+        .post(&url)
+        .header("idempotency-key", "ct-1")
+        .body(PAYMENT)
+        .send()
+        .await?;
+    assert_eq!(rejected.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(app.runs(), 0);
+    let corrected = app.post("/typed", Some("ct-1"), PAYMENT).await?;
+    assert_eq!(corrected.status(), StatusCode::CREATED);
+    assert!(!replayed(&corrected));
+    assert_eq!(app.runs(), 1);
+    let again = app.post("/typed", Some("ct-1"), PAYMENT).await?;
+    assert!(replayed(&again));
+    assert_eq!(app.runs(), 1);
+    Ok(())
 }
