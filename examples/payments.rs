@@ -17,7 +17,8 @@
 //! twice or lost. Its files go to a fresh temporary directory unless
 //! `--db PATH` is given.
 //!
-//! `serve` keeps the API up for curl; see `examples/payments_README_section.md`.
+//! `serve` keeps the API up for curl; README.md ("The payments example") has
+//! the curl lines.
 
 #[path = "payments/demo.rs"]
 mod demo;
