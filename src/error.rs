@@ -165,7 +165,10 @@ pub enum Error {
     #[error("engine write called from inside a local write closure of the same engine (it would deadlock); do the write after the closure returns")]
     Reentrant,
 
-    /// A claim was passed to an engine other than the one that issued it.
+    /// A claim was passed to an engine other than the one that issued it
+    /// (or a claim taken before the engine was reopened). The claim was
+    /// consumed: like any claim dropped without an outcome, its record in
+    /// its own engine becomes UNKNOWN (settleable once its lease ends).
     #[error("claim for {key} was issued by another engine")]
     ForeignClaim {
         /// The claim's key.
