@@ -253,6 +253,7 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
     rows.push(tampered_retry(&client, &mut audit, &ledger, &run).await?);
     rows.push(declined(&client, &mut audit, &ledger, &run).await?);
     rows.push(provider_timeout(&client, &mut audit, &ledger, &run).await?);
+    rows.push(client_hangs_up(&client, &mut audit, &ledger, &run).await?);
 
     // Crash: restart with fault injection, charge, abort, restart, retry.
     server.stop().await?;
@@ -635,6 +636,75 @@ async fn provider_timeout(
         retry.payment_id().unwrap_or_default()
     );
     row.charges = ledger_count(ledger, run)? - before;
+    Ok(row)
+}
+
+/// The client gives up while the provider call is still in flight and
+/// retries at once. The dropped request drops its claim, but the work it
+/// started still runs: the key answers 409 in progress until the claim's
+/// lease ends, and only then does the resolver ask the provider, which by
+/// then has the charge. One charge, and the retry replays it.
+async fn client_hangs_up(
+    client: &Client,
+    audit: &mut Audit,
+    ledger: &Path,
+    run: &str,
+) -> DemoResult<Row> {
+    let mut row = Row {
+        name: "client hangs up, retries",
+        ..Row::default()
+    };
+    println!("\n== {}", row.name);
+    let before = ledger_count(ledger, run)?;
+    let key = format!("{run}-hangup");
+    let impatient = Client {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_millis(50))
+            .build()?,
+        base: client.base.clone(),
+        merchant: client.merchant.clone(),
+    };
+    let first = impatient.pay(&key, 1_900, "impatient", None).await;
+    row.requests += 1;
+    audit.expect(first.status.is_none(), || {
+        format!(
+            "{key}: expected the client to time out, got {:?}",
+            first.status
+        )
+    });
+    println!("    first attempt: client gave up after 50 ms (provider call in flight)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = client.pay(&key, 1_900, "impatient", None).await;
+        row.requests += 1;
+        match answer.status {
+            Some(201) => {
+                audit.expect(answer.replayed, || {
+                    format!("{key}: the retry ran the payment again")
+                });
+                row.replays += u32::from(answer.replayed);
+                row.recovered += u32::from(answer.replayed);
+                audit.success(&key, &answer);
+                println!(
+                    "    retry: 201 replayed={} (charge {})",
+                    answer.replayed,
+                    answer.payment_id().unwrap_or_default()
+                );
+                break;
+            }
+            Some(409) => row.conflicts += 1,
+            other => audit.fail(format!("{key}: retry got {other:?} {}", answer.body)),
+        }
+        if Instant::now() > deadline {
+            audit.fail(format!("{key}: not settled within 20 s"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    row.charges = ledger_count(ledger, run)? - before;
+    audit.expect(row.charges == 1, || {
+        format!("{key}: {} charges for one payment", row.charges)
+    });
     Ok(row)
 }
 
