@@ -12,6 +12,7 @@
 //! The 10k vs 1M throughput ratio is also measured interleaved.
 //! `IDEMPOTENCY_BENCH_RECORDS` overrides the 1M for a quick check;
 //! criterion's test mode (`cargo test --benches`) uses 2,000.
+//! `IDEMPOTENCY_BENCH_SWEEP_BATCH` sets the engine's `sweep_batch`.
 
 mod common;
 
@@ -34,10 +35,11 @@ fn large() -> usize {
     } else {
         2_000
     };
-    std::env::var("IDEMPOTENCY_BENCH_RECORDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    env_usize("IDEMPOTENCY_BENCH_RECORDS").unwrap_or(default)
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 struct Loaded {
@@ -61,12 +63,14 @@ fn load(records: usize) -> Loaded {
     let dir = common::bench_dir();
     let path = dir.path().join("engine.redb");
     let clock = ManualClock::new(T0);
-    let engine = Engine::builder()
+    let mut builder = Engine::builder()
         .clock(clock.clone())
         .ttl(TTL)
-        .sweep_interval(None)
-        .open(&path)
-        .expect("open engine");
+        .sweep_interval(None);
+    if let Some(n) = env_usize("IDEMPOTENCY_BENCH_SWEEP_BATCH") {
+        builder = builder.sweep_batch(n);
+    }
+    let engine = builder.open(&path).expect("open engine");
     let start = Instant::now();
     let per_chunk = records.div_ceil(CHUNKS as usize);
     for chunk in 0..CHUNKS {
