@@ -57,7 +57,7 @@ impl fmt::Debug for Config {
 /// | [`clock`](Self::clock) | [`SystemClock`] |
 /// | [`expiry_policy`](Self::expiry_policy) | [`ExpiryPolicy::Forget`] |
 /// | [`sweep_interval`](Self::sweep_interval) | 1 s |
-/// | [`sweep_batch`](Self::sweep_batch) | 512 records per step |
+/// | [`sweep_batch`](Self::sweep_batch) | 64 records per step |
 /// | [`max_batch`](Self::max_batch) | 512 operations per group commit |
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
 /// | response schema version | none (replays are never checked) |
@@ -84,7 +84,7 @@ impl Default for EngineBuilder {
                 resolver: None,
                 max_batch: 512,
                 queue_capacity: 4096,
-                sweep_batch: 512,
+                sweep_batch: 64,
             },
             clock: Arc::new(SystemClock),
             sweep_interval: Some(Duration::from_secs(1)),
