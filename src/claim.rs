@@ -64,7 +64,9 @@ impl Claim {
     }
 
     /// Renews the lease to `lease` from now, for long work. Durable before it
-    /// returns.
+    /// returns. A lease that has run out can still be renewed as long as
+    /// nothing has moved the record to UNKNOWN yet (no sweep, no `begin`
+    /// with the same fingerprint has seen it).
     ///
     /// # Errors
     ///

@@ -138,7 +138,9 @@ impl Engine {
     /// # Errors
     ///
     /// A corrupt record for this key ([`Error::CorruptRecord`]), an upcaster
-    /// failure on replay, storage errors, [`Error::Poisoned`].
+    /// failure on replay ([`Error::Upcast`]), a resolver answer over
+    /// `max_response_bytes` ([`Error::ResponseTooLarge`]; the record stays
+    /// UNKNOWN), storage errors, [`Error::Poisoned`].
     pub fn begin(&self, key: &IdempotencyKey, fingerprint: Fingerprint) -> Result<Begin> {
         self.begin_with_lease(key, fingerprint, self.shared.cfg.lease)
     }
@@ -505,6 +507,13 @@ impl Engine {
     }
 
     /// Settles one UNKNOWN record by hand (what `idem resolve` does).
+    ///
+    /// The operator's word is taken as is: [`Resolution::NotExecuted`] on a
+    /// record whose [`Pending::resolvable_at_ms`] has not passed (a dropped
+    /// claim whose work may still be running) can let a retry execute the
+    /// work a second time. Check with the provider first. A PROCESSING
+    /// record whose lease ran out must first become UNKNOWN (a sweep, or a
+    /// `begin` on the key) before it can be resolved here.
     ///
     /// # Errors
     ///

@@ -37,7 +37,9 @@ pub enum Error {
     Fingerprint(#[from] FingerprintError),
 
     /// A response (envelope body plus headers) is larger than the engine's
-    /// `max_response_bytes`. Nothing was stored; the claim still holds the key.
+    /// `max_response_bytes`. Nothing was stored. From `complete` or `fail`,
+    /// the record becomes UNKNOWN (the work ran, but its result cannot be
+    /// kept); from a resolver's answer, the record stays UNKNOWN.
     #[error("response for {key} is {size} bytes, over the limit of {limit} bytes")]
     ResponseTooLarge {
         /// The key whose response was refused.

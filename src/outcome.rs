@@ -156,9 +156,10 @@ pub struct Pending {
     /// end of the original claim's lease. A claim that was dropped (not
     /// failed explicitly) may still have its work running until then, so a
     /// provider asked earlier could answer "not executed" for a call still
-    /// in flight. `begin` answers `InProgress` and `recover_pending` skips
-    /// the record until this instant; an explicit `Failure::Unknown` makes
-    /// it settleable at once.
+    /// in flight. Until this instant `recover_pending` skips the record and,
+    /// on an engine with a resolver, `begin` answers `InProgress` (without
+    /// one, `begin` answers `Unknown` carrying this instant). An explicit
+    /// `Failure::Unknown` makes it settleable at once.
     pub resolvable_at_ms: u64,
     /// Why it became UNKNOWN (lease ran out, dropped claim, app's reason).
     pub reason: String,
