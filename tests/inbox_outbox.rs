@@ -325,7 +325,7 @@ fn engine_write_inside_a_local_write_fails_instead_of_hanging() -> TestResult {
         .process_local("m1", move |_| {
             let key = idempotency::IdempotencyKey::new("s", "k")?;
             let fp = idempotency::Fingerprint::of_json(b"{}", &[])?;
-            inner.begin(&key, fp)?;
+            drop(inner.begin(&key, fp)?);
             Ok(())
         })
         .err()
