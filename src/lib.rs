@@ -103,9 +103,13 @@ pub use outcome::{Begin, Failure, Pending, Replay, ReplayKind, State};
 pub use recovery::{RecoveryReport, Resolution, Resolver};
 
 /// Decodes bytes as a stored record, for the `record_decode` fuzz target.
-/// Returns whether they decoded. Not part of the stable API.
+/// Returns whether they decoded as a record. The same bytes also go through
+/// the outbox and entity decoders, which must not panic either. Not part of
+/// the stable API.
 #[doc(hidden)]
 pub fn __fuzz_decode_record(bytes: &[u8]) -> bool {
+    let _ = codec::decode_outbox(bytes);
+    let _ = codec::decode_entity(bytes);
     codec::decode(bytes).is_ok()
 }
 
