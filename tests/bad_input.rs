@@ -4,13 +4,16 @@
 //! with their own error (saying what and where), and the engine must go on
 //! serving other keys afterwards.
 
+mod common;
+
 use std::error::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::claimed;
 use idempotency::canonical::CanonicalError;
 use idempotency::{
-    Begin, Claim, Engine, Envelope, Fingerprint, FingerprintError, IdempotencyKey, ManualClock,
+    Begin, Engine, Envelope, Fingerprint, FingerprintError, IdempotencyKey, ManualClock,
     Resolution, State,
 };
 
@@ -25,13 +28,6 @@ fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
 
 fn fp() -> Result<Fingerprint, FingerprintError> {
     Fingerprint::of_json(br#"{"amount": 10}"#, &[])
-}
-
-fn claimed(b: Begin) -> Result<Claim, Box<dyn Error>> {
-    match b {
-        Begin::Claimed(c) => Ok(c),
-        other => Err(format!("expected Claimed, got {other:?}").into()),
-    }
 }
 
 /// Another key still claims, completes and replays.

@@ -5,11 +5,14 @@
 //! sweep that misses records or miscounts them. All time is a ManualClock; no
 //! background sweeper runs, so every sweep is explicit.
 
+mod common;
+
 use std::error::Error;
 use std::time::Duration;
 
+use common::claimed;
 use idempotency::{
-    Begin, Claim, Engine, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, ManualClock, State,
+    Begin, Engine, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, ManualClock, State,
     SweepCounts,
 };
 
@@ -25,13 +28,6 @@ fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
 
 fn fp() -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(br#"{"amount": 10}"#, &[])
-}
-
-fn claimed(b: Begin) -> Result<Claim, Box<dyn Error + Send + Sync>> {
-    match b {
-        Begin::Claimed(c) => Ok(c),
-        other => Err(format!("expected Claimed, got {other:?}").into()),
-    }
 }
 
 fn engine(policy: ExpiryPolicy) -> Result<(Engine, ManualClock), idempotency::Error> {

@@ -4,13 +4,15 @@
 //! only what does not change the request's meaning (member order, whitespace,
 //! number spelling).
 
+mod common;
+
 use std::error::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::{claimed, replay};
 use idempotency::{
-    Begin, Claim, Engine, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, Replay, State,
+    Begin, Engine, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, ManualClock, State,
 };
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -23,20 +25,6 @@ fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
 
 fn fp(json: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(json.as_bytes(), &[])
-}
-
-fn claimed(b: Begin) -> Result<Claim, Box<dyn Error>> {
-    match b {
-        Begin::Claimed(c) => Ok(c),
-        other => Err(format!("expected Claimed, got {other:?}").into()),
-    }
-}
-
-fn replay(b: Begin) -> Result<Replay, Box<dyn Error>> {
-    match b {
-        Begin::Replay(r) => Ok(r),
-        other => Err(format!("expected Replay, got {other:?}").into()),
-    }
 }
 
 const TEN: &str = r#"{"amount": 10, "currency": "EUR", "to": {"iban": "DE00", "name": "Ada"}}"#;

@@ -6,13 +6,16 @@
 //! failure must leave the record in its documented state; and a claim's
 //! provider reference must be the one every later view reports.
 
+mod common;
+
 use std::error::Error;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{claimed, replay, unknown};
 use idempotency::{
     Begin, Claim, Engine, EngineBuilder, Envelope, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, Pending, RecoveryReport, Replay, ReplayKind, Resolution, State,
+    ManualClock, Pending, RecoveryReport, ReplayKind, Resolution, State,
 };
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -26,27 +29,6 @@ fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
 
 fn fp() -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(br#"{"amount": 10}"#, &[])
-}
-
-fn claimed(b: Begin) -> Result<Claim, Box<dyn Error>> {
-    match b {
-        Begin::Claimed(c) => Ok(c),
-        other => Err(format!("expected Claimed, got {other:?}").into()),
-    }
-}
-
-fn replay(b: Begin) -> Result<Replay, Box<dyn Error>> {
-    match b {
-        Begin::Replay(r) => Ok(r),
-        other => Err(format!("expected Replay, got {other:?}").into()),
-    }
-}
-
-fn unknown(b: Begin) -> Result<Pending, Box<dyn Error>> {
-    match b {
-        Begin::Unknown(p) => Ok(p),
-        other => Err(format!("expected Unknown, got {other:?}").into()),
-    }
 }
 
 fn builder(clock: &ManualClock) -> EngineBuilder {

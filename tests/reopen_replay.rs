@@ -5,12 +5,13 @@
 //! database, a missing file, or a database written by an unknown format
 //! version must be refused with its own error and without a byte written.
 
+mod common;
+
 use std::error::Error;
 use std::path::Path;
 
-use idempotency::{
-    Begin, Claim, Engine, Envelope, Fingerprint, IdempotencyKey, Replay, ReplayKind,
-};
+use common::{claimed, replay};
+use idempotency::{Engine, Envelope, Fingerprint, IdempotencyKey, ReplayKind};
 use redb::{ReadableDatabase, TableDefinition, TableHandle};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -21,20 +22,6 @@ fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
 
 fn fp() -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(br#"{"amount": 10, "currency": "EUR"}"#, &[])
-}
-
-fn claimed(b: Begin) -> Result<Claim, Box<dyn Error>> {
-    match b {
-        Begin::Claimed(c) => Ok(c),
-        other => Err(format!("expected Claimed, got {other:?}").into()),
-    }
-}
-
-fn replay(b: Begin) -> Result<Replay, Box<dyn Error>> {
-    match b {
-        Begin::Replay(r) => Ok(r),
-        other => Err(format!("expected Replay, got {other:?}").into()),
-    }
 }
 
 /// Compares file contents without printing kilobytes on failure.

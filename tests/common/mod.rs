@@ -1,0 +1,45 @@
+//! Helpers shared by the integration tests: unwrap one expected `begin`
+//! outcome, or fail the test with what came instead.
+
+#![allow(dead_code)] // each test file uses some of these
+
+use std::fmt;
+
+use idempotency::{Begin, Claim, Pending, Replay};
+
+/// A `begin` answered something other than what the test expected. Converts
+/// into any boxed error with `?`.
+#[derive(Debug)]
+pub struct Unexpected(String);
+
+impl fmt::Display for Unexpected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unexpected {}
+
+/// The claim of a `Begin::Claimed`.
+pub fn claimed(b: Begin) -> Result<Claim, Unexpected> {
+    match b {
+        Begin::Claimed(c) => Ok(c),
+        other => Err(Unexpected(format!("expected Claimed, got {other:?}"))),
+    }
+}
+
+/// The replay of a `Begin::Replay`.
+pub fn replay(b: Begin) -> Result<Replay, Unexpected> {
+    match b {
+        Begin::Replay(r) => Ok(r),
+        other => Err(Unexpected(format!("expected Replay, got {other:?}"))),
+    }
+}
+
+/// The pending record of a `Begin::Unknown`.
+pub fn unknown(b: Begin) -> Result<Pending, Unexpected> {
+    match b {
+        Begin::Unknown(p) => Ok(p),
+        other => Err(Unexpected(format!("expected Unknown, got {other:?}"))),
+    }
+}
