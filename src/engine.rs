@@ -508,17 +508,19 @@ impl Engine {
 
     /// Settles one UNKNOWN record by hand (what `idem resolve` does).
     ///
-    /// The operator's word is taken as is: [`Resolution::NotExecuted`] on a
-    /// record whose [`Pending::resolvable_at_ms`] has not passed (a dropped
-    /// claim whose work may still be running) can let a retry execute the
-    /// work a second time. Check with the provider first. A PROCESSING
-    /// record whose lease ran out must first become UNKNOWN (a sweep, or a
-    /// `begin` on the key) before it can be resolved here.
+    /// [`Resolution::NotExecuted`] is refused until the record's
+    /// [`Pending::resolvable_at_ms`] (a dropped claim's work may still be
+    /// running until its lease ends, and a retry would then execute it a
+    /// second time); `Completed` and `StillUnknown` are taken at once. Check
+    /// with the provider first. A PROCESSING record whose lease ran out
+    /// must first become UNKNOWN (a sweep, or a `begin` on the key) before
+    /// it can be resolved here.
     ///
     /// # Errors
     ///
     /// [`Error::NotFound`] if there is no record; [`Error::InvalidState`] if
-    /// it is not UNKNOWN; [`Error::Fenced`] if it changed meanwhile;
+    /// it is not UNKNOWN, or for `NotExecuted` before `resolvable_at_ms`;
+    /// [`Error::Fenced`] if it changed meanwhile;
     /// [`Error::ResponseTooLarge`]; storage errors.
     pub fn resolve(&self, key: &IdempotencyKey, resolution: Resolution) -> Result<()> {
         let s = &self.shared;
@@ -529,6 +531,14 @@ impl Engine {
             return Err(Error::InvalidState {
                 key: key.clone(),
                 action: "resolve",
+                state: rec.state.into(),
+            });
+        }
+        if resolution == Resolution::NotExecuted && rec.lease_until_ms > s.clock.now_ms() {
+            return Err(Error::InvalidState {
+                key: key.clone(),
+                action: "settle as not executed before the dropped claim's lease ends \
+                         (its work may still be running)",
                 state: rec.state.into(),
             });
         }

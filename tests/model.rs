@@ -1152,6 +1152,11 @@ impl Harness {
                     Some(rec) if rec.state != State::Unknown => {
                         Err(Failed::InvalidState(rec.state))
                     }
+                    // A dropped claim's work may still run until its lease
+                    // ends: "not executed" is refused until then.
+                    Some(rec) if answer == Answer::NotExecuted && rec.lease_until > now => {
+                        Err(Failed::InvalidState(State::Unknown))
+                    }
                     Some(_) => self.model.settle(k, answer, now),
                 };
                 let actual = self

@@ -460,3 +460,23 @@ fn an_explicit_unknown_failure_is_resolvable_at_once() -> TestResult {
     assert_eq!(r.envelope.body, b"charged");
     Ok(())
 }
+
+/// The operator path has the same rule: "not executed" for a dropped claim
+/// is refused until its lease ends; a known result is taken at once.
+#[test]
+fn operator_cannot_release_a_dropped_claim_before_its_lease_ends() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock).in_memory()?;
+    let k = key("operator")?;
+    drop(claimed(engine.begin(&k, fp()?)?)?);
+    engine.flush()?;
+    let err = engine
+        .resolve(&k, Resolution::NotExecuted)
+        .err()
+        .ok_or("NotExecuted before the lease ends must be refused")?;
+    assert!(err.to_string().contains("may still be running"), "{err}");
+    clock.advance(Duration::from_millis(LEASE_MS));
+    engine.resolve(&k, Resolution::NotExecuted)?;
+    claimed(engine.begin(&k, fp()?)?)?.fencing_token();
+    Ok(())
+}
