@@ -31,8 +31,10 @@ use serde::Serialize;
 use crate::canonical::{self, CanonicalError, JsonValue};
 
 /// Version of the fingerprint algorithm (hash input layout, canonical form
-/// and [`DERIVE_KEY_CONTEXT`]). Stored beside fingerprints so that a record
-/// written by another version is recognized rather than compared.
+/// and the blake3 `derive_key` context, for version 1
+/// `"idempotency 2026-11-29 request fingerprint v1"`). Stored beside
+/// fingerprints so that a record written by another version is recognized
+/// rather than compared.
 pub const FINGERPRINT_ALGORITHM_VERSION: u8 = 1;
 
 /// The blake3 key derivation context of algorithm version 1.
