@@ -283,44 +283,7 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
     let restarted = Server::start(&db, false).await?;
     client.base = restarted.base.clone();
     println!("    restarted on {}", restarted.base);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let answer = client.pay(&key, 4_200, "crash retry", None).await;
-        row.requests += 1;
-        match answer.status {
-            Some(201) => {
-                row.replays += u32::from(answer.replayed);
-                audit.expect(answer.replayed, || {
-                    format!("{key}: after the crash the payment ran again")
-                });
-                audit.success(&key, &answer);
-                row.recovered += u32::from(answer.replayed);
-                break;
-            }
-            Some(409) => row.conflicts += 1,
-            Some(503) | None => {}
-            other => {
-                audit.fail(format!(
-                    "{key}: unexpected answer {other:?} {}",
-                    answer.body
-                ));
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            audit.fail(format!("{key}: not settled within 20 s"));
-            break;
-        }
-        let wait = answer.retry_after.unwrap_or(1).min(2);
-        println!(
-            "    retry got {} ({}); waiting {wait} s",
-            answer
-                .status
-                .map_or("no response".into(), |s| s.to_string()),
-            answer.problem_type()
-        );
-        tokio::time::sleep(Duration::from_secs(wait)).await;
-    }
+    retry_until_replayed(&client, &mut audit, &mut row, &key, 4_200, "crash retry").await;
     row.charges = ledger_count(&ledger, &run)? - before;
     if row.recovered == 1 {
         println!(
@@ -673,9 +636,37 @@ async fn client_hangs_up(
         )
     });
     println!("    first attempt: client gave up after 50 ms (provider call in flight)");
+    if let Some(answer) =
+        retry_until_replayed(client, audit, &mut row, &key, 1_900, "impatient").await
+    {
+        println!(
+            "    retry: 201 replayed={} (charge {})",
+            answer.replayed,
+            answer.payment_id().unwrap_or_default()
+        );
+    }
+    row.charges = ledger_count(ledger, run)? - before;
+    audit.expect(row.charges == 1, || {
+        format!("{key}: {} charges for one payment", row.charges)
+    });
+    Ok(row)
+}
+
+/// Retries `key` until it is answered 201, for at most 20 s, waiting as
+/// `Retry-After` says (at most 2 s) after each 409 in-progress or 503. The
+/// 201 must be a replay: the work ran once already, and recovery settled it.
+/// Returns that answer, or `None` (recorded as an audit failure).
+async fn retry_until_replayed(
+    client: &Client,
+    audit: &mut Audit,
+    row: &mut Row,
+    key: &str,
+    amount: u64,
+    description: &str,
+) -> Option<Answer> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let answer = client.pay(&key, 1_900, "impatient", None).await;
+        let answer = client.pay(key, amount, description, None).await;
         row.requests += 1;
         match answer.status {
             Some(201) => {
@@ -684,28 +675,33 @@ async fn client_hangs_up(
                 });
                 row.replays += u32::from(answer.replayed);
                 row.recovered += u32::from(answer.replayed);
-                audit.success(&key, &answer);
-                println!(
-                    "    retry: 201 replayed={} (charge {})",
-                    answer.replayed,
-                    answer.payment_id().unwrap_or_default()
-                );
-                break;
+                audit.success(key, &answer);
+                return Some(answer);
             }
             Some(409) => row.conflicts += 1,
-            other => audit.fail(format!("{key}: retry got {other:?} {}", answer.body)),
+            Some(503) | None => {}
+            other => {
+                audit.fail(format!(
+                    "{key}: unexpected answer {other:?} {}",
+                    answer.body
+                ));
+                return None;
+            }
         }
         if Instant::now() > deadline {
             audit.fail(format!("{key}: not settled within 20 s"));
-            break;
+            return None;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let wait = answer.retry_after.unwrap_or(1).min(2);
+        println!(
+            "    retry got {} ({}); waiting {wait} s",
+            answer
+                .status
+                .map_or("no response".into(), |s| s.to_string()),
+            answer.problem_type()
+        );
+        tokio::time::sleep(Duration::from_secs(wait)).await;
     }
-    row.charges = ledger_count(ledger, run)? - before;
-    audit.expect(row.charges == 1, || {
-        format!("{key}: {} charges for one payment", row.charges)
-    });
-    Ok(row)
 }
 
 /// Runs futures concurrently on the runtime and collects their outputs in
