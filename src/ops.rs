@@ -55,31 +55,30 @@ pub(crate) enum Class {
 }
 
 pub(crate) fn classify(rec: &Record, fp: &Fingerprint, now: u64, policy: ExpiryPolicy) -> Class {
-    let tombstoned = |expired_at_ms: u64, reusable_at_ms: u64| {
-        if now < reusable_at_ms {
-            Some(Class::Tombstoned {
-                expired_at_ms,
-                reusable_at_ms,
-            })
-        } else {
-            None
-        }
-    };
-    let by_expiry = match rec.state {
+    // Expiry comes first: a record past its TTL (and any tombstone) is
+    // absent, whatever its fingerprint. `(expired at, reusable at)`:
+    let tombstone = match rec.state {
         DiskState::Completed | DiskState::FailedFinal if now >= rec.expires_at_ms => match policy {
-            ExpiryPolicy::Forget => None,
+            ExpiryPolicy::Forget => return Class::Absent,
             ExpiryPolicy::Tombstone { keep_ms } => {
-                tombstoned(rec.expires_at_ms, rec.expires_at_ms.saturating_add(keep_ms))
+                Some((rec.expires_at_ms, rec.expires_at_ms.saturating_add(keep_ms)))
             }
         },
-        DiskState::Tombstone => tombstoned(rec.expired_at_ms, rec.expires_at_ms),
-        _ => Some(Class::Done),
+        DiskState::Tombstone => Some((rec.expired_at_ms, rec.expires_at_ms)),
+        _ => None,
     };
-    let Some(class) = by_expiry else {
+    if tombstone.is_some_and(|(_, reusable_at_ms)| now >= reusable_at_ms) {
         return Class::Absent;
-    };
+    }
+    // Then the fingerprint, before the state decides anything.
     if !rec.fingerprint_matches(fp) {
         return Class::Mismatch;
+    }
+    if let Some((expired_at_ms, reusable_at_ms)) = tombstone {
+        return Class::Tombstoned {
+            expired_at_ms,
+            reusable_at_ms,
+        };
     }
     match rec.state {
         DiskState::Processing if rec.lease_until_ms > now => Class::Live {
@@ -87,7 +86,7 @@ pub(crate) fn classify(rec: &Record, fp: &Fingerprint, now: u64, policy: ExpiryP
         },
         DiskState::Processing => Class::Stale,
         DiskState::Unknown => Class::Unknown,
-        DiskState::Completed | DiskState::FailedFinal | DiskState::Tombstone => class,
+        DiskState::Completed | DiskState::FailedFinal | DiskState::Tombstone => Class::Done,
     }
 }
 

@@ -468,7 +468,9 @@ fn operator_cannot_release_a_dropped_claim_before_its_lease_ends() -> TestResult
     let clock = ManualClock::new(T0);
     let engine = builder(&clock).in_memory()?;
     let k = key("operator")?;
-    drop(claimed(engine.begin(&k, fp()?)?)?);
+    let first = claimed(engine.begin(&k, fp()?)?)?;
+    let first_token = first.fencing_token();
+    drop(first);
     engine.flush()?;
     let err = engine
         .resolve(&k, Resolution::NotExecuted)
@@ -477,6 +479,8 @@ fn operator_cannot_release_a_dropped_claim_before_its_lease_ends() -> TestResult
     assert!(err.to_string().contains("may still be running"), "{err}");
     clock.advance(Duration::from_millis(LEASE_MS));
     engine.resolve(&k, Resolution::NotExecuted)?;
-    claimed(engine.begin(&k, fp()?)?)?.fencing_token();
+    let again = claimed(engine.begin(&k, fp()?)?)?;
+    assert!(again.fencing_token() > first_token);
+    engine.complete(again, Envelope::new(1, 201, "once"))?;
     Ok(())
 }
