@@ -101,7 +101,7 @@ impl Engine {
         let writer = std::thread::Builder::new()
             .name("idempotency-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start the writer thread: {e}")))?;
         let shared = Arc::new(Shared {
             db,
             tx,
@@ -117,7 +117,7 @@ impl Engine {
         };
         if let Some(interval) = sweep_interval {
             let sweeper = Sweeper::start(shared, interval)
-                .map_err(|e| Error::Config(format!("cannot start the sweeper thread: {e}")))?;
+                .map_err(|e| Error::Internal(format!("cannot start the sweeper thread: {e}")))?;
             engine.sweeper = Some(sweeper);
         }
         Ok(engine)
@@ -723,9 +723,9 @@ impl Shared {
     /// An op answered with a reply of the wrong kind: a bug, reported rather
     /// than panicking.
     pub(crate) fn unexpected(&self, reply: Reply) -> Error {
-        let cause = format!("internal error: unexpected writer reply {reply:?}");
-        tracing::error!(%cause);
-        Error::Config(cause)
+        let cause = format!("unexpected writer reply {reply:?}");
+        tracing::error!(%cause, "internal error");
+        Error::Internal(cause)
     }
 
     /// One engine table in a fresh read transaction (a snapshot of the

@@ -189,9 +189,10 @@ pub enum Error {
     #[error("engine has been closed")]
     Closed,
 
-    /// A configuration value is out of range.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// The engine could not start a thread, or hit a state it never
+    /// expects (a bug: please report it with the message).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl Error {

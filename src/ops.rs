@@ -374,8 +374,8 @@ impl<'t> Store<'t> {
                 }
                 Ok(Reply::Count(removed))
             }
-            Op::Local(local) => Err(OpError::Refused(Error::Config(format!(
-                "internal error: local op for {} reached a shared batch",
+            Op::Local(local) => Err(OpError::Refused(Error::Internal(format!(
+                "local op for {} reached a shared batch",
                 local.key
             )))),
         }

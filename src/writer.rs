@@ -171,10 +171,7 @@ impl Writer {
         seq: Sequences,
     ) -> Result<(Result<Reply>, Sequences), redb::Error> {
         let Op::Local(local) = take_op(op) else {
-            return Ok((
-                Err(Error::Config("internal error: not a local op".into())),
-                seq,
-            ));
+            return Ok((Err(Error::Internal("not a local op".into())), seq));
         };
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
