@@ -49,15 +49,15 @@ fn transfer(
             replay.envelope.status,
             String::from_utf8_lossy(&replay.envelope.body).into_owned(),
         ),
-        Begin::InProgress { retry_after } => {
+        Begin::Processing { retry_after } => {
             (409, format!("in progress, retry after {retry_after:?}"))
         }
         Begin::Mismatch => (
             409,
             "idempotency key reused with a different request".into(),
         ),
-        Begin::Unknown(pending) => (503, format!("outcome unknown ({})", pending.reference)),
-        Begin::Expired { .. } => (409, "idempotency key expired".into()),
+        Begin::Unknown(in_doubt) => (503, format!("outcome unknown ({})", in_doubt.reference)),
+        Begin::Tombstoned { .. } => (409, "idempotency key expired".into()),
     })
 }
 

@@ -1,14 +1,13 @@
 //! A won claim: the right, fenced by a token, to run one key's work.
 
 use std::fmt;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::clock::duration_ms;
-use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
-use crate::ops::{Op, Reply};
+use crate::store::{Abandon, Backend, Claimed, InDoubtRequest};
 
 /// Proof that this caller won the atomic insert of a PROCESSING record.
 ///
@@ -18,20 +17,44 @@ use crate::ops::{Op, Reply};
 /// never re-executed. (If the engine is already closed when the claim drops,
 /// the lease running out has the same effect.)
 ///
-/// The claim holds only a weak link to its engine: dropping the engine while
-/// a claim is alive closes the database, and the claim's calls then return
-/// [`Error::Closed`].
+/// The claim holds only a weak link to its engine's store: dropping the
+/// engine while a claim is alive closes the database, and the claim's calls
+/// then return [`Error::Closed`].
 pub struct Claim {
-    pub(crate) key: IdempotencyKey,
-    pub(crate) token: u64,
-    pub(crate) reference: String,
-    pub(crate) claimed_at_ms: u64,
-    pub(crate) lease_until_ms: u64,
-    pub(crate) engine: Weak<Shared>,
-    pub(crate) finished: bool,
+    key: IdempotencyKey,
+    token: u64,
+    reference: String,
+    claimed_at_ms: u64,
+    lease_until_ms: u64,
+    store: Weak<dyn Backend>,
+    finished: bool,
 }
 
 impl Claim {
+    pub(crate) fn new(key: IdempotencyKey, claimed: Claimed, store: Weak<dyn Backend>) -> Claim {
+        Claim {
+            key,
+            token: claimed.token,
+            reference: claimed.reference,
+            claimed_at_ms: claimed.claimed_at_ms,
+            lease_until_ms: claimed.lease_until_ms,
+            store,
+            finished: false,
+        }
+    }
+
+    /// Whether the engine owning `store` issued this claim.
+    pub(crate) fn issued_by(&self, store: &Arc<dyn Backend>) -> bool {
+        std::ptr::addr_eq(Weak::as_ptr(&self.store), Arc::as_ptr(store))
+    }
+
+    /// Marks the claim as ended by its holder (so `Drop` sends nothing) and
+    /// returns its key and fencing token.
+    pub(crate) fn finish(&mut self) -> (IdempotencyKey, u64) {
+        self.finished = true;
+        (self.key.clone(), self.token)
+    }
+
     /// The claimed key.
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
@@ -57,36 +80,27 @@ impl Claim {
         self.claimed_at_ms
     }
 
-    /// When the lease runs out (ms since the Unix epoch). After that the
-    /// record answers as UNKNOWN to other callers.
-    pub fn lease_expires_at_ms(&self) -> u64 {
+    /// When the lease runs out (ms since the Unix epoch, exclusive). From
+    /// then on the record answers as UNKNOWN to other callers.
+    pub fn lease_until_ms(&self) -> u64 {
         self.lease_until_ms
     }
 
-    /// Renews the lease to `lease` from now, for long work. Durable before it
-    /// returns. A lease that has run out can still be renewed as long as
-    /// nothing has moved the record to UNKNOWN yet (no sweep, no `begin`
-    /// with the same fingerprint has seen it).
+    /// Renews the lease to `lease` from now (whole milliseconds), for long
+    /// work. Durable before it returns. A lease that has run out can still
+    /// be renewed as long as nothing has moved the record to UNKNOWN yet (no
+    /// sweep, no `begin` with the same fingerprint has seen it).
     ///
     /// # Errors
     ///
     /// [`Error::Fenced`] once the claim no longer owns a PROCESSING record
     /// (its lease ran out and the record moved to UNKNOWN, or recovery took
-    /// over); [`Error::Closed`] if the engine was dropped; storage errors.
+    /// over); [`Error::Closed`] if the engine was dropped; storage errors;
+    /// [`Error::Poisoned`].
     pub fn extend(&mut self, lease: Duration) -> Result<()> {
-        let shared = self.engine.upgrade().ok_or(Error::Closed)?;
-        let op = Op::Extend {
-            key: self.key.clone(),
-            token: self.token,
-            lease_ms: duration_ms(lease),
-        };
-        match shared.submit(op)? {
-            Reply::Lease { until_ms } => {
-                self.lease_until_ms = until_ms;
-                Ok(())
-            }
-            other => Err(shared.unexpected(other)),
-        }
+        let store = self.store.upgrade().ok_or(Error::Closed)?;
+        self.lease_until_ms = store.extend(self.key.clone(), self.token, duration_ms(lease))?;
+        Ok(())
     }
 }
 
@@ -95,13 +109,13 @@ impl Drop for Claim {
         if self.finished {
             return;
         }
-        if let Some(shared) = self.engine.upgrade() {
+        if let Some(store) = self.store.upgrade() {
             tracing::warn!(key = %self.key, token = self.token, "claim dropped without an outcome");
-            shared.submit_detached(Op::MarkUnknown {
+            store.mark_in_doubt_detached(InDoubtRequest {
                 key: self.key.clone(),
                 token: self.token,
                 reason: "claim dropped without an outcome".to_string(),
-                holder_done: false,
+                by: Abandon::Dropped,
             });
         }
     }
@@ -113,7 +127,7 @@ impl fmt::Debug for Claim {
             .field("key", &self.key)
             .field("fencing_token", &self.token)
             .field("reference", &self.reference)
-            .field("lease_expires_at_ms", &self.lease_until_ms)
+            .field("lease_until_ms", &self.lease_until_ms)
             .finish()
     }
 }

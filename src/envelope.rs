@@ -76,7 +76,7 @@ impl fmt::Debug for Envelope {
 
 /// Converts an envelope stored under an older schema version into a newer
 /// one. Returns `Err(reason)` if it cannot.
-pub type Upcaster = Arc<dyn Fn(Envelope) -> Result<Envelope, String> + Send + Sync>;
+pub(crate) type Upcaster = Arc<dyn Fn(Envelope) -> Result<Envelope, String> + Send + Sync>;
 
 /// The app's registered upcasters, keyed by the schema version they read.
 #[derive(Clone, Default)]

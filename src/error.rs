@@ -1,9 +1,11 @@
-//! The crate's one error type.
+//! Errors: [`OpenError`] for opening a database, [`Error`] for everything an
+//! open engine is asked to do.
 //!
-//! Expected outcomes of a request (replay, in progress, mismatch, unknown,
-//! expired) are variants of [`crate::Begin`], not errors. An [`Error`] means
-//! the engine could not do what was asked: bad input, a fenced claim, a
-//! corrupt record, or storage failure.
+//! Expected outcomes of a request (replay, processing, mismatch, unknown,
+//! tombstoned) are variants of [`crate::Begin`], not errors. An [`Error`]
+//! means the engine could not do what was asked: bad input, a fenced claim,
+//! a corrupt record, or a storage failure. Every error about an idempotency
+//! record names its [`IdempotencyKey`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,11 +13,89 @@ use std::sync::Arc;
 use crate::fingerprint::FingerprintError;
 use crate::key::IdempotencyKey;
 
-/// Everything that can go wrong in this crate.
+/// The error type an app's local write returns to abort it (see
+/// [`crate::Engine::complete_local`]).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A storage library's error, boxed so the engine's errors do not depend on
+/// one backend.
+pub type StorageError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What can go wrong opening a database (the `open*` calls of
+/// [`crate::EngineBuilder`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The file exists but is not a redb database, or is damaged. Nothing
+    /// was written to it.
+    #[error("{path}: not a usable redb database: {source}")]
+    NotADatabase {
+        /// The file that was opened.
+        path: PathBuf,
+        /// What redb reported.
+        #[source]
+        source: redb::DatabaseError,
+    },
+
+    /// `open_existing` was asked for a file that does not exist.
+    #[error("{path}: no such database file")]
+    MissingDatabase {
+        /// The path that was looked for.
+        path: PathBuf,
+    },
+
+    /// `open_existing` found a file of 0 bytes: no database was ever
+    /// written there (a crash before the first commit, or a file created by
+    /// something else).
+    #[error("{path}: the file is empty (0 bytes), not a database")]
+    EmptyFile {
+        /// The empty file.
+        path: PathBuf,
+    },
+
+    /// The database holds idempotency records in a format version this build
+    /// does not know. Nothing was written to it.
+    #[error("record format version {found} is not supported by this build (it reads version {supported}); use a newer version of the crate")]
+    UnsupportedFormat {
+        /// The version found in the database.
+        found: u8,
+        /// The newest version this build reads and writes.
+        supported: u8,
+    },
+
+    /// Another handle or process has the database open.
+    #[error("{path}: database is already open (by this process or another)")]
+    AlreadyOpen {
+        /// The database file.
+        path: PathBuf,
+    },
+
+    /// The storage library failed while the database was being prepared.
+    #[error("storage error while {context}: {source}")]
+    Storage {
+        /// What the engine was doing.
+        context: &'static str,
+        /// The underlying error.
+        #[source]
+        source: StorageError,
+    },
+
+    /// The engine could not start one of its threads.
+    #[error("cannot start the {thread} thread: {source}")]
+    ThreadStart {
+        /// Which thread (`writer` or `sweeper`).
+        thread: &'static str,
+        /// What the OS reported.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Everything that can go wrong asking an open engine to do something.
 ///
-/// Each variant names the key, path or limit involved. Variants that carry a
-/// [`IdempotencyKey`] display it as `scope/key` with control characters
-/// escaped.
+/// Each variant names the key, entity, path or limit involved. Variants that
+/// carry an [`IdempotencyKey`] display it as `scope/key` with control
+/// characters escaped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -25,7 +105,19 @@ pub enum Error {
     InvalidKey {
         /// `"scope"` or `"key"`.
         what: &'static str,
-        /// The rejected value, lossily decoded if it was not UTF-8.
+        /// The rejected value (at most 64 characters of it).
+        value: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// An entity id or state name given to [`crate::Engine::transition`] is
+    /// empty or longer than [`crate::MAX_ENTITY_BYTES`].
+    #[error("invalid entity {what} {value:?}: {reason}")]
+    InvalidEntity {
+        /// `"entity id"` or `"state"`.
+        what: &'static str,
+        /// The rejected value (at most 64 characters of it).
         value: String,
         /// Why it was rejected.
         reason: &'static str,
@@ -36,10 +128,11 @@ pub enum Error {
     #[error("cannot fingerprint request: {0}")]
     Fingerprint(#[from] FingerprintError),
 
-    /// A response (envelope body plus headers) is larger than the engine's
-    /// `max_response_bytes`. Nothing was stored. From `complete` or `fail`,
-    /// the record becomes UNKNOWN (the work ran, but its result cannot be
-    /// kept); from a resolver's answer, the record stays UNKNOWN.
+    /// A response (envelope body plus headers, plus any resource reference)
+    /// is larger than the engine's `max_response_bytes`. Nothing was stored.
+    /// From `complete` or `fail`, the record becomes UNKNOWN (the work ran,
+    /// but its result cannot be kept); from a resolver's answer, the record
+    /// stays UNKNOWN.
     #[error("response for {key} is {size} bytes, over the limit of {limit} bytes")]
     ResponseTooLarge {
         /// The key whose response was refused.
@@ -71,7 +164,7 @@ pub enum Error {
     },
 
     /// The operation is not allowed in the record's current state (for
-    /// example purging a PROCESSING record without `force`).
+    /// example purging a PROCESSING record without [`crate::PurgeMode::Force`]).
     #[error("cannot {action} {key}: record is {state}")]
     InvalidState {
         /// The key involved.
@@ -87,7 +180,35 @@ pub enum Error {
     #[error("record for {key} is corrupt: {reason}")]
     CorruptRecord {
         /// The key whose record failed to decode.
-        key: String,
+        key: IdempotencyKey,
+        /// What the decoder found.
+        reason: String,
+    },
+
+    /// A stored record's key bytes are not a valid scope and key (only
+    /// listings and scrubs meet it: no request can look it up).
+    #[error("record key {key_hex} is corrupt: {reason}")]
+    CorruptKey {
+        /// The stored key bytes, as lower-case hex.
+        key_hex: String,
+        /// What is wrong with them.
+        reason: String,
+    },
+
+    /// A stored outbox message could not be decoded.
+    #[error("outbox message #{seq} is corrupt: {reason}")]
+    CorruptOutboxMessage {
+        /// The message's outbox sequence number.
+        seq: u64,
+        /// What the decoder found.
+        reason: String,
+    },
+
+    /// A stored entity state could not be decoded.
+    #[error("entity {entity:?} is corrupt: {reason}")]
+    CorruptEntity {
+        /// The entity id.
+        entity: String,
         /// What the decoder found.
         reason: String,
     },
@@ -103,46 +224,19 @@ pub enum Error {
         reason: String,
     },
 
-    /// The file exists but is not a redb database (or is damaged). Nothing
-    /// was written to it.
-    #[error("{path}: not a usable redb database: {source}")]
-    NotADatabase {
-        /// The file that was opened.
-        path: PathBuf,
-        /// What redb reported.
-        #[source]
-        source: redb::DatabaseError,
-    },
-
-    /// `open_existing` was asked for a file that does not exist.
-    #[error("{path}: no such database file")]
-    MissingDatabase {
-        /// The path that was looked for.
-        path: PathBuf,
-    },
-
-    /// The database holds idempotency records in a format version this build
-    /// does not know. Nothing was written to it.
-    #[error("record format version {found} is not supported by this build (it reads version {supported}); use a newer version of the crate")]
-    UnsupportedFormat {
-        /// The version found in the database.
-        found: u8,
-        /// The version this build reads and writes.
-        supported: u8,
-    },
-
-    /// redb reported an error.
+    /// The storage library reported an error.
     #[error("storage error while {context}: {source}")]
     Storage {
         /// What the engine was doing.
         context: &'static str,
-        /// The underlying redb error.
+        /// The underlying error.
         #[source]
-        source: redb::Error,
+        source: StorageError,
     },
 
     /// An earlier commit or I/O failure poisoned the engine. Nothing is
-    /// written after the disk has said no: drop the engine and reopen the file.
+    /// written after the disk has said no: drop the engine and reopen the
+    /// file.
     #[error("engine is poisoned by an earlier failure ({cause}); drop it and reopen the database")]
     Poisoned {
         /// The failure that poisoned the engine.
@@ -157,7 +251,7 @@ pub enum Error {
         key: IdempotencyKey,
         /// The app's error.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+        source: BoxError,
     },
 
     /// A write was called from inside an app's local write closure (see
@@ -177,31 +271,15 @@ pub enum Error {
         key: IdempotencyKey,
     },
 
-    /// Another handle or process has the database open.
-    #[error("{path}: database is already open (by this process or another)")]
-    AlreadyOpen {
-        /// The database file.
-        path: PathBuf,
-    },
-
     /// The engine was dropped while this handle (a claim, an inbox ticket)
     /// was still alive.
     #[error("engine has been closed")]
     Closed,
 
-    /// The engine could not start a thread, or hit a state it never
-    /// expects (a bug: please report it with the message).
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-impl Error {
-    pub(crate) fn storage(context: &'static str, source: impl Into<redb::Error>) -> Error {
-        Error::Storage {
-            context,
-            source: source.into(),
-        }
-    }
+    /// Opening a database failed (lets `?` mix opening and requests in one
+    /// function).
+    #[error(transparent)]
+    Open(#[from] OpenError),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -561,7 +561,7 @@ where
     let problem = match begin {
         Begin::Claimed(claim) => return run_claimed(&cfg, inner, parts, body, claim).await,
         Begin::Replay(replay) => return Ok(replay_response(replay.envelope).map(Either::Right)),
-        Begin::InProgress { retry_after } => Problem::new(
+        Begin::Processing { retry_after } => Problem::new(
             StatusCode::CONFLICT,
             "in-progress",
             "Request in progress",
@@ -585,7 +585,7 @@ where
             )
             .retry_after(ceil_secs(cfg.unknown_retry_after))
         }
-        Begin::Expired { reusable_at_ms, .. } => Problem::new(
+        Begin::Tombstoned { reusable_at_ms, .. } => Problem::new(
             StatusCode::CONFLICT,
             "key-expired",
             "Idempotency-Key expired",

@@ -7,21 +7,31 @@
 
 use std::time::Duration;
 
+use crate::begin::Begin;
 use crate::claim::Claim;
-use crate::engine::Engine;
+use crate::core::Core;
 use crate::envelope::Envelope;
-use crate::error::Result;
+use crate::error::{BoxError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::local::{BoxError, LocalRun, LocalTx};
-use crate::outbox::OutgoingMessage;
-use crate::outcome::{Begin, Failure, Pending};
+use crate::local::{complete_local, execute_local, LocalRun};
+use crate::message::OutgoingMessage;
+use crate::outcome::InDoubt;
+use crate::store::{Completion, LocalTx};
 
-/// A consumer's inbox, from [`Engine::inbox`].
-#[derive(Debug, Clone)]
+/// A consumer's inbox, from [`crate::Engine::inbox`].
+#[derive(Clone)]
 pub struct Inbox<'e> {
-    engine: &'e Engine,
+    core: &'e Core,
     consumer: String,
+}
+
+impl std::fmt::Debug for Inbox<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The answer to [`Inbox::receive`].
@@ -34,13 +44,13 @@ pub enum Receive<'e> {
     /// Already processed: skip it and ack the broker.
     Duplicate,
     /// Another consumer is processing it now; redeliver later.
-    InProgress {
+    Processing {
         /// Remaining lease of the current holder.
         retry_after: Duration,
     },
     /// A consumer crashed mid-processing (lease ran out) or failed it as
-    /// unknown: never reprocessed automatically; resolve it.
-    Unknown(Pending),
+    /// unknown: in doubt, never reprocessed automatically; resolve it.
+    Unknown(InDoubt),
 }
 
 /// The answer to [`Inbox::process_local`].
@@ -51,22 +61,29 @@ pub enum Processed {
     /// Already processed: skip it and ack the broker.
     Duplicate,
     /// Another consumer holds it through [`Inbox::receive`]; redeliver later.
-    InProgress {
+    Processing {
         /// Remaining lease of the current holder.
         retry_after: Duration,
     },
     /// A `receive`-based consumer crashed holding it: resolve it first.
-    Unknown(Pending),
+    Unknown(InDoubt),
 }
 
 /// The right to process one message once.
 ///
 /// Dropped without `ack` or `release`, it counts as unknown (the
 /// processing may have had side effects), like a dropped [`Claim`].
-#[derive(Debug)]
 pub struct Ticket<'e> {
-    engine: &'e Engine,
+    core: &'e Core,
     claim: Claim,
+}
+
+impl std::fmt::Debug for Ticket<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("claim", &self.claim)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Message ids carry no request body: the fingerprint is fixed.
@@ -74,24 +91,21 @@ fn message_fingerprint() -> Fingerprint {
     Fingerprint::builder().part("inbox message", b"").finish()
 }
 
-impl Engine {
-    /// The inbox of `consumer` (a name for the consuming service or
-    /// handler). Message ids are scoped per consumer.
+impl<'e> Inbox<'e> {
+    /// The inbox of `consumer`.
     ///
     /// # Errors
     ///
-    /// [`crate::Error::InvalidKey`] if `@inbox:<consumer>` is empty, longer
-    /// than 255 bytes or has control characters.
-    pub fn inbox(&self, consumer: &str) -> Result<Inbox<'_>> {
+    /// [`crate::Error::InvalidKey`] if `@inbox:<consumer>` is not a valid
+    /// scope.
+    pub(crate) fn new(core: &'e Core, consumer: &str) -> Result<Inbox<'e>> {
         IdempotencyKey::inbox(consumer, "probe")?;
         Ok(Inbox {
-            engine: self,
+            core,
             consumer: consumer.to_owned(),
         })
     }
-}
 
-impl<'e> Inbox<'e> {
     /// Records a delivery of `message_id`.
     ///
     /// # Errors
@@ -100,21 +114,24 @@ impl<'e> Inbox<'e> {
     /// control characters); storage errors.
     pub fn receive(&self, message_id: &str) -> Result<Receive<'e>> {
         let key = IdempotencyKey::inbox(&self.consumer, message_id)?;
-        Ok(match self.engine.begin(&key, message_fingerprint())? {
-            Begin::Claimed(claim) => Receive::Fresh(Ticket {
-                engine: self.engine,
-                claim,
-            }),
-            Begin::InProgress { retry_after } => Receive::InProgress { retry_after },
-            Begin::Unknown(pending) => Receive::Unknown(pending),
-            // Processed (or processed long ago and tombstoned): never again.
-            Begin::Replay(_) | Begin::Expired { .. } | Begin::Mismatch => Receive::Duplicate,
-        })
+        let lease_ms = self.core.cfg.lease_ms();
+        Ok(
+            match self.core.begin(&key, message_fingerprint(), lease_ms)? {
+                Begin::Claimed(claim) => Receive::Fresh(Ticket {
+                    core: self.core,
+                    claim,
+                }),
+                Begin::Processing { retry_after } => Receive::Processing { retry_after },
+                Begin::Unknown(in_doubt) => Receive::Unknown(in_doubt),
+                // Processed (or processed long ago and tombstoned): never again.
+                Begin::Replay(_) | Begin::Tombstoned { .. } | Begin::Mismatch => Receive::Duplicate,
+            },
+        )
     }
 
     /// Processes `message_id` exactly once with a purely local effect: the
     /// dedup check, the app's write and the processed mark share one
-    /// transaction (see [`Engine::execute_local`]). A crash inside `write`
+    /// transaction (see [`crate::Engine::execute_local`]). A crash inside `write`
     /// leaves neither the app's rows nor the mark, so redelivery processes
     /// it once.
     ///
@@ -127,19 +144,19 @@ impl<'e> Inbox<'e> {
         F: FnOnce(&mut LocalTx<'_>) -> Result<(), BoxError> + Send + 'static,
     {
         let key = IdempotencyKey::inbox(&self.consumer, message_id)?;
-        let run = self
-            .engine
-            .execute_local(&key, message_fingerprint(), move |tx| {
-                write(tx)?;
-                Ok(processed())
-            })?;
+        let run = execute_local(self.core, &key, message_fingerprint(), move |tx| {
+            write(tx)?;
+            Ok(processed())
+        })?;
         Ok(match run {
             LocalRun::Executed => Processed::Done,
-            LocalRun::Skipped(Begin::InProgress { retry_after }) => {
-                Processed::InProgress { retry_after }
+            LocalRun::Skipped(Begin::Processing { retry_after }) => {
+                Processed::Processing { retry_after }
             }
-            LocalRun::Skipped(Begin::Unknown(pending)) => Processed::Unknown(pending),
-            LocalRun::Skipped(_) => Processed::Duplicate,
+            LocalRun::Skipped(Begin::Unknown(in_doubt)) => Processed::Unknown(in_doubt),
+            LocalRun::Skipped(
+                Begin::Claimed(_) | Begin::Replay(_) | Begin::Mismatch | Begin::Tombstoned { .. },
+            ) => Processed::Duplicate,
         })
     }
 
@@ -165,9 +182,9 @@ impl Ticket<'_> {
     ///
     /// # Errors
     ///
-    /// As for [`Engine::complete`].
+    /// As for [`crate::Engine::complete`].
     pub fn ack(self) -> Result<()> {
-        self.engine.complete(self.claim, processed())
+        self.ack_with_messages(Vec::new())
     }
 
     /// Marks the message processed and stores outbox `messages` in the same
@@ -175,25 +192,25 @@ impl Ticket<'_> {
     ///
     /// # Errors
     ///
-    /// As for [`Engine::complete`].
+    /// As for [`crate::Engine::complete`].
     pub fn ack_with_messages(self, messages: Vec<OutgoingMessage>) -> Result<()> {
-        self.engine
-            .complete_with_messages(self.claim, processed(), messages)
+        self.core
+            .finish(self.claim, Completion::Success, processed(), None, messages)
     }
 
     /// Runs the app's own write and marks the message processed in one
     /// transaction: both commit or neither does (see
-    /// [`Engine::complete_local`]).
+    /// [`crate::Engine::complete_local`]).
     ///
     /// # Errors
     ///
-    /// As for [`Engine::complete_local`]; on [`crate::Error::LocalWrite`]
+    /// As for [`crate::Engine::complete_local`]; on [`crate::Error::LocalWrite`]
     /// the message is released for redelivery.
     pub fn ack_local<F>(self, write: F) -> Result<()>
     where
         F: FnOnce(&mut LocalTx<'_>) -> Result<(), BoxError> + Send + 'static,
     {
-        self.engine.complete_local(self.claim, move |tx| {
+        complete_local(self.core, self.claim, move |tx| {
             write(tx)?;
             Ok(processed())
         })
@@ -203,9 +220,9 @@ impl Ticket<'_> {
     ///
     /// # Errors
     ///
-    /// As for [`Engine::fail`].
+    /// As for [`crate::Engine::fail`].
     pub fn release(self) -> Result<()> {
-        self.engine.fail(self.claim, Failure::Retryable)
+        self.core.release(self.claim)
     }
 }
 

@@ -1,109 +1,12 @@
-//! What `begin` answers, and what a claim holder reports back.
+//! What a stored record tells a caller: a replay, an in-doubt record, and
+//! how a claim holder reports a failure.
 
-use std::fmt;
 use std::time::Duration;
 
-use crate::claim::Claim;
 use crate::envelope::Envelope;
 use crate::key::IdempotencyKey;
 
-/// The state of a stored record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum State {
-    /// A claim holds the key and its work is running (or its holder crashed
-    /// and the lease has not run out yet).
-    Processing,
-    /// The work finished; the response is stored for replay.
-    Completed,
-    /// The work ended in a business failure that is stored and replayed
-    /// like a success (e.g. "insufficient funds").
-    FailedFinal,
-    /// Side effects may have happened but the result was never recorded
-    /// (crash, timeout, dropped claim, lease ran out). Never re-executed and
-    /// never deleted by expiry: it waits for recovery.
-    Unknown,
-    /// The record expired under a tombstone policy: key and fingerprint are
-    /// kept so a reuse is answered [`Begin::Expired`].
-    Tombstone,
-}
-
-impl State {
-    /// Upper-case name as shown by the CLI (`PROCESSING`, `COMPLETED`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Processing => "PROCESSING",
-            State::Completed => "COMPLETED",
-            State::FailedFinal => "FAILED_FINAL",
-            State::Unknown => "UNKNOWN",
-            State::Tombstone => "TOMBSTONE",
-        }
-    }
-
-    /// Parses a name as printed by [`State::as_str`] (case-insensitive).
-    pub fn parse(name: &str) -> Option<State> {
-        [
-            State::Processing,
-            State::Completed,
-            State::FailedFinal,
-            State::Unknown,
-            State::Tombstone,
-        ]
-        .into_iter()
-        .find(|s| s.as_str().eq_ignore_ascii_case(name))
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The answer to [`crate::Engine::begin`]: exactly one of these.
-///
-/// Suggested HTTP mapping (from the IETF `Idempotency-Key` draft, with
-/// 409 for mismatch as Stripe does; the draft itself suggests 422):
-///
-/// | outcome | HTTP |
-/// |---|---|
-/// | `Claimed` | run the handler |
-/// | `Replay` | the stored status, headers and body |
-/// | `InProgress` | 409 Conflict with `Retry-After` |
-/// | `Mismatch` | 409 Conflict, problem+json: key reused with a different request |
-/// | `Unknown` | 503 with `Retry-After` until recovery settles it |
-/// | `Expired` | 409 Conflict, problem+json: key expired and may not be reused yet |
-#[derive(Debug)]
-#[must_use = "a Claimed outcome must be completed or failed"]
-pub enum Begin {
-    /// This caller won the atomic insert of a PROCESSING record, durably.
-    /// Run the work, then complete or fail the claim.
-    Claimed(Claim),
-    /// The key completed earlier with the same fingerprint.
-    Replay(Replay),
-    /// Another caller holds the claim. Retry after `retry_after` (the
-    /// remaining lease; never zero).
-    InProgress {
-        /// Remaining lease of the current holder.
-        retry_after: Duration,
-    },
-    /// The key was used before with a different fingerprint. The work must
-    /// not run, and no stored response is revealed.
-    Mismatch,
-    /// The key's work may have had side effects whose result was never
-    /// recorded. It is never executed again by `begin`; resolve it with a
-    /// [`crate::Resolver`] (query the provider by `reference`).
-    Unknown(Pending),
-    /// The key expired and is tombstoned: it may not be reused until
-    /// `reusable_at_ms`. The work does not run.
-    Expired {
-        /// When the original record expired (ms since the Unix epoch).
-        expired_at_ms: u64,
-        /// When the tombstone runs out and the key may be reused.
-        reusable_at_ms: u64,
-    },
-}
-
-/// Whether a stored response records a success or a final business failure.
+/// Whether a stored response records a success or a final failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplayKind {
     /// Stored by `complete`.
@@ -135,9 +38,13 @@ pub struct Replay {
     pub reference: String,
 }
 
-/// An UNKNOWN record: what an app needs to resolve it.
+/// An in-doubt record (state UNKNOWN): what an app needs to resolve it.
+///
+/// "In doubt" is the two-phase-commit term: the work may or may not have
+/// happened, and only the outside world (the provider, by `reference`) can
+/// tell.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pending {
+pub struct InDoubt {
     /// The record's key.
     pub key: IdempotencyKey,
     /// The provider reference of the claim whose result is unknown.
@@ -148,16 +55,18 @@ pub struct Pending {
     pub attempts: u32,
     /// When the claim was taken (ms since the Unix epoch).
     pub claimed_at_ms: u64,
-    /// When the record became UNKNOWN (ms since the Unix epoch).
+    /// When the record became UNKNOWN (ms since the Unix epoch). For a
+    /// PROCESSING record whose lease has run out but that no sweep has moved
+    /// yet, the lease end.
     pub unknown_since_ms: u64,
-    /// How long it has been UNKNOWN, in milliseconds, when this was read.
-    pub age_ms: u64,
+    /// How long it has been UNKNOWN when this was read (whole milliseconds).
+    pub age: Duration,
     /// From when a resolver may settle it (ms since the Unix epoch): the
     /// end of the original claim's lease. A claim that was dropped (not
     /// failed explicitly) may still have its work running until then, so a
     /// provider asked earlier could answer "not executed" for a call still
-    /// in flight. Until this instant `recover_pending` skips the record and,
-    /// on an engine with a resolver, `begin` answers `InProgress` (without
+    /// in flight. Until this instant `recover_in_doubt` skips the record and,
+    /// on an engine with a resolver, `begin` answers `Processing` (without
     /// one, `begin` answers `Unknown` carrying this instant). An explicit
     /// `Failure::Unknown` makes it settleable at once.
     pub resolvable_at_ms: u64,
@@ -171,11 +80,13 @@ pub enum Failure {
     /// Nothing happened downstream: the key is released and the next request
     /// with it executes afresh.
     Retryable,
-    /// A business failure (e.g. insufficient funds): stored and replayed
-    /// like a success.
+    /// A final failure (a business failure, e.g. "insufficient funds"):
+    /// stored and replayed like a success; the record's state is
+    /// [`crate::State::FinalFailure`].
     Final(Envelope),
     /// Side effects may have happened (e.g. the provider call timed out): the
-    /// record becomes UNKNOWN and waits for recovery; never re-executed.
+    /// record becomes UNKNOWN (in doubt) and waits for recovery; never
+    /// re-executed.
     Unknown {
         /// Shown to operators and resolvers.
         reason: String,

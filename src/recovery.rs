@@ -1,58 +1,105 @@
-//! Settling UNKNOWN records by asking the outside world what happened.
+//! Recovery: listing in-doubt (UNKNOWN) records and settling them through a
+//! resolver or by hand.
 
-use crate::envelope::Envelope;
-use crate::outcome::Pending;
+use crate::core::{bump, Core};
+use crate::error::{Error, Result};
+use crate::key::IdempotencyKey;
+use crate::outcome::InDoubt;
+use crate::report::RecoveryReport;
+use crate::resolver::{Resolution, Resolver};
+use crate::store::record::RecordState;
+use crate::store::{SettleRequest, Settled, Settlement};
 
-/// What a resolver learned about one UNKNOWN record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Resolution {
-    /// The work did happen; this is its response. The record becomes
-    /// COMPLETED and later requests replay it.
-    Completed(Envelope),
-    /// The work never happened (the provider has no such reference). The
-    /// record is released and the next request executes afresh, under a new
-    /// fencing token.
-    NotExecuted,
-    /// The provider cannot tell yet. The record stays UNKNOWN and its
-    /// attempt count grows.
-    StillUnknown,
+/// Up to `limit` in-doubt records, oldest first.
+pub(crate) fn in_doubt(core: &Core, limit: usize) -> Result<Vec<InDoubt>> {
+    let now_ms = core.clock.now_ms();
+    Ok(core
+        .store
+        .in_doubt(limit)?
+        .into_iter()
+        .map(|(key, rec)| core.in_doubt_of(key, &rec, now_ms))
+        .collect())
 }
 
-/// Answers for UNKNOWN records by *querying*, never by re-executing.
-///
-/// Typical implementation: look up [`Pending::reference`] at the payment
-/// provider (the app passed the claim's reference to the provider as its
-/// idempotency key or transaction id). A query that fails (network error,
-/// provider outage) should answer [`Resolution::StillUnknown`].
-///
-/// Resolvers run on the calling thread (of `begin` or
-/// [`crate::Engine::recover_pending`]), never on the engine's writer thread,
-/// so a slow provider does not hold up other keys.
-pub trait Resolver: Send + Sync {
-    /// Settles one UNKNOWN record. `pending.attempts` counts earlier
-    /// `StillUnknown` answers; `pending.age_ms` is how long it has been
-    /// UNKNOWN.
-    fn resolve(&self, pending: &Pending) -> Resolution;
-}
-
-impl<F> Resolver for F
-where
-    F: Fn(&Pending) -> Resolution + Send + Sync,
-{
-    fn resolve(&self, pending: &Pending) -> Resolution {
-        self(pending)
+/// Settles up to `limit` in-doubt records by asking `resolver` about each.
+pub(crate) fn recover(
+    core: &Core,
+    resolver: &dyn Resolver,
+    limit: usize,
+) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport::default();
+    let now_ms = core.clock.now_ms();
+    for in_doubt in in_doubt(core, limit)? {
+        // A dropped claim's work may still be running until its lease
+        // ends; it is not safe to settle yet.
+        if in_doubt.resolvable_at_ms > now_ms {
+            report.still_unknown += 1;
+            continue;
+        }
+        // One bad answer (an envelope over the size limit) must not stop
+        // the rest of the queue: the record stays UNKNOWN.
+        let settlement = match core.settlement(&in_doubt.key, resolver.resolve(&in_doubt)) {
+            Ok(settlement) => settlement,
+            Err(e) => {
+                tracing::error!(key = %in_doubt.key, error = %e, "resolver answer refused");
+                report.still_unknown += 1;
+                continue;
+            }
+        };
+        let req = SettleRequest {
+            key: in_doubt.key.clone(),
+            token: in_doubt.fencing_token,
+            settlement,
+        };
+        match core.store.settle(req) {
+            Ok(Settled::Completed(_)) => {
+                bump(&core.counters.resolved, 1);
+                report.completed += 1;
+            }
+            Ok(Settled::NotExecuted(())) => {
+                bump(&core.counters.resolved, 1);
+                report.not_executed += 1;
+            }
+            Ok(Settled::StillInDoubt(_)) => report.still_unknown += 1,
+            Err(Error::Fenced { .. } | Error::NotFound { .. }) => report.skipped += 1,
+            Err(e) => return Err(e),
+        }
     }
+    Ok(report)
 }
 
-/// What one [`crate::Engine::recover_pending`] run did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
-    /// Records the resolver settled as completed.
-    pub completed: u64,
-    /// Records the resolver settled as not executed (released).
-    pub not_executed: u64,
-    /// Records still unknown after this run.
-    pub still_unknown: u64,
-    /// Records settled by someone else meanwhile (skipped).
-    pub skipped: u64,
+/// Settles one in-doubt record by hand (what `idem resolve` does).
+pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution) -> Result<()> {
+    let rec = core
+        .store
+        .record(key)?
+        .ok_or_else(|| Error::NotFound { key: key.clone() })?;
+    if rec.state != RecordState::Unknown {
+        return Err(Error::InvalidState {
+            key: key.clone(),
+            action: "resolve",
+            state: rec.state.into(),
+        });
+    }
+    if resolution == Resolution::NotExecuted && rec.lease_until_ms > core.clock.now_ms() {
+        return Err(Error::InvalidState {
+            key: key.clone(),
+            action: "settle as not executed before the dropped claim's lease ends \
+                     (its work may still be running)",
+            state: rec.state.into(),
+        });
+    }
+    let settlement = core.settlement(key, resolution)?;
+    // "Still unknown" settles nothing: not counted as resolved, as in
+    // `recover` and `begin`.
+    let resolved = !matches!(settlement, Settlement::StillUnknown);
+    core.store.settle(SettleRequest {
+        key: key.clone(),
+        token: rec.token,
+        settlement,
+    })?;
+    if resolved {
+        bump(&core.counters.resolved, 1);
+    }
+    Ok(())
 }

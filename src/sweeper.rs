@@ -2,8 +2,8 @@
 //!
 //! Every `interval` it runs one sweep pass: stale PROCESSING records move to
 //! UNKNOWN, expired records are deleted (or tombstoned). A pass is a series of
-//! bounded `Sweep` ops through the writer, so a claim waits behind at most one
-//! step, never a whole large sweep.
+//! bounded sweep steps through the writer, so a claim waits behind at most
+//! one step, never a whole large sweep.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::engine::Shared;
+use crate::core::Core;
 
 /// Handle to the running sweeper; dropping it does not stop it: call `stop`.
 pub(crate) struct Sweeper {
@@ -20,11 +20,11 @@ pub(crate) struct Sweeper {
 }
 
 impl Sweeper {
-    pub(crate) fn start(shared: Arc<Shared>, interval: Duration) -> std::io::Result<Sweeper> {
+    pub(crate) fn start(core: Arc<Core>, interval: Duration) -> std::io::Result<Sweeper> {
         let (stop, stopped) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()
             .name("idempotency-sweeper".into())
-            .spawn(move || run(&shared, interval, &stopped))?;
+            .spawn(move || run(&core, interval, &stopped))?;
         Ok(Sweeper { stop, thread })
     }
 
@@ -37,16 +37,16 @@ impl Sweeper {
     }
 }
 
-fn run(shared: &Shared, interval: Duration, stopped: &Receiver<()>) {
+fn run(core: &Core, interval: Duration, stopped: &Receiver<()>) {
     loop {
         match stopped.recv_timeout(interval) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
         }
-        if shared.poison.check().is_err() {
+        if core.store.check().is_err() {
             return;
         }
-        match shared.sweep_pass(Some(stopped)) {
+        match core.sweep_pass(&|| !stopped.is_empty()) {
             Ok(c) if c.moved_to_unknown + c.deleted + c.tombstoned > 0 => tracing::info!(
                 moved_to_unknown = c.moved_to_unknown,
                 deleted = c.deleted,

@@ -62,7 +62,7 @@ fn hundred_threads_one_key_work_runs_once() -> TestResult {
                                     format!(r#"{{"payment":"{}","n":{n}}}"#, claim.reference());
                                 engine.complete(claim, Envelope::new(1, 201, body))?;
                             }
-                            Begin::InProgress { retry_after } => {
+                            Begin::Processing { retry_after } => {
                                 assert!(!retry_after.is_zero(), "retry_after is never zero");
                                 tally.in_progress.fetch_add(1, Ordering::SeqCst);
                             }
@@ -121,7 +121,7 @@ fn hundred_threads_one_key_work_runs_once() -> TestResult {
 /// afresh.
 #[test]
 fn hundred_threads_recovering_one_unknown_key_work_runs_once() -> TestResult {
-    use idempotency::{ManualClock, Pending, Resolution};
+    use idempotency::{InDoubt, ManualClock, Resolution};
     use std::time::Duration;
 
     const ROUNDS: usize = 20;
@@ -130,7 +130,7 @@ fn hundred_threads_recovering_one_unknown_key_work_runs_once() -> TestResult {
         .clock(clock.clone())
         .lease(Duration::from_secs(1))
         .sweep_interval(None)
-        .resolver(|_: &Pending| Resolution::NotExecuted)
+        .resolver(|_: &InDoubt| Resolution::NotExecuted)
         .in_memory()?;
     let fingerprint = Fingerprint::of_json(br#"{"amount": 10}"#, &[])?;
     let barrier = Barrier::new(THREADS);
@@ -153,7 +153,7 @@ fn hundred_threads_recovering_one_unknown_key_work_runs_once() -> TestResult {
                                 tally.work.fetch_add(1, Ordering::SeqCst);
                                 engine.complete(claim, Envelope::new(1, 201, "recovered"))?;
                             }
-                            Begin::InProgress { .. } => {
+                            Begin::Processing { .. } => {
                                 tally.in_progress.fetch_add(1, Ordering::SeqCst);
                             }
                             Begin::Replay(_) => {

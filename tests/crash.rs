@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::{
-    Begin, Engine, Envelope, Fingerprint, IdempotencyKey, ManualClock, Pending, RecordFilter,
+    Begin, Engine, Envelope, Fingerprint, IdempotencyKey, InDoubt, ManualClock, RecordFilter,
     Resolution, State,
 };
 
@@ -229,7 +229,7 @@ fn crash_and_retry(point: &str, want: Retry) -> TestResult {
             .clock(ManualClock::new(T0 + LEASE_MS + 1))
             .lease(Duration::from_millis(LEASE_MS))
             .sweep_interval(None)
-            .resolver(move |p: &Pending| {
+            .resolver(move |p: &InDoubt| {
                 asked.fetch_add(1, Ordering::SeqCst);
                 match provider.find(&p.reference) {
                     Ok(Some(charge)) => Resolution::Completed(receipt(&charge)),

@@ -75,7 +75,9 @@ fn forget_reuses_key_after_ttl_and_sweep() -> TestResult {
 #[test]
 fn tombstone_refuses_reuse_until_it_runs_out() -> TestResult {
     const KEEP_MS: u64 = 5_000;
-    let (engine, clock) = engine(ExpiryPolicy::Tombstone { keep_ms: KEEP_MS })?;
+    let (engine, clock) = engine(ExpiryPolicy::Tombstone {
+        keep: std::time::Duration::from_millis(KEEP_MS),
+    })?;
     let k = key("tomb")?;
     complete_new(&engine, &k, "first")?;
     let expires = T0 + TTL_MS;
@@ -84,7 +86,7 @@ fn tombstone_refuses_reuse_until_it_runs_out() -> TestResult {
     clock.set(expires + 1);
     let answer = engine.begin(&k, fp()?)?;
     assert!(
-        matches!(answer, Begin::Expired { expired_at_ms, reusable_at_ms }
+        matches!(answer, Begin::Tombstoned { expired_at_ms, reusable_at_ms }
             if expired_at_ms == expires && reusable_at_ms == expires + KEEP_MS),
         "got {answer:?}"
     );
@@ -97,7 +99,7 @@ fn tombstone_refuses_reuse_until_it_runs_out() -> TestResult {
         clock.set(at);
         let answer = engine.begin(&k, fp()?)?;
         assert!(
-            matches!(answer, Begin::Expired { .. }),
+            matches!(answer, Begin::Tombstoned { .. }),
             "at +{}: {answer:?}",
             at - T0
         );
@@ -142,7 +144,7 @@ fn stale_processing_goes_unknown_and_is_never_swept_away() -> TestResult {
         let answer = engine.begin(&k, fp()?)?;
         assert!(matches!(answer, Begin::Unknown(_)), "got {answer:?}");
     }
-    assert_eq!(engine.pending(10)?.len(), 1);
+    assert_eq!(engine.in_doubt(10)?.len(), 1);
     drop(holder);
     Ok(())
 }
@@ -164,7 +166,7 @@ fn lease_boundaries_before_any_sweep() -> TestResult {
         clock.set(start + offset);
         let answer = engine.begin(&k, fp()?)?;
         match (want, &answer) {
-            ("in-progress", Begin::InProgress { retry_after }) => {
+            ("in-progress", Begin::Processing { retry_after }) => {
                 assert_eq!(*retry_after, Duration::from_millis(LEASE_MS - offset));
             }
             ("unknown", Begin::Unknown(p)) => {

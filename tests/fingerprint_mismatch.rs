@@ -91,7 +91,9 @@ fn mismatch_in_every_state() -> TestResult {
         .clock(clock.clone())
         .lease(Duration::from_secs(10))
         .ttl(Duration::from_secs(60))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep_ms: 60_000 })
+        .expiry_policy(ExpiryPolicy::Tombstone {
+            keep: std::time::Duration::from_millis(60_000),
+        })
         .sweep_interval(None)
         .in_memory()?;
     let (ten, hundred) = (fp(TEN)?, fp(HUNDRED)?);
@@ -130,7 +132,7 @@ fn mismatch_in_every_state() -> TestResult {
     let cases = [
         (&processing, State::Processing),
         (&completed, State::Completed),
-        (&failed, State::FailedFinal),
+        (&failed, State::FinalFailure),
         (&unknown, State::Unknown),
         (&tomb, State::Tombstone),
     ];
@@ -147,7 +149,7 @@ fn mismatch_in_every_state() -> TestResult {
 
     // The same request gets each state's own answer.
     let a = engine.begin(&processing, ten)?;
-    assert!(matches!(a, Begin::InProgress { .. }), "got {a:?}");
+    assert!(matches!(a, Begin::Processing { .. }), "got {a:?}");
     assert_eq!(
         replay(engine.begin(&completed, ten)?)?.envelope.body,
         b"done"
@@ -156,7 +158,7 @@ fn mismatch_in_every_state() -> TestResult {
     let a = engine.begin(&unknown, ten)?;
     assert!(matches!(a, Begin::Unknown(_)), "got {a:?}");
     let a = engine.begin(&tomb, ten)?;
-    assert!(matches!(a, Begin::Expired { .. }), "got {a:?}");
+    assert!(matches!(a, Begin::Tombstoned { .. }), "got {a:?}");
 
     // A PROCESSING record whose lease ran out (not yet swept) is a mismatch
     // too, and the mismatching begin does not move it to UNKNOWN.

@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
 use idempotency::{
-    Engine, EngineBuilder, ExpiryPolicy, IdempotencyKey, ManualClock, Pending, Resolution, State,
+    Engine, EngineBuilder, ExpiryPolicy, IdempotencyKey, InDoubt, ManualClock, Resolution, State,
 };
 use reqwest::Response;
 
@@ -466,7 +466,7 @@ async fn handler_marked_unknown_is_503_with_retry_after() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn resolver_settles_unknown_into_a_replay() -> TestResult {
-    let builder = Engine::builder().resolver(|p: &Pending| {
+    let builder = Engine::builder().resolver(|p: &InDoubt| {
         Resolution::Completed(
             idempotency::Envelope::new(1, 201, format!(r#"{{"settled":"{}"}}"#, p.reference))
                 .with_header("content-type", "application/json"),
@@ -489,7 +489,9 @@ async fn expired_key_under_tombstone_is_409() -> TestResult {
     let builder = Engine::builder()
         .clock(clock.clone())
         .ttl(Duration::from_secs(60))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep_ms: 3_600_000 })
+        .expiry_policy(ExpiryPolicy::Tombstone {
+            keep: std::time::Duration::from_millis(3_600_000),
+        })
         .sweep_interval(None);
     let app = start_with(builder, |l| l).await?;
     let r = app.post("/decline", Some("x-1"), PAYMENT).await?;

@@ -19,7 +19,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("ledger");
 
 fn open_engine(path: &Path) -> idempotency::Result<Engine> {
-    Engine::builder().sweep_interval(None).open(path)
+    Ok(Engine::builder().sweep_interval(None).open(path)?)
 }
 
 /// Processes one delivery of `msg` the way the example consumer does: a
@@ -68,7 +68,7 @@ fn duplicate_and_concurrent_deliveries_have_one_effect() -> TestResult {
     for h in handles {
         match h.join().map_err(|_| "delivery thread panicked")?? {
             Processed::Done => done += 1,
-            Processed::Duplicate | Processed::InProgress { .. } => {}
+            Processed::Duplicate | Processed::Processing { .. } => {}
             Processed::Unknown(p) => return Err(format!("unexpected unknown {p:?}").into()),
         }
     }
@@ -88,7 +88,7 @@ fn duplicate_and_concurrent_deliveries_have_one_effect() -> TestResult {
                         ticket.ack_with_messages(vec![OutgoingMessage::new("email", "m3")])?;
                         Ok(true)
                     }
-                    Receive::Duplicate | Receive::InProgress { .. } => Ok(false),
+                    Receive::Duplicate | Receive::Processing { .. } => Ok(false),
                     Receive::Unknown(_) => Ok(false),
                 }
             })

@@ -15,7 +15,7 @@
 //! `complete`, `fail` of each kind, dropping a claim, `Claim::extend`, moving
 //! the `ManualClock` by amounts around the lease and TTL or to a record's
 //! exact boundary ±1 ms, `sweep_now`, dropping and reopening the engine on the
-//! same file, `resolve`, `recover_pending` with a scripted resolver, and
+//! same file, `resolve`, `recover_in_doubt` with a scripted resolver, and
 //! `purge`. Both expiry policies, with and without a resolver consulted by
 //! `begin`. proptest shrinks a failing sequence to a minimal one.
 
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use idempotency::{
     Begin, Claim, Engine, Envelope, Error, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, Pending, RecordInfo, ReplayKind, Resolution, State, Stats, SweepCounts,
+    InDoubt, ManualClock, PurgeMode, RecordInfo, ReplayKind, Resolution, State, Stats, SweepCounts,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -99,7 +99,7 @@ enum How {
 enum Boundary {
     /// A PROCESSING record's lease end.
     Lease,
-    /// A COMPLETED / FAILED_FINAL record's expiry, or a tombstone's end.
+    /// A COMPLETED / FINAL_FAILURE record's expiry, or a tombstone's end.
     Expiry,
     /// When an expired record's tombstone would run out.
     Reusable,
@@ -212,7 +212,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 // ---------------------------------------------------------------------------
 // What the engine answers, in comparable form.
 
-/// A [`Pending`], with the key as its index.
+/// A [`InDoubt`], with the key as its index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Seen {
     key: usize,
@@ -233,7 +233,7 @@ fn key_index(key: &IdempotencyKey) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-fn seen(p: &Pending) -> Seen {
+fn seen(p: &InDoubt) -> Seen {
     Seen {
         key: key_index(&p.key),
         reference: p.reference.clone(),
@@ -242,7 +242,7 @@ fn seen(p: &Pending) -> Seen {
         claimed_at: p.claimed_at_ms,
         unknown_since: p.unknown_since_ms,
         resolvable_at: p.resolvable_at_ms,
-        age: p.age_ms,
+        age: p.age.as_millis() as u64,
         reason: p.reason.clone(),
     }
 }
@@ -343,7 +343,7 @@ impl Model {
     fn keep_ms(&self) -> Option<u64> {
         match self.policy {
             ExpiryPolicy::Forget => None,
-            ExpiryPolicy::Tombstone { keep_ms } => Some(keep_ms),
+            ExpiryPolicy::Tombstone { keep } => Some(keep.as_millis() as u64),
         }
     }
 
@@ -361,7 +361,7 @@ impl Model {
             })
         };
         let by_expiry = match rec.state {
-            State::Completed | State::FailedFinal if now >= rec.expires_at => {
+            State::Completed | State::FinalFailure if now >= rec.expires_at => {
                 match self.keep_ms() {
                     None => None,
                     Some(keep) => tombstoned(rec.expires_at, rec.expires_at + keep),
@@ -386,7 +386,7 @@ impl Model {
         }
     }
 
-    fn pending(&self, k: usize, now: u64) -> Seen {
+    fn in_doubt(&self, k: usize, now: u64) -> Seen {
         let rec = self.recs[k].as_ref().expect("an UNKNOWN record");
         Seen {
             key: k,
@@ -456,7 +456,7 @@ impl Model {
         Answered::Replay {
             status,
             body,
-            kind: if rec.state == State::FailedFinal {
+            kind: if rec.state == State::FinalFailure {
                 ReplayKind::FinalFailure
             } else {
                 ReplayKind::Completed
@@ -467,7 +467,7 @@ impl Model {
     }
 
     /// Applies a settlement to an UNKNOWN record (`Engine::resolve`,
-    /// `recover_pending`): the resolver's envelope is checked against the
+    /// `recover_in_doubt`): the resolver's envelope is checked against the
     /// size limit first.
     fn settle(&mut self, k: usize, answer: Answer, now: u64) -> Result<(), Failed> {
         match answer {
@@ -523,7 +523,7 @@ impl Model {
             Class::Unknown => {}
         }
         if !self.resolver_in_begin {
-            return Ok(Answered::Unknown(self.pending(k, now)));
+            return Ok(Answered::Unknown(self.in_doubt(k, now)));
         }
         // A dropped claim's work may still run until its lease ends: no
         // resolver is asked before, the key is in progress.
@@ -533,7 +533,7 @@ impl Model {
                 retry_after_ms: resolvable_at - now,
             });
         }
-        calls.push(self.pending(k, now));
+        calls.push(self.in_doubt(k, now));
         match answer {
             Answer::NotExecuted => Ok(self.claim(k, fp, lease_ms, now)),
             Answer::Completed(_) => {
@@ -542,7 +542,7 @@ impl Model {
             }
             Answer::StillUnknown => {
                 self.settle(k, answer, now)?;
-                Ok(Answered::Unknown(self.pending(k, now)))
+                Ok(Answered::Unknown(self.in_doubt(k, now)))
             }
         }
     }
@@ -609,11 +609,11 @@ impl Model {
                     self.mark_unknown_at(k, lease_ran_out(rec.lease_until), now, false);
                     counts.moved_to_unknown += 1;
                 }
-                State::Completed | State::FailedFinal | State::Tombstone
+                State::Completed | State::FinalFailure | State::Tombstone
                     if rec.expires_at <= now =>
                 {
                     let keep = match (rec.state, self.keep_ms()) {
-                        (State::Completed | State::FailedFinal, Some(keep)) => {
+                        (State::Completed | State::FinalFailure, Some(keep)) => {
                             Some(rec.expires_at + keep).filter(|&until| until > now)
                         }
                         _ => None,
@@ -666,7 +666,7 @@ impl Model {
             lease_until: (rec.state == State::Processing).then_some(rec.lease_until),
             expires_at: matches!(
                 rec.state,
-                State::Completed | State::FailedFinal | State::Tombstone
+                State::Completed | State::FinalFailure | State::Tombstone
             )
             .then_some(rec.expires_at),
             unknown_since: (rec.state == State::Unknown).then_some(rec.unknown_since),
@@ -725,7 +725,9 @@ fn config_strategy() -> impl Strategy<Value = Config> {
     (
         prop_oneof![
             Just(ExpiryPolicy::Forget),
-            Just(ExpiryPolicy::Tombstone { keep_ms: KEEP_MS })
+            Just(ExpiryPolicy::Tombstone {
+                keep: std::time::Duration::from_millis(KEEP_MS)
+            })
         ],
         any::<bool>(),
     )
@@ -827,7 +829,7 @@ impl Harness {
                 outcome_at: [None; KEYS],
                 keep_ms: match cfg.policy {
                     ExpiryPolicy::Forget => 0,
-                    ExpiryPolicy::Tombstone { keep_ms } => keep_ms,
+                    ExpiryPolicy::Tombstone { keep } => keep.as_millis() as u64,
                 },
             },
             references: HashSet::new(),
@@ -848,7 +850,7 @@ impl Harness {
             .expiry_policy(self.cfg.policy);
         if self.cfg.resolver_in_begin {
             let script = self.script.clone();
-            builder = builder.resolver(move |p: &Pending| {
+            builder = builder.resolver(move |p: &InDoubt| {
                 let mut script = lock(&script);
                 script.calls.push(seen(p));
                 script
@@ -921,7 +923,7 @@ impl Harness {
                         let answered = Answered::Claimed {
                             token: claim.fencing_token(),
                             claimed_at: claim.claimed_at_ms(),
-                            lease_until: claim.lease_expires_at_ms(),
+                            lease_until: claim.lease_until_ms(),
                         };
                         prop_assert_eq!(claim.key(), &key(k));
                         prop_assert!(
@@ -958,12 +960,12 @@ impl Harness {
                             reference: r.reference,
                         })
                     }
-                    Ok(Begin::InProgress { retry_after }) => Ok(Answered::InProgress {
+                    Ok(Begin::Processing { retry_after }) => Ok(Answered::InProgress {
                         retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                     }),
                     Ok(Begin::Mismatch) => Ok(Answered::Mismatch),
                     Ok(Begin::Unknown(p)) => Ok(Answered::Unknown(seen(&p))),
-                    Ok(Begin::Expired {
+                    Ok(Begin::Tombstoned {
                         expired_at_ms,
                         reusable_at_ms,
                     }) => Ok(Answered::Expired {
@@ -976,10 +978,10 @@ impl Harness {
                 match &expected {
                     Ok(Answered::Claimed { .. }) => c.claims += 1,
                     Ok(Answered::Replay { .. }) => c.replays += 1,
-                    Ok(Answered::InProgress { .. }) => c.in_progress += 1,
+                    Ok(Answered::InProgress { .. }) => c.processing_answers += 1,
                     Ok(Answered::Mismatch) => c.mismatches += 1,
                     Ok(Answered::Unknown(_)) => c.unknown_answers += 1,
-                    Ok(Answered::Expired { .. }) => c.expired_answers += 1,
+                    Ok(Answered::Expired { .. }) => c.tombstone_answers += 1,
                     Err(_) => {}
                 }
                 if !calls.is_empty()
@@ -1035,7 +1037,7 @@ impl Harness {
                         How::Final(n) => self.model.finish(
                             k,
                             token,
-                            State::FailedFinal,
+                            State::FinalFailure,
                             (STATUS_FINAL, body(n)),
                             now,
                         ),
@@ -1106,7 +1108,7 @@ impl Harness {
                 let actual = held
                     .claim
                     .extend(Duration::from_millis(EXTEND_MS))
-                    .map(|()| held.claim.lease_expires_at_ms())
+                    .map(|()| held.claim.lease_until_ms())
                     .map_err(|e| failed(&e));
                 prop_assert_eq!(actual, expected, "extend k{} token {}", k, token);
             }
@@ -1118,9 +1120,9 @@ impl Harness {
                         (Boundary::Lease, State::Processing) => Some(rec.lease_until),
                         (
                             Boundary::Expiry,
-                            State::Completed | State::FailedFinal | State::Tombstone,
+                            State::Completed | State::FinalFailure | State::Tombstone,
                         ) => Some(rec.expires_at),
-                        (Boundary::Reusable, State::Completed | State::FailedFinal) => {
+                        (Boundary::Reusable, State::Completed | State::FinalFailure) => {
                             Some(rec.expires_at + self.executions.keep_ms)
                         }
                         _ => None,
@@ -1185,7 +1187,7 @@ impl Harness {
                         report.still_unknown += 1;
                         continue;
                     }
-                    calls.push(self.model.pending(k, now));
+                    calls.push(self.model.in_doubt(k, now));
                     // A refused answer (an envelope over the size limit)
                     // leaves the record UNKNOWN and recovery goes on.
                     if self.model.settle(k, answers[k], now).is_err() {
@@ -1200,7 +1202,7 @@ impl Harness {
                 }
                 let expected = Ok(report);
                 let asked = Mutex::new(Vec::new());
-                let resolver = |p: &Pending| {
+                let resolver = |p: &InDoubt| {
                     lock_vec(&asked).push(seen(p));
                     answers
                         .get(key_index(&p.key))
@@ -1210,7 +1212,7 @@ impl Harness {
                 };
                 let actual = self
                     .engine()
-                    .recover_pending(&resolver, limit)
+                    .recover_in_doubt(&resolver, limit)
                     .map_err(|e| failed(&e));
                 let asked = asked.into_inner().unwrap_or_else(PoisonError::into_inner);
                 for call in &asked {
@@ -1219,11 +1221,11 @@ impl Harness {
                         Some(&answer) => self.executions.settled(call.key, answer, now),
                     }
                 }
-                prop_assert_eq!(&asked, &calls, "resolver calls in recover_pending");
+                prop_assert_eq!(&asked, &calls, "resolver calls in recover_in_doubt");
                 if let Ok(report) = &expected {
                     self.counters.resolved += report.completed + report.not_executed;
                 }
-                prop_assert_eq!(actual, expected, "recover_pending");
+                prop_assert_eq!(actual, expected, "recover_in_doubt");
             }
             Op::Purge { key: k, force } => {
                 let expected = match &self.model.recs[k] {
@@ -1238,7 +1240,12 @@ impl Harness {
                 if expected.is_ok() {
                     self.model.recs[k] = None;
                 }
-                let actual = self.engine().purge(&key(k), force).map_err(|e| failed(&e));
+                let mode = if force {
+                    PurgeMode::Force
+                } else {
+                    PurgeMode::SettledOnly
+                };
+                let actual = self.engine().purge(&key(k), mode).map_err(|e| failed(&e));
                 if actual.is_ok() {
                     self.executions.allowed[k] = true;
                 }
@@ -1265,14 +1272,14 @@ impl Harness {
         }
         let pending = self
             .engine()
-            .pending(KEYS + 1)
+            .in_doubt(KEYS + 1)
             .map_err(|e| TestCaseError::fail(format!("pending: {e}")))?;
         let pending: Vec<Seen> = pending.iter().map(seen).collect();
         let expected: Vec<Seen> = self
             .model
             .recovery_queue()
             .into_iter()
-            .map(|k| self.model.pending(k, now))
+            .map(|k| self.model.in_doubt(k, now))
             .collect();
         prop_assert_eq!(pending, expected, "recovery queue");
 
@@ -1281,16 +1288,16 @@ impl Harness {
             match rec.state {
                 State::Processing => stats.processing += 1,
                 State::Completed => stats.completed += 1,
-                State::FailedFinal => stats.failed_final += 1,
+                State::FinalFailure => stats.final_failures += 1,
                 State::Unknown => stats.unknown += 1,
                 State::Tombstone => stats.tombstones += 1,
             }
         }
-        stats.oldest_unknown_age_ms = self
+        stats.oldest_unknown_age = self
             .model
             .recovery_queue()
             .first()
-            .map(|&k| self.model.pending(k, now).age);
+            .map(|&k| Duration::from_millis(self.model.in_doubt(k, now).age));
         let actual = self
             .engine()
             .stats()
@@ -1356,7 +1363,7 @@ fn regressions() -> Result<(), TestCaseError> {
     };
     let first = 0;
     // `Engine::resolve` counted a StillUnknown answer as resolved (fixed in
-    // engine.rs: it settles nothing, as in recover_pending and begin).
+    // engine.rs: it settles nothing, as in recover_in_doubt and begin).
     run_sequence(
         forget,
         &[
@@ -1371,7 +1378,7 @@ fn regressions() -> Result<(), TestCaseError> {
             },
         ],
     )?;
-    // recover_pending: a resolver envelope over the size limit leaves the
+    // recover_in_doubt: a resolver envelope over the size limit leaves the
     // record UNKNOWN, counts it still unknown and goes on.
     run_sequence(
         forget,

@@ -1,5 +1,5 @@
-//! Property tests for the parsers that read outside input: the JSON
-//! canonicalizer behind request fingerprints, and the on-disk record decoder.
+//! Property tests for the JSON canonicalizer behind request fingerprints
+//! (the record decoder's are in `src/store/codec_props.rs`).
 //!
 //! They guard against a retry being judged by the wrong fingerprint (two
 //! spellings of one request hashing differently, or two requests hashing the
@@ -12,22 +12,14 @@
 //!   never panic);
 //! - a value rendered two ways (members shuffled, whitespace, numbers in
 //!   another exact form, escapes instead of raw characters) fingerprints
-//!   equal, with and without JSON Pointers; one changed value differs;
-//! - the record decoder never panics on arbitrary bytes nor on mutations of
-//!   valid records written by a real engine, and refuses garbage.
+//!   equal, with and without JSON Pointers; one changed value differs.
 
 use std::collections::HashSet;
-use std::path::Path;
-use std::time::Duration;
 
 use idempotency::canonical;
-use idempotency::{
-    Begin, Engine, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, ManualClock,
-};
+use idempotency::Fingerprint;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 // ---------------------------------------------------------------------------
 // Generated JSON values and their renderings.
@@ -473,158 +465,4 @@ proptest! {
     )) {
         check_canonical_fixed_point(&input)?;
     }
-
-    #[test]
-    fn record_decoder_never_panics_on_arbitrary_bytes(input in proptest::collection::vec(any::<u8>(), 0..256)) {
-        let accepted = idempotency::__fuzz_decode_record(&input);
-        if accepted {
-            prop_assert_eq!(input.first(), Some(&1u8));
-        }
-        if input.first() != Some(&1) {
-            prop_assert!(!accepted, "accepted a value of another format version");
-        }
-    }
-
-    #[test]
-    fn record_decoder_never_panics_on_mutated_records(
-        which in any::<prop::sample::Index>(),
-        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..5),
-    ) {
-        let records = valid_records();
-        let mut bytes = which.get(records).clone();
-        for (at, byte, kind) in edits {
-            let i = at.index(bytes.len() + 1);
-            match kind {
-                0 if i < bytes.len() => bytes[i] = byte,
-                1 if i < bytes.len() => { bytes.remove(i); }
-                2 => bytes.truncate(i),
-                _ => bytes.insert(i, byte),
-            }
-        }
-        let _ = idempotency::__fuzz_decode_record(&bytes);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Valid records, as a real engine writes them.
-
-/// The raw value of every record in the engine's database at `path`.
-fn raw_records(path: &Path) -> Result<Vec<Vec<u8>>, Box<dyn std::error::Error>> {
-    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-    const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
-    let db = redb::Database::open(path)?;
-    let txn = db.begin_read()?;
-    let table = txn.open_table(RECORDS)?;
-    let mut out = Vec::new();
-    for entry in table.iter()? {
-        let (_, value) = entry?;
-        out.push(value.value().to_vec());
-    }
-    Ok(out)
-}
-
-/// Records in every state: PROCESSING, COMPLETED (headers, resource),
-/// FAILED_FINAL, UNKNOWN (with a reason) and TOMBSTONE.
-fn make_records(dir: &Path) -> Result<Vec<Vec<u8>>, Box<dyn std::error::Error>> {
-    let path = dir.join("records.redb");
-    let clock = ManualClock::new(1_700_000_000_000);
-    {
-        let engine = Engine::builder()
-            .clock(clock.clone())
-            .sweep_interval(None)
-            .ttl(Duration::from_secs(60))
-            .expiry_policy(ExpiryPolicy::Tombstone { keep_ms: 600_000 })
-            .open(&path)?;
-        let fp = Fingerprint::of_json(br#"{"amount": 10, "currency": "EUR"}"#, &[])?;
-        let claim = |key: &str| -> Result<idempotency::Claim, Box<dyn std::error::Error>> {
-            match engine.begin(&IdempotencyKey::new("tenant:pay", key)?, fp)? {
-                Begin::Claimed(claim) => Ok(claim),
-                other => Err(format!("{key}: expected a claim, got {other:?}").into()),
-            }
-        };
-        let tomb = claim("tombstone")?;
-        engine.complete(tomb, Envelope::new(1, 200, "old"))?;
-        clock.advance(Duration::from_secs(61));
-        engine.sweep_now()?;
-        let processing = claim("processing")?;
-        let done = claim("completed")?;
-        engine.complete_with_resource(
-            done,
-            Envelope::new(3, 201, br#"{"id":"pay_1"}"#.to_vec())
-                .with_header("content-type", "application/json")
-                .with_header("x-bin", vec![0u8, 255, 7]),
-            "pay_1",
-        )?;
-        let failed = claim("failed")?;
-        engine.fail(
-            failed,
-            Failure::Final(Envelope::new(1, 402, "insufficient funds")),
-        )?;
-        let unknown = claim("unknown")?;
-        engine.fail(
-            unknown,
-            Failure::Unknown {
-                reason: "provider timed out".into(),
-            },
-        )?;
-        let empty = claim("empty")?;
-        engine.complete(empty, Envelope::new(0, 204, Vec::new()))?;
-        // Neither completed nor dropped: the record stays PROCESSING.
-        std::mem::forget(processing);
-    }
-    raw_records(&path)
-}
-
-fn valid_records() -> &'static Vec<Vec<u8>> {
-    static RECORDS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
-    RECORDS.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        make_records(dir.path()).expect("records written by a real engine")
-    })
-}
-
-#[test]
-fn valid_records_decode_and_their_truncations_do_not() -> TestResult {
-    let records = valid_records();
-    assert_eq!(records.len(), 6);
-    for record in records {
-        assert!(idempotency::__fuzz_decode_record(record));
-        for cut in 0..record.len() {
-            assert!(
-                !idempotency::__fuzz_decode_record(&record[..cut]),
-                "prefix {cut}"
-            );
-        }
-        let mut longer = record.clone();
-        longer.push(0);
-        assert!(!idempotency::__fuzz_decode_record(&longer));
-        let mut other_version = record.clone();
-        other_version[0] = 2;
-        assert!(!idempotency::__fuzz_decode_record(&other_version));
-    }
-    Ok(())
-}
-
-/// Writes the records above as seeds for the `record_decode` fuzz target:
-/// `cargo test --release --test prop_canonical -- --ignored write_record_seeds`.
-#[test]
-#[ignore = "writes fuzz/corpus/record_decode; run by hand"]
-fn write_record_seeds() -> TestResult {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/record_decode");
-    std::fs::create_dir_all(&dir)?;
-    let names = [
-        "completed",
-        "empty",
-        "failed",
-        "processing",
-        "tombstone",
-        "unknown",
-    ];
-    let records = valid_records();
-    assert_eq!(records.len(), names.len());
-    // The records table is sorted by record key: scope, then key.
-    for (name, record) in names.iter().zip(records) {
-        std::fs::write(dir.join(format!("{name}.bin")), record)?;
-    }
-    Ok(())
 }

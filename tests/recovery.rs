@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::{claimed, replay, unknown};
 use idempotency::{
-    Begin, Claim, Engine, EngineBuilder, Envelope, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, Pending, RecoveryReport, ReplayKind, Resolution, State,
+    Begin, Claim, Engine, EngineBuilder, Envelope, Failure, Fingerprint, IdempotencyKey, InDoubt,
+    ManualClock, RecoveryReport, ReplayKind, Resolution, State,
 };
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -48,14 +48,14 @@ fn recovered_key_fences_the_late_holder() -> TestResult {
     clock.advance(Duration::from_millis(LEASE_MS));
     assert_eq!(engine.sweep_now()?.moved_to_unknown, 1);
     let asked = Mutex::new(Vec::new());
-    let resolver = |p: &Pending| {
+    let resolver = |p: &InDoubt| {
         asked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(p.reference.clone());
         Resolution::NotExecuted
     };
-    let report = engine.recover_pending(&resolver, 10)?;
+    let report = engine.recover_in_doubt(&resolver, 10)?;
     assert_eq!(
         report,
         RecoveryReport {
@@ -67,7 +67,7 @@ fn recovered_key_fences_the_late_holder() -> TestResult {
         *asked.lock().unwrap_or_else(|e| e.into_inner()),
         [a.reference().to_string()]
     );
-    assert!(engine.pending(10)?.is_empty());
+    assert!(engine.in_doubt(10)?.is_empty());
 
     let b = claimed(engine.begin(&k, fp()?)?)?;
     assert!(b.fencing_token() > a.fencing_token());
@@ -97,11 +97,11 @@ fn late_complete_by_the_current_holder_succeeds() -> TestResult {
     let r = replay(engine.begin(&k, fp()?)?)?;
     assert_eq!(r.envelope.body, b"late but known");
     assert!(
-        engine.pending(10)?.is_empty(),
+        engine.in_doubt(10)?.is_empty(),
         "recovery queue kept the record"
     );
     assert_eq!(
-        engine.recover_pending(&|_: &Pending| Resolution::NotExecuted, 10)?,
+        engine.recover_in_doubt(&|_: &InDoubt| Resolution::NotExecuted, 10)?,
         RecoveryReport::default()
     );
     Ok(())
@@ -111,7 +111,7 @@ fn late_complete_by_the_current_holder_succeeds() -> TestResult {
 /// it was asked.
 struct Scripted {
     answer: Arc<Mutex<Resolution>>,
-    asked: Arc<Mutex<Vec<Pending>>>,
+    asked: Arc<Mutex<Vec<InDoubt>>>,
 }
 
 fn scripted_engine(clock: &ManualClock) -> Result<(Engine, Scripted), idempotency::Error> {
@@ -121,7 +121,7 @@ fn scripted_engine(clock: &ManualClock) -> Result<(Engine, Scripted), idempotenc
     };
     let (answer, asked) = (s.answer.clone(), s.asked.clone());
     let engine = builder(clock)
-        .resolver(move |p: &Pending| {
+        .resolver(move |p: &InDoubt| {
             asked
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -136,7 +136,7 @@ impl Scripted {
     fn set(&self, r: Resolution) {
         *self.answer.lock().unwrap_or_else(|e| e.into_inner()) = r;
     }
-    fn asked(&self) -> Vec<Pending> {
+    fn asked(&self) -> Vec<InDoubt> {
         self.asked.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
@@ -196,7 +196,7 @@ fn begin_consults_the_resolver_not_executed() -> TestResult {
     assert_eq!(script.asked().len(), 1);
     // While the fresh claim runs, another caller sees it in progress.
     let twin = engine.begin(&k, fp()?)?;
-    assert!(matches!(twin, Begin::InProgress { .. }), "got {twin:?}");
+    assert!(matches!(twin, Begin::Processing { .. }), "got {twin:?}");
     engine.complete(fresh, Envelope::new(1, 201, "fresh"))?;
     assert_eq!(replay(engine.begin(&k, fp()?)?)?.envelope.body, b"fresh");
     let err = engine
@@ -244,7 +244,7 @@ fn failure_kinds_and_dropped_claims() -> TestResult {
     let p = unknown(engine.begin(&k, fp()?)?)?;
     assert_eq!(p.reference, reference);
     assert!(p.reason.contains("dropped"), "reason: {}", p.reason);
-    assert_eq!(engine.pending(10)?.len(), 1);
+    assert_eq!(engine.in_doubt(10)?.len(), 1);
 
     // Retryable: released, the next begin claims afresh.
     let k = key("retryable")?;
@@ -266,7 +266,7 @@ fn failure_kinds_and_dropped_claims() -> TestResult {
     assert_eq!(r.envelope, declined);
     assert_eq!(
         engine.record(&k)?.ok_or("missing")?.state,
-        State::FailedFinal
+        State::FinalFailure
     );
 
     // Unknown: with the app's reason.
@@ -291,18 +291,18 @@ fn extend_renews_the_lease_until_fenced() -> TestResult {
     let engine = builder(&clock).in_memory()?;
     let k = key("long-work")?;
     let mut c = claimed(engine.begin(&k, fp()?)?)?;
-    assert_eq!(c.lease_expires_at_ms(), T0 + LEASE_MS);
+    assert_eq!(c.lease_until_ms(), T0 + LEASE_MS);
 
     clock.advance(Duration::from_millis(500));
     let before = match engine.begin(&k, fp()?)? {
-        Begin::InProgress { retry_after } => retry_after,
+        Begin::Processing { retry_after } => retry_after,
         other => return Err(format!("expected InProgress, got {other:?}").into()),
     };
     assert_eq!(before, Duration::from_millis(500));
     c.extend(Duration::from_secs(10))?;
-    assert_eq!(c.lease_expires_at_ms(), T0 + 500 + 10_000);
+    assert_eq!(c.lease_until_ms(), T0 + 500 + 10_000);
     let after = match engine.begin(&k, fp()?)? {
-        Begin::InProgress { retry_after } => retry_after,
+        Begin::Processing { retry_after } => retry_after,
         other => return Err(format!("expected InProgress, got {other:?}").into()),
     };
     assert_eq!(after, Duration::from_secs(10));
@@ -343,7 +343,7 @@ fn claim_reference_is_stable_everywhere() -> TestResult {
     clock.advance(Duration::from_millis(LEASE_MS));
     let p = unknown(engine.begin(&k, fp()?)?)?;
     assert_eq!(p.reference, reference);
-    assert_eq!(engine.pending(1)?[0].reference, reference);
+    assert_eq!(engine.in_doubt(1)?[0].reference, reference);
     engine.complete(c, Envelope::new(1, 201, "ok"))?;
     let r = replay(engine.begin(&k, fp()?)?)?;
     assert_eq!(r.reference, reference);
@@ -370,14 +370,14 @@ fn an_oversized_resolver_answer_does_not_stop_recovery() -> TestResult {
             },
         )?;
     }
-    let resolver = |p: &Pending| {
+    let resolver = |p: &InDoubt| {
         if p.key.key() == "a" {
             Resolution::Completed(Envelope::new(1, 200, vec![b'x'; 1000]))
         } else {
             Resolution::NotExecuted
         }
     };
-    let report = engine.recover_pending(&resolver, 10)?;
+    let report = engine.recover_in_doubt(&resolver, 10)?;
     assert_eq!(
         report,
         RecoveryReport {
@@ -404,7 +404,7 @@ fn a_dropped_claim_is_not_resolved_before_its_lease_ends() -> TestResult {
     let asked = Arc::new(Mutex::new(0));
     let counter = asked.clone();
     let engine = builder(&clock)
-        .resolver(move |_: &Pending| {
+        .resolver(move |_: &InDoubt| {
             if let Ok(mut n) = counter.lock() {
                 *n += 1;
             }
@@ -419,10 +419,10 @@ fn a_dropped_claim_is_not_resolved_before_its_lease_ends() -> TestResult {
 
     clock.advance(Duration::from_millis(LEASE_MS - 1));
     match engine.begin(&k, fp()?)? {
-        Begin::InProgress { retry_after } => assert_eq!(retry_after, Duration::from_millis(1)),
+        Begin::Processing { retry_after } => assert_eq!(retry_after, Duration::from_millis(1)),
         other => return Err(format!("expected InProgress, got {other:?}").into()),
     }
-    let report = engine.recover_pending(&|_: &Pending| Resolution::NotExecuted, 10)?;
+    let report = engine.recover_in_doubt(&|_: &InDoubt| Resolution::NotExecuted, 10)?;
     assert_eq!(
         report.not_executed, 0,
         "recovery must wait for the lease too"
@@ -446,7 +446,7 @@ fn a_dropped_claim_is_not_resolved_before_its_lease_ends() -> TestResult {
 fn an_explicit_unknown_failure_is_resolvable_at_once() -> TestResult {
     let clock = ManualClock::new(T0);
     let engine = builder(&clock)
-        .resolver(|_: &Pending| Resolution::Completed(Envelope::new(1, 201, "charged")))
+        .resolver(|_: &InDoubt| Resolution::Completed(Envelope::new(1, 201, "charged")))
         .in_memory()?;
     let k = key("timed-out")?;
     let c = claimed(engine.begin(&k, fp()?)?)?;

@@ -107,7 +107,7 @@ fn second_open_of_the_same_file_is_already_open() -> TestResult {
             .err()
             .ok_or("opened twice")?;
         assert!(
-            matches!(err, idempotency::Error::AlreadyOpen { .. }),
+            matches!(err, idempotency::OpenError::AlreadyOpen { .. }),
             "{err:?}"
         );
     }
@@ -200,7 +200,7 @@ fn garbage_file_is_not_a_database_and_untouched() -> TestResult {
             .err()
             .ok_or("opened garbage")?;
         assert!(
-            matches!(err, idempotency::Error::NotADatabase { .. }),
+            matches!(err, idempotency::OpenError::NotADatabase { .. }),
             "{name}: {err:?}"
         );
         assert!(
@@ -214,7 +214,7 @@ fn garbage_file_is_not_a_database_and_untouched() -> TestResult {
             .err()
             .ok_or("opened garbage")?;
         assert!(
-            matches!(err, idempotency::Error::NotADatabase { .. }),
+            matches!(err, idempotency::OpenError::NotADatabase { .. }),
             "{name}: {err:?}"
         );
         assert_same_bytes(&std::fs::read(&path)?, &bytes, name);
@@ -231,7 +231,7 @@ fn open_existing_on_missing_path() -> TestResult {
         .err()
         .ok_or("opened a missing file")?;
     assert!(
-        matches!(err, idempotency::Error::MissingDatabase { .. }),
+        matches!(err, idempotency::OpenError::MissingDatabase { .. }),
         "{err:?}"
     );
     assert!(!path.exists(), "open_existing created the file");
@@ -262,7 +262,7 @@ fn unknown_format_version_is_refused_without_writing() -> TestResult {
         assert!(
             matches!(
                 err,
-                idempotency::Error::UnsupportedFormat {
+                idempotency::OpenError::UnsupportedFormat {
                     found: 99,
                     supported: 1
                 }

@@ -5,7 +5,9 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::io::Write;
 
-use idempotency::{Engine, Envelope, IdempotencyKey, RecordFilter, RecordInfo, Resolution, State};
+use idempotency::{
+    Engine, Envelope, IdempotencyKey, PurgeMode, RecordFilter, RecordInfo, Resolution, State,
+};
 use serde_json::{json, Value};
 
 use crate::envelope_json;
@@ -40,7 +42,7 @@ fn read_time_note(info: &RecordInfo, now: u64) -> Option<&'static str> {
         (State::Processing, Some(lease), _) if lease <= now => {
             Some("lease ran out: counts as UNKNOWN")
         }
-        (State::Completed | State::FailedFinal | State::Tombstone, _, Some(exp)) if exp <= now => {
+        (State::Completed | State::FinalFailure | State::Tombstone, _, Some(exp)) if exp <= now => {
             Some("expired, not yet swept")
         }
         _ => None,
@@ -131,7 +133,8 @@ pub fn inspect<W: Write>(
 /// The key and reason of a row that did not decode.
 fn corrupt_parts(e: &idempotency::Error) -> (String, String) {
     match e {
-        idempotency::Error::CorruptRecord { key, reason } => (key.clone(), reason.clone()),
+        idempotency::Error::CorruptRecord { key, reason } => (key.to_string(), reason.clone()),
+        idempotency::Error::CorruptKey { key_hex, reason } => (key_hex.clone(), reason.clone()),
         other => ("?".into(), other.to_string()),
     }
 }
@@ -239,7 +242,7 @@ fn record_json(info: &RecordInfo, now: u64) -> Value {
 
 /// `idem unknown`: UNKNOWN records awaiting recovery, oldest first.
 pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W) -> CliResult {
-    let pending = engine.pending(limit)?;
+    let pending = engine.in_doubt(limit)?;
     if json {
         let items: Vec<Value> = pending
             .iter()
@@ -252,7 +255,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                     "attempts": p.attempts,
                     "claimed_at_ms": p.claimed_at_ms,
                     "unknown_since_ms": p.unknown_since_ms,
-                    "age_ms": p.age_ms,
+                    "age_ms": duration_ms(p.age),
                     "reason": p.reason,
                 })
             })
@@ -271,7 +274,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                 escape_controls(p.key.key()),
                 escape_controls(&p.reference),
                 p.attempts.to_string(),
-                human_ms(p.age_ms),
+                human_ms(duration_ms(p.age)),
                 escape_controls(&p.reason),
             ]
         })
@@ -329,18 +332,18 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
             &json!({
                 "processing": s.processing,
                 "completed": s.completed,
-                "failed_final": s.failed_final,
+                "final_failures": s.final_failures,
                 "unknown": s.unknown,
                 "tombstones": s.tombstones,
                 "corrupt": s.corrupt,
-                "oldest_unknown_age_ms": s.oldest_unknown_age_ms,
+                "oldest_unknown_age_ms": s.oldest_unknown_age.map(duration_ms),
             }),
         );
     }
     let rows = [
         ("PROCESSING", s.processing),
         ("COMPLETED", s.completed),
-        ("FAILED_FINAL", s.failed_final),
+        ("FINAL_FAILURE", s.final_failures),
         ("UNKNOWN", s.unknown),
         ("TOMBSTONE", s.tombstones),
         ("corrupt", s.corrupt),
@@ -348,9 +351,10 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     for (name, n) in rows {
         writeln!(out, "{name:<15}{n}")?;
     }
-    let oldest = s
-        .oldest_unknown_age_ms
-        .map_or_else(|| "-".to_string(), |ms| format!("{} ago", human_ms(ms)));
+    let oldest = s.oldest_unknown_age.map_or_else(
+        || "-".to_string(),
+        |age| format!("{} ago", human_ms(duration_ms(age))),
+    );
     writeln!(out, "{:<15}{oldest}", "oldest UNKNOWN")?;
     Ok(())
 }
@@ -369,7 +373,7 @@ pub fn purge<W: Write, E: Write>(
         Ok(info) => info.ok_or_else(|| CliError(format!("no record for {key}")))?,
         // A record that does not decode can only be deleted by force.
         Err(idempotency::Error::CorruptRecord { .. }) if force => {
-            engine.purge(key, true)?;
+            engine.purge(key, PurgeMode::Force)?;
             writeln!(out, "purged corrupt record {key}")?;
             writeln!(
                 warn,
@@ -400,7 +404,16 @@ pub fn purge<W: Write, E: Write>(
             info.state
         ))));
     }
-    let state = engine.purge(key, force)?.unwrap_or(info.state);
+    let state = engine
+        .purge(
+            key,
+            if force {
+                PurgeMode::Force
+            } else {
+                PurgeMode::SettledOnly
+            },
+        )?
+        .unwrap_or(info.state);
     writeln!(out, "purged {state} record {key}")?;
     if risky {
         writeln!(
@@ -413,4 +426,9 @@ pub fn purge<W: Write, E: Write>(
         )?;
     }
     Ok(())
+}
+
+/// A duration in whole milliseconds, saturating.
+fn duration_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

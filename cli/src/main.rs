@@ -39,7 +39,7 @@ enum Command {
         #[arg(long)]
         scope: Option<String>,
         /// Only records in this state, as stored (PROCESSING, COMPLETED,
-        /// FAILED_FINAL, UNKNOWN, TOMBSTONE).
+        /// FINAL_FAILURE, UNKNOWN, TOMBSTONE).
         #[arg(long, value_parser = parse_state)]
         state: Option<State>,
         /// At most this many rows.
@@ -126,7 +126,7 @@ enum Command {
 
 fn parse_state(name: &str) -> Result<State, String> {
     State::parse(name).ok_or_else(|| {
-        format!("unknown state {name:?} (PROCESSING, COMPLETED, FAILED_FINAL, UNKNOWN, TOMBSTONE)")
+        format!("unknown state {name:?} (PROCESSING, COMPLETED, FINAL_FAILURE, UNKNOWN, TOMBSTONE)")
     })
 }
 

@@ -67,7 +67,12 @@ fn sweep_deletes_expired_records_by_default() -> TestResult {
 #[test]
 fn sweep_follows_the_apps_stored_tombstone_policy() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let db = expired(dir.path(), ExpiryPolicy::Tombstone { keep_ms: 3_600_000 })?;
+    let db = expired(
+        dir.path(),
+        ExpiryPolicy::Tombstone {
+            keep: std::time::Duration::from_millis(3_600_000),
+        },
+    )?;
     let listed = idem_ok(["inspect".as_ref(), db.as_os_str()])?;
     assert!(
         listed.contains("COMPLETED (expired, not yet swept)"),

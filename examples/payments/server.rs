@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
-use idempotency::{Engine, Envelope, Pending, Resolution};
+use idempotency::{Engine, Envelope, InDoubt, Resolution};
 use serde::Deserialize;
 
 use crate::provider::{Charge, ChargeError, Fault, Provider};
@@ -69,7 +69,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let for_resolver = provider.clone();
     let engine = Engine::builder()
         .lease(opts.lease)
-        .resolver(move |pending: &Pending| resolve(&for_resolver, pending))
+        .resolver(move |pending: &InDoubt| resolve(&for_resolver, pending))
         .open(&opts.db)?;
     let engine = Arc::new(engine);
 
@@ -133,7 +133,7 @@ async fn stdin_closed() {
 /// The resolver: the provider is asked by the claim's reference. Charged →
 /// the response the handler would have sent; unknown to the provider → the
 /// payment never happened, so a retry may run it afresh.
-fn resolve(provider: &Provider, pending: &Pending) -> Resolution {
+fn resolve(provider: &Provider, pending: &InDoubt) -> Resolution {
     match provider.status(&pending.reference) {
         Some(charge) => Resolution::Completed(payment_envelope(&charge)),
         None => Resolution::NotExecuted,

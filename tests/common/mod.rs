@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use idempotency::{Begin, Claim, Pending, Replay};
+use idempotency::{Begin, Claim, InDoubt, Replay};
 
 /// A `begin` answered something other than what the test expected. Converts
 /// into any boxed error with `?`.
@@ -37,7 +37,7 @@ pub fn replay(b: Begin) -> Result<Replay, Unexpected> {
 }
 
 /// The pending record of a `Begin::Unknown`.
-pub fn unknown(b: Begin) -> Result<Pending, Unexpected> {
+pub fn unknown(b: Begin) -> Result<InDoubt, Unexpected> {
     match b {
         Begin::Unknown(p) => Ok(p),
         other => Err(Unexpected(format!("expected Unknown, got {other:?}"))),

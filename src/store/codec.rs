@@ -15,69 +15,34 @@
 //!
 //! Keys of the records table are `[scope length: u8][scope][key]` (see
 //! `IdempotencyKey::to_record_key`). Index tables hold `(instant ms, record key)`
-//! tuples; see `tables.rs`. All instants are milliseconds since the Unix epoch.
+//! tuples; see `redb/tables.rs`. All instants are milliseconds since the Unix epoch.
 //!
 //! A value that does not decode is reported with its key, never a panic; a
 //! value with trailing bytes is corrupt too.
 
 use serde::{Deserialize, Serialize};
 
-use crate::entity::EntityState;
-use crate::envelope::Envelope;
-use crate::fingerprint::{Fingerprint, FINGERPRINT_ALGORITHM_VERSION};
-use crate::outbox::OutboxEntry;
-use crate::outcome::State;
+use crate::message::OutboxEntry;
+
+use super::record::{EntityState, Record};
 
 /// The record format this build reads and writes.
 pub(crate) const FORMAT_VERSION: u8 = 1;
-
-/// Record states as stored. Discriminants are part of the format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum DiskState {
-    Processing = 0,
-    Completed = 1,
-    FailedFinal = 2,
-    Unknown = 3,
-    Tombstone = 4,
-}
-
-impl From<DiskState> for State {
-    fn from(s: DiskState) -> State {
-        match s {
-            DiskState::Processing => State::Processing,
-            DiskState::Completed => State::Completed,
-            DiskState::FailedFinal => State::FailedFinal,
-            DiskState::Unknown => State::Unknown,
-            DiskState::Tombstone => State::Tombstone,
-        }
-    }
-}
-
-/// A stored response (version 1 of the envelope layout).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct StoredResponse {
-    pub(crate) schema_version: u32,
-    pub(crate) status: u16,
-    pub(crate) headers: Vec<(String, Vec<u8>)>,
-    #[serde(with = "byte_buf")]
-    pub(crate) body: Vec<u8>,
-    pub(crate) resource: Option<String>,
-}
 
 /// `Vec<u8>` as a serde byte string. postcard writes exactly the bytes a
 /// sequence of `u8` gets (varint length, then the raw bytes), so the format
 /// is unchanged; but a byte string is copied in one go, where a sequence is
 /// decoded one element at a time (that loop was the largest cost of a
 /// replay, see BENCHMARKS.md).
-mod byte_buf {
+pub(super) mod byte_buf {
     use serde::de::{Deserializer, Error, SeqAccess, Visitor};
     use serde::Serializer;
 
-    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(bytes)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         struct ByteBuf;
         impl<'de> Visitor<'de> for ByteBuf {
             type Value = Vec<u8>;
@@ -100,93 +65,6 @@ mod byte_buf {
             }
         }
         d.deserialize_byte_buf(ByteBuf)
-    }
-}
-
-impl StoredResponse {
-    pub(crate) fn new(env: Envelope, resource: Option<String>) -> StoredResponse {
-        StoredResponse {
-            schema_version: env.schema_version,
-            status: env.status,
-            headers: env.headers,
-            body: env.body,
-            resource,
-        }
-    }
-
-    pub(crate) fn envelope(&self) -> Envelope {
-        Envelope {
-            schema_version: self.schema_version,
-            status: self.status,
-            headers: self.headers.clone(),
-            body: self.body.clone(),
-        }
-    }
-}
-
-/// One idempotency record, format version 1.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Record {
-    pub(crate) state: DiskState,
-    pub(crate) fingerprint: [u8; 32],
-    pub(crate) fingerprint_version: u8,
-    /// The fencing token of the claim that owns (or owned) the record.
-    pub(crate) token: u64,
-    /// Provider reference of that claim.
-    pub(crate) reference: String,
-    pub(crate) claimed_at_ms: u64,
-    pub(crate) updated_at_ms: u64,
-    /// PROCESSING: the lease runs out at this instant (stale from then on).
-    /// UNKNOWN: the original lease end, from which a resolver may settle it.
-    pub(crate) lease_until_ms: u64,
-    /// COMPLETED / FAILED_FINAL: expires at this instant.
-    /// TOMBSTONE: the tombstone runs out at this instant.
-    /// 0 for PROCESSING and UNKNOWN, which never expire.
-    pub(crate) expires_at_ms: u64,
-    /// TOMBSTONE: when the original record expired.
-    pub(crate) expired_at_ms: u64,
-    /// UNKNOWN: when the record became UNKNOWN.
-    pub(crate) unknown_since_ms: u64,
-    /// UNKNOWN: resolver answers of "still unknown" so far.
-    pub(crate) attempts: u32,
-    /// UNKNOWN: why.
-    pub(crate) reason: String,
-    /// COMPLETED / FAILED_FINAL (TOMBSTONE drops it).
-    pub(crate) response: Option<StoredResponse>,
-}
-
-impl Record {
-    pub(crate) fn processing(
-        fingerprint: Fingerprint,
-        token: u64,
-        reference: String,
-        now_ms: u64,
-        lease_until_ms: u64,
-    ) -> Record {
-        Record {
-            state: DiskState::Processing,
-            fingerprint: *fingerprint.as_bytes(),
-            fingerprint_version: FINGERPRINT_ALGORITHM_VERSION,
-            token,
-            reference,
-            claimed_at_ms: now_ms,
-            updated_at_ms: now_ms,
-            lease_until_ms,
-            expires_at_ms: 0,
-            expired_at_ms: 0,
-            unknown_since_ms: 0,
-            attempts: 0,
-            reason: String::new(),
-            response: None,
-        }
-    }
-
-    /// Same fingerprint under the same algorithm version. A record written
-    /// under another fingerprint version cannot be compared and counts as a
-    /// mismatch (the safe answer: never a replay of a different request).
-    pub(crate) fn fingerprint_matches(&self, fp: &Fingerprint) -> bool {
-        self.fingerprint_version == FINGERPRINT_ALGORITHM_VERSION
-            && &self.fingerprint == fp.as_bytes()
     }
 }
 
@@ -263,13 +141,26 @@ fn decode_versioned<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, Dec
     Ok(value)
 }
 
+/// Feeds `bytes` to every decoder (record, outbox, entity); returns whether
+/// they decoded as a record. For the `record_decode` fuzz target: no input
+/// may panic.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn decode_all(bytes: &[u8]) -> bool {
+    let _ = decode_outbox(bytes);
+    let _ = decode_entity(bytes);
+    decode(bytes).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope::Envelope;
+    use crate::fingerprint::Fingerprint;
+    use crate::store::record::{RecordState, StoredResponse};
 
     fn sample() -> Record {
         let mut r = Record::processing(Fingerprint::from_bytes([7; 32]), 42, "ref".into(), 1, 2);
-        r.state = DiskState::Completed;
+        r.state = RecordState::Completed;
         r.response = Some(StoredResponse::new(
             Envelope::new(3, 201, b"{\"id\":1}".to_vec()).with_header("content-type", "json"),
             Some("pay_1".into()),

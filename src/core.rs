@@ -1,0 +1,398 @@
+//! The engine core: the store behind its seam, the settings, the clock and
+//! the counters, plus the logic every feature shares: claiming, the one
+//! mapping from a stored record to what `begin` answers, replays, and
+//! ending claims.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::begin::Begin;
+use crate::claim::Claim;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::message::OutgoingMessage;
+use crate::outcome::{InDoubt, Replay, ReplayKind};
+use crate::report::SweepCounts;
+use crate::resolver::{Resolution, Resolver};
+use crate::store::classify::{classify, Class};
+use crate::store::record::RecordState;
+use crate::store::{
+    Abandon, Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Completion, Found, Held,
+    InDoubtRequest, Record, SettleRequest, Settled, Settlement, StoredResponse,
+};
+
+/// Counters since the engine was opened.
+#[derive(Default, Debug)]
+pub(crate) struct Counters {
+    pub(crate) claims: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) mismatches: AtomicU64,
+    pub(crate) processing_answers: AtomicU64,
+    pub(crate) unknown_answers: AtomicU64,
+    pub(crate) tombstone_answers: AtomicU64,
+    pub(crate) moved_to_unknown: AtomicU64,
+    pub(crate) resolved: AtomicU64,
+    pub(crate) expired_deleted: AtomicU64,
+    pub(crate) tombstoned: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+/// State shared by the engine handle, its features and the sweeper.
+pub(crate) struct Core {
+    pub(crate) store: Arc<dyn Backend>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) cfg: Config,
+    pub(crate) counters: Counters,
+}
+
+impl Core {
+    /// Claims `key`, or answers what holds it (see `Engine::begin`).
+    pub(crate) fn begin(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        lease_ms: u64,
+    ) -> Result<Begin> {
+        self.store.check()?;
+        let claim = ClaimRequest {
+            key: key.clone(),
+            fingerprint,
+            lease_ms: lease_ms.max(1),
+        };
+        // Settling an in-doubt record can race with another settler; each
+        // lost race looks again. Four rounds is plenty in practice.
+        for _ in 0..4 {
+            // A snapshot read answers most repeats without the writer.
+            let now_ms = self.clock.now_ms();
+            let seen = self.store.record(key)?.and_then(|record| {
+                match classify(&record, &fingerprint, now_ms, self.cfg.store.expiry) {
+                    Class::Held(held) => Some(Found {
+                        record,
+                        held,
+                        now_ms,
+                    }),
+                    Class::Free | Class::Stale => None,
+                }
+            });
+            let found = match seen {
+                Some(found) => found,
+                None => match self.store.claim(claim.clone())? {
+                    ClaimResult::Claimed(claimed) => {
+                        return Ok(Begin::Claimed(self.claim(key, claimed)))
+                    }
+                    ClaimResult::Held(found) => *found,
+                },
+            };
+            match (&self.cfg.resolver, found.held) {
+                (Some(resolver), Held::InDoubt) => {
+                    if let Some(answer) = self.consult(resolver.as_ref(), found, &claim)? {
+                        return Ok(answer);
+                    }
+                }
+                _ => return self.answer(key, found),
+            }
+        }
+        Ok(Begin::Processing {
+            retry_after: Duration::from_millis(1),
+        })
+    }
+
+    /// The one mapping from a held record to what `begin` answers, used by
+    /// `begin`, local writes and the inbox. Reads no clock: `found.now_ms`
+    /// is the instant the record was classified at. (On an engine with a
+    /// resolver, `begin` first consults it for in-doubt records: see
+    /// [`Core::consult`].)
+    pub(crate) fn answer(&self, key: &IdempotencyKey, found: Found) -> Result<Begin> {
+        let c = &self.counters;
+        let Found {
+            record,
+            held,
+            now_ms,
+        } = found;
+        Ok(match held {
+            Held::Mismatch => {
+                bump(&c.mismatches, 1);
+                tracing::info!(key = %key, "fingerprint mismatch");
+                Begin::Mismatch
+            }
+            Held::Processing { retry_after_ms } => {
+                bump(&c.processing_answers, 1);
+                Begin::Processing {
+                    retry_after: Duration::from_millis(retry_after_ms.max(1)),
+                }
+            }
+            Held::Done => {
+                bump(&c.replays, 1);
+                Begin::Replay(self.replay(key, &record)?)
+            }
+            Held::Tombstoned {
+                expired_at_ms,
+                reusable_at_ms,
+            } => {
+                bump(&c.tombstone_answers, 1);
+                Begin::Tombstoned {
+                    expired_at_ms,
+                    reusable_at_ms,
+                }
+            }
+            Held::InDoubt => {
+                bump(&c.unknown_answers, 1);
+                Begin::Unknown(self.in_doubt_of(key.clone(), &record, now_ms))
+            }
+        })
+    }
+
+    /// An in-doubt record met by `begin` on an engine with a resolver. While
+    /// a dropped claim's lease runs, its work may still be running (asking
+    /// the provider now could hear "not executed" for a call still in
+    /// flight), so it answers `Processing`; after that the resolver is
+    /// asked, and the record replays, is claimed afresh, or stays in doubt.
+    /// `None`: someone else settled it meanwhile; look again.
+    fn consult(
+        &self,
+        resolver: &dyn Resolver,
+        found: Found,
+        claim: &ClaimRequest,
+    ) -> Result<Option<Begin>> {
+        let (record, now_ms) = (found.record, found.now_ms);
+        if record.lease_until_ms > now_ms {
+            bump(&self.counters.processing_answers, 1);
+            return Ok(Some(Begin::Processing {
+                retry_after: Duration::from_millis(
+                    record.lease_until_ms.saturating_sub(now_ms).max(1),
+                ),
+            }));
+        }
+        self.settle_in_begin(&record, resolver, claim)
+    }
+
+    /// Asks the resolver about an in-doubt record whose lease has ended and
+    /// stores its answer.
+    fn settle_in_begin(
+        &self,
+        record: &Record,
+        resolver: &dyn Resolver,
+        claim: &ClaimRequest,
+    ) -> Result<Option<Begin>> {
+        let key = &claim.key;
+        let now_ms = self.clock.now_ms();
+        let in_doubt = self.in_doubt_of(key.clone(), record, now_ms);
+        let settlement = self.settlement(key, resolver.resolve(&in_doubt))?;
+        let req = SettleRequest {
+            key: key.clone(),
+            token: record.token,
+            settlement,
+        };
+        let c = &self.counters;
+        match self.store.settle_then_claim(req, claim.clone()) {
+            Ok(Settled::Completed(record)) => {
+                bump(&c.resolved, 1);
+                bump(&c.replays, 1);
+                Ok(Some(Begin::Replay(self.replay(key, &record)?)))
+            }
+            Ok(Settled::NotExecuted(claimed)) => {
+                bump(&c.resolved, 1);
+                Ok(Some(Begin::Claimed(self.claim(key, claimed))))
+            }
+            Ok(Settled::StillInDoubt(record)) => {
+                bump(&c.unknown_answers, 1);
+                Ok(Some(Begin::Unknown(self.in_doubt_of(
+                    key.clone(),
+                    &record,
+                    now_ms,
+                ))))
+            }
+            Err(Error::Fenced { .. } | Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A claim handle for what the store recorded.
+    fn claim(&self, key: &IdempotencyKey, claimed: Claimed) -> Claim {
+        bump(&self.counters.claims, 1);
+        Claim::new(key.clone(), claimed, Arc::downgrade(&self.store))
+    }
+
+    /// The replay of a COMPLETED or FINAL_FAILURE record, through the app's
+    /// upcasters.
+    pub(crate) fn replay(&self, key: &IdempotencyKey, rec: &Record) -> Result<Replay> {
+        let resp = rec.response.as_ref().ok_or_else(|| Error::CorruptRecord {
+            key: key.clone(),
+            reason: "completed record has no stored response".into(),
+        })?;
+        let stored = resp.envelope();
+        let stored_schema_version = stored.schema_version;
+        let (envelope, is_current) =
+            self.cfg
+                .upcasters
+                .apply(stored)
+                .map_err(|(from, reason)| Error::Upcast {
+                    key: key.clone(),
+                    from,
+                    reason,
+                })?;
+        Ok(Replay {
+            envelope,
+            is_current,
+            stored_schema_version,
+            resource: resp.resource.clone(),
+            kind: if rec.state == RecordState::FinalFailure {
+                ReplayKind::FinalFailure
+            } else {
+                ReplayKind::Completed
+            },
+            completed_at_ms: rec.updated_at_ms,
+            reference: rec.reference.clone(),
+        })
+    }
+
+    /// What a resolver or operator is told about an in-doubt record, read
+    /// at `now_ms`.
+    pub(crate) fn in_doubt_of(&self, key: IdempotencyKey, rec: &Record, now_ms: u64) -> InDoubt {
+        let since = if rec.state == RecordState::Unknown {
+            rec.unknown_since_ms
+        } else {
+            rec.lease_until_ms
+        };
+        InDoubt {
+            key,
+            reference: rec.reference.clone(),
+            fencing_token: rec.token,
+            attempts: rec.attempts,
+            claimed_at_ms: rec.claimed_at_ms,
+            unknown_since_ms: since,
+            age: Duration::from_millis(now_ms.saturating_sub(since)),
+            resolvable_at_ms: rec.lease_until_ms,
+            reason: rec.reason.clone(),
+        }
+    }
+
+    /// Checks a resolution (a completed response must fit the size limit).
+    pub(crate) fn settlement(
+        &self,
+        key: &IdempotencyKey,
+        resolution: Resolution,
+    ) -> Result<Settlement> {
+        Ok(match resolution {
+            Resolution::Completed(envelope) => {
+                let size = envelope.size_bytes();
+                self.check_size(key, size)?;
+                Settlement::Completed(StoredResponse::new(envelope, None))
+            }
+            Resolution::NotExecuted => Settlement::NotExecuted,
+            Resolution::StillUnknown => Settlement::StillUnknown,
+        })
+    }
+
+    /// `Error::ResponseTooLarge` for a response of `size` bytes over the
+    /// limit.
+    pub(crate) fn check_size(&self, key: &IdempotencyKey, size: usize) -> Result<()> {
+        let limit = self.cfg.store.max_response_bytes;
+        if size > limit {
+            return Err(Error::ResponseTooLarge {
+                key: key.clone(),
+                size,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `claim` was issued by this engine.
+    pub(crate) fn own_claim(&self, claim: Claim) -> Result<Claim> {
+        if claim.issued_by(&self.store) {
+            Ok(claim)
+        } else {
+            Err(Error::ForeignClaim {
+                key: claim.key().clone(),
+            })
+        }
+    }
+
+    /// Stores a claim's outcome. A response over the size limit is not
+    /// stored: the work ran but its result cannot be kept, so the record
+    /// becomes UNKNOWN.
+    pub(crate) fn finish(
+        &self,
+        claim: Claim,
+        completion: Completion,
+        envelope: Envelope,
+        resource: Option<String>,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<()> {
+        let mut claim = self.own_claim(claim)?;
+        let (key, token) = claim.finish();
+        let size = envelope.size_bytes() + resource.as_ref().map_or(0, String::len);
+        if let Err(e) = self.check_size(&key, size) {
+            let reason = format!(
+                "response of {size} bytes refused (limit {} bytes)",
+                self.cfg.store.max_response_bytes
+            );
+            self.store.mark_in_doubt(InDoubtRequest {
+                key,
+                token,
+                reason,
+                by: Abandon::Explicit,
+            })?;
+            return Err(e);
+        }
+        self.store.complete(CompleteRequest {
+            key,
+            token,
+            completion,
+            response: StoredResponse::new(envelope, resource),
+            messages,
+        })
+    }
+
+    /// Releases a claim (a retryable failure: nothing happened).
+    pub(crate) fn release(&self, claim: Claim) -> Result<()> {
+        let mut claim = self.own_claim(claim)?;
+        let (key, token) = claim.finish();
+        self.store.release(key, token)
+    }
+
+    /// Moves a claim's record to UNKNOWN at its holder's request.
+    pub(crate) fn abandon(&self, claim: Claim, reason: String) -> Result<()> {
+        let mut claim = self.own_claim(claim)?;
+        let (key, token) = claim.finish();
+        self.store.mark_in_doubt(InDoubtRequest {
+            key,
+            token,
+            reason,
+            by: Abandon::Explicit,
+        })
+    }
+
+    /// One full sweep pass in bounded steps; stops early when `stop` says
+    /// so (engine shutdown).
+    pub(crate) fn sweep_pass(&self, stop: &dyn Fn() -> bool) -> Result<SweepCounts> {
+        let mut total = SweepCounts::default();
+        loop {
+            // An idle engine must not pay a durable commit per tick.
+            if !self.store.sweep_due(self.clock.now_ms())? {
+                return Ok(total);
+            }
+            let step = self.store.sweep(self.cfg.sweep_batch)?;
+            total.moved_to_unknown += step.moved_to_unknown;
+            total.deleted += step.deleted;
+            total.tombstoned += step.tombstoned;
+            let c = &self.counters;
+            bump(&c.moved_to_unknown, step.moved_to_unknown);
+            bump(&c.expired_deleted, step.deleted);
+            bump(&c.tombstoned, step.tombstoned);
+            if !step.more || stop() {
+                total.more = step.more;
+                return Ok(total);
+            }
+        }
+    }
+}

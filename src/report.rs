@@ -1,0 +1,28 @@
+//! What background passes report: sweeps and recovery runs.
+
+/// What one sweep step or pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepCounts {
+    /// Stale PROCESSING records moved to UNKNOWN.
+    pub moved_to_unknown: u64,
+    /// Expired records deleted.
+    pub deleted: u64,
+    /// Expired records turned into tombstones.
+    pub tombstoned: u64,
+    /// Whether the step stopped at its limit with more work left.
+    pub more: bool,
+}
+
+/// What one [`crate::Engine::recover_in_doubt`] run did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Records the resolver settled as completed.
+    pub completed: u64,
+    /// Records the resolver settled as not executed (released).
+    pub not_executed: u64,
+    /// Records still in doubt after this run (the resolver could not tell,
+    /// its answer was refused, or the record is not resolvable yet).
+    pub still_unknown: u64,
+    /// Records settled by someone else meanwhile (skipped).
+    pub skipped: u64,
+}

@@ -1,0 +1,213 @@
+//! The store layer: where records live, behind one typed seam.
+//!
+//! [`Backend`] is the seam between the engine and storage. Every write
+//! operation has its own request and its own typed result; a backend must
+//! make each write durable before it returns, apply the state machine in
+//! [`record`] and [`classify`] exactly, and refuse an operation (a fencing
+//! refusal, a record in the wrong state) without changing anything. See
+//! `docs/design.md` for what a backend must guarantee.
+//!
+//! The redb backend ([`redb::RedbStore`]) funnels every write through one
+//! writer thread that group-commits batches.
+
+pub(crate) mod classify;
+pub(crate) mod codec;
+#[cfg(test)]
+mod codec_props;
+mod poison;
+pub(crate) mod record;
+pub(crate) mod redb;
+
+use crate::config::PurgeMode;
+use crate::error::Result;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::message::{OutboxEntry, OutgoingMessage};
+use crate::report::SweepCounts;
+use crate::state::State;
+use crate::transition::Transition;
+
+pub(crate) use self::classify::Held;
+pub(crate) use self::record::{Completion, EntityState, Record, StoredResponse};
+pub use self::redb::LocalTx;
+pub(crate) use self::redb::{LocalTarget, LocalWrite};
+
+/// A won claim, as the store recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    pub(crate) token: u64,
+    pub(crate) reference: String,
+    pub(crate) claimed_at_ms: u64,
+    pub(crate) lease_until_ms: u64,
+}
+
+/// A record that holds its key, classified at `now_ms` (the instant the
+/// classification was made, so answers derived from it read no other
+/// clock).
+#[derive(Clone, Debug)]
+pub(crate) struct Found {
+    pub(crate) record: Record,
+    pub(crate) held: Held,
+    pub(crate) now_ms: u64,
+}
+
+/// The result of a claim attempt.
+#[derive(Debug)]
+pub(crate) enum ClaimResult {
+    Claimed(Claimed),
+    /// The key is held (a stale PROCESSING record was moved to UNKNOWN and
+    /// is returned as in doubt).
+    Held(Box<Found>),
+}
+
+/// A claim attempt.
+#[derive(Clone, Debug)]
+pub(crate) struct ClaimRequest {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) fingerprint: Fingerprint,
+    /// Lease length in ms, at least 1.
+    pub(crate) lease_ms: u64,
+}
+
+/// Storing a claim's outcome.
+#[derive(Debug)]
+pub(crate) struct CompleteRequest {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: u64,
+    pub(crate) completion: Completion,
+    pub(crate) response: StoredResponse,
+    /// Outbox messages stored in the same transaction.
+    pub(crate) messages: Vec<OutgoingMessage>,
+}
+
+/// Who moves a PROCESSING record to UNKNOWN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Abandon {
+    /// The holder failed it explicitly: it stopped acting, so a resolver may
+    /// settle the record at once.
+    Explicit,
+    /// The claim was dropped: its work may still be running until the
+    /// lease ends, so the lease end is kept as the resolvable instant.
+    Dropped,
+}
+
+/// Moving a claim's PROCESSING record to UNKNOWN.
+#[derive(Clone, Debug)]
+pub(crate) struct InDoubtRequest {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: u64,
+    pub(crate) reason: String,
+    pub(crate) by: Abandon,
+}
+
+/// How a resolver (or an operator) settled an in-doubt record.
+#[derive(Clone, Debug)]
+pub(crate) enum Settlement {
+    Completed(StoredResponse),
+    NotExecuted,
+    StillUnknown,
+}
+
+/// Settling the in-doubt record owned by `token`.
+#[derive(Clone, Debug)]
+pub(crate) struct SettleRequest {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: u64,
+    pub(crate) settlement: Settlement,
+}
+
+/// The result of a settlement. `N` is what "not executed" yields: nothing
+/// for a plain settlement, a fresh claim for one made by a waiting `begin`.
+#[derive(Debug)]
+pub(crate) enum Settled<N> {
+    /// Now COMPLETED with the resolver's response.
+    Completed(Record),
+    NotExecuted(N),
+    /// Still UNKNOWN, with one more attempt counted.
+    StillInDoubt(Record),
+}
+
+/// A compare-and-set of an entity's state.
+#[derive(Clone, Debug)]
+pub(crate) struct TransitionRequest {
+    pub(crate) entity: String,
+    pub(crate) from: Vec<String>,
+    pub(crate) to: String,
+}
+
+/// One record as a scan meets it: its key (or the raw key bytes when they
+/// are not a valid key) and its decoded value (or why it does not decode).
+pub(crate) type Scanned = (
+    std::result::Result<IdempotencyKey, Vec<u8>>,
+    std::result::Result<Record, codec::DecodeError>,
+);
+
+/// The seam between the engine and storage.
+///
+/// Reads see a snapshot of the last commit and never wait for writes.
+/// Writes are durable before they return; a refused write changes nothing
+/// and returns the refusal (`Error::Fenced`, `Error::NotFound`,
+/// `Error::InvalidState`, `Error::CorruptRecord`); a storage failure poisons
+/// the backend, after which every call returns `Error::Poisoned`.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// `Error::Poisoned` once a write has failed.
+    fn check(&self) -> Result<()>;
+
+    // Reads.
+    fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>>;
+    /// Up to `limit` UNKNOWN records, oldest first. A record that does not
+    /// decode is skipped (and logged).
+    fn in_doubt(&self, limit: usize) -> Result<Vec<(IdempotencyKey, Record)>>;
+    /// Calls `visit` with every record in key order until it returns false.
+    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()>;
+    /// When the oldest UNKNOWN record became UNKNOWN (ms), if any.
+    fn oldest_in_doubt_ms(&self) -> Result<Option<u64>>;
+    /// Whether a lease or an expiry is due at `now_ms`.
+    fn sweep_due(&self, now_ms: u64) -> Result<bool>;
+    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>>;
+    fn outbox_len(&self) -> Result<u64>;
+    fn entity(&self, entity: &str) -> Result<Option<EntityState>>;
+
+    // Writes, durable before they return.
+    fn claim(&self, req: ClaimRequest) -> Result<ClaimResult>;
+    fn complete(&self, req: CompleteRequest) -> Result<()>;
+    /// A retryable failure: deletes the claim's record.
+    fn release(&self, key: IdempotencyKey, token: u64) -> Result<()>;
+    fn mark_in_doubt(&self, req: InDoubtRequest) -> Result<()>;
+    /// As `mark_in_doubt`, but never blocks and nobody hears the result (a
+    /// claim dropped in `Drop`). Skipped when the queue is full: the lease
+    /// running out has the same effect, later.
+    fn mark_in_doubt_detached(&self, req: InDoubtRequest);
+    /// Renews a lease to `lease_ms` from now; returns the new lease end.
+    fn extend(&self, key: IdempotencyKey, token: u64, lease_ms: u64) -> Result<u64>;
+    fn settle(&self, req: SettleRequest) -> Result<Settled<()>>;
+    /// As `settle`; "not executed" claims the key afresh in the same write.
+    fn settle_then_claim(
+        &self,
+        req: SettleRequest,
+        claim: ClaimRequest,
+    ) -> Result<Settled<Claimed>>;
+    /// One bounded sweep step of at most `limit` records per index.
+    fn sweep(&self, limit: usize) -> Result<SweepCounts>;
+    /// Deletes one record; the state it was in (`None`: it did not decode).
+    fn purge(&self, key: IdempotencyKey, mode: PurgeMode) -> Result<Option<State>>;
+    fn transition(&self, req: TransitionRequest) -> Result<Transition>;
+    /// Removes published outbox messages; how many were there.
+    fn mark_published(&self, seqs: Vec<u64>) -> Result<u64>;
+    /// Waits until every write queued before it is durable.
+    fn flush(&self) -> Result<()>;
+    /// The app's own write and the key's completion in one transaction.
+    fn local(&self, write: LocalWrite) -> Result<LocalResult>;
+
+    /// Finishes queued writes and stops; later calls return `Error::Closed`.
+    fn close(&self);
+}
+
+/// The result of a local write.
+#[derive(Debug)]
+pub(crate) enum LocalResult {
+    /// The app's write ran and committed with the key's COMPLETED record.
+    Executed,
+    /// The key was not free; the app's write did not run.
+    Held(Box<Found>),
+}

@@ -1,0 +1,238 @@
+//! What the store keeps per key, per outbox message and per entity, and the
+//! pure state changes between records. Every backend stores these values
+//! and changes them only through the functions here, so the state machine
+//! is written once.
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::Envelope;
+use crate::fingerprint::{Fingerprint, FINGERPRINT_ALGORITHM_VERSION};
+use crate::state::State;
+
+/// Record states as stored. Discriminants are part of the format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum RecordState {
+    Processing = 0,
+    Completed = 1,
+    FinalFailure = 2,
+    Unknown = 3,
+    Tombstone = 4,
+}
+
+impl From<RecordState> for State {
+    fn from(s: RecordState) -> State {
+        match s {
+            RecordState::Processing => State::Processing,
+            RecordState::Completed => State::Completed,
+            RecordState::FinalFailure => State::FinalFailure,
+            RecordState::Unknown => State::Unknown,
+            RecordState::Tombstone => State::Tombstone,
+        }
+    }
+}
+
+/// A stored response (version 1 of the envelope layout).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredResponse {
+    pub(crate) schema_version: u32,
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
+    #[serde(with = "super::codec::byte_buf")]
+    pub(crate) body: Vec<u8>,
+    pub(crate) resource: Option<String>,
+}
+
+impl StoredResponse {
+    pub(crate) fn new(env: Envelope, resource: Option<String>) -> StoredResponse {
+        StoredResponse {
+            schema_version: env.schema_version,
+            status: env.status,
+            headers: env.headers,
+            body: env.body,
+            resource,
+        }
+    }
+
+    pub(crate) fn envelope(&self) -> Envelope {
+        Envelope {
+            schema_version: self.schema_version,
+            status: self.status,
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
+    }
+}
+
+/// How a claim's outcome is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    Success,
+    FinalFailure,
+}
+
+/// One idempotency record, format version 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) state: RecordState,
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) fingerprint_version: u8,
+    /// The fencing token of the claim that owns (or owned) the record.
+    pub(crate) token: u64,
+    /// Provider reference of that claim.
+    pub(crate) reference: String,
+    pub(crate) claimed_at_ms: u64,
+    pub(crate) updated_at_ms: u64,
+    /// PROCESSING: the lease runs out at this instant (stale from then on).
+    /// UNKNOWN: the original lease end, from which a resolver may settle it.
+    pub(crate) lease_until_ms: u64,
+    /// COMPLETED / FINAL_FAILURE: expires at this instant.
+    /// TOMBSTONE: the tombstone runs out at this instant.
+    /// 0 for PROCESSING and UNKNOWN, which never expire.
+    pub(crate) expires_at_ms: u64,
+    /// TOMBSTONE: when the original record expired.
+    pub(crate) expired_at_ms: u64,
+    /// UNKNOWN: when the record became UNKNOWN.
+    pub(crate) unknown_since_ms: u64,
+    /// UNKNOWN: resolver answers of "still unknown" so far.
+    pub(crate) attempts: u32,
+    /// UNKNOWN: why.
+    pub(crate) reason: String,
+    /// COMPLETED / FINAL_FAILURE (TOMBSTONE drops it).
+    pub(crate) response: Option<StoredResponse>,
+}
+
+impl Record {
+    /// A fresh claim's PROCESSING record.
+    pub(crate) fn processing(
+        fingerprint: Fingerprint,
+        token: u64,
+        reference: String,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> Record {
+        Record {
+            state: RecordState::Processing,
+            fingerprint: *fingerprint.as_bytes(),
+            fingerprint_version: FINGERPRINT_ALGORITHM_VERSION,
+            token,
+            reference,
+            claimed_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            lease_until_ms,
+            expires_at_ms: 0,
+            expired_at_ms: 0,
+            unknown_since_ms: 0,
+            attempts: 0,
+            reason: String::new(),
+            response: None,
+        }
+    }
+
+    /// Same fingerprint under the same algorithm version. A record written
+    /// under another fingerprint version cannot be compared and counts as a
+    /// mismatch (the safe answer: never a replay of a different request).
+    pub(crate) fn fingerprint_matches(&self, fp: &Fingerprint) -> bool {
+        self.fingerprint_version == FINGERPRINT_ALGORITHM_VERSION
+            && &self.fingerprint == fp.as_bytes()
+    }
+
+    /// The record with its outcome stored: COMPLETED or FINAL_FAILURE,
+    /// expiring `ttl_ms` after `now`.
+    pub(crate) fn completed(
+        &self,
+        how: Completion,
+        response: StoredResponse,
+        now: u64,
+        ttl_ms: u64,
+    ) -> Record {
+        let mut new = self.clone();
+        new.state = match how {
+            Completion::Success => RecordState::Completed,
+            Completion::FinalFailure => RecordState::FinalFailure,
+        };
+        new.updated_at_ms = now;
+        new.expires_at_ms = now.saturating_add(ttl_ms);
+        new.response = Some(response);
+        new
+    }
+
+    /// PROCESSING → UNKNOWN. `lease_end` is kept as the instant from which
+    /// a resolver may settle the record (see `InDoubt::resolvable_at_ms`).
+    pub(crate) fn in_doubt(&self, reason: String, lease_end: u64, now: u64) -> Record {
+        let mut new = self.clone();
+        new.state = RecordState::Unknown;
+        new.lease_until_ms = lease_end;
+        new.unknown_since_ms = now;
+        new.updated_at_ms = now;
+        new.reason = reason;
+        new
+    }
+
+    /// The record with its lease renewed to `lease_until_ms`.
+    pub(crate) fn extended(&self, lease_until_ms: u64, now: u64) -> Record {
+        let mut new = self.clone();
+        new.lease_until_ms = lease_until_ms;
+        new.updated_at_ms = now;
+        new
+    }
+
+    /// An UNKNOWN record after one more "still unknown" answer.
+    pub(crate) fn still_in_doubt(&self, now: u64) -> Record {
+        let mut new = self.clone();
+        new.attempts = new.attempts.saturating_add(1);
+        new.updated_at_ms = now;
+        new
+    }
+
+    /// An expired COMPLETED / FINAL_FAILURE record kept as a tombstone
+    /// until `until`: key and fingerprint stay, the response goes.
+    pub(crate) fn tombstone(&self, until: u64, now: u64) -> Record {
+        let mut new = self.clone();
+        new.state = RecordState::Tombstone;
+        new.expired_at_ms = self.expires_at_ms;
+        new.expires_at_ms = until;
+        new.response = None;
+        new.updated_at_ms = now;
+        new
+    }
+
+    /// Why a PROCESSING record whose lease ran out is in doubt.
+    pub(crate) fn stale_reason(&self) -> String {
+        format!(
+            "lease ran out at {} ms without an outcome",
+            self.lease_until_ms
+        )
+    }
+}
+
+/// An entity's stored state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EntityState {
+    pub(crate) state: String,
+    pub(crate) version: u64,
+    pub(crate) updated_at_ms: u64,
+}
+
+/// The provider reference of a claim: `idem_<token hex>_<20 hex digits>`,
+/// a blake3 hash of the record key and token. Stable for the claim, distinct
+/// across keys, scopes and tokens, and printable ASCII (safe as a payment
+/// provider's idempotency key or transaction id).
+pub(crate) fn reference(record_key: &[u8], token: u64) -> String {
+    let mut h = blake3::Hasher::new_derive_key("idempotency 2026-11-29 provider reference v1");
+    h.update(&(record_key.len() as u64).to_le_bytes());
+    h.update(record_key);
+    h.update(&token.to_le_bytes());
+    let hash = h.finalize();
+    format!("idem_{token:x}_{}", hex(&hash.as_bytes()[..10]))
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}

@@ -1,0 +1,196 @@
+//! Opening a redb database for the engine: the format check, the engine's
+//! tables, and the expiry settings stored for operator tools.
+
+use std::path::Path;
+
+use redb::{Database, DatabaseError, Durability, ReadableDatabase, TableError};
+
+use crate::config::{ExpiryPolicy, StoreConfig};
+use crate::error::OpenError;
+use crate::store::codec::FORMAT_VERSION;
+
+use super::tables::{
+    ENTITIES, EXPIRY, LEASES, META, META_EXPIRY_POLICY, META_FORMAT_VERSION, META_TTL_MS, OUTBOX,
+    RECORDS, RECOVERY,
+};
+
+/// Adds what the engine was doing to a redb error met while opening.
+trait OpenContext<T> {
+    fn open_context(self, what: &'static str) -> Result<T, OpenError>;
+}
+
+impl<T, E: Into<redb::Error>> OpenContext<T> for Result<T, E> {
+    fn open_context(self, what: &'static str) -> Result<T, OpenError> {
+        self.map_err(|e| OpenError::Storage {
+            context: what,
+            source: Box::new(e.into()),
+        })
+    }
+}
+
+/// Opens the file at `path`, creating it if it does not exist or is empty.
+/// An unknown format version is refused before anything is written.
+pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
+    let existing = std::fs::metadata(path)
+        .map(|m| m.len() > 0)
+        .unwrap_or(false);
+    let builder = redb::Builder::new();
+    let db = if existing {
+        // redb's writable open rewrites the file header even when nothing
+        // is committed, so an unknown format is refused from a read-only
+        // view first. A file read-only open cannot take (damaged, needing
+        // repair, locked) goes on to the writable open, which reports it.
+        if let Ok(ro) = builder.open_read_only(path) {
+            check_version(stored_format(&ro)?)?;
+        }
+        builder.open(path)
+    } else {
+        builder.create(path)
+    };
+    db.map_err(|e| open_error(path, e))
+}
+
+/// A database on any redb storage backend.
+pub(crate) fn open_backend(backend: impl redb::StorageBackend) -> Result<Database, OpenError> {
+    redb::Builder::new()
+        .create_with_backend(backend)
+        .map_err(|e| open_error(Path::new("<backend>"), e))
+}
+
+fn open_error(path: &Path, e: DatabaseError) -> OpenError {
+    match e {
+        DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
+            path: path.to_path_buf(),
+        },
+        source => OpenError::NotADatabase {
+            path: path.to_path_buf(),
+            source,
+        },
+    }
+}
+
+/// Checks the record format version; on a database without the engine's
+/// tables, creates them. Then applies the expiry settings: with
+/// `from_database`, the ones stored by the last app (if any) replace
+/// `cfg`'s; otherwise `cfg`'s are stored for operator tools. Returns the
+/// settings in force.
+pub(crate) fn prepare(
+    db: &Database,
+    mut cfg: StoreConfig,
+    from_database: bool,
+) -> Result<StoreConfig, OpenError> {
+    init_format(db)?;
+    match stored_expiry(db)? {
+        Some((ttl_ms, expiry)) if from_database => {
+            cfg.ttl_ms = ttl_ms;
+            cfg.expiry = expiry;
+        }
+        _ if from_database => {}
+        Some(stored) if stored == (cfg.ttl_ms, cfg.expiry) => {}
+        _ => store_expiry(db, cfg.ttl_ms, cfg.expiry)?,
+    }
+    Ok(cfg)
+}
+
+fn init_format(db: &Database) -> Result<(), OpenError> {
+    // The version and all tables are created in one transaction, so a
+    // version present means every table is.
+    if let Some(v) = stored_format(db)? {
+        return check_version(Some(v));
+    }
+    let what = "creating the engine's tables";
+    let mut txn = db.begin_write().open_context(what)?;
+    txn.set_durability(Durability::Immediate)
+        .open_context(what)?;
+    {
+        let mut meta = txn.open_table(META).open_context(what)?;
+        meta.insert(META_FORMAT_VERSION, [FORMAT_VERSION].as_slice())
+            .open_context(what)?;
+        txn.open_table(RECORDS).open_context(what)?;
+        txn.open_table(LEASES).open_context(what)?;
+        txn.open_table(RECOVERY).open_context(what)?;
+        txn.open_table(EXPIRY).open_context(what)?;
+        txn.open_table(OUTBOX).open_context(what)?;
+        txn.open_table(ENTITIES).open_context(what)?;
+    }
+    txn.commit().open_context(what)
+}
+
+/// The record format version stored in the database, if any.
+fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>, OpenError> {
+    let what = "checking the record format";
+    let txn = db.begin_read().open_context(what)?;
+    match txn.open_table(META) {
+        Ok(meta) => Ok(meta
+            .get(META_FORMAT_VERSION)
+            .open_context(what)?
+            .map(|v| v.value().first().copied().unwrap_or(0))),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e).open_context(what),
+    }
+}
+
+/// The TTL and expiry policy the last app stored, if any.
+fn stored_expiry(db: &Database) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
+    let what = "reading the stored expiry settings";
+    let txn = db.begin_read().open_context(what)?;
+    let meta = txn.open_table(META).open_context(what)?;
+    let get = |name| -> Result<Option<Vec<u8>>, OpenError> {
+        Ok(meta
+            .get(name)
+            .open_context(what)?
+            .map(|v| v.value().to_vec()))
+    };
+    let (Some(ttl), Some(policy)) = (get(META_TTL_MS)?, get(META_EXPIRY_POLICY)?) else {
+        return Ok(None);
+    };
+    let ttl = <[u8; 8]>::try_from(ttl.as_slice()).map(u64::from_le_bytes);
+    let policy = match policy.split_first() {
+        Some((0, [])) => Some(ExpiryPolicy::Forget),
+        Some((1, keep)) => <[u8; 8]>::try_from(keep)
+            .ok()
+            .map(|k| ExpiryPolicy::Tombstone {
+                keep: std::time::Duration::from_millis(u64::from_le_bytes(k)),
+            }),
+        _ => None,
+    };
+    match (ttl, policy) {
+        (Ok(ttl), Some(policy)) => Ok(Some((ttl, policy))),
+        // Unreadable settings are ignored, not fatal: they only advise tools.
+        _ => Ok(None),
+    }
+}
+
+fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), OpenError> {
+    let what = "storing the expiry settings";
+    let mut txn = db.begin_write().open_context(what)?;
+    txn.set_durability(Durability::Immediate)
+        .open_context(what)?;
+    {
+        let mut meta = txn.open_table(META).open_context(what)?;
+        let policy = match policy.keep_ms() {
+            None => vec![0],
+            Some(keep_ms) => {
+                let mut v = vec![1];
+                v.extend_from_slice(&keep_ms.to_le_bytes());
+                v
+            }
+        };
+        meta.insert(META_TTL_MS, ttl_ms.to_le_bytes().as_slice())
+            .open_context(what)?;
+        meta.insert(META_EXPIRY_POLICY, policy.as_slice())
+            .open_context(what)?;
+    }
+    txn.commit().open_context(what)
+}
+
+/// Refuses a format version this build does not read.
+fn check_version(found: Option<u8>) -> Result<(), OpenError> {
+    match found {
+        Some(v) if v != FORMAT_VERSION => Err(OpenError::UnsupportedFormat {
+            found: v,
+            supported: FORMAT_VERSION,
+        }),
+        _ => Ok(()),
+    }
+}

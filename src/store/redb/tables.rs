@@ -1,0 +1,204 @@
+//! The redb tables the engine owns, and the engine's view of them inside
+//! one write transaction.
+//!
+//! Every engine table name starts with `idempotency.`; an app that keeps its
+//! own tables in the same database file must use names without that prefix.
+//!
+//! Index tables let background passes cost O(work) instead of a scan:
+//! each record is in exactly one index, chosen by its state:
+//!
+//! | state | index | entry |
+//! |---|---|---|
+//! | PROCESSING | `idempotency.leases` | `(lease_until_ms, record key)` |
+//! | UNKNOWN | `idempotency.recovery` | `(unknown_since_ms, record key)` |
+//! | COMPLETED, FINAL_FAILURE, TOMBSTONE | `idempotency.expiry` | `(expires_at_ms, record key)` |
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use crate::config::StoreConfig;
+use crate::error::{Error, Result};
+use crate::key::IdempotencyKey;
+use crate::store::codec::{self, DecodeError};
+use crate::store::record::{Record, RecordState};
+
+/// Format version, counters and the last app's expiry settings.
+pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
+/// Record key → encoded record (see `store/codec.rs`).
+pub(super) const RECORDS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idempotency.records");
+/// PROCESSING records by lease end.
+pub(super) const LEASES: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency.leases");
+/// UNKNOWN records by the instant they became unknown: the recovery queue.
+pub(super) const RECOVERY: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency.recovery");
+/// Records that expire, by expiry instant.
+pub(super) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency.expiry");
+/// Unpublished outbox messages by sequence number (commit order).
+pub(super) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.outbox");
+/// Business entity id → encoded state and version.
+pub(super) const ENTITIES: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("idempotency.entities");
+
+/// `META` key holding the one-byte record format version.
+pub(super) const META_FORMAT_VERSION: &str = "format_version";
+/// `META` key holding the next fencing token (u64 little-endian).
+pub(super) const META_NEXT_TOKEN: &str = "next_token";
+/// `META` key holding the TTL (u64 little-endian ms) of the last app
+/// that opened the database, for operator tools.
+pub(super) const META_TTL_MS: &str = "ttl_ms";
+/// `META` key holding that app's expiry policy: `[0]` forget, or `[1]`
+/// followed by the tombstone duration (u64 little-endian ms).
+pub(super) const META_EXPIRY_POLICY: &str = "expiry_policy";
+/// `META` key holding the next outbox sequence number (u64 little-endian).
+pub(super) const META_NEXT_OUTBOX: &str = "next_outbox_seq";
+
+/// Adds what the engine was doing to a redb error.
+pub(super) trait Context<T> {
+    fn context(self, what: &'static str) -> Result<T>;
+}
+
+impl<T, E: Into<redb::Error>> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: &'static str) -> Result<T> {
+        self.map_err(|e| Error::Storage {
+            context: what,
+            source: Box::new(e.into()),
+        })
+    }
+}
+
+/// An op failed: either it alone was refused (nothing written), or storage
+/// failed and the whole batch must be abandoned.
+#[derive(Debug)]
+pub(super) enum OpError {
+    Refused(Error),
+    Fatal(redb::Error),
+}
+
+impl<E: Into<redb::Error>> From<E> for OpError {
+    fn from(e: E) -> OpError {
+        OpError::Fatal(e.into())
+    }
+}
+
+/// Counters the writer hands out, persisted in the meta table at each
+/// commit that changes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Sequences {
+    /// Next fencing token (global, so tokens grow per key even across
+    /// expiry and release).
+    pub(super) token: u64,
+    /// Next outbox sequence number.
+    pub(super) outbox: u64,
+}
+
+/// The engine's tables inside one write transaction, plus the batch's
+/// counters and clock reading.
+pub(crate) struct Tables<'t> {
+    pub(super) txn: &'t WriteTransaction,
+    pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) leases: Table<'t, (u64, &'static [u8]), ()>,
+    pub(super) recovery: Table<'t, (u64, &'static [u8]), ()>,
+    pub(super) expiry: Table<'t, (u64, &'static [u8]), ()>,
+    pub(super) outbox: Table<'t, u64, &'static [u8]>,
+    pub(super) entities: Table<'t, &'static str, &'static [u8]>,
+    pub(super) seq: Sequences,
+    /// The batch's one reading of the clock, in ms.
+    pub(super) now: u64,
+    pub(super) cfg: StoreConfig,
+}
+
+impl<'t> Tables<'t> {
+    pub(super) fn open(
+        txn: &'t WriteTransaction,
+        seq: Sequences,
+        now: u64,
+        cfg: StoreConfig,
+    ) -> std::result::Result<Tables<'t>, redb::Error> {
+        Ok(Tables {
+            txn,
+            records: txn.open_table(RECORDS)?,
+            leases: txn.open_table(LEASES)?,
+            recovery: txn.open_table(RECOVERY)?,
+            expiry: txn.open_table(EXPIRY)?,
+            outbox: txn.open_table(OUTBOX)?,
+            entities: txn.open_table(ENTITIES)?,
+            seq,
+            now,
+            cfg,
+        })
+    }
+
+    /// The record for `key`; a value that does not decode is refused with
+    /// `Error::CorruptRecord`.
+    pub(super) fn get(
+        &self,
+        key: &IdempotencyKey,
+        rkey: &[u8],
+    ) -> std::result::Result<Option<Record>, OpError> {
+        match self.get_raw(rkey)? {
+            None => Ok(None),
+            Some(Ok(rec)) => Ok(Some(rec)),
+            Some(Err(e)) => Err(OpError::Refused(Error::CorruptRecord {
+                key: key.clone(),
+                reason: e.to_string(),
+            })),
+        }
+    }
+
+    pub(super) fn get_raw(
+        &self,
+        rkey: &[u8],
+    ) -> std::result::Result<Option<std::result::Result<Record, DecodeError>>, redb::StorageError>
+    {
+        Ok(self.records.get(rkey)?.map(|v| codec::decode(v.value())))
+    }
+
+    /// Writes `new` over `old`, moving the record between index tables.
+    pub(super) fn put(
+        &mut self,
+        rkey: &[u8],
+        old: Option<&Record>,
+        new: &Record,
+    ) -> std::result::Result<(), redb::StorageError> {
+        if let Some(old) = old {
+            self.unindex(rkey, old)?;
+        }
+        self.index(rkey, new)?;
+        self.records.insert(rkey, codec::encode(new).as_slice())?;
+        Ok(())
+    }
+
+    pub(super) fn delete(
+        &mut self,
+        rkey: &[u8],
+        old: &Record,
+    ) -> std::result::Result<(), redb::StorageError> {
+        self.unindex(rkey, old)?;
+        self.records.remove(rkey)?;
+        Ok(())
+    }
+
+    fn index(&mut self, rkey: &[u8], rec: &Record) -> std::result::Result<(), redb::StorageError> {
+        match rec.state {
+            RecordState::Processing => self.leases.insert((rec.lease_until_ms, rkey), ())?,
+            RecordState::Unknown => self.recovery.insert((rec.unknown_since_ms, rkey), ())?,
+            _ => self.expiry.insert((rec.expires_at_ms, rkey), ())?,
+        };
+        Ok(())
+    }
+
+    fn unindex(
+        &mut self,
+        rkey: &[u8],
+        rec: &Record,
+    ) -> std::result::Result<(), redb::StorageError> {
+        match rec.state {
+            RecordState::Processing => self.leases.remove((rec.lease_until_ms, rkey))?,
+            RecordState::Unknown => self.recovery.remove((rec.unknown_since_ms, rkey))?,
+            _ => self.expiry.remove((rec.expires_at_ms, rkey))?,
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,282 @@
+//! The writer thread: every write goes through it, batched into group
+//! commits.
+//!
+//! A caller sends a [`Job`] over a bounded channel and blocks on its own
+//! reply channel. Each job is one operation with its own result type
+//! ([`Call<T>`]), so the protocol cannot carry an answer of the wrong kind.
+//! The writer takes everything queued (up to `max_batch`), applies each job
+//! in arrival order inside one redb write transaction, commits once with
+//! `Durability::Immediate`, and only then answers every caller. So no caller
+//! hears "claimed" or "completed" before its data is durable, and one fsync
+//! serves the whole batch.
+//!
+//! A refused op (fencing, bad state) fails alone. A job that is *isolated*
+//! (an app's local write) gets a transaction of its own, rolled back when
+//! refused. A storage error or a failed commit fails the whole batch and
+//! poisons the backend: every later call says to reopen.
+
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+use redb::{Database, Durability, ReadableDatabase};
+
+use crate::clock::Clock;
+use crate::config::StoreConfig;
+use crate::error::{Error, Result};
+use crate::store::poison::Poison;
+
+use super::tables::{OpError, Sequences, Tables, META, META_NEXT_OUTBOX, META_NEXT_TOKEN};
+
+/// A message to the writer.
+pub(super) enum Msg {
+    Job(Box<dyn Job>),
+    /// Finish the queued work and exit.
+    Shutdown,
+}
+
+/// One queued operation.
+pub(super) trait Job: Send {
+    /// Whether it needs a transaction of its own, rolled back if refused.
+    fn isolated(&self) -> bool;
+    /// Applies the operation. `Ok`: its answer, sent once the transaction
+    /// has committed. `Err`: storage failed and the batch is lost.
+    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> Result<Box<dyn Answer>, redb::Error>;
+    /// Answers without applying (the backend is poisoned or closing).
+    fn refuse(self: Box<Self>, error: Error);
+}
+
+/// An applied operation's answer, held until its transaction commits.
+pub(super) trait Answer: Send {
+    /// Whether the operation was refused (an isolated job is then rolled
+    /// back).
+    fn refused(&self) -> bool;
+    /// The commit succeeded: delivers the result.
+    fn send(self: Box<Self>);
+    /// The commit failed: delivers `error` instead.
+    fn fail(self: Box<Self>, error: Error);
+}
+
+/// An operation on the tables producing a `T`.
+pub(super) type Op<T> = Box<dyn FnOnce(&mut Tables<'_>) -> Result<T, OpError> + Send>;
+
+/// A typed job: the operation and where its `Result<T>` goes (`None`:
+/// nobody waits, as for a dropped claim).
+pub(super) struct Call<T> {
+    pub(super) op: Op<T>,
+    pub(super) isolated: bool,
+    pub(super) reply: Option<Sender<Result<T>>>,
+}
+
+impl<T: Send + 'static> Job for Call<T> {
+    fn isolated(&self) -> bool {
+        self.isolated
+    }
+
+    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> Result<Box<dyn Answer>, redb::Error> {
+        let result = match (self.op)(tables) {
+            Ok(value) => Ok(value),
+            Err(OpError::Refused(e)) => Err(e),
+            Err(OpError::Fatal(e)) => return Err(e),
+        };
+        Ok(Box::new(Reply {
+            to: self.reply,
+            result,
+        }))
+    }
+
+    fn refuse(self: Box<Self>, error: Error) {
+        if let Some(to) = self.reply {
+            let _ = to.send(Err(error));
+        }
+    }
+}
+
+struct Reply<T> {
+    to: Option<Sender<Result<T>>>,
+    result: Result<T>,
+}
+
+impl<T: Send> Answer for Reply<T> {
+    fn refused(&self) -> bool {
+        self.result.is_err()
+    }
+
+    fn send(self: Box<Self>) {
+        if let Some(to) = self.to {
+            let _ = to.send(self.result);
+        }
+    }
+
+    fn fail(self: Box<Self>, error: Error) {
+        if let Some(to) = self.to {
+            let _ = to.send(Err(error));
+        }
+    }
+}
+
+/// The writer thread's state.
+pub(super) struct Writer {
+    pub(super) db: Arc<Database>,
+    pub(super) rx: Receiver<Msg>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) cfg: StoreConfig,
+    pub(super) poison: Arc<Poison>,
+    pub(super) max_batch: usize,
+    pub(super) seq: Sequences,
+}
+
+impl Writer {
+    pub(super) fn run(mut self) {
+        // A panic here must not leave callers believing writes succeed:
+        // nobody is answered before a commit, and the poison stops the rest.
+        let _guard = PoisonOnPanic(self.poison.clone());
+        WRITER_OF.with(|w| w.set(Arc::as_ptr(&self.poison) as usize));
+        let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(self.max_batch);
+        let mut shutdown = false;
+        while !shutdown {
+            match self.rx.recv() {
+                Ok(Msg::Job(job)) => batch.push(job),
+                Ok(Msg::Shutdown) | Err(_) => break,
+            }
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(Msg::Job(job)) => batch.push(job),
+                    Ok(Msg::Shutdown) => {
+                        shutdown = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.process(std::mem::take(&mut batch));
+        }
+        // Callers still queued after shutdown hear that the engine closed.
+        while let Ok(msg) = self.rx.try_recv() {
+            if let Msg::Job(job) = msg {
+                job.refuse(Error::Closed);
+            }
+        }
+    }
+
+    /// Commits one batch in groups: a run of shared jobs is one
+    /// transaction; an isolated job is a transaction of its own. Arrival
+    /// order is kept.
+    fn process(&mut self, batch: Vec<Box<dyn Job>>) {
+        let mut jobs = batch.into_iter().peekable();
+        while let Some(first) = jobs.next() {
+            let isolated = first.isolated();
+            let mut group = vec![first];
+            if !isolated {
+                while let Some(job) = jobs.next_if(|j| !j.isolated()) {
+                    group.push(job);
+                }
+            }
+            if let Some(cause) = self.poison.cause() {
+                for job in group {
+                    job.refuse(Error::Poisoned {
+                        cause: cause.clone(),
+                    });
+                }
+                continue;
+            }
+            self.commit(group, isolated);
+        }
+    }
+
+    /// Applies `group` in one transaction and commits it, then answers.
+    fn commit(&mut self, group: Vec<Box<dyn Job>>, isolated: bool) {
+        let mut answers = Vec::with_capacity(group.len());
+        let mut jobs = group.into_iter();
+        match self.try_commit(&mut jobs, &mut answers, isolated) {
+            Ok(seq) => {
+                self.seq = seq;
+                for answer in answers {
+                    answer.send();
+                }
+            }
+            Err(e) => {
+                let cause: Arc<str> = format!("group commit failed: {e}").into();
+                tracing::error!(%cause, "engine poisoned");
+                self.poison.set(cause.to_string());
+                let poisoned = || Error::Poisoned {
+                    cause: cause.clone(),
+                };
+                for answer in answers {
+                    answer.fail(poisoned());
+                }
+                for job in jobs {
+                    job.refuse(poisoned());
+                }
+            }
+        }
+    }
+
+    /// Returns the counters after the commit (unchanged if an isolated job
+    /// was refused and rolled back).
+    fn try_commit(
+        &self,
+        jobs: &mut std::vec::IntoIter<Box<dyn Job>>,
+        answers: &mut Vec<Box<dyn Answer>>,
+        isolated: bool,
+    ) -> Result<Sequences, redb::Error> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        let after = {
+            let mut tables = Tables::open(&txn, self.seq, self.clock.now_ms(), self.cfg)?;
+            for job in jobs.by_ref() {
+                answers.push(job.apply(&mut tables)?);
+            }
+            tables.seq
+        };
+        if isolated && answers.iter().any(|a| a.refused()) {
+            txn.abort()?;
+            return Ok(self.seq);
+        }
+        if after != self.seq {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_NEXT_TOKEN, after.token.to_le_bytes().as_slice())?;
+            meta.insert(META_NEXT_OUTBOX, after.outbox.to_le_bytes().as_slice())?;
+        }
+        txn.commit()?;
+        Ok(after)
+    }
+}
+
+/// The counters stored in the meta table (1 for a new database).
+pub(super) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let read = |name| -> Result<u64, redb::Error> {
+        Ok(meta
+            .get(name)?
+            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map_or(1, u64::from_le_bytes))
+    };
+    Ok(Sequences {
+        token: read(META_NEXT_TOKEN)?,
+        outbox: read(META_NEXT_OUTBOX)?,
+    })
+}
+
+thread_local! {
+    /// On a writer thread: the identity (its poison cell's address) of the
+    /// backend it writes for. An app's local write runs on this thread, and
+    /// a call from it back into the same backend's writer would wait for
+    /// itself forever.
+    static WRITER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the current thread is the writer of the backend owning `poison`.
+pub(super) fn on_writer_of(poison: &Arc<Poison>) -> bool {
+    WRITER_OF.with(|w| w.get() == Arc::as_ptr(poison) as usize)
+}
+
+struct PoisonOnPanic(Arc<Poison>);
+
+impl Drop for PoisonOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.set("the writer thread panicked".to_string());
+        }
+    }
+}
