@@ -1,0 +1,192 @@
+//! Guards against a change of the on-disk format silently breaking
+//! databases written by an earlier build. `tests/fixtures/format1.redb` was
+//! written by record format 1 (the format of the crate's first release
+//! round) with records in every state, outbox messages, an entity and an
+//! inbox mark. Every later build must open it and answer exactly as the
+//! build that wrote it would.
+//!
+//! The fixture is committed; `write_format1_fixture` (ignored) is how it was
+//! made: `cargo test --release --test format1_fixture -- --ignored
+//! write_format1_fixture`. Never regenerate it with a newer format.
+
+mod common;
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{claimed, replay, unknown};
+use idempotency::{
+    Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
+    ManualClock, OutgoingMessage, Receive, ReplayKind,
+};
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+/// When the fixture was written (ms since the Unix epoch).
+const T0: u64 = 1_790_000_000_000;
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format1.redb")
+}
+
+fn builder(clock: &ManualClock) -> EngineBuilder {
+    Engine::builder()
+        .clock(clock.clone())
+        .sweep_interval(None)
+        .ttl(30 * DAY)
+        .lease(Duration::from_secs(30))
+        .expiry_policy(ExpiryPolicy::Tombstone { keep: 10 * DAY })
+}
+
+fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
+    IdempotencyKey::new("shop:pay", k)
+}
+
+fn fp(amount: u32) -> Result<Fingerprint, idempotency::FingerprintError> {
+    Fingerprint::of_json(
+        format!(r#"{{"amount":{amount},"currency":"EUR"}}"#).as_bytes(),
+        &[],
+    )
+}
+
+#[test]
+fn a_format1_database_opens_and_answers_as_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("format1.redb");
+    std::fs::copy(fixture(), &path)?;
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let engine = builder(&clock).open(&path)?;
+
+    let r = replay(engine.begin(&key("completed")?, fp(10)?)?)?;
+    assert_eq!(r.envelope.status, 201);
+    assert_eq!(r.envelope.body, br#"{"payment":"pay_1","amount":10}"#);
+    assert_eq!(
+        r.envelope.header("content-type"),
+        Some(&b"application/json"[..])
+    );
+    assert_eq!(r.envelope.header("x-raw"), Some(&[0u8, 255, 7][..]));
+    assert_eq!(r.resource.as_deref(), Some("pay_1"));
+    assert_eq!(r.kind, ReplayKind::Completed);
+    assert_eq!(r.envelope.schema_version, 3);
+
+    let r = replay(engine.begin(&key("declined")?, fp(20)?)?)?;
+    assert_eq!((r.envelope.status, r.kind), (402, ReplayKind::FinalFailure));
+    assert_eq!(r.envelope.body, b"insufficient funds");
+
+    let u = unknown(engine.begin(&key("timed-out")?, fp(30)?)?)?;
+    assert_eq!(u.reason, "provider timed out");
+    // A claim whose holder vanished: its lease ran out long ago.
+    let u = unknown(engine.begin(&key("crashed")?, fp(40)?)?)?;
+    assert!(u.reason.contains("lease ran out"), "{}", u.reason);
+
+    assert!(matches!(
+        engine.begin(&key("expired")?, fp(50)?)?,
+        Begin::Tombstoned { .. }
+    ));
+    // The fingerprint still decides first, in every state.
+    assert!(matches!(
+        engine.begin(&key("completed")?, fp(11)?)?,
+        Begin::Mismatch
+    ));
+    assert!(matches!(
+        engine.begin(&key("crashed")?, fp(41)?)?,
+        Begin::Mismatch
+    ));
+
+    let outbox = engine.outbox().take(10)?;
+    let ids: Vec<&str> = outbox.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(outbox.len(), 2, "{ids:?}");
+    assert!(ids[0].ends_with("/0") && ids[1].ends_with("/1"), "{ids:?}");
+    assert_eq!(outbox[1].payload, b"receipt for pay_2");
+    assert_eq!(
+        engine.entity_state("order-1")?,
+        Some(("paid".to_string(), 2))
+    );
+    let inbox = engine.inbox("mailer")?;
+    assert!(matches!(inbox.receive("msg-1")?, Receive::Duplicate));
+
+    // Fencing tokens keep growing past every stored one.
+    let max_stored = engine
+        .records(&Default::default())?
+        .into_iter()
+        .map(|r| r.map(|r| r.fencing_token))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .max()
+        .ok_or("no records")?;
+    let fresh = claimed(engine.begin(&key("new")?, fp(60)?)?)?;
+    assert!(fresh.fencing_token() > max_stored);
+    engine.complete(fresh, Envelope::new(1, 201, "ok"))?;
+    Ok(())
+}
+
+/// Writes `tests/fixtures/format1.redb` (by hand only; see the module docs).
+#[test]
+#[ignore = "writes tests/fixtures/format1.redb; run by hand, with format 1 only"]
+fn write_format1_fixture() -> TestResult {
+    let path = fixture();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(&path);
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock).open(&path)?;
+
+    // Expires (under the tombstone policy) before the others are written.
+    let c = claimed(engine.begin(&key("expired")?, fp(50)?)?)?;
+    engine.complete(c, Envelope::new(1, 200, "old"))?;
+    clock.advance(31 * DAY);
+    engine.sweep_now()?;
+    clock.set(T0);
+
+    let c = claimed(engine.begin(&key("completed")?, fp(10)?)?)?;
+    engine.complete_with_resource(
+        c,
+        Envelope::new(3, 201, br#"{"payment":"pay_1","amount":10}"#.to_vec())
+            .with_header("content-type", "application/json")
+            .with_header("x-raw", vec![0u8, 255, 7]),
+        "pay_1",
+    )?;
+    let c = claimed(engine.begin(&key("declined")?, fp(20)?)?)?;
+    engine.fail(
+        c,
+        Failure::Final(Envelope::new(1, 402, "insufficient funds")),
+    )?;
+    let c = claimed(engine.begin(&key("timed-out")?, fp(30)?)?)?;
+    engine.fail(
+        c,
+        Failure::Unknown {
+            reason: "provider timed out".into(),
+        },
+    )?;
+    let crashed = claimed(engine.begin(&key("crashed")?, fp(40)?)?)?;
+    let c = claimed(engine.begin(&key("with-messages")?, fp(70)?)?)?;
+    engine.complete_with_messages(
+        c,
+        Envelope::new(1, 201, "sent"),
+        vec![
+            OutgoingMessage::new("email", "receipt for pay_1"),
+            OutgoingMessage::new("email", "receipt for pay_2"),
+        ],
+    )?;
+    assert!(matches!(
+        engine.transition("order-1", &[], "created")?,
+        idempotency::Transition::Applied { version: 1 }
+    ));
+    assert!(matches!(
+        engine.transition("order-1", &["created"], "paid")?,
+        idempotency::Transition::Applied { version: 2 }
+    ));
+    let inbox = engine.inbox("mailer")?;
+    assert!(matches!(
+        inbox.process_local("msg-1", |_| Ok(()))?,
+        idempotency::Processed::Done
+    ));
+    // The crashed holder never reports back: its record stays PROCESSING.
+    std::mem::forget(crashed);
+    drop(engine);
+    Ok(())
+}
