@@ -257,10 +257,12 @@ impl Core {
     /// What a resolver or operator is told about an in-doubt record, read
     /// at `now_ms`.
     pub(crate) fn in_doubt_of(&self, key: IdempotencyKey, rec: &Record, now_ms: u64) -> InDoubt {
-        let since = if rec.state == RecordState::Unknown {
-            rec.unknown_since_ms
+        // A PROCESSING record whose lease ended is in doubt since its lease
+        // end, before any sweep moves it.
+        let (since, reason) = if rec.state == RecordState::Unknown {
+            (rec.unknown_since_ms, rec.reason.clone())
         } else {
-            rec.lease_until_ms
+            (rec.lease_until_ms, rec.stale_reason())
         };
         InDoubt {
             key,
@@ -271,7 +273,7 @@ impl Core {
             unknown_since_ms: since,
             age: Duration::from_millis(now_ms.saturating_sub(since)),
             resolvable_at_ms: rec.lease_until_ms,
-            reason: rec.reason.clone(),
+            reason,
         }
     }
 

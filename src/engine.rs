@@ -224,9 +224,11 @@ impl Engine {
         local::execute_local(&self.core, key, fingerprint, write)
     }
 
-    /// Up to `limit` in-doubt (UNKNOWN) records from the recovery queue,
-    /// oldest first. A record that does not decode is skipped (and logged);
-    /// see [`Engine::records`] to list it.
+    /// Up to `limit` in-doubt records, oldest first by the instant they
+    /// came into doubt: UNKNOWN records from the recovery queue, and
+    /// PROCESSING records whose lease has ended (they count as UNKNOWN at
+    /// read time, before any sweep moves them). A record that does not
+    /// decode is skipped (and logged); see [`Engine::records`] to list it.
     ///
     /// # Errors
     ///
@@ -235,8 +237,8 @@ impl Engine {
         recovery::in_doubt(&self.core, limit)
     }
 
-    /// Settles up to `limit` in-doubt records from the recovery queue,
-    /// oldest first, by asking `resolver` about each.
+    /// Settles up to `limit` in-doubt records (as listed by
+    /// [`Engine::in_doubt`]), oldest first, by asking `resolver` about each.
     ///
     /// # Errors
     ///
@@ -259,9 +261,9 @@ impl Engine {
     /// [`InDoubt::resolvable_at_ms`] (a dropped claim's work may still be
     /// running until its lease ends, and a retry would then execute it a
     /// second time); `Completed` and `StillUnknown` are taken at once. Check
-    /// with the provider first. A PROCESSING record whose lease ran out
-    /// must first become UNKNOWN (a sweep, or a `begin` on the key) before
-    /// it can be resolved here.
+    /// with the provider first. A PROCESSING record whose lease has ended
+    /// counts as UNKNOWN (read-time truth, as in `begin`): it is resolved
+    /// here without waiting for a sweep.
     ///
     /// # Errors
     ///

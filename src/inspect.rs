@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::state::State;
+use crate::store::classify::state_at;
 use crate::store::record::{hex, Record, RecordState};
 
 /// One stored record, as shown to operators.
@@ -85,7 +86,8 @@ pub struct RecordFilter {
     pub limit: Option<usize>,
 }
 
-/// Counters since the engine opened, and gauges read from the database.
+/// Counters since the engine opened, and gauges read from the database at
+/// read time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Claims won.
@@ -108,7 +110,9 @@ pub struct Stats {
     pub expired_deleted: u64,
     /// Expired records turned into tombstones by sweeps.
     pub tombstoned: u64,
-    /// Records in the database by state, as stored.
+    /// Records in the database by their state at read time (as requests see
+    /// them: a PROCESSING record whose lease ended counts as UNKNOWN, an
+    /// expired one as a TOMBSTONE or as `expired`): PROCESSING records.
     pub processing: u64,
     /// COMPLETED records.
     pub completed: u64,
@@ -118,9 +122,13 @@ pub struct Stats {
     pub unknown: u64,
     /// TOMBSTONE records.
     pub tombstones: u64,
+    /// Records past their TTL (and any tombstone) that no sweep has deleted
+    /// yet: every request treats them as absent.
+    pub expired: u64,
     /// Records that failed to decode.
     pub corrupt: u64,
-    /// Age of the oldest UNKNOWN record (whole milliseconds), if any.
+    /// How long the oldest in-doubt record (UNKNOWN, or PROCESSING with its
+    /// lease ended) has been in doubt (whole milliseconds), if any.
     pub oldest_unknown_age: Option<Duration>,
 }
 
@@ -185,21 +193,23 @@ pub(crate) fn stats(core: &Core) -> Result<Stats> {
         tombstoned: c.tombstoned.load(Relaxed),
         ..Stats::default()
     };
+    let now_ms = core.clock.now_ms();
+    let policy = core.cfg.store.expiry;
     core.store.scan(&mut |(_, value)| {
-        match value.map(|r| r.state) {
-            Ok(RecordState::Processing) => stats.processing += 1,
-            Ok(RecordState::Completed) => stats.completed += 1,
-            Ok(RecordState::FinalFailure) => stats.final_failures += 1,
-            Ok(RecordState::Unknown) => stats.unknown += 1,
-            Ok(RecordState::Tombstone) => stats.tombstones += 1,
-            Err(_) => stats.corrupt += 1,
-        }
+        let gauge = match value.map(|rec| state_at(&rec, now_ms, policy)) {
+            Ok(Some(State::Processing)) => &mut stats.processing,
+            Ok(Some(State::Completed)) => &mut stats.completed,
+            Ok(Some(State::FinalFailure)) => &mut stats.final_failures,
+            Ok(Some(State::Unknown)) => &mut stats.unknown,
+            Ok(Some(State::Tombstone)) => &mut stats.tombstones,
+            Ok(None) => &mut stats.expired,
+            Err(_) => &mut stats.corrupt,
+        };
+        *gauge += 1;
         true
     })?;
-    if let Some(since) = core.store.oldest_in_doubt_ms()? {
-        stats.oldest_unknown_age = Some(Duration::from_millis(
-            core.clock.now_ms().saturating_sub(since),
-        ));
+    if let Some(since) = core.store.oldest_in_doubt_ms(now_ms)? {
+        stats.oldest_unknown_age = Some(Duration::from_millis(now_ms.saturating_sub(since)));
     }
     Ok(stats)
 }

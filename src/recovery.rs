@@ -15,7 +15,7 @@ pub(crate) fn in_doubt(core: &Core, limit: usize) -> Result<Vec<InDoubt>> {
     let now_ms = core.clock.now_ms();
     Ok(core
         .store
-        .in_doubt(limit)?
+        .in_doubt(limit, now_ms)?
         .into_iter()
         .map(|(key, rec)| core.in_doubt_of(key, &rec, now_ms))
         .collect())
@@ -74,14 +74,19 @@ pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution)
         .store
         .record(key)?
         .ok_or_else(|| Error::NotFound { key: key.clone() })?;
-    if rec.state != RecordState::Unknown {
+    // Read-time truth: a PROCESSING record whose lease has ended is in
+    // doubt already; the settlement moves it in the same write.
+    let now_ms = core.clock.now_ms();
+    let in_doubt = rec.state == RecordState::Unknown
+        || (rec.state == RecordState::Processing && rec.lease_until_ms <= now_ms);
+    if !in_doubt {
         return Err(Error::InvalidState {
             key: key.clone(),
             action: "resolve",
             state: rec.state.into(),
         });
     }
-    if resolution == Resolution::NotExecuted && rec.lease_until_ms > core.clock.now_ms() {
+    if resolution == Resolution::NotExecuted && rec.lease_until_ms > now_ms {
         return Err(Error::InvalidState {
             key: key.clone(),
             action: "settle as not executed before the dropped claim's lease ends \

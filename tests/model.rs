@@ -387,18 +387,33 @@ impl Model {
     }
 
     fn in_doubt(&self, k: usize, now: u64) -> Seen {
-        let rec = self.recs[k].as_ref().expect("an UNKNOWN record");
+        let rec = self.recs[k].as_ref().expect("an in-doubt record");
+        // A PROCESSING record whose lease ended is in doubt since its
+        // lease end, before any sweep moves it.
+        let (since, reason) = if rec.state == State::Unknown {
+            (rec.unknown_since, rec.reason.clone())
+        } else {
+            (rec.lease_until, lease_ran_out(rec.lease_until))
+        };
         Seen {
             key: k,
             reference: rec.reference.clone(),
             token: rec.token,
             attempts: rec.attempts,
             claimed_at: rec.claimed_at,
-            unknown_since: rec.unknown_since,
+            unknown_since: since,
             resolvable_at: rec.lease_until,
-            age: now.saturating_sub(rec.unknown_since),
-            reason: rec.reason.clone(),
+            age: now.saturating_sub(since),
+            reason,
         }
+    }
+
+    /// Whether record `k` is in doubt at `now`: UNKNOWN, or PROCESSING with
+    /// its lease ended.
+    fn is_in_doubt(&self, k: usize, now: u64) -> bool {
+        self.recs[k].as_ref().is_some_and(|r| {
+            r.state == State::Unknown || (r.state == State::Processing && r.lease_until <= now)
+        })
     }
 
     fn claim(&mut self, k: usize, fp: usize, lease_ms: u64, now: u64) -> Answered {
@@ -480,6 +495,15 @@ impl Model {
             }
             Answer::NotExecuted => self.recs[k] = None,
             Answer::StillUnknown => {
+                // A PROCESSING record whose lease ended moves to UNKNOWN in
+                // the same write (read-time truth).
+                if let Some(lease_until) = self.recs[k]
+                    .as_ref()
+                    .filter(|r| r.state == State::Processing)
+                    .map(|r| r.lease_until)
+                {
+                    self.mark_unknown_at(k, lease_ran_out(lease_until), now, false);
+                }
                 let rec = self.recs[k].as_mut().expect("a record");
                 rec.attempts += 1;
                 rec.updated_at = now;
@@ -640,17 +664,17 @@ impl Model {
         counts
     }
 
-    /// UNKNOWN records in recovery order: by when they became unknown, then
-    /// by record key (the key index here).
-    fn recovery_queue(&self) -> Vec<usize> {
-        let mut queue: Vec<usize> = (0..KEYS)
-            .filter(|&k| {
-                self.recs[k]
-                    .as_ref()
-                    .is_some_and(|r| r.state == State::Unknown)
-            })
-            .collect();
-        queue.sort_by_key(|&k| (self.recs[k].as_ref().map_or(0, |r| r.unknown_since), k));
+    /// Records in doubt at `now` in recovery order: by when they came into
+    /// doubt (UNKNOWN before lease-ended PROCESSING at the same instant),
+    /// then by record key (the key index here).
+    fn recovery_queue(&self, now: u64) -> Vec<usize> {
+        let mut queue: Vec<usize> = (0..KEYS).filter(|&k| self.is_in_doubt(k, now)).collect();
+        queue.sort_by_key(|&k| {
+            let stale = self.recs[k]
+                .as_ref()
+                .is_some_and(|r| r.state == State::Processing);
+            (self.in_doubt(k, now).unknown_since, stale, k)
+        });
         queue
     }
 
@@ -1151,7 +1175,7 @@ impl Harness {
             Op::Resolve { key: k, answer } => {
                 let expected = match &self.model.recs[k] {
                     None => Err(Failed::NotFound),
-                    Some(rec) if rec.state != State::Unknown => {
+                    Some(rec) if !self.model.is_in_doubt(k, now) => {
                         Err(Failed::InvalidState(rec.state))
                     }
                     // A dropped claim's work may still run until its lease
@@ -1178,7 +1202,7 @@ impl Harness {
             Op::Recover { answers, limit } => {
                 let mut calls = Vec::new();
                 let mut report = idempotency::RecoveryReport::default();
-                for k in self.model.recovery_queue().into_iter().take(limit) {
+                for k in self.model.recovery_queue(now).into_iter().take(limit) {
                     // Not settled before a dropped claim's lease ends.
                     if self.model.recs[k]
                         .as_ref()
@@ -1277,25 +1301,37 @@ impl Harness {
         let pending: Vec<Seen> = pending.iter().map(seen).collect();
         let expected: Vec<Seen> = self
             .model
-            .recovery_queue()
+            .recovery_queue(now)
             .into_iter()
             .map(|k| self.model.in_doubt(k, now))
             .collect();
         prop_assert_eq!(pending, expected, "recovery queue");
 
+        // Gauges count states at read time: a PROCESSING record whose
+        // lease ended is UNKNOWN, an expired record a tombstone or gone.
         let mut stats = self.counters.clone();
+        let keep = self.model.keep_ms();
         for rec in self.model.recs.iter().flatten() {
-            match rec.state {
-                State::Processing => stats.processing += 1,
-                State::Completed => stats.completed += 1,
-                State::FinalFailure => stats.final_failures += 1,
-                State::Unknown => stats.unknown += 1,
-                State::Tombstone => stats.tombstones += 1,
+            let expired = match rec.state {
+                State::Completed | State::FinalFailure if now >= rec.expires_at => {
+                    Some(keep.is_some_and(|keep| now < rec.expires_at + keep))
+                }
+                State::Tombstone => Some(now < rec.expires_at),
+                _ => None,
+            };
+            match (rec.state, expired) {
+                (_, Some(true)) => stats.tombstones += 1,
+                (_, Some(false)) => stats.expired += 1,
+                (State::Processing, _) if rec.lease_until > now => stats.processing += 1,
+                (State::Processing | State::Unknown, _) => stats.unknown += 1,
+                (State::Completed, _) => stats.completed += 1,
+                (State::FinalFailure, _) => stats.final_failures += 1,
+                (State::Tombstone, _) => stats.tombstones += 1,
             }
         }
         stats.oldest_unknown_age = self
             .model
-            .recovery_queue()
+            .recovery_queue(now)
             .first()
             .map(|&k| Duration::from_millis(self.model.in_doubt(k, now).age));
         let actual = self

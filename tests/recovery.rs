@@ -484,3 +484,49 @@ fn operator_cannot_release_a_dropped_claim_before_its_lease_ends() -> TestResult
     engine.complete(again, Envelope::new(1, 201, "once"))?;
     Ok(())
 }
+
+/// Read-time truth holds in operator views, not only in `begin`: once a
+/// crashed claim's lease has run out, the record is listed as in doubt,
+/// counted as UNKNOWN and can be resolved, with no sweep in between.
+#[test]
+fn lease_ended_claim_is_in_doubt_in_every_view_before_any_sweep() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock).in_memory()?;
+    let (a, b) = (key("crashed-a")?, key("crashed-b")?);
+    let crashed_a = claimed(engine.begin(&a, fp()?)?)?;
+    let crashed_b = claimed(engine.begin(&b, fp()?)?)?;
+    // The holders vanish without a word, as in a crash.
+    std::mem::forget(crashed_a);
+    std::mem::forget(crashed_b);
+    assert!(
+        engine.in_doubt(10)?.is_empty(),
+        "in doubt before the lease ended"
+    );
+    assert!(engine.resolve(&a, Resolution::NotExecuted).is_err());
+
+    clock.advance(Duration::from_millis(LEASE_MS));
+    let listed = engine.in_doubt(10)?;
+    let keys: Vec<_> = listed.iter().map(|d| d.key.clone()).collect();
+    assert_eq!(keys, [a.clone(), b.clone()]);
+    assert_eq!(listed[0].unknown_since_ms, T0 + LEASE_MS);
+    assert!(
+        listed[0].reason.contains("lease ran out"),
+        "{}",
+        listed[0].reason
+    );
+    let stats = engine.stats()?;
+    assert_eq!((stats.processing, stats.unknown), (0, 2));
+    assert_eq!(stats.oldest_unknown_age, Some(Duration::ZERO));
+
+    engine.resolve(&a, Resolution::NotExecuted)?;
+    assert!(
+        engine.record(&a)?.is_none(),
+        "not executed releases the key"
+    );
+    engine.resolve(&b, Resolution::StillUnknown)?;
+    let rec = engine.record(&b)?.ok_or("b vanished")?;
+    assert_eq!((rec.state, rec.attempts), (State::Unknown, 1));
+    let report = engine.recover_in_doubt(&|_: &InDoubt| Resolution::StillUnknown, 10)?;
+    assert_eq!(report.still_unknown, 1);
+    Ok(())
+}

@@ -240,7 +240,8 @@ fn record_json(info: &RecordInfo, now: u64) -> Value {
     })
 }
 
-/// `idem unknown`: UNKNOWN records awaiting recovery, oldest first.
+/// `idem unknown`: records in doubt awaiting recovery, oldest first: UNKNOWN
+/// ones and PROCESSING ones whose lease has ended.
 pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W) -> CliResult {
     let pending = engine.in_doubt(limit)?;
     if json {
@@ -321,7 +322,9 @@ pub fn sweep<W: Write>(engine: &Engine, out: &mut W) -> CliResult {
     Ok(())
 }
 
-/// `idem stats`: records by state, as stored. The engine's counters (claims,
+/// `idem stats`: records by state at read time (a PROCESSING record whose
+/// lease ended counts as UNKNOWN; an expired one as a tombstone or as
+/// expired). The engine's counters (claims,
 /// replays, ...) count since *this* process opened the file, so they are
 /// always zero here and not shown.
 pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
@@ -335,6 +338,7 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
                 "final_failures": s.final_failures,
                 "unknown": s.unknown,
                 "tombstones": s.tombstones,
+                "expired": s.expired,
                 "corrupt": s.corrupt,
                 "oldest_unknown_age_ms": s.oldest_unknown_age.map(duration_ms),
             }),
@@ -346,6 +350,7 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
         ("FINAL_FAILURE", s.final_failures),
         ("UNKNOWN", s.unknown),
         ("TOMBSTONE", s.tombstones),
+        ("expired", s.expired),
         ("corrupt", s.corrupt),
     ];
     for (name, n) in rows {

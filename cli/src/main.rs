@@ -62,7 +62,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List UNKNOWN records awaiting recovery, oldest first.
+    /// List records in doubt awaiting recovery, oldest first: UNKNOWN ones
+    /// and PROCESSING ones whose lease has ended.
     Unknown {
         /// The database file.
         db: PathBuf,

@@ -4,6 +4,7 @@
 
 use crate::config::ExpiryPolicy;
 use crate::fingerprint::Fingerprint;
+use crate::state::State;
 
 use super::record::{Record, RecordState};
 
@@ -35,6 +36,27 @@ pub(crate) enum Held {
         expired_at_ms: u64,
         reusable_at_ms: u64,
     },
+}
+
+/// The state `rec` is in at `now` as every request sees it (read-time
+/// truth): a PROCESSING record whose lease has ended is UNKNOWN, an expired
+/// COMPLETED or FINAL_FAILURE record is a TOMBSTONE while the policy keeps
+/// one; `None` for a record past its TTL (and any tombstone), which requests
+/// treat as absent until a sweep deletes it.
+pub(crate) fn state_at(rec: &Record, now: u64, policy: ExpiryPolicy) -> Option<State> {
+    Some(match rec.state {
+        RecordState::Processing if rec.lease_until_ms > now => State::Processing,
+        RecordState::Processing | RecordState::Unknown => State::Unknown,
+        RecordState::Completed | RecordState::FinalFailure if now >= rec.expires_at_ms => {
+            let keep_ms = policy.keep_ms()?;
+            if now >= rec.expires_at_ms.saturating_add(keep_ms) {
+                return None;
+            }
+            State::Tombstone
+        }
+        RecordState::Tombstone if now >= rec.expires_at_ms => return None,
+        state => State::from(state),
+    })
 }
 
 /// Classifies `rec` for a claim attempt with fingerprint `fp` at `now`

@@ -155,13 +155,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     // Reads.
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>>;
-    /// Up to `limit` UNKNOWN records, oldest first. A record that does not
-    /// decode is skipped (and logged).
-    fn in_doubt(&self, limit: usize) -> Result<Vec<(IdempotencyKey, Record)>>;
+    /// Up to `limit` records in doubt at `now_ms`, oldest first: UNKNOWN
+    /// ones and PROCESSING ones whose lease has ended (read-time truth: no
+    /// sweep is needed first). A record that does not decode is skipped
+    /// (and logged).
+    fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>>;
     /// Calls `visit` with every record in key order until it returns false.
     fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()>;
-    /// When the oldest UNKNOWN record became UNKNOWN (ms), if any.
-    fn oldest_in_doubt_ms(&self) -> Result<Option<u64>>;
+    /// Since when (ms) the oldest record in doubt at `now_ms` has been in
+    /// doubt: the oldest UNKNOWN record, or the earliest lease that ended.
+    fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>>;
     /// Whether a lease or an expiry is due at `now_ms`.
     fn sweep_due(&self, now_ms: u64) -> Result<bool>;
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>>;

@@ -178,7 +178,11 @@ impl Tables<'_> {
         let Some(rec) = self.get(key, &rkey)? else {
             return Err(OpError::Refused(Error::NotFound { key: key.clone() }));
         };
-        if rec.token != req.token || rec.state != RecordState::Unknown {
+        // In doubt at this instant: UNKNOWN, or PROCESSING with its lease
+        // ended (read-time truth; a sweep would have moved it already).
+        let in_doubt = rec.state == RecordState::Unknown
+            || (rec.state == RecordState::Processing && rec.lease_until_ms <= self.now);
+        if rec.token != req.token || !in_doubt {
             return Err(fenced(key, req.token, &rec));
         }
         match req.settlement {
@@ -201,7 +205,13 @@ impl Tables<'_> {
                 Ok(Settled::NotExecuted(not_executed(self, key, &rkey, &rec)?))
             }
             Settlement::StillUnknown => {
-                let new = rec.still_in_doubt(self.now);
+                let new = match rec.state {
+                    RecordState::Processing => {
+                        rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, self.now)
+                    }
+                    _ => rec.clone(),
+                }
+                .still_in_doubt(self.now);
                 self.put(&rkey, Some(&rec), &new)?;
                 Ok(Settled::StillInDoubt(new))
             }

@@ -129,16 +129,16 @@ impl Backend for RedbStore {
         self.read_record(key)
     }
 
-    fn in_doubt(&self, limit: usize) -> Result<Vec<(IdempotencyKey, Record)>> {
-        self.read_in_doubt(limit)
+    fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
+        self.read_in_doubt(limit, now_ms)
     }
 
     fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
         self.read_scan(visit)
     }
 
-    fn oldest_in_doubt_ms(&self) -> Result<Option<u64>> {
-        self.read_oldest_in_doubt()
+    fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        self.read_oldest_in_doubt(now_ms)
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {

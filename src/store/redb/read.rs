@@ -33,33 +33,53 @@ impl RedbStore {
         value.map(|v| decode_record(key, v.value())).transpose()
     }
 
-    pub(super) fn read_in_doubt(&self, limit: usize) -> Result<Vec<(IdempotencyKey, Record)>> {
+    /// UNKNOWN records and PROCESSING records whose lease ended at or
+    /// before `now_ms` (in doubt at read time, though no sweep has moved
+    /// them yet), oldest first by the instant they came into doubt.
+    pub(super) fn read_in_doubt(
+        &self,
+        limit: usize,
+        now_ms: u64,
+    ) -> Result<Vec<(IdempotencyKey, Record)>> {
         let what = "reading the recovery queue";
-        // One snapshot for both tables, so every queue entry has its record.
+        // One snapshot for all tables, so every queue entry has its record.
         let txn = self.db.begin_read().context(what)?;
         let queue = txn.open_table(RECOVERY).context(what)?;
+        let leases = txn.open_table(LEASES).context(what)?;
         let records = txn.open_table(RECORDS).context(what)?;
-        let mut out = Vec::new();
-        for entry in queue.iter().context(what)? {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, _) = entry.context(what)?;
-            let (_, rkey) = k.value();
-            let Some(key) = IdempotencyKey::from_record_key(rkey) else {
-                continue;
-            };
-            let Some(v) = records.get(rkey).context(what)? else {
-                continue;
-            };
-            // One corrupt record must not hide the rest of the queue;
-            // listings show it with its error.
-            match decode_record(&key, v.value()) {
-                Ok(rec) => out.push((key, rec)),
-                Err(e) => tracing::error!(error = %e, "skipping a corrupt UNKNOWN record"),
+        let mut found: Vec<(u64, IdempotencyKey, Record)> = Vec::new();
+        let stale = leases
+            .range(..(now_ms.saturating_add(1), &[][..]))
+            .context(what)?;
+        for (index, in_doubt) in [(queue.iter().context(what)?, true), (stale, false)] {
+            let mut taken = 0;
+            for entry in index {
+                if taken >= limit {
+                    break;
+                }
+                let (k, _) = entry.context(what)?;
+                let (since, rkey) = k.value();
+                let Some(key) = IdempotencyKey::from_record_key(rkey) else {
+                    continue;
+                };
+                let Some(v) = records.get(rkey).context(what)? else {
+                    continue;
+                };
+                // One corrupt record must not hide the rest of the queue;
+                // listings show it with its error.
+                match decode_record(&key, v.value()) {
+                    Ok(rec) if in_doubt || rec.lease_until_ms <= now_ms => {
+                        taken += 1;
+                        found.push((since, key, rec));
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "skipping a corrupt in-doubt record"),
+                }
             }
         }
-        Ok(out)
+        found.sort_by_key(|(since, _, _)| *since);
+        found.truncate(limit);
+        Ok(found.into_iter().map(|(_, key, rec)| (key, rec)).collect())
     }
 
     pub(super) fn read_scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
@@ -75,11 +95,21 @@ impl RedbStore {
         Ok(())
     }
 
-    pub(super) fn read_oldest_in_doubt(&self) -> Result<Option<u64>> {
+    pub(super) fn read_oldest_in_doubt(&self, now_ms: u64) -> Result<Option<u64>> {
         let what = "reading the recovery queue";
-        let queue = self.table(RECOVERY, what)?;
-        let first = queue.first().context(what)?;
-        Ok(first.map(|(k, _)| k.value().0))
+        let txn = self.db.begin_read().context(what)?;
+        let mut oldest = None;
+        // A lease index entry is in doubt only once its lease has ended.
+        for (table, due_by) in [(RECOVERY, u64::MAX), (LEASES, now_ms)] {
+            let index = txn.open_table(table).context(what)?;
+            let first = index.first().context(what)?;
+            let since = first.map(|(k, _)| k.value().0).filter(|&at| at <= due_by);
+            oldest = match (oldest, since) {
+                (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok(oldest)
     }
 
     pub(super) fn read_sweep_due(&self, now_ms: u64) -> Result<bool> {
