@@ -4,8 +4,8 @@
 //! a resolver that asks the provider what happened to an UNKNOWN payment.
 //!
 //! ```text
-//! cargo run --release --example payments -- demo
-//! cargo run --release --example payments -- serve --addr 127.0.0.1:8080
+//! cargo run --release -p payments-demo -- demo
+//! cargo run --release -p payments-demo -- serve --addr 127.0.0.1:8080
 //! ```
 //!
 //! `demo` runs the server as a child process on an ephemeral loopback port
@@ -20,11 +20,8 @@
 //! `serve` keeps the API up for curl; README.md ("The payments example") has
 //! the curl lines.
 
-#[path = "payments/demo.rs"]
 mod demo;
-#[path = "payments/provider.rs"]
 mod provider;
-#[path = "payments/server.rs"]
 mod server;
 
 use std::net::SocketAddr;
