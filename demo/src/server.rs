@@ -132,11 +132,16 @@ async fn stdin_closed() {
 
 /// The resolver: the provider is asked by the claim's reference. Charged →
 /// the response the handler would have sent; unknown to the provider → the
-/// payment never happened, so a retry may run it afresh.
+/// payment never happened, so a retry may run it afresh; the provider
+/// cannot tell (its ledger is broken) → still unknown, never "not executed".
 fn resolve(provider: &Provider, pending: &Pending) -> Resolution {
     match provider.status(&pending.reference) {
-        Some(charge) => Resolution::Completed(payment_envelope(&charge)),
-        None => Resolution::NotExecuted,
+        Ok(Some(charge)) => Resolution::Completed(payment_envelope(&charge)),
+        Ok(None) => Resolution::NotExecuted,
+        Err(e) => {
+            eprintln!("resolver: {}: {e}", pending.reference);
+            Resolution::StillUnknown
+        }
     }
 }
 
