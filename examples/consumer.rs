@@ -3,7 +3,7 @@
 //! once (and often twice), and an outbox relay to a fake email sender whose
 //! own inbox dedupes redeliveries.
 //!
-//! Run: `cargo run --example consumer`
+//! Run: `cargo run --release --example consumer`
 
 use std::collections::BTreeMap;
 

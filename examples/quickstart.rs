@@ -1,7 +1,7 @@
 //! An app using the engine directly: a `transfer` command that must run at
 //! most once per idempotency key, whatever the client retries.
 //!
-//! Run: `cargo run --example quickstart`
+//! Run: `cargo run --release --example quickstart`
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -210,9 +210,12 @@ impl Audit {
     }
 }
 
-/// The rows' charges come from the provider's own ledger.
+/// The rows' charges come from the provider's own ledger. The server may
+/// be appending while this reads, so a partial last line is not counted;
+/// a corrupt line is an error.
 fn ledger_count(ledger: &Path, run: &str) -> DemoResult<usize> {
     Ok(read_ledger(ledger)?
+        .charges
         .iter()
         .filter(|c| c.client_key.starts_with(run))
         .count())
@@ -294,8 +297,27 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
     rows.push(row);
     restarted.stop().await?;
 
-    // The audit, from the provider's own ledger.
-    let charges: Vec<_> = read_ledger(&ledger)?
+    // The audit, from the provider's own ledger. Every server has stopped,
+    // so the ledger must be whole: a torn or unparsable one fails the audit
+    // (it could hide a charge).
+    let contents = match read_ledger(&ledger) {
+        Ok(contents) => contents,
+        Err(e) => {
+            audit.fail(format!("the ledger cannot be audited: {e}"));
+            print_table(&rows);
+            println!("FAILED: {} check(s) failed", audit.failures.len());
+            return Ok(false);
+        }
+    };
+    if contents.torn_tail_bytes > 0 {
+        audit.fail(format!(
+            "{}: a torn last line ({} bytes) after every server stopped",
+            ledger.display(),
+            contents.torn_tail_bytes
+        ));
+    }
+    let charges: Vec<_> = contents
+        .charges
         .into_iter()
         .filter(|c| c.client_key.starts_with(&run))
         .collect();

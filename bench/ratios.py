@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns the log of `cargo bench` into the ratio table of BENCHMARKS.md.
 
-Usage: cargo bench 2>&1 | tee bench.log; python3 benches/ratios.py bench.log
+Usage: cargo bench -p idempotency-bench 2>&1 | tee bench.log
+       python3 bench/ratios.py bench.log
 Reads criterion's "thrpt: [low mid high]" lines (mid = the estimate), the
 benches' own LATENCY / PEAK_RSS / SWEEP lines, and the PAIRED lines (the
 interleaved measurements the target table is built from).

@@ -12,8 +12,11 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
-use idempotency::{Engine, Envelope, InDoubt, Resolution};
+use idempotency::{Engine, Envelope, ExpiryPolicy, InDoubt, Resolution};
 use serde::Deserialize;
 
 use crate::provider::{Charge, ChargeError, Fault, Provider};
@@ -31,6 +34,14 @@ pub struct ServeOptions {
     /// The claim lease: how long a payment may take before a retry treats
     /// it as UNKNOWN. It must outlast the provider call (here ~0.3 s).
     pub lease: Duration,
+    /// How long a completed payment is replayed.
+    pub ttl: Duration,
+    /// What a key gets after its TTL: a tombstone (never a second charge)
+    /// or nothing (a very late retry is a new payment).
+    pub expiry: ExpiryPolicy,
+    /// A connection that has not sent a whole request head within this
+    /// time is closed, so slow clients cannot hold connections open.
+    pub header_read_timeout: Duration,
     /// Abort the process right after the provider charged, before the
     /// outcome is recorded (fault injection for the demo).
     pub crash_after_charge: bool,
@@ -64,14 +75,32 @@ struct CreatePayment {
 }
 
 /// Runs the API until Ctrl-C (or standard input closes, if asked).
+///
+/// A start that fails (address in use, unusable database path) leaves no
+/// new files behind: the address is bound first, and a database or ledger
+/// file this call created is removed again if the other cannot be opened.
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
-    let provider = Arc::new(Provider::open(&provider_path(&opts.db))?);
-    let for_resolver = provider.clone();
-    let engine = Engine::builder()
-        .lease(opts.lease)
-        .resolver(move |pending: &InDoubt| resolve(&for_resolver, pending))
-        .open(&opts.db)?;
-    let engine = Arc::new(engine);
+    let listener = tokio::net::TcpListener::bind(opts.addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", opts.addr))?;
+    let ledger_path = provider_path(&opts.db);
+    let (provider, engine) = {
+        let cleanup = RemoveOnFailure::new(&[&opts.db, &ledger_path]);
+        let provider = Arc::new(
+            Provider::open(&ledger_path)
+                .map_err(|e| format!("cannot open the provider ledger: {e}"))?,
+        );
+        let for_resolver = provider.clone();
+        let engine = Engine::builder()
+            .lease(opts.lease)
+            .ttl(opts.ttl)
+            .expiry_policy(opts.expiry)
+            .resolver(move |pending: &InDoubt| resolve(&for_resolver, pending))
+            .open(&opts.db)
+            .map_err(|e| format!("cannot open {}: {e}", opts.db.display()))?;
+        cleanup.disarm();
+        (provider, Arc::new(engine))
+    };
 
     let layer = IdempotencyLayer::new(engine.clone())
         .route(Route::new("/payments").require_key().json_pointers([
@@ -91,14 +120,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         .layer(layer)
         .with_state(state);
 
-    let listener = tokio::net::TcpListener::bind(opts.addr).await?;
     // The demo reads this line to learn the port.
     println!("listening on http://{}", listener.local_addr()?);
     eprintln!(
-        "engine {}, provider ledger {}, lease {} ms{}",
+        "engine {}, provider ledger {}, lease {} ms, ttl {} s, expiry {:?}{}",
         opts.db.display(),
         provider.path().display(),
         opts.lease.as_millis(),
+        opts.ttl.as_secs(),
+        opts.expiry,
         if opts.crash_after_charge {
             ", will abort after the first charge"
         } else {
@@ -106,19 +136,103 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         }
     );
     let exit_on_eof = opts.exit_on_stdin_eof;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            if exit_on_eof {
-                stdin_closed().await;
-            } else {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        })
-        .await?;
+    let shutdown = async move {
+        if exit_on_eof {
+            stdin_closed().await;
+        } else {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    };
+    serve_http1(listener, app, opts.header_read_timeout, shutdown).await;
     // Dropping the last engine handle commits what is queued and closes the
     // file.
     drop(engine);
     Ok(())
+}
+
+/// Serves HTTP/1.1 connections until `shutdown` resolves, then lets
+/// in-flight requests finish. By hand rather than with `axum::serve`,
+/// which has no header-read timeout: hyper enforces one only when it is
+/// given a timer.
+async fn serve_http1(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_read_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    // Each connection task holds a receiver; a send asks them to finish
+    // their request and close, and `closed()` waits until they all have.
+    let (close, close_rx) = tokio::sync::watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off
+                        // instead of spinning.
+                        eprintln!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_read_timeout)
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+                let mut close_rx = close_rx.clone();
+                tokio::spawn(async move {
+                    let mut conn = std::pin::pin!(conn);
+                    // Errors are clients that hung up or were too slow:
+                    // nothing to do.
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        _ = close_rx.changed() => {}
+                    }
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    drop(close_rx);
+    let _ = close.send(());
+    close.closed().await;
+}
+
+/// Removes the files among `paths` that did not exist when it was made,
+/// unless disarmed: a failed start must not leave a half-made database.
+struct RemoveOnFailure {
+    created: Vec<PathBuf>,
+}
+
+impl RemoveOnFailure {
+    fn new(paths: &[&Path]) -> RemoveOnFailure {
+        RemoveOnFailure {
+            created: paths
+                .iter()
+                .filter(|p| !p.exists())
+                .map(|p| p.to_path_buf())
+                .collect(),
+        }
+    }
+
+    fn disarm(mut self) {
+        self.created.clear();
+    }
+}
+
+impl Drop for RemoveOnFailure {
+    fn drop(&mut self) {
+        for path in &self.created {
+            if path.is_file() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
 }
 
 /// Resolves when standard input reaches end of file.
@@ -132,11 +246,16 @@ async fn stdin_closed() {
 
 /// The resolver: the provider is asked by the claim's reference. Charged →
 /// the response the handler would have sent; unknown to the provider → the
-/// payment never happened, so a retry may run it afresh.
+/// payment never happened, so a retry may run it afresh; the provider
+/// cannot tell (its ledger is broken) → still unknown, never "not executed".
 fn resolve(provider: &Provider, pending: &InDoubt) -> Resolution {
     match provider.status(&pending.reference) {
-        Some(charge) => Resolution::Completed(payment_envelope(&charge)),
-        None => Resolution::NotExecuted,
+        Ok(Some(charge)) => Resolution::Completed(payment_envelope(&charge)),
+        Ok(None) => Resolution::NotExecuted,
+        Err(e) => {
+            eprintln!("resolver: {}: {e}", pending.reference);
+            Resolution::StillUnknown
+        }
     }
 }
 

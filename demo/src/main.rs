@@ -1,0 +1,195 @@
+//! A small payments API made safe to retry with the `Idempotency-Key`
+//! layer: axum on a real redb file, a simulated payment provider that keeps
+//! its own durable ledger and dedupes charges by the claim's reference, and
+//! a resolver that asks the provider what happened to an UNKNOWN payment.
+//!
+//! ```text
+//! cargo run --release -p payments-demo -- demo
+//! cargo run --release -p payments-demo -- serve --addr 127.0.0.1:8080
+//! ```
+//!
+//! `demo` runs the server as a child process on an ephemeral loopback port
+//! and drives real HTTP traffic at it: 20 concurrent duplicates, lost
+//! responses retried, a tampered retry, a declined card, a provider timeout
+//! after the charge, and a server crash (abort) between the provider's
+//! charge and the recorded outcome, followed by a restart and a retry. It
+//! then audits the provider's ledger and exits 1 if any payment was charged
+//! twice or lost, or if the ledger is torn or unreadable. Its files go to a
+//! fresh temporary directory unless `--db PATH` is given.
+//!
+//! `serve` keeps the API up for curl; README.md ("The payments example") has
+//! the curl lines.
+
+mod demo;
+mod provider;
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use idempotency::ExpiryPolicy;
+
+const USAGE: &str = "usage:
+  payments demo [--db PATH]
+  payments serve [--addr ADDR] [--db PATH] [--lease-ms MS] [--ttl DURATION]
+                 [--expiry tombstone|tombstone:DURATION|forget]
+                 [--header-read-timeout DURATION]
+                 [--crash-after-charge] [--exit-on-stdin-eof]
+
+serve defaults: --addr 127.0.0.1:8080 --db payments.redb --lease-ms 10000
+  --ttl 24h --expiry tombstone:30d --header-read-timeout 10s
+DURATION is a whole number with a unit: 500ms, 30s, 10m, 24h, 7d.
+--ttl: how long a completed payment is replayed. --expiry: what a reused key
+gets after that: `tombstone` (409 for the tombstone's lifetime, never a second
+charge) or `forget` (the key is new again: a retry that late charges again).
+The provider's ledger is kept beside the database (payments.provider.jsonl).";
+
+/// The tombstone lifetime of `--expiry tombstone` without a duration.
+const DEFAULT_TOMBSTONE_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+
+fn main() -> ExitCode {
+    match try_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("payments: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().ok_or(USAGE)?;
+    let mut db = None;
+    let mut addr: SocketAddr = ([127, 0, 0, 1], 8080).into();
+    let mut lease_ms = 10_000;
+    let mut ttl = Duration::from_secs(24 * 3600);
+    let mut expiry = ExpiryPolicy::Tombstone {
+        keep: DEFAULT_TOMBSTONE_KEEP,
+    };
+    let mut header_read_timeout = Duration::from_secs(10);
+    let mut crash_after_charge = false;
+    let mut exit_on_stdin_eof = false;
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--db" => db = Some(PathBuf::from(value()?)),
+            "--addr" if command == "serve" => addr = value()?.parse()?,
+            "--lease-ms" if command == "serve" => lease_ms = value()?.parse()?,
+            "--ttl" if command == "serve" => ttl = parse_duration(&value()?)?,
+            "--expiry" if command == "serve" => expiry = parse_expiry(&value()?)?,
+            "--header-read-timeout" if command == "serve" => {
+                header_read_timeout = parse_duration(&value()?)?;
+            }
+            "--crash-after-charge" if command == "serve" => crash_after_charge = true,
+            "--exit-on-stdin-eof" if command == "serve" => exit_on_stdin_eof = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            other => return Err(format!("unexpected argument {other:?}\n{USAGE}").into()),
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match command.as_str() {
+        "demo" => {
+            let ok = runtime.block_on(demo::run(db))?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        "serve" => {
+            runtime.block_on(server::serve(server::ServeOptions {
+                addr,
+                db: db.unwrap_or_else(|| PathBuf::from("payments.redb")),
+                lease: Duration::from_millis(lease_ms),
+                ttl,
+                expiry,
+                header_read_timeout,
+                crash_after_charge,
+                exit_on_stdin_eof,
+            }))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(format!("unknown command {other:?}\n{USAGE}").into()),
+    }
+}
+
+/// `500ms`, `30s`, `10m`, `24h`, `7d`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 30s, 10m, 24h, 7d)"))?;
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?} needs a unit: ms, s, m, h or d (e.g. 30s)")),
+    };
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// `tombstone`, `tombstone:DURATION` or `forget`.
+fn parse_expiry(s: &str) -> Result<ExpiryPolicy, String> {
+    match s.split_once(':') {
+        None if s == "tombstone" => Ok(ExpiryPolicy::Tombstone {
+            keep: DEFAULT_TOMBSTONE_KEEP,
+        }),
+        None if s == "forget" => Ok(ExpiryPolicy::Forget),
+        Some(("tombstone", keep)) => Ok(ExpiryPolicy::Tombstone {
+            keep: parse_duration(keep)?,
+        }),
+        _ => Err(format!(
+            "--expiry {s:?}: expected tombstone, tombstone:DURATION or forget"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("1w").is_err());
+    }
+
+    #[test]
+    fn expiry_defaults_to_a_tombstone() {
+        assert_eq!(
+            parse_expiry("tombstone"),
+            Ok(ExpiryPolicy::Tombstone {
+                keep: DEFAULT_TOMBSTONE_KEEP
+            })
+        );
+        assert_eq!(
+            parse_expiry("tombstone:1h"),
+            Ok(ExpiryPolicy::Tombstone {
+                keep: Duration::from_secs(3600)
+            })
+        );
+        assert_eq!(parse_expiry("forget"), Ok(ExpiryPolicy::Forget));
+        assert!(parse_expiry("delete").is_err());
+    }
+}
