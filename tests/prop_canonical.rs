@@ -12,33 +12,25 @@
 //!   never panic);
 //! - a value rendered two ways (members shuffled, whitespace, numbers in
 //!   another exact form, escapes instead of raw characters) fingerprints
-//!   equal, with and without JSON Pointers; one changed value differs.
+//!   equal, with and without JSON Pointers; a value changed in any way a
+//!   canonicalizer could lose (a digit deep in a long mantissa, the sign,
+//!   the exponent, one character of a string or name, array order and
+//!   length, members, the type) fingerprints different.
 
-use std::collections::HashSet;
+mod json_gen;
 
 use idempotency::canonical;
 use idempotency::Fingerprint;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-// ---------------------------------------------------------------------------
-// Generated JSON values and their renderings.
+use json_gen::{mutate, normalize, places, plain, pointers_of, respelled, same, Num, Rng, Value};
 
-#[derive(Debug, Clone)]
-enum Value {
-    Null,
-    Bool(bool),
-    /// `±digits × 10^exponent`; `digits` has no leading zero, empty is zero.
-    Number {
-        negative: bool,
-        digits: Vec<u8>,
-        exponent: i32,
-    },
-    String(String),
-    Array(Vec<Value>),
-    /// Member names are unique (the parser rejects duplicates by design).
-    Object(Vec<(String, Value)>),
-}
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+// ---------------------------------------------------------------------------
+// Generated JSON values; rendering and mutation are in `json_gen`, shared
+// with the fuzz targets.
 
 fn name_strategy() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -57,17 +49,10 @@ fn number_strategy() -> impl Strategy<Value = Value> {
             // Past u64 and f64 precision.
             proptest::collection::vec(0u8..10, 15..40),
         ],
-        prop_oneof![-30i32..30, -400i32..400, -1_000i32..1_000],
+        prop_oneof![-30i64..30, -400i64..400, -1_000i64..1_000],
     )
-        .prop_map(|(negative, mut digits, exponent)| {
-            while digits.first() == Some(&0) {
-                digits.remove(0);
-            }
-            Value::Number {
-                negative,
-                digits,
-                exponent,
-            }
+        .prop_map(|(negative, digits, exponent)| {
+            Value::Number(Num::new(negative, &digits, exponent, usize::MAX))
         })
 }
 
@@ -83,286 +68,10 @@ fn value_strategy() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(5, 48, 6, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            proptest::collection::vec((name_strategy(), inner), 0..6).prop_map(|members| {
-                let mut seen = HashSet::new();
-                Value::Object(
-                    members
-                        .into_iter()
-                        .filter(|(name, _)| seen.insert(name.clone()))
-                        .collect(),
-                )
-            }),
+            proptest::collection::vec((name_strategy(), inner), 0..6)
+                .prop_map(|members| normalize(Value::Object(members), usize::MAX)),
         ]
     })
-}
-
-/// The choices a rendering makes: `None` renders plainly (document order,
-/// no whitespace, minimal escapes, numbers as `digits e exponent`).
-struct Style(Option<u64>);
-
-impl Style {
-    fn pick(&mut self, n: u64) -> Option<u64> {
-        let state = self.0.as_mut()?;
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        Some(*state % n.max(1))
-    }
-
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.pick(one_in) == Some(0)
-    }
-
-    fn space(&mut self, out: &mut Vec<u8>) {
-        for _ in 0..self.pick(3).unwrap_or(0) {
-            let i = self.pick(4).unwrap_or(0) as usize;
-            out.push(b" \t\n\r"[i]);
-        }
-    }
-}
-
-fn plain(value: &Value) -> Vec<u8> {
-    let mut out = Vec::new();
-    render(value, &mut Style(None), &mut out);
-    out
-}
-
-fn respelled(value: &Value, seed: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    render(value, &mut Style(Some(seed | 1)), &mut out);
-    out
-}
-
-fn render(value: &Value, style: &mut Style, out: &mut Vec<u8>) {
-    style.space(out);
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-        Value::Number {
-            negative,
-            digits,
-            exponent,
-        } => render_number(*negative, digits, *exponent, style, out),
-        Value::String(s) => render_string(s, style, out),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                render(item, style, out);
-            }
-            style.space(out);
-            out.push(b']');
-        }
-        Value::Object(members) => {
-            let mut order: Vec<usize> = (0..members.len()).collect();
-            for i in (1..order.len()).rev() {
-                if let Some(j) = style.pick(i as u64 + 1) {
-                    order.swap(i, j as usize);
-                }
-            }
-            out.push(b'{');
-            for (i, &m) in order.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                let (name, member) = &members[m];
-                style.space(out);
-                render_string(name, style, out);
-                style.space(out);
-                out.push(b':');
-                render(member, style, out);
-            }
-            style.space(out);
-            out.push(b'}');
-        }
-    }
-    style.space(out);
-}
-
-/// Writes `±digits × 10^exponent` in one of several exact forms.
-fn render_number(
-    negative: bool,
-    digits: &[u8],
-    exponent: i32,
-    style: &mut Style,
-    out: &mut Vec<u8>,
-) {
-    if digits.is_empty() {
-        let zeros = [
-            "0", "-0", "0.0", "-0.000", "0e5", "0E-7", "-0.0e+0", "0.00E12",
-        ];
-        let i = style.pick(zeros.len() as u64).unwrap_or(0) as usize;
-        out.extend_from_slice(zeros[i].as_bytes());
-        return;
-    }
-    if negative {
-        out.push(b'-');
-    }
-    // value = d × 10^e, where d is the digits plus `pad` trailing zeros.
-    let pad = style.pick(3).unwrap_or(0) as usize;
-    let mut d: Vec<u8> = digits.iter().map(|x| b'0' + x).collect();
-    d.extend(std::iter::repeat_n(b'0', pad));
-    let e = i64::from(exponent) - pad as i64;
-    let len = d.len() as i64;
-    let shown = match style.pick(3) {
-        // d.ddd × 10^(e + len − 1)
-        Some(0) => {
-            out.push(d[0]);
-            if d.len() > 1 {
-                out.push(b'.');
-                out.extend_from_slice(&d[1..]);
-            }
-            e + len - 1
-        }
-        // 0.000ddd × 10^(e + zeros + len)
-        Some(1) => {
-            let zeros = style.pick(3).unwrap_or(0);
-            out.extend_from_slice(b"0.");
-            out.extend(std::iter::repeat_n(b'0', zeros as usize));
-            out.extend_from_slice(&d);
-            e + zeros as i64 + len
-        }
-        _ => {
-            out.extend_from_slice(&d);
-            e
-        }
-    };
-    if shown != 0 || style.chance(4) {
-        out.push(if style.chance(2) { b'E' } else { b'e' });
-        if shown >= 0 && style.chance(2) {
-            out.push(b'+');
-        }
-        out.extend_from_slice(shown.to_string().as_bytes());
-    }
-}
-
-/// Writes a string with minimal escapes, or with characters escaped at
-/// random (`\uXXXX` in either case, surrogate pairs, short escapes, `\/`).
-fn render_string(s: &str, style: &mut Style, out: &mut Vec<u8>) {
-    out.push(b'"');
-    for c in s.chars() {
-        let short = match c {
-            '"' => Some(b'"'),
-            '\\' => Some(b'\\'),
-            '/' => Some(b'/'),
-            '\u{8}' => Some(b'b'),
-            '\u{c}' => Some(b'f'),
-            '\n' => Some(b'n'),
-            '\r' => Some(b'r'),
-            '\t' => Some(b't'),
-            _ => None,
-        };
-        let must_escape = c < ' ' || c == '"' || c == '\\';
-        match (style.pick(3), short) {
-            (Some(0), _) => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    let hex = if style.chance(2) {
-                        format!("\\u{unit:04X}")
-                    } else {
-                        format!("\\u{unit:04x}")
-                    };
-                    out.extend_from_slice(hex.as_bytes());
-                }
-            }
-            (Some(1), Some(b)) => out.extend_from_slice(&[b'\\', b]),
-            (_, Some(b)) if must_escape => out.extend_from_slice(&[b'\\', b]),
-            _ if must_escape => {
-                out.extend_from_slice(format!("\\u{:04x}", u32::from(c)).as_bytes());
-            }
-            _ => {
-                let mut buf = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
-        }
-    }
-    out.push(b'"');
-}
-
-/// How many places [`change_one`] can hit: scalars, empty containers and
-/// member names.
-fn targets(value: &Value) -> usize {
-    match value {
-        Value::Array(items) if !items.is_empty() => items.iter().map(targets).sum(),
-        Value::Object(members) if !members.is_empty() => {
-            members.iter().map(|(_, v)| 1 + targets(v)).sum()
-        }
-        _ => 1,
-    }
-}
-
-/// Changes the `at`-th place (see [`targets`]) so that the whole is a
-/// different JSON value. Returns whether it did.
-fn change_one(value: &mut Value, at: &mut usize) -> bool {
-    match value {
-        Value::Array(items) if !items.is_empty() => {
-            items.iter_mut().any(|item| change_one(item, at))
-        }
-        Value::Object(members) if !members.is_empty() => {
-            let names: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
-            for (name, member) in members.iter_mut() {
-                if *at == 0 {
-                    let mut new = format!("{name}~");
-                    while names.contains(&new) {
-                        new.push('~');
-                    }
-                    *name = new;
-                    return true;
-                }
-                *at -= 1;
-                if change_one(member, at) {
-                    return true;
-                }
-            }
-            false
-        }
-        leaf => {
-            if *at > 0 {
-                *at -= 1;
-                return false;
-            }
-            *leaf = match std::mem::replace(leaf, Value::Null) {
-                Value::Null => Value::Bool(false),
-                Value::Bool(b) => Value::Bool(!b),
-                // 10·d + 1 ≠ d for every d, zero included.
-                Value::Number {
-                    negative,
-                    mut digits,
-                    exponent,
-                } => {
-                    digits.push(1);
-                    Value::Number {
-                        negative,
-                        digits,
-                        exponent,
-                    }
-                }
-                Value::String(mut s) => {
-                    s.push('x');
-                    Value::String(s)
-                }
-                Value::Array(_) => Value::Array(vec![Value::Null]),
-                Value::Object(_) => Value::Object(vec![(String::new(), Value::Null)]),
-            };
-            true
-        }
-    }
-}
-
-fn pointers_of(value: &Value) -> Vec<String> {
-    let mut out = vec![String::new(), "/missing".to_owned()];
-    match value {
-        Value::Object(members) => out.extend(
-            members
-                .iter()
-                .map(|(name, _)| format!("/{}", name.replace('~', "~0").replace('/', "~1"))),
-        ),
-        Value::Array(items) => out.extend((0..items.len().min(3)).map(|i| format!("/{i}"))),
-        _ => {}
-    }
-    out
 }
 
 fn shown(bytes: &[u8]) -> String {
@@ -370,26 +79,103 @@ fn shown(bytes: &[u8]) -> String {
 }
 
 /// Canonicalization is a fixed point and keeps the value; checked for any
-/// input `canonicalize` accepts.
+/// input `canonicalize` accepts. The value is compared through serde_json
+/// (numbers as doubles), where serde_json accepts both texts.
 fn check_canonical_fixed_point(input: &[u8]) -> Result<(), TestCaseError> {
-    let parsed = canonical::parse(input);
-    let once = canonical::canonicalize(input);
-    prop_assert_eq!(parsed.is_ok(), once.is_ok());
-    let (Ok(value), Ok(once)) = (parsed, once) else {
+    let Ok(once) = canonical::canonicalize(input) else {
         return Ok(());
     };
     let twice = canonical::canonicalize(&once);
     prop_assert_eq!(twice.as_ref().ok(), Some(&once), "{}", shown(input));
-    prop_assert_eq!(
-        canonical::parse(&once).ok(),
-        Some(value),
-        "{}",
-        shown(input)
-    );
+    let before = serde_json::from_slice::<serde_json::Value>(input);
+    let after = serde_json::from_slice::<serde_json::Value>(&once);
+    prop_assert_eq!(before.is_ok(), after.is_ok(), "{}", shown(input));
+    if let (Ok(before), Ok(after)) = (before, after) {
+        prop_assert!(
+            same_json(&before, &after),
+            "{} became {}",
+            shown(input),
+            shown(&once)
+        );
+    }
     prop_assert_eq!(
         Fingerprint::of_json(input, &[]).ok(),
         Fingerprint::of_json(&once, &[]).ok()
     );
+    Ok(())
+}
+
+/// Equal JSON values, numbers compared as doubles up to rounding (two
+/// spellings of one decimal may round differently in serde_json's parser).
+fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value as J;
+    match (a, b) {
+        (J::Number(x), J::Number(y)) => match (x.as_f64(), y.as_f64()) {
+            (Some(x), Some(y)) => x == y || (x - y).abs() <= x.abs().max(y.abs()) * 1e-15,
+            _ => false,
+        },
+        (J::Array(x), J::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (J::Object(x), J::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// The mutations themselves: each kind occurs, and each changes the value
+/// (by the model `same`), on a value with long mantissas, strings, nested
+/// arrays and objects.
+#[test]
+fn every_mutation_kind_occurs_and_changes_the_value() -> TestResult {
+    let long = |negative, digits: &str, exponent| {
+        let digits: Vec<u8> = digits.bytes().map(|b| b - b'0').collect();
+        Value::Number(Num::new(negative, &digits, exponent, usize::MAX))
+    };
+    let value = Value::Object(vec![
+        (
+            "amount".to_owned(),
+            long(false, "1234567890123456789012345", -3),
+        ),
+        ("fee".to_owned(), long(true, "25", 0)),
+        ("zero".to_owned(), long(false, "", 0)),
+        (
+            "memo".to_owned(),
+            Value::String("caf\u{e9} \u{1F600}".to_owned()),
+        ),
+        (
+            "lines".to_owned(),
+            Value::Array(vec![
+                Value::Bool(true),
+                Value::Null,
+                Value::Array(Vec::new()),
+                Value::Object(Vec::new()),
+                Value::String(String::new()),
+            ]),
+        ),
+    ]);
+    let mut seen = std::collections::HashSet::new();
+    let mut deep_digits = 0;
+    let mut rng = Rng::new(7);
+    for _ in 0..20_000 {
+        let mut changed = value.clone();
+        let at = rng.below(places(&value));
+        let mutation = mutate(&mut changed, at, &mut rng).ok_or("place out of range")?;
+        assert!(!same(&value, &changed), "{mutation:?} kept the value");
+        if let json_gen::Mutation::Digit(i) = mutation {
+            deep_digits += usize::from(i >= 17);
+        }
+        seen.insert(std::mem::discriminant(&mutation));
+    }
+    assert_eq!(seen.len(), 17, "mutation kinds seen");
+    assert!(
+        deep_digits > 100,
+        "only {deep_digits} digits changed past the 17th"
+    );
+    assert!(mutate(&mut value.clone(), places(&value), &mut rng).is_none());
     Ok(())
 }
 
@@ -407,7 +193,7 @@ proptest! {
     #[test]
     fn canonical_form_is_idempotent_and_keeps_the_value(value in value_strategy(), seed in any::<u64>()) {
         for text in [plain(&value), respelled(&value, seed)] {
-            prop_assert!(canonical::parse(&text).is_ok(), "rejected {}", shown(&text));
+            prop_assert!(canonical::canonicalize(&text).is_ok(), "rejected {}", shown(&text));
             check_canonical_fixed_point(&text)?;
         }
     }
@@ -434,20 +220,25 @@ proptest! {
         prop_assert_eq!(fa, Fingerprint::of_json(&b, &pointers).ok());
     }
 
+    /// Every kind of value change (a digit deep in a long mantissa, the
+    /// sign, the exponent, one character, array order and length, members,
+    /// the type) changes the fingerprint.
     #[test]
     fn one_changed_value_fingerprints_differently(
         value in value_strategy(),
         seed in any::<u64>(),
         at in any::<usize>(),
+        how in any::<u64>(),
     ) {
         let mut changed = value.clone();
-        let mut at = at % targets(&value);
-        prop_assert!(change_one(&mut changed, &mut at));
+        let mutation = mutate(&mut changed, at % places(&value), &mut Rng::new(how));
+        prop_assert!(mutation.is_some());
+        prop_assert!(!same(&value, &changed), "{:?} kept the value", mutation);
         let a = plain(&value);
         let b = respelled(&changed, seed);
         let (fa, fb) = (Fingerprint::of_json(&a, &[]), Fingerprint::of_json(&b, &[]));
         prop_assert!(fa.is_ok() && fb.is_ok());
-        prop_assert_ne!(fa.ok(), fb.ok(), "{} vs {}", shown(&a), shown(&b));
+        prop_assert_ne!(fa.ok(), fb.ok(), "{:?}: {} vs {}", mutation, shown(&a), shown(&b));
     }
 
     #[test]
