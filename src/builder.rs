@@ -12,7 +12,7 @@ use crate::engine::Engine;
 use crate::envelope::Envelope;
 use crate::error::OpenError;
 use crate::resolver::Resolver;
-use crate::store::redb::{self as redb_store, RedbStore};
+use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 use crate::sweeper::Sweeper;
 
 /// Configures and opens an [`Engine`].
@@ -196,15 +196,41 @@ impl EngineBuilder {
     /// [`EngineBuilder::open`].
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
         let path = path.as_ref();
-        match std::fs::metadata(path) {
-            Ok(m) if m.len() > 0 => self.open(path),
-            Ok(_) => Err(OpenError::EmptyFile {
-                path: path.to_path_buf(),
-            }),
-            Err(_) => Err(OpenError::MissingDatabase {
-                path: path.to_path_buf(),
-            }),
+        existing(path)?;
+        self.open(path)
+    }
+
+    /// Opens an existing database read-only, for operator tools: reads
+    /// (`record`, `records`, `stats`, `in_doubt`, replays through `begin`)
+    /// work; every write returns [`crate::Error::ReadOnly`]. The file is
+    /// never written, not even its header, and no background thread runs.
+    /// Reads see the file as it is; `begin` answers from it as a writable
+    /// engine would, except that claiming (a write) is refused.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::MissingDatabase`], [`OpenError::EmptyFile`];
+    /// [`OpenError::NeedsRecovery`] if the file was not closed cleanly
+    /// (recovery writes); [`OpenError::NoEngineTables`] for a redb file
+    /// without the engine's tables; [`OpenError::UnsupportedFormat`];
+    /// [`OpenError::NotADatabase`]; [`OpenError::AlreadyOpen`].
+    pub fn open_read_only(mut self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
+        let path = path.as_ref();
+        existing(path)?;
+        let store = RedbReader::open(path)?;
+        if self.stored_expiry {
+            if let Some((ttl_ms, expiry)) = store.stored_expiry()? {
+                self.cfg.store.ttl_ms = ttl_ms;
+                self.cfg.store.expiry = expiry;
+            }
         }
+        let core = Arc::new(Core {
+            store: Arc::new(store),
+            clock: self.clock,
+            cfg: self.cfg,
+            counters: Counters::default(),
+        });
+        Ok(Engine::new(core, None))
     }
 
     /// An engine on redb's in-memory backend: nothing survives the engine.
@@ -256,5 +282,18 @@ impl EngineBuilder {
             None => None,
         };
         Ok(Engine::new(core, sweeper))
+    }
+}
+
+/// Checks that `path` is a file with something in it.
+fn existing(path: &Path) -> Result<(), OpenError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() > 0 => Ok(()),
+        Ok(_) => Err(OpenError::EmptyFile {
+            path: path.to_path_buf(),
+        }),
+        Err(_) => Err(OpenError::MissingDatabase {
+            path: path.to_path_buf(),
+        }),
     }
 }

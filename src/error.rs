@@ -63,6 +63,24 @@ pub enum OpenError {
         supported: u8,
     },
 
+    /// A read-only open met a file that needs recovery after a crash
+    /// (recovery writes to the file). Open it writable once (any engine
+    /// open, or a writing `idem` command such as `sweep`) to recover it.
+    #[error("{path}: the database needs recovery after an unclean shutdown, which a read-only open cannot do; open it writable once (e.g. `idem sweep`)")]
+    NeedsRecovery {
+        /// The database file.
+        path: PathBuf,
+    },
+
+    /// A read-only open found a redb database without the engine's tables
+    /// (another program's file, or one no engine has opened yet). Nothing
+    /// was written to it.
+    #[error("{path}: a redb database without idempotency tables (not written by this crate)")]
+    NoEngineTables {
+        /// The database file.
+        path: PathBuf,
+    },
+
     /// Another handle or process has the database open.
     #[error("{path}: database is already open (by this process or another)")]
     AlreadyOpen {
@@ -269,6 +287,14 @@ pub enum Error {
     ForeignClaim {
         /// The claim's key.
         key: IdempotencyKey,
+    },
+
+    /// The engine was opened read-only ([`crate::EngineBuilder::open_read_only`])
+    /// and was asked to write.
+    #[error("engine is read-only: cannot {operation}")]
+    ReadOnly {
+        /// The write that was refused.
+        operation: &'static str,
     },
 
     /// The engine was dropped while this handle (a claim, an inbox ticket)

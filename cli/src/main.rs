@@ -174,7 +174,7 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
                 state,
                 limit,
             };
-            commands::inspect(&open(&db, builder())?, &filter, json, out)
+            commands::inspect(&open_read_only(&db, builder())?, &filter, json, out)
         }
         Command::Show {
             db,
@@ -183,10 +183,10 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
             json,
         } => {
             let key = IdempotencyKey::parse_any(&scope, &key)?;
-            commands::show(&open(&db, builder())?, &key, json, out)
+            commands::show(&open_read_only(&db, builder())?, &key, json, out)
         }
         Command::Unknown { db, json, limit } => {
-            let engine = open(&db, builder())?;
+            let engine = open_read_only(&db, builder())?;
             commands::unknown(&engine, limit.unwrap_or(usize::MAX), json, out)
         }
         Command::Resolve {
@@ -207,7 +207,7 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
             commands::resolve(&engine, &key, resolution, out)
         }
         Command::Sweep { db } => commands::sweep(&open(&db, builder())?, out),
-        Command::Stats { db, json } => commands::stats(&open(&db, builder())?, json, out),
+        Command::Stats { db, json } => commands::stats(&open_read_only(&db, builder())?, json, out),
         Command::Purge {
             db,
             scope,
@@ -222,6 +222,12 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
 
 fn open(path: &Path, builder: EngineBuilder) -> CliResult<Engine> {
     Ok(builder.open_existing(path)?)
+}
+
+/// For commands that only read: the file is left byte-identical (no header
+/// rewrite, no tables added to another program's file).
+fn open_read_only(path: &Path, builder: EngineBuilder) -> CliResult<Engine> {
+    Ok(builder.open_read_only(path)?)
 }
 
 fn read_envelope(path: &Path) -> CliResult<idempotency::Envelope> {

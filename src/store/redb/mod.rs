@@ -5,6 +5,7 @@ mod apply;
 mod local;
 mod open;
 mod read;
+mod read_only;
 mod sweep;
 mod tables;
 mod writer;
@@ -34,6 +35,7 @@ use crate::transition::Transition;
 pub use self::local::LocalTx;
 pub(crate) use self::local::{LocalTarget, LocalWrite};
 pub(crate) use self::open::{open_backend, open_path, prepare};
+pub(crate) use self::read_only::RedbReader;
 
 use self::tables::{OpError, Tables};
 use self::writer::{Call, Msg, Writer};
@@ -126,35 +128,35 @@ impl Backend for RedbStore {
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        self.read_record(key)
+        read::record(&*self.db, key)
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
-        self.read_in_doubt(limit, now_ms)
+        read::in_doubt(&*self.db, limit, now_ms)
     }
 
     fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
-        self.read_scan(visit)
+        read::scan(&*self.db, visit)
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
-        self.read_oldest_in_doubt(now_ms)
+        read::oldest_in_doubt(&*self.db, now_ms)
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
-        self.read_sweep_due(now_ms)
+        read::sweep_due(&*self.db, now_ms)
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        self.read_outbox(limit)
+        read::outbox(&*self.db, limit)
     }
 
     fn outbox_len(&self) -> Result<u64> {
-        self.read_outbox_len()
+        read::outbox_len(&*self.db)
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        self.read_entity(entity)
+        read::entity(&*self.db, entity)
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {

@@ -117,7 +117,7 @@ fn init_format(db: &Database) -> Result<(), OpenError> {
 }
 
 /// The record format version stored in the database, if any.
-fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>, OpenError> {
+pub(super) fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>, OpenError> {
     let what = "checking the record format";
     let txn = db.begin_read().open_context(what)?;
     match txn.open_table(META) {
@@ -131,7 +131,9 @@ fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>, OpenError> {
 }
 
 /// The TTL and expiry policy the last app stored, if any.
-fn stored_expiry(db: &Database) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
+pub(super) fn stored_expiry(
+    db: &impl ReadableDatabase,
+) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
     let what = "reading the stored expiry settings";
     let txn = db.begin_read().open_context(what)?;
     let meta = txn.open_table(META).open_context(what)?;
@@ -185,7 +187,7 @@ fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), 
 }
 
 /// Refuses a format version this build does not read.
-fn check_version(found: Option<u8>) -> Result<(), OpenError> {
+pub(super) fn check_version(found: Option<u8>) -> Result<(), OpenError> {
     match found {
         Some(v) if v != FORMAT_VERSION => Err(OpenError::UnsupportedFormat {
             found: v,

@@ -1,5 +1,5 @@
 //! Snapshot reads: each sees the last commit and never waits for the
-//! writer.
+//! writer. They work on a writable database and on a read-only one alike.
 
 use redb::{
     ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
@@ -13,151 +13,150 @@ use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
 use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
-use super::RedbStore;
+/// One engine table in a fresh read transaction.
+fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    db: &impl ReadableDatabase,
+    table: TableDefinition<K, V>,
+    what: &'static str,
+) -> Result<ReadOnlyTable<K, V>> {
+    let txn = db.begin_read().context(what)?;
+    txn.open_table(table).context(what)
+}
 
-impl RedbStore {
-    /// One engine table in a fresh read transaction.
-    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
-        &self,
-        table: TableDefinition<K, V>,
-        what: &'static str,
-    ) -> Result<ReadOnlyTable<K, V>> {
-        let txn = self.db.begin_read().context(what)?;
-        txn.open_table(table).context(what)
-    }
+pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
+    let what = "reading a record";
+    let table = table(db, RECORDS, what)?;
+    let value = table.get(key.to_record_key().as_slice()).context(what)?;
+    value.map(|v| decode_record(key, v.value())).transpose()
+}
 
-    pub(super) fn read_record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        let what = "reading a record";
-        let table = self.table(RECORDS, what)?;
-        let value = table.get(key.to_record_key().as_slice()).context(what)?;
-        value.map(|v| decode_record(key, v.value())).transpose()
-    }
-
-    /// UNKNOWN records and PROCESSING records whose lease ended at or
-    /// before `now_ms` (in doubt at read time, though no sweep has moved
-    /// them yet), oldest first by the instant they came into doubt.
-    pub(super) fn read_in_doubt(
-        &self,
-        limit: usize,
-        now_ms: u64,
-    ) -> Result<Vec<(IdempotencyKey, Record)>> {
-        let what = "reading the recovery queue";
-        // One snapshot for all tables, so every queue entry has its record.
-        let txn = self.db.begin_read().context(what)?;
-        let queue = txn.open_table(RECOVERY).context(what)?;
-        let leases = txn.open_table(LEASES).context(what)?;
-        let records = txn.open_table(RECORDS).context(what)?;
-        let mut found: Vec<(u64, IdempotencyKey, Record)> = Vec::new();
-        let stale = leases
-            .range(..(now_ms.saturating_add(1), &[][..]))
-            .context(what)?;
-        for (index, in_doubt) in [(queue.iter().context(what)?, true), (stale, false)] {
-            let mut taken = 0;
-            for entry in index {
-                if taken >= limit {
-                    break;
-                }
-                let (k, _) = entry.context(what)?;
-                let (since, rkey) = k.value();
-                let Some(key) = IdempotencyKey::from_record_key(rkey) else {
-                    continue;
-                };
-                let Some(v) = records.get(rkey).context(what)? else {
-                    continue;
-                };
-                // One corrupt record must not hide the rest of the queue;
-                // listings show it with its error.
-                match decode_record(&key, v.value()) {
-                    Ok(rec) if in_doubt || rec.lease_until_ms <= now_ms => {
-                        taken += 1;
-                        found.push((since, key, rec));
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::error!(error = %e, "skipping a corrupt in-doubt record"),
-                }
-            }
-        }
-        found.sort_by_key(|(since, _, _)| *since);
-        found.truncate(limit);
-        Ok(found.into_iter().map(|(_, key, rec)| (key, rec)).collect())
-    }
-
-    pub(super) fn read_scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
-        let what = "listing records";
-        let table = self.table(RECORDS, what)?;
-        for entry in table.iter().context(what)? {
-            let (k, v) = entry.context(what)?;
-            let key = IdempotencyKey::from_record_key(k.value()).ok_or_else(|| k.value().to_vec());
-            if !visit((key, codec::decode(v.value()))) {
+/// UNKNOWN records and PROCESSING records whose lease ended at or
+/// before `now_ms` (in doubt at read time, though no sweep has moved
+/// them yet), oldest first by the instant they came into doubt.
+pub(super) fn in_doubt(
+    db: &impl ReadableDatabase,
+    limit: usize,
+    now_ms: u64,
+) -> Result<Vec<(IdempotencyKey, Record)>> {
+    let what = "reading the recovery queue";
+    // One snapshot for all tables, so every queue entry has its record.
+    let txn = db.begin_read().context(what)?;
+    let queue = txn.open_table(RECOVERY).context(what)?;
+    let leases = txn.open_table(LEASES).context(what)?;
+    let records = txn.open_table(RECORDS).context(what)?;
+    let mut found: Vec<(u64, IdempotencyKey, Record)> = Vec::new();
+    let stale = leases
+        .range(..(now_ms.saturating_add(1), &[][..]))
+        .context(what)?;
+    for (index, in_doubt) in [(queue.iter().context(what)?, true), (stale, false)] {
+        let mut taken = 0;
+        for entry in index {
+            if taken >= limit {
                 break;
             }
-        }
-        Ok(())
-    }
-
-    pub(super) fn read_oldest_in_doubt(&self, now_ms: u64) -> Result<Option<u64>> {
-        let what = "reading the recovery queue";
-        let txn = self.db.begin_read().context(what)?;
-        let mut oldest = None;
-        // A lease index entry is in doubt only once its lease has ended.
-        for (table, due_by) in [(RECOVERY, u64::MAX), (LEASES, now_ms)] {
-            let index = txn.open_table(table).context(what)?;
-            let first = index.first().context(what)?;
-            let since = first.map(|(k, _)| k.value().0).filter(|&at| at <= due_by);
-            oldest = match (oldest, since) {
-                (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
-                (a, b) => a.or(b),
+            let (k, _) = entry.context(what)?;
+            let (since, rkey) = k.value();
+            let Some(key) = IdempotencyKey::from_record_key(rkey) else {
+                continue;
             };
-        }
-        Ok(oldest)
-    }
-
-    pub(super) fn read_sweep_due(&self, now_ms: u64) -> Result<bool> {
-        let what = "checking for sweep work";
-        for table in [LEASES, EXPIRY] {
-            let index = self.table(table, what)?;
-            let first = index.first().context(what)?;
-            if first.is_some_and(|(k, _)| k.value().0 <= now_ms) {
-                return Ok(true);
+            let Some(v) = records.get(rkey).context(what)? else {
+                continue;
+            };
+            // One corrupt record must not hide the rest of the queue;
+            // listings show it with its error.
+            match decode_record(&key, v.value()) {
+                Ok(rec) if in_doubt || rec.lease_until_ms <= now_ms => {
+                    taken += 1;
+                    found.push((since, key, rec));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "skipping a corrupt in-doubt record"),
             }
         }
-        Ok(false)
     }
+    found.sort_by_key(|(since, _, _)| *since);
+    found.truncate(limit);
+    Ok(found.into_iter().map(|(_, key, rec)| (key, rec)).collect())
+}
 
-    pub(super) fn read_outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        let what = "reading the outbox";
-        let table = self.table(OUTBOX, what)?;
-        let mut out = Vec::new();
-        for entry in table.iter().context(what)?.take(limit) {
-            let (seq, bytes) = entry.context(what)?;
-            let entry =
-                codec::decode_outbox(bytes.value()).map_err(|e| Error::CorruptOutboxMessage {
-                    seq: seq.value(),
-                    reason: e.to_string(),
-                })?;
-            out.push(entry);
+pub(super) fn scan(
+    db: &impl ReadableDatabase,
+    visit: &mut dyn FnMut(Scanned) -> bool,
+) -> Result<()> {
+    let what = "listing records";
+    let table = table(db, RECORDS, what)?;
+    for entry in table.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        let key = IdempotencyKey::from_record_key(k.value()).ok_or_else(|| k.value().to_vec());
+        if !visit((key, codec::decode(v.value()))) {
+            break;
         }
-        Ok(out)
     }
+    Ok(())
+}
 
-    pub(super) fn read_outbox_len(&self) -> Result<u64> {
-        let what = "counting the outbox";
-        self.table(OUTBOX, what)?.len().context(what)
-    }
-
-    pub(super) fn read_entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        let what = "reading an entity";
-        let table = self.table(ENTITIES, what)?;
-        let Some(v) = table.get(entity).context(what)? else {
-            return Ok(None);
+pub(super) fn oldest_in_doubt(db: &impl ReadableDatabase, now_ms: u64) -> Result<Option<u64>> {
+    let what = "reading the recovery queue";
+    let txn = db.begin_read().context(what)?;
+    let mut oldest = None;
+    // A lease index entry is in doubt only once its lease has ended.
+    for (table, due_by) in [(RECOVERY, u64::MAX), (LEASES, now_ms)] {
+        let index = txn.open_table(table).context(what)?;
+        let first = index.first().context(what)?;
+        let since = first.map(|(k, _)| k.value().0).filter(|&at| at <= due_by);
+        oldest = match (oldest, since) {
+            (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+            (a, b) => a.or(b),
         };
-        codec::decode_entity(v.value())
-            .map(Some)
-            .map_err(|e| Error::CorruptEntity {
-                entity: entity.to_owned(),
-                reason: e.to_string(),
-            })
     }
+    Ok(oldest)
+}
+
+pub(super) fn sweep_due(db: &impl ReadableDatabase, now_ms: u64) -> Result<bool> {
+    let what = "checking for sweep work";
+    for index in [LEASES, EXPIRY] {
+        let index = table(db, index, what)?;
+        let first = index.first().context(what)?;
+        if first.is_some_and(|(k, _)| k.value().0 <= now_ms) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+pub(super) fn outbox(db: &impl ReadableDatabase, limit: usize) -> Result<Vec<OutboxEntry>> {
+    let what = "reading the outbox";
+    let table = table(db, OUTBOX, what)?;
+    let mut out = Vec::new();
+    for entry in table.iter().context(what)?.take(limit) {
+        let (seq, bytes) = entry.context(what)?;
+        let entry =
+            codec::decode_outbox(bytes.value()).map_err(|e| Error::CorruptOutboxMessage {
+                seq: seq.value(),
+                reason: e.to_string(),
+            })?;
+        out.push(entry);
+    }
+    Ok(out)
+}
+
+pub(super) fn outbox_len(db: &impl ReadableDatabase) -> Result<u64> {
+    let what = "counting the outbox";
+    table(db, OUTBOX, what)?.len().context(what)
+}
+
+pub(super) fn entity(db: &impl ReadableDatabase, entity: &str) -> Result<Option<EntityState>> {
+    let what = "reading an entity";
+    let table = table(db, ENTITIES, what)?;
+    let Some(v) = table.get(entity).context(what)? else {
+        return Ok(None);
+    };
+    codec::decode_entity(v.value())
+        .map(Some)
+        .map_err(|e| Error::CorruptEntity {
+            entity: entity.to_owned(),
+            reason: e.to_string(),
+        })
 }
 
 fn decode_record(key: &IdempotencyKey, bytes: &[u8]) -> Result<Record> {

@@ -1,0 +1,178 @@
+//! A read-only redb backend, for operator tools: every read works, every
+//! write is refused, and the file is never written (not even its header).
+
+use std::path::Path;
+
+use redb::{ReadOnlyDatabase, ReadableDatabase, TableError};
+
+use crate::config::{ExpiryPolicy, PurgeMode};
+use crate::error::{Error, OpenError, Result};
+use crate::key::IdempotencyKey;
+use crate::message::OutboxEntry;
+use crate::report::SweepCounts;
+use crate::state::State;
+use crate::store::record::{EntityState, Record};
+use crate::store::{
+    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
+    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
+};
+use crate::transition::Transition;
+
+use super::open::{check_version, stored_expiry, stored_format};
+use super::read;
+use super::tables::META;
+
+/// A database opened read-only.
+pub(crate) struct RedbReader {
+    db: ReadOnlyDatabase,
+}
+
+impl RedbReader {
+    /// Opens `path` read-only. A file that needs recovery after a crash is
+    /// refused (recovery writes), and so is a redb file without the engine's
+    /// tables.
+    pub(crate) fn open(path: &Path) -> Result<RedbReader, OpenError> {
+        let db = redb::Builder::new()
+            .open_read_only(path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
+                    path: path.to_path_buf(),
+                },
+                redb::DatabaseError::RepairAborted => OpenError::NeedsRecovery {
+                    path: path.to_path_buf(),
+                },
+                source => OpenError::NotADatabase {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            })?;
+        let has_tables = match db.begin_read().map(|txn| txn.open_table(META).map(drop)) {
+            Ok(Ok(())) => true,
+            Ok(Err(TableError::TableDoesNotExist(_))) => false,
+            Ok(Err(e)) => {
+                return Err(OpenError::Storage {
+                    context: "checking for the engine's tables",
+                    source: Box::new(redb::Error::from(e)),
+                })
+            }
+            Err(e) => {
+                return Err(OpenError::Storage {
+                    context: "checking for the engine's tables",
+                    source: Box::new(redb::Error::from(e)),
+                })
+            }
+        };
+        if !has_tables {
+            return Err(OpenError::NoEngineTables {
+                path: path.to_path_buf(),
+            });
+        }
+        check_version(stored_format(&db)?)?;
+        Ok(RedbReader { db })
+    }
+}
+
+impl RedbReader {
+    /// The TTL (ms) and expiry policy the last app stored, if any.
+    pub(crate) fn stored_expiry(&self) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
+        stored_expiry(&self.db)
+    }
+}
+
+fn read_only<T>(operation: &'static str) -> Result<T> {
+    Err(Error::ReadOnly { operation })
+}
+
+impl Backend for RedbReader {
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
+        read::record(&self.db, key)
+    }
+
+    fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
+        read::in_doubt(&self.db, limit, now_ms)
+    }
+
+    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+        read::scan(&self.db, visit)
+    }
+
+    fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        read::oldest_in_doubt(&self.db, now_ms)
+    }
+
+    fn sweep_due(&self, now_ms: u64) -> Result<bool> {
+        read::sweep_due(&self.db, now_ms)
+    }
+
+    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
+        read::outbox(&self.db, limit)
+    }
+
+    fn outbox_len(&self) -> Result<u64> {
+        read::outbox_len(&self.db)
+    }
+
+    fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
+        read::entity(&self.db, entity)
+    }
+
+    fn claim(&self, _: ClaimRequest) -> Result<ClaimResult> {
+        read_only("claim")
+    }
+
+    fn complete(&self, _: CompleteRequest) -> Result<()> {
+        read_only("complete")
+    }
+
+    fn release(&self, _: IdempotencyKey, _: u64) -> Result<()> {
+        read_only("release")
+    }
+
+    fn mark_in_doubt(&self, _: InDoubtRequest) -> Result<()> {
+        read_only("mark unknown")
+    }
+
+    fn mark_in_doubt_detached(&self, _: InDoubtRequest) {}
+
+    fn extend(&self, _: IdempotencyKey, _: u64, _: u64) -> Result<u64> {
+        read_only("extend")
+    }
+
+    fn settle(&self, _: SettleRequest) -> Result<Settled<()>> {
+        read_only("resolve")
+    }
+
+    fn settle_then_claim(&self, _: SettleRequest, _: ClaimRequest) -> Result<Settled<Claimed>> {
+        read_only("resolve")
+    }
+
+    fn sweep(&self, _: usize) -> Result<SweepCounts> {
+        read_only("sweep")
+    }
+
+    fn purge(&self, _: IdempotencyKey, _: PurgeMode) -> Result<Option<State>> {
+        read_only("purge")
+    }
+
+    fn transition(&self, _: TransitionRequest) -> Result<Transition> {
+        read_only("transition")
+    }
+
+    fn mark_published(&self, _: Vec<u64>) -> Result<u64> {
+        read_only("mark published")
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn local(&self, _: LocalWrite) -> Result<LocalResult> {
+        read_only("local write")
+    }
+
+    fn close(&self) {}
+}
