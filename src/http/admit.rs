@@ -249,7 +249,15 @@ pub(crate) struct Fingerprinted {
     pub(crate) digests: Option<Vec<(String, String)>>,
 }
 
+/// JSON bodies from this size on (bytes) take a fingerprinting permit.
+const HEAVY_JSON_BYTES: usize = 64 * 1024;
+
 impl FingerprintJob {
+    /// Whether this job needs one of the layer's fingerprinting permits.
+    pub(crate) fn is_heavy(&self) -> bool {
+        self.json.is_some() && self.body.len() >= HEAVY_JSON_BYTES
+    }
+
     /// Computes the fingerprint (blocking work).
     ///
     /// An empty body is an absent body: fingerprinted as empty bytes

@@ -83,8 +83,16 @@ where
         Err(problem) => return Ok(problem.into_response()),
     };
     let body = job.body.clone();
+    let job = if job.is_heavy() {
+        // Waits (asynchronously) for a fingerprinting permit: a bound on
+        // the CPU and memory that large JSON bodies take at once.
+        let permit = cfg.runtime.fingerprints.clone().acquire_owned().await.ok();
+        Job::Compute(job, permit)
+    } else {
+        Job::Compute(job, None)
+    };
     let (mut begin, fingerprinted) =
-        match begin_blocking(cfg.engine.clone(), key.clone(), Job::Compute(job), lease).await {
+        match begin_blocking(cfg.engine.clone(), key.clone(), job, lease).await {
             Ok(answer) => answer,
             Err(problem) => return Ok(problem.into_response()),
         };
@@ -225,7 +233,8 @@ fn not_recorded(cfg: &Config) -> Problem {
 
 /// The fingerprint, to compute or already known.
 enum Job {
-    Compute(FingerprintJob),
+    /// With the fingerprinting permit of a large JSON body.
+    Compute(FingerprintJob, Option<OwnedSemaphorePermit>),
     Ready(Fingerprint),
 }
 
@@ -287,7 +296,11 @@ async fn begin_blocking(
     let joined = tokio::task::spawn_blocking(move || {
         let engine = &worker.engine;
         let answer = match job {
-            Job::Compute(job) => job.run(),
+            Job::Compute(job, permit) => {
+                let fingerprinted = job.run();
+                drop(permit);
+                fingerprinted
+            }
             Job::Ready(fingerprint) => Ok(Fingerprinted {
                 fingerprint,
                 digests: None,

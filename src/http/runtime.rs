@@ -18,6 +18,10 @@ const EWMA_WEIGHT: f64 = 0.2;
 /// Shared between all services made by one layer (and its clones).
 pub(crate) struct Runtime {
     pub(crate) permits: Arc<Semaphore>,
+    /// Large JSON bodies fingerprinted at once: one per CPU. Canonicalizing
+    /// takes CPU time and, for deeply nested documents, memory of up to
+    /// ~90 times the body size, so this bounds both.
+    pub(crate) fingerprints: Arc<Semaphore>,
     /// Route pattern (or `""` for requests matching no route) → estimated
     /// seconds from claim to recorded outcome. Bounded by the number of
     /// configured routes plus one.
@@ -37,6 +41,9 @@ impl Runtime {
         Arc::new(Runtime {
             permits: Arc::new(Semaphore::new(
                 max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            fingerprints: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             )),
             estimates: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
