@@ -697,3 +697,23 @@ async fn mismatch_names_the_differing_pointers_not_their_values() -> TestResult 
     }
     Ok(())
 }
+
+/// tower-http conventions: named, `Send` future and body types, and the
+/// inner service reachable through the layer's service.
+#[test]
+fn service_future_and_bodies_are_named_send_types() -> TestResult {
+    use idempotency::http::{IdempotencyService, RequestBody, ResponseBody, ResponseFuture};
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<IdempotencyService<Router>>();
+    send::<ResponseFuture<axum::body::Body, std::convert::Infallible>>();
+    send::<ResponseBody<axum::body::Body>>();
+    send::<RequestBody<axum::body::Body>>();
+
+    let engine = Arc::new(Engine::builder().in_memory()?);
+    let mut service = tower::Layer::layer(&IdempotencyLayer::new(engine), Router::new());
+    let _: &Router = service.get_ref();
+    let _: &mut Router = service.get_mut();
+    let _: Router = service.into_inner();
+    Ok(())
+}

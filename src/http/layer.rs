@@ -177,8 +177,11 @@ pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 /// permits from before its `begin` until its outcome is recorded (the
 /// pattern of tower's `ConcurrencyLimit`): `poll_ready` waits for a permit,
 /// so overload turns into backpressure on the server's accept loop rather
-/// than a growing queue of blocked threads. A request that turns out not to
-/// be ours gives its permit back at once. With
+/// than a growing queue of blocked threads. `poll_ready` cannot see the
+/// request, so every request waits for a permit while the layer is full; one
+/// that turns out not to be ours (another method, no key) gives it back at
+/// once, before the inner service runs. Put routes that must stay
+/// responsive under overload (health checks) outside the layer. With
 /// [`load_shed`](Self::load_shed), `poll_ready` is always ready and a
 /// request that finds no permit is answered 503
 /// [`overloaded`](super#overloaded) with `Retry-After` instead.
