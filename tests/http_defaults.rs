@@ -569,6 +569,20 @@ async fn blank_key_is_malformed() -> TestResult {
     Ok(())
 }
 
+/// Waits until the engine has answered `InProgress` at least `n` times:
+/// a duplicate is then known to be waiting.
+async fn until_in_progress_answers(engine: &Engine, n: u64) -> TestResult {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while engine.stats()?.in_progress < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no duplicate is waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
 /// A handler that runs only when the test lets it: each run takes one
 /// permit from `gate` and reports its start on `started`.
 fn gated(
@@ -634,6 +648,7 @@ async fn duplicate_waits_for_the_outcome_on_an_opt_in_route() -> TestResult {
     tokio::time::timeout(BOUND, started_rx.recv()).await?;
     let dup = tokio::spawn(s.post("/payments", "w-1").body(PAYMENT).send());
     // The duplicate is waiting, not answered 409; let the first finish.
+    until_in_progress_answers(&s.engine, 1).await?;
     gate.add_permits(1);
     let first = tokio::time::timeout(BOUND, first).await???;
     let first_body = first.text().await?;
@@ -715,5 +730,50 @@ fn service_future_and_bodies_are_named_send_types() -> TestResult {
     let _: &Router = service.get_ref();
     let _: &mut Router = service.get_mut();
     let _: Router = service.into_inner();
+    Ok(())
+}
+
+/// A duplicate on another server (another layer, same database) cannot be
+/// woken by the first request's holder: it re-reads the key until the
+/// outcome is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_duplicate_on_another_server_polls_for_the_outcome() -> TestResult {
+    let gate = Arc::new(Semaphore::new(0));
+    let (started, mut started_rx) = mpsc::unbounded_channel();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let wait = |l: IdempotencyLayer| {
+        l.route(Route::new("/payments").wait_for_outcome(Duration::from_secs(30)))
+    };
+    let a = serve(
+        Engine::builder(),
+        wait,
+        gated(gate.clone(), started.clone(), runs.clone()),
+    )
+    .await?;
+    let app = gated(gate.clone(), started, runs.clone())
+        .layer(wait(IdempotencyLayer::new(a.engine.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let b_base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let first = tokio::spawn(a.post("/payments", "w-3").body(PAYMENT).send());
+    tokio::time::timeout(BOUND, started_rx.recv()).await?;
+    let dup = tokio::spawn(
+        a.client
+            .post(format!("{b_base}/payments"))
+            .header("idempotency-key", "w-3")
+            .header("content-type", "application/json")
+            .body(PAYMENT)
+            .send(),
+    );
+    // Two InProgress answers: the duplicate has polled at least once.
+    until_in_progress_answers(&a.engine, 2).await?;
+    gate.add_permits(1);
+    let first = tokio::time::timeout(BOUND, first).await???;
+    let first_body = first.text().await?;
+    let dup = tokio::time::timeout(BOUND, dup).await???;
+    assert!(replayed(&dup), "status {}", dup.status());
+    assert_eq!(dup.text().await?, first_body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
     Ok(())
 }

@@ -146,7 +146,7 @@ fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Pro
             scope.push_str(tenant);
         }
     }
-    if let Some(caller) = caller_digest(&cfg.caller, parts) {
+    if let Some(caller) = caller_digest(&cfg.caller, cfg.caller_key.as_ref(), parts) {
         scope.push_str(" caller=");
         scope.push_str(&caller);
     }
@@ -155,8 +155,11 @@ fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Pro
 
 /// The caller's identity as 32 hex digits (a keyed blake3 digest), or
 /// `None` for the anonymous caller or shared keys.
-fn caller_digest(caller: &Caller, parts: &Parts) -> Option<String> {
-    let mut hasher = blake3::Hasher::new_derive_key(CALLER_CONTEXT);
+fn caller_digest(caller: &Caller, secret: Option<&[u8; 32]>, parts: &Parts) -> Option<String> {
+    let mut hasher = match secret {
+        Some(key) => blake3::Hasher::new_keyed(key),
+        None => blake3::Hasher::new_derive_key(CALLER_CONTEXT),
+    };
     let mut any = false;
     let put = |hasher: &mut blake3::Hasher, bytes: &[u8]| {
         hasher.update(&(bytes.len() as u64).to_le_bytes());
@@ -378,6 +381,33 @@ mod tests {
             h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
             assert_eq!(is_json(&h), want, "{ct}");
         }
+    }
+
+    #[test]
+    fn caller_digest_depends_on_credentials_and_secret() {
+        let parts = |auth: &'static str| {
+            let (parts, ()) = http::Request::post("/p")
+                .header("authorization", auth)
+                .body(())
+                .expect("valid request")
+                .into_parts();
+            parts
+        };
+        let caller = Caller::default();
+        let a = caller_digest(&caller, None, &parts("Basic YTpi"));
+        let b = caller_digest(&caller, None, &parts("Basic YTpj"));
+        let keyed = caller_digest(&caller, Some(&[7; 32]), &parts("Basic YTpi"));
+        assert!(a.is_some() && a != b && a != keyed);
+        assert_eq!(a.as_ref().map(String::len), Some(32));
+        assert_eq!(
+            caller_digest(&Caller::shared(), None, &parts("Basic YTpi")),
+            None
+        );
+        let (anonymous, ()) = http::Request::post("/p")
+            .body(())
+            .expect("valid")
+            .into_parts();
+        assert_eq!(caller_digest(&caller, None, &anonymous), None);
     }
 
     #[test]

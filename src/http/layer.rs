@@ -60,6 +60,8 @@ pub(crate) struct Config {
     pub(crate) require_key: bool,
     pub(crate) tenant_header: Option<HeaderName>,
     pub(crate) caller: Caller,
+    /// Key of the caller digest, derived from the app's secret.
+    pub(crate) caller_key: Option<[u8; 32]>,
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) max_body_bytes: usize,
     pub(crate) mismatch_status: StatusCode,
@@ -215,6 +217,7 @@ pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 /// | [`require_key`](Self::require_key) | `false` (a request without a key passes through) |
 /// | [`route`](Self::route) | none: body fingerprint by content type |
 /// | [`caller`](Self::caller) | [`Caller::headers`]: `Authorization`, `Cookie` (hashed) |
+/// | [`caller_secret`](Self::caller_secret) | none: the digest is keyed by a fixed context string |
 /// | [`scope`](Self::scope) | `"{method} {route}"` plus ` tenant={value}` plus ` caller={digest}` |
 /// | [`tenant_header`](Self::tenant_header) | none |
 /// | [`max_body_bytes`](Self::max_body_bytes) | 1 MiB (1,048,576 bytes) |
@@ -245,6 +248,7 @@ impl IdempotencyLayer {
                 require_key: false,
                 tenant_header: None,
                 caller: Caller::default(),
+                caller_key: None,
                 scope: None,
                 max_body_bytes: 1 << 20,
                 mismatch_status: StatusCode::CONFLICT,
@@ -299,6 +303,21 @@ impl IdempotencyLayer {
     /// [`Caller::shared`] makes all callers share keys.
     pub fn caller(mut self, caller: Caller) -> Self {
         self.cfg().caller = caller;
+        self
+    }
+
+    /// Keys the caller digest with a secret of the app's (any length; a
+    /// 32-byte key is derived from it with blake3). Without one, the digest
+    /// of a low-entropy credential (a Basic-auth password) could be found by
+    /// trying candidates against a copy of the database. The secret must
+    /// stay the same across restarts and servers: changing it changes every
+    /// caller's scope, so records made before are no longer found and a
+    /// retry across the change runs again.
+    pub fn caller_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.cfg().caller_key = Some(blake3::derive_key(
+            "idempotency http caller secret v1",
+            secret.as_ref(),
+        ));
         self
     }
 
