@@ -167,7 +167,8 @@ pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 ///
 /// The 409 `in-progress` answer's `Retry-After` is when the running request
 /// is likely to finish: a running average (exponentially weighted) of how
-/// long the route's claimed requests took from claim to recorded outcome,
+/// long the route's claimed requests took from claim to recorded outcome
+/// (requests that match no [`Route`] share one estimate),
 /// minus how long this one has run if this process holds it, capped by its
 /// remaining lease, rounded up to whole seconds (at least 1). Until the
 /// route has finished one request, it is the remaining lease capped at one
