@@ -239,7 +239,8 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() -> TestResult {
     assert!(replayed(&r));
     assert_eq!(r.headers()["location"], "/payments/1");
     assert_eq!(content_type(&r), "application/json");
-    assert!(r.headers().get("x-not-stored").is_none());
+    // Every end-to-end header is stored, not only a short allowlist.
+    assert_eq!(r.headers()["x-not-stored"], "1");
     assert_eq!(r.text().await?, original);
     assert_eq!(app.runs(), 1);
     Ok(())
@@ -345,7 +346,7 @@ async fn malformed_key_is_400_problem_json() -> TestResult {
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_json_is_400_and_stores_nothing() -> TestResult {
     let app = start(|l| l).await?;
-    for body in [r#"{"amount": 10,"#, r#"{"amount": 1, "amount": 2}"#, ""] {
+    for body in [r#"{"amount": 10,"#, r#"{"amount": 1, "amount": 2}"#, "[1,"] {
         let r = app.post("/payments", Some("bad-json"), body).await?;
         assert_eq!(problem(r, 400).await?, "invalid-body", "body {body:?}");
     }
@@ -363,22 +364,39 @@ async fn invalid_json_is_400_and_stores_nothing() -> TestResult {
     Ok(())
 }
 
+/// The server answers 413 and closes while the request body is still
+/// arriving; a client that is still writing then sees a broken pipe (or a
+/// reset) instead of the answer, depending on timing (issue 14.9). So these
+/// requests go out over a raw socket in one write, before the server can
+/// read any of it, and the answer is read afterwards: no race left.
 #[tokio::test(flavor = "multi_thread")]
 async fn oversize_body_is_413_before_any_claim() -> TestResult {
     let app = start(|l| l).await?;
     let big = format!(r#"{{"amount": 1, "pad": "{}"}}"#, "x".repeat(2000));
-    let r = app.post("/payments", Some("big"), &big).await?;
-    assert_eq!(problem(r, 413).await?, "body-too-large");
+    let declared = format!(
+        "POST /payments HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{big}",
+        big.len()
+    );
+    let (status, body) = raw_exchange(&app.base, declared.as_bytes()).await?;
+    assert_eq!(status, 413);
+    assert!(body.contains("body-too-large"), "{body}");
 
     // Without Content-Length (chunked), the limit holds while reading.
-    let r = app
-        .client
-        .post(format!("{}/payments", app.base))
-        .header("idempotency-key", "big")
-        .body(reqwest::Body::wrap(Chunked(40)))
-        .send()
-        .await?;
-    assert_eq!(problem(r, 413).await?, "body-too-large");
+    let mut chunked = b"POST /payments HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\n\
+        content-type: application/json\r\ntransfer-encoding: chunked\r\n\
+        connection: close\r\n\r\n"
+        .to_vec();
+    for _ in 0..40 {
+        chunked.extend_from_slice(b"64\r\n");
+        chunked.extend_from_slice(&[b'x'; 100]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let (status, body) = raw_exchange(&app.base, &chunked).await?;
+    assert_eq!(status, 413);
+    assert!(body.contains("body-too-large"), "{body}");
 
     let key = IdempotencyKey::new("POST /payments", "big")?;
     assert!(app.engine.record(&key)?.is_none());
@@ -386,35 +404,49 @@ async fn oversize_body_is_413_before_any_claim() -> TestResult {
     Ok(())
 }
 
-/// A body of this many 100-byte chunks, with no declared length.
-struct Chunked(usize);
-
-impl http_body::Body for Chunked {
-    type Data = bytes::Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
-        if self.0 == 0 {
-            return std::task::Poll::Ready(None);
+/// Sends a whole HTTP/1.1 request in one write, then reads the answer
+/// until the server closes. A reset after the answer arrived (the server
+/// closed with unread request bytes) still returns what was read.
+async fn raw_exchange(base: &str, request: &[u8]) -> Result<(u16, String), Box<dyn Error>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request).await?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if !answer.is_empty() => {
+                eprintln!("read ended with {e} after the answer");
+                break;
+            }
+            Err(e) => return Err(e.into()),
         }
-        self.0 -= 1;
-        let chunk = bytes::Bytes::from(vec![b'x'; 100]);
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
     }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Ok((status, body))
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn inner_500_is_retried_and_402_is_replayed() -> TestResult {
+async fn inner_500_is_never_run_again_and_402_is_replayed() -> TestResult {
     let app = start(|l| l).await?;
-    for _ in 0..2 {
-        let r = app.post("/fail500", Some("e-500"), PAYMENT).await?;
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-        assert!(!replayed(&r));
-    }
-    assert_eq!(app.runs(), 2, "a 5xx must release the key");
+    let r = app.post("/fail500", Some("e-500"), PAYMENT).await?;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!replayed(&r));
+    // The handler may have acted before failing: a retry must not run it.
+    let r = app.post("/fail500", Some("e-500"), PAYMENT).await?;
+    assert_eq!(problem(r, 503).await?, "outcome-unknown");
+    assert_eq!(app.runs(), 1, "a 500 must not be executed again by default");
 
     let first = app.post("/decline", Some("e-402"), PAYMENT).await?;
     assert_eq!(first.status(), StatusCode::PAYMENT_REQUIRED);
@@ -424,7 +456,7 @@ async fn inner_500_is_retried_and_402_is_replayed() -> TestResult {
     assert_eq!(again.status(), StatusCode::PAYMENT_REQUIRED);
     assert!(replayed(&again));
     assert_eq!(again.text().await?, first);
-    assert_eq!(app.runs(), 3, "a stored 4xx must not run again");
+    assert_eq!(app.runs(), 2, "a stored 4xx must not run again");
     Ok(())
 }
 

@@ -29,14 +29,16 @@ pub(crate) fn parse_key(values: GetAll<'_, HeaderValue>) -> Result<Option<String
 fn parse_value(raw: &[u8]) -> Result<String, String> {
     let value = trim_ows(raw);
     let key = if value.first() == Some(&b'"') {
-        let (key, rest) = sf_string(value)?;
-        parameters(rest)?;
-        key
+        sf_string(value)?
     } else {
         bare_key(value)?
     };
-    if key.is_empty() {
-        return Err("the idempotency key is empty".into());
+    if key.trim().is_empty() {
+        return Err(if key.is_empty() {
+            "the idempotency key is empty".into()
+        } else {
+            "the idempotency key is blank (only whitespace)".into()
+        });
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(format!(
@@ -57,88 +59,19 @@ fn trim_ows(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// An RFC 8941 section 4.2.5 String at the start of `s` (which begins with
-/// `"`): its value and the bytes after the closing quote.
-fn sf_string(s: &[u8]) -> Result<(String, &[u8]), String> {
-    let mut out = String::new();
-    let mut i = 1;
-    while let Some(&b) = s.get(i) {
-        i += 1;
-        match b {
-            b'\\' => match s.get(i) {
-                Some(&c @ (b'"' | b'\\')) => {
-                    out.push(char::from(c));
-                    i += 1;
-                }
-                _ => return Err("in a quoted key, a backslash may only escape '\"' or '\\'".into()),
-            },
-            b'"' => return Ok((out, &s[i..])),
-            0x20..=0x7E => out.push(char::from(b)),
-            _ => {
-                return Err(format!(
-                    "a quoted key may only hold printable ASCII; found byte 0x{b:02x}"
-                ))
-            }
-        }
-    }
-    Err("the quoted key has no closing '\"'".into())
-}
-
-/// RFC 8941 parameters after an Item (`;name` or `;name=bare-item`). The
-/// draft defines none, so they are checked for syntax and ignored.
-fn parameters(mut s: &[u8]) -> Result<(), String> {
-    let bad = || "unexpected characters after the quoted key".to_string();
-    while let [b';', rest @ ..] = s {
-        s = rest;
-        while let [b' ', rest @ ..] = s {
-            s = rest;
-        }
-        let name_len = s
-            .iter()
-            .position(|&b| !matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*'))
-            .unwrap_or(s.len());
-        match s.first() {
-            Some(b'a'..=b'z' | b'*') if name_len > 0 => s = &s[name_len..],
-            _ => return Err(bad()),
-        }
-        if let [b'=', rest @ ..] = s {
-            s = bare_item(rest).ok_or_else(bad)?;
-        }
-    }
-    if s.is_empty() {
-        Ok(())
-    } else {
-        Err(bad())
-    }
-}
-
-/// Skips one RFC 8941 bare item; `None` if there is none.
-fn bare_item(s: &[u8]) -> Option<&[u8]> {
-    let run = |s: &[u8], ok: fn(u8) -> bool| s.iter().position(|&b| !ok(b)).unwrap_or(s.len());
-    match s.first()? {
-        b'"' => sf_string(s).ok().map(|(_, rest)| rest),
-        b'?' => match s.get(1)? {
-            b'0' | b'1' => Some(&s[2..]),
-            _ => None,
-        },
-        b':' => {
-            let n = run(&s[1..], |b| {
-                b.is_ascii_alphanumeric() || b"+/=".contains(&b)
-            });
-            (s.get(1 + n) == Some(&b':')).then(|| &s[n + 2..])
-        }
-        b'-' | b'0'..=b'9' => {
-            let start = usize::from(s[0] == b'-');
-            let n = run(&s[start..], |b| b.is_ascii_digit() || b == b'.');
-            (n > 0).then(|| &s[start + n..])
-        }
-        b'a'..=b'z' | b'A'..=b'Z' | b'*' => {
-            let n = run(s, |b| {
-                b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b)
-            });
-            Some(&s[n..])
-        }
-        _ => None,
+/// An RFC 8941 Item whose value is a String, with optional parameters
+/// (the draft defines none, so they are checked for syntax and ignored).
+///
+/// Parsed with `sfv`. The bare form cannot be: an RFC 8941 Token must
+/// start with a letter or `*`, so a bare UUID like `8e03978e-...` (digits
+/// first) or a key with `=` is not an Item at all.
+fn sf_string(value: &[u8]) -> Result<String, String> {
+    let item: sfv::Item = sfv::Parser::new(value)
+        .parse_item()
+        .map_err(|e| format!("the quoted key is not a valid structured-field string: {e}"))?;
+    match item.bare_item.as_string() {
+        Some(s) => Ok(s.as_str().to_owned()),
+        None => Err("the Idempotency-Key header must be a structured-field string".into()),
     }
 }
 
@@ -203,6 +136,14 @@ mod tests {
         assert!(parse_value(b"\"caf\xc3\xa9\"").is_err());
         assert!(parse(&"k".repeat(256)).is_err());
         assert!(parse(&"k".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn blank_keys_are_refused() {
+        for bad in [r#"" ""#, r#""   ""#, r#""\t""#] {
+            assert!(parse(bad).is_err(), "{bad:?} should be refused");
+        }
+        assert_eq!(parse(r#"" a ""#).as_deref(), Ok(" a "));
     }
 
     #[test]

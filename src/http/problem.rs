@@ -1,14 +1,15 @@
 //! The layer's own answers: RFC 9457 problem details (`application/problem+json`).
 
-use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
-use http_body_util::Full;
+
+use super::body::ResponseBody;
 
 /// Where the problem types are documented (the module docs' headings).
 const TYPE_BASE: &str = "https://docs.rs/idempotency/latest/idempotency/http/index.html#";
 
-/// One problem answer, before it becomes a response.
+/// One problem answer, before it becomes a response. Its text is meant for
+/// clients: it never holds internal error text (that goes to the log).
 #[derive(Debug)]
 pub(crate) struct Problem {
     pub(crate) status: StatusCode,
@@ -17,6 +18,8 @@ pub(crate) struct Problem {
     pub(crate) title: &'static str,
     pub(crate) detail: String,
     pub(crate) retry_after_secs: Option<u64>,
+    /// Extension members (RFC 9457 section 3.2).
+    pub(crate) members: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl Problem {
@@ -32,6 +35,7 @@ impl Problem {
             title,
             detail: detail.into(),
             retry_after_secs: None,
+            members: Vec::new(),
         }
     }
 
@@ -40,14 +44,22 @@ impl Problem {
         self
     }
 
-    pub(crate) fn into_response(self) -> Response<Full<Bytes>> {
-        let body = serde_json::json!({
-            "type": format!("{TYPE_BASE}{}", self.kind),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    pub(crate) fn member(mut self, name: &'static str, value: serde_json::Value) -> Problem {
+        self.members.push((name, value));
+        self
+    }
+
+    pub(crate) fn into_response<B>(self) -> Response<ResponseBody<B>> {
+        let mut body = serde_json::Map::new();
+        body.insert("type".into(), format!("{TYPE_BASE}{}", self.kind).into());
+        body.insert("title".into(), self.title.into());
+        body.insert("status".into(), self.status.as_u16().into());
+        body.insert("detail".into(), self.detail.into());
+        for (name, value) in self.members {
+            body.insert(name.into(), value);
+        }
+        let body = serde_json::Value::Object(body).to_string();
+        let mut response = Response::new(ResponseBody::full(body));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(

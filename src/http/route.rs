@@ -18,6 +18,7 @@ use crate::canonical;
 /// | key required | the layer's [`require_key`](super::IdempotencyLayer::require_key) (itself `false`) |
 /// | body fingerprint | by content type: canonical JSON for `application/json` and `*/*+json`, raw bytes otherwise |
 /// | lease | the engine's |
+/// | wait for outcome | none: a duplicate of a running request gets 409 at once |
 ///
 /// ```
 /// use idempotency::http::Route;
@@ -36,6 +37,7 @@ pub struct Route {
     pub(crate) require_key: Option<bool>,
     pub(crate) body: BodyMode,
     pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,6 +100,7 @@ impl Route {
             require_key: None,
             body: BodyMode::Auto,
             lease: None,
+            wait: None,
         }
     }
 
@@ -118,8 +121,8 @@ impl Route {
     /// The body must be JSON, whatever its content type; the fingerprint
     /// covers the whole document in canonical form (RFC 8785 structure,
     /// exact decimal numbers, see [`crate::canonical`]). A body that is not
-    /// strict JSON (an empty body included) is refused with 400 before any
-    /// claim.
+    /// strict JSON is refused with 400 before any claim. An empty body is
+    /// an absent body: fingerprinted as such, never refused.
     pub fn json(mut self) -> Route {
         self.body = BodyMode::Json(Vec::new());
         self
@@ -161,6 +164,21 @@ impl Route {
     /// before a retry sees the record as UNKNOWN.
     pub fn lease(mut self, lease: Duration) -> Route {
         self.lease = Some(lease);
+        self
+    }
+
+    /// A duplicate that arrives while the first request with its key runs
+    /// waits up to `wait` for that request's outcome and then gets its
+    /// replay (or, if the first request's key was released, runs itself),
+    /// instead of 409 `in-progress` at once; if the time runs out, it gets
+    /// the 409. For clients that cannot retry. The wait holds one of the
+    /// layer's in-flight permits (see
+    /// [`IdempotencyLayer::max_in_flight`](super::IdempotencyLayer::max_in_flight)).
+    /// A claim held by this process wakes its waiters as soon as its
+    /// outcome is recorded; one held by another process is polled every
+    /// 50 ms.
+    pub fn wait_for_outcome(mut self, wait: Duration) -> Route {
+        self.wait = Some(wait);
         self
     }
 

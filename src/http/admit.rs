@@ -1,0 +1,433 @@
+//! Before `begin`: is the request ours, under which scoped key, and what
+//! is its fingerprint.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{HeaderMap, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use super::layer::Config;
+use super::problem::Problem;
+use super::route::BodyMode;
+use super::{header, Caller, CallerKind, Route, IDEMPOTENCY_KEY};
+use crate::{canonical, BoxError, Fingerprint, IdempotencyKey};
+
+/// blake3 `derive_key` context of the caller digest in the scope.
+const CALLER_CONTEXT: &str = "idempotency http caller v1";
+/// blake3 `derive_key` context of the per-pointer digests.
+const POINTER_CONTEXT: &str = "idempotency http pointer digest v1";
+
+/// A request the layer claims a key for.
+pub(crate) struct Admitted {
+    pub(crate) key: IdempotencyKey,
+    /// The matched route's pattern, or `""`: where duration estimates go.
+    pub(crate) route: String,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) job: FingerprintJob,
+}
+
+/// What the checks on the request head decided.
+pub(crate) enum Head {
+    /// Not ours: pass the request through.
+    Pass,
+    /// Ours: read the body, then fingerprint it.
+    Claim {
+        key: IdempotencyKey,
+        route: Option<Route>,
+    },
+}
+
+/// Decides, from the head alone, whether the request is ours and under
+/// which key.
+pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, Problem> {
+    if !cfg.methods.contains(&parts.method) {
+        return Ok(Head::Pass);
+    }
+    let path = parts.uri.path();
+    let route = cfg.routes.iter().find(|r| r.matches(path));
+    let required = route.and_then(|r| r.require_key).unwrap_or(cfg.require_key);
+    let client_key = match header::parse_key(parts.headers.get_all(&IDEMPOTENCY_KEY)) {
+        Ok(Some(key)) => key,
+        Ok(None) if !required => return Ok(Head::Pass),
+        Ok(None) => {
+            return Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "missing-key",
+                "Idempotency-Key required",
+                format!("{} {path} requires an Idempotency-Key header", parts.method),
+            ))
+        }
+        Err(detail) => {
+            return Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "malformed-key",
+                "Malformed Idempotency-Key",
+                detail,
+            ))
+        }
+    };
+    let route_path = route.map_or(path, Route::pattern);
+    let scope = match &cfg.scope {
+        Some(scope) => scope(parts, route_path),
+        None => default_scope(cfg, parts, route_path)?,
+    };
+    let key = IdempotencyKey::new(scope, client_key).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-scope",
+            "Invalid idempotency scope",
+            e.to_string(),
+        )
+    })?;
+    Ok(Head::Claim {
+        key,
+        route: route.cloned(),
+    })
+}
+
+/// Reads the body and prepares its fingerprint (computed later, off the
+/// async workers).
+pub(crate) async fn admit<B>(
+    cfg: &Config,
+    parts: &Parts,
+    key: IdempotencyKey,
+    route: Option<Route>,
+    body: B,
+) -> Result<Admitted, Problem>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let body = read_body(&parts.headers, body, cfg.max_body_bytes).await?;
+    let mode = route.as_ref().map_or(BodyMode::Auto, |r| r.body.clone());
+    let json = match mode {
+        BodyMode::Json(pointers) => Some(pointers),
+        BodyMode::Auto if is_json(&parts.headers) => Some(Vec::new()),
+        BodyMode::Auto | BodyMode::Raw => None,
+    };
+    Ok(Admitted {
+        key,
+        route: route
+            .as_ref()
+            .map_or_else(String::new, |r| r.pattern.clone()),
+        lease: route.as_ref().and_then(|r| r.lease),
+        wait: route.as_ref().and_then(|r| r.wait),
+        job: FingerprintJob {
+            method: parts.method.as_str().to_owned(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().unwrap_or("").to_owned(),
+            json,
+            body,
+        },
+    })
+}
+
+fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Problem> {
+    let mut scope = format!("{} {route}", parts.method);
+    if let Some(name) = &cfg.tenant_header {
+        if let Some(value) = parts.headers.get(name) {
+            let tenant = value.to_str().map_err(|_| {
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-scope",
+                    "Invalid idempotency scope",
+                    format!("the {name} header must be visible ASCII"),
+                )
+            })?;
+            // The route is a URI path and has no spaces, so this cannot be
+            // confused with another route's scope.
+            scope.push_str(" tenant=");
+            scope.push_str(tenant);
+        }
+    }
+    if let Some(caller) = caller_digest(&cfg.caller, cfg.caller_key.as_ref(), parts) {
+        scope.push_str(" caller=");
+        scope.push_str(&caller);
+    }
+    Ok(scope)
+}
+
+/// The caller's identity as 32 hex digits (a keyed blake3 digest), or
+/// `None` for the anonymous caller or shared keys.
+fn caller_digest(caller: &Caller, secret: Option<&[u8; 32]>, parts: &Parts) -> Option<String> {
+    let mut hasher = match secret {
+        Some(key) => blake3::Hasher::new_keyed(key),
+        None => blake3::Hasher::new_derive_key(CALLER_CONTEXT),
+    };
+    let mut any = false;
+    let put = |hasher: &mut blake3::Hasher, bytes: &[u8]| {
+        hasher.update(&(bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    };
+    match &caller.0 {
+        CallerKind::Shared => return None,
+        CallerKind::Custom(f) => {
+            put(&mut hasher, b"custom");
+            put(&mut hasher, f(parts)?.as_bytes());
+            any = true;
+        }
+        CallerKind::Headers(names) => {
+            for name in names {
+                for value in parts.headers.get_all(name) {
+                    put(&mut hasher, name.as_str().as_bytes());
+                    put(&mut hasher, value.as_bytes());
+                    any = true;
+                }
+            }
+        }
+    }
+    any.then(|| hex(&hasher.finalize().as_bytes()[..16]))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let too_large = |what: String| {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("{what}; at most {limit} bytes are accepted"),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = declared {
+        if len > limit as u64 {
+            return Err(too_large(format!("the body is {len} bytes")));
+        }
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(too_large("the body is larger".into()))
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "request body could not be read");
+            Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "Unreadable request body",
+                "the request body could not be read",
+            ))
+        }
+    }
+}
+
+/// The inputs of a request's fingerprint, owned so that it can be computed
+/// on the blocking pool: canonicalizing a large JSON body takes long enough
+/// to stall an async worker.
+pub(crate) struct FingerprintJob {
+    method: String,
+    path: String,
+    query: String,
+    /// `Some(pointers)`: the body is JSON (whole document if empty).
+    json: Option<Vec<String>>,
+    pub(crate) body: Bytes,
+}
+
+/// A computed fingerprint, with per-pointer digests on pointer routes.
+pub(crate) struct Fingerprinted {
+    pub(crate) fingerprint: Fingerprint,
+    /// `(pointer, digest)`, sorted by pointer.
+    pub(crate) digests: Option<Vec<(String, String)>>,
+}
+
+/// JSON bodies from this size on (bytes) take a fingerprinting permit.
+const HEAVY_JSON_BYTES: usize = 64 * 1024;
+
+impl FingerprintJob {
+    /// Whether this job needs one of the layer's fingerprinting permits.
+    pub(crate) fn is_heavy(&self) -> bool {
+        self.json.is_some() && self.body.len() >= HEAVY_JSON_BYTES
+    }
+
+    /// Computes the fingerprint (blocking work).
+    ///
+    /// An empty body is an absent body: fingerprinted as empty bytes
+    /// whatever the content type or route, never refused.
+    pub(crate) fn run(&self) -> Result<Fingerprinted, Problem> {
+        let builder = Fingerprint::builder()
+            .part("method", self.method.as_bytes())
+            .part("path", self.path.as_bytes())
+            .part("query", self.query.as_bytes());
+        let pointers = match &self.json {
+            Some(pointers) if !self.body.is_empty() => pointers,
+            _ => {
+                return Ok(Fingerprinted {
+                    fingerprint: builder.part("body", &self.body).finish(),
+                    digests: None,
+                })
+            }
+        };
+        let invalid = |e: &dyn std::fmt::Display| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-body",
+                "Request body is not valid JSON",
+                format!("the request body is not valid JSON: {e}"),
+            )
+        };
+        let refs: Vec<&str> = pointers.iter().map(String::as_str).collect();
+        let fingerprint = builder
+            .json("body", &self.body, &refs)
+            .map_err(|e| invalid(&e))?
+            .finish();
+        let digests = if pointers.is_empty() {
+            None
+        } else {
+            Some(pointer_digests(&self.body, pointers).map_err(|e| invalid(&e))?)
+        };
+        Ok(Fingerprinted {
+            fingerprint,
+            digests,
+        })
+    }
+}
+
+/// One short digest (64 bits, hex) of each pointer's canonical value, or
+/// of its absence.
+fn pointer_digests(
+    body: &[u8],
+    pointers: &[String],
+) -> Result<Vec<(String, String)>, canonical::CanonicalError> {
+    let value = canonical::parse(body)?;
+    let mut out = Vec::with_capacity(pointers.len());
+    let mut canonical = Vec::new();
+    for pointer in pointers {
+        let mut hasher = blake3::Hasher::new_derive_key(POINTER_CONTEXT);
+        match canonical::resolve(&value, pointer)? {
+            None => {
+                hasher.update(&[0]);
+            }
+            Some(selected) => {
+                canonical.clear();
+                selected.write_canonical(&mut canonical);
+                hasher.update(&[1]);
+                hasher.update(&canonical);
+            }
+        }
+        out.push((pointer.clone(), hex(&hasher.finalize().as_bytes()[..8])));
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The pointers whose digests differ between the stored request's
+/// (`stored`, the envelope header's JSON) and this one's; pointers missing
+/// on either side are skipped.
+pub(crate) fn differing_pointers(
+    stored: &[u8],
+    current: &[(String, String)],
+) -> Option<Vec<String>> {
+    let stored: Vec<(String, String)> = serde_json::from_slice(stored).ok()?;
+    Some(
+        current
+            .iter()
+            .filter(|(p, d)| stored.iter().any(|(sp, sd)| sp == p && sd != d))
+            .map(|(p, _)| p.clone())
+            .collect(),
+    )
+}
+
+/// `application/json` or any `*/*+json` media type.
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
+        || essence
+            .get(essence.len().saturating_sub(5)..)
+            .is_some_and(|tail| tail.eq_ignore_ascii_case("+json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HeaderValue;
+
+    #[test]
+    fn json_content_types() {
+        let mut h = HeaderMap::new();
+        assert!(!is_json(&h));
+        for (ct, want) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("application/merge-patch+json", true),
+            ("text/plain", false),
+            ("json", false),
+        ] {
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            assert_eq!(is_json(&h), want, "{ct}");
+        }
+    }
+
+    #[test]
+    fn caller_digest_depends_on_credentials_and_secret() {
+        let parts = |auth: &'static str| {
+            let (parts, ()) = http::Request::post("/p")
+                .header("authorization", auth)
+                .body(())
+                .expect("valid request")
+                .into_parts();
+            parts
+        };
+        let caller = Caller::default();
+        let a = caller_digest(&caller, None, &parts("Basic YTpi"));
+        let b = caller_digest(&caller, None, &parts("Basic YTpj"));
+        let keyed = caller_digest(&caller, Some(&[7; 32]), &parts("Basic YTpi"));
+        assert!(a.is_some() && a != b && a != keyed);
+        assert_eq!(a.as_ref().map(String::len), Some(32));
+        assert_eq!(
+            caller_digest(&Caller::shared(), None, &parts("Basic YTpi")),
+            None
+        );
+        let (anonymous, ()) = http::Request::post("/p")
+            .body(())
+            .expect("valid")
+            .into_parts();
+        assert_eq!(caller_digest(&caller, None, &anonymous), None);
+    }
+
+    #[test]
+    fn differing_pointers_names_only_changed_ones() {
+        let a = pointer_digests(
+            br#"{"amount":1,"currency":"EUR"}"#,
+            &["/amount".into(), "/currency".into()],
+        )
+        .expect("valid");
+        let b = pointer_digests(
+            br#"{"amount":2,"currency":"EUR"}"#,
+            &["/amount".into(), "/currency".into()],
+        )
+        .expect("valid");
+        let stored = serde_json::to_vec(&a).expect("serializable");
+        assert_eq!(
+            differing_pointers(&stored, &b),
+            Some(vec!["/amount".to_string()])
+        );
+        assert_eq!(differing_pointers(&stored, &a), Some(vec![]));
+        assert_eq!(differing_pointers(b"not json", &a), None);
+    }
+}

@@ -1,0 +1,506 @@
+//! One request through the layer: admission, `begin`, the handler, and
+//! recording its outcome.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::response::Parts as ResponseParts;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use parking_lot::Mutex;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::admit::{self, Admitted, FingerprintJob, Fingerprinted, Head};
+use super::body::{Recording, RequestBody, ResponseBody};
+use super::layer::Config;
+use super::problem::Problem;
+use super::runtime::{Holding, Runtime};
+use super::store::{self, Outcome, Stored, POINTER_DIGESTS};
+use super::{ClaimInfo, Disposition};
+use crate::{Begin, BoxError, Claim, Engine, Failure, Fingerprint, IdempotencyKey};
+
+/// How often a waiting duplicate re-reads a key held by another process.
+const WAIT_POLL: Duration = Duration::from_millis(50);
+
+type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// The answer when the layer sheds load.
+pub(crate) async fn overloaded<B, E>(retry_after: Duration) -> Answer<B, E> {
+    Ok(Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "Server at capacity",
+        "the server is handling as many idempotent requests as it can; nothing was stored; \
+         retry after Retry-After seconds",
+    )
+    .retry_after(ceil_secs(retry_after))
+    .into_response())
+}
+
+pub(crate) async fn handle<S, ReqBody, ResBody>(
+    cfg: Arc<Config>,
+    mut inner: S,
+    req: Request<ReqBody>,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Answer<ResBody, S::Error>
+where
+    S: tower::Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    ReqBody: Body<Data = Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let (key, route) = match admit::check_head(&cfg, &parts) {
+        Ok(Head::Pass) => {
+            drop(permit);
+            let response = inner
+                .call(Request::from_parts(parts, RequestBody::passed(body)))
+                .await?;
+            return Ok(response.map(ResponseBody::inner));
+        }
+        Ok(Head::Claim { key, route }) => (key, route),
+        Err(problem) => return Ok(problem.into_response()),
+    };
+    // Held until the outcome is recorded (or, for a streamed response,
+    // until its head is sent).
+    let _permit = permit;
+    let Admitted {
+        key,
+        route,
+        lease,
+        wait,
+        job,
+    } = match admit::admit(&cfg, &parts, key, route, body).await {
+        Ok(admitted) => admitted,
+        Err(problem) => return Ok(problem.into_response()),
+    };
+    let body = job.body.clone();
+    let job = if job.is_heavy() {
+        // Waits (asynchronously) for a fingerprinting permit: a bound on
+        // the CPU and memory that large JSON bodies take at once.
+        let permit = cfg.runtime.fingerprints.clone().acquire_owned().await.ok();
+        Job::Compute(job, permit)
+    } else {
+        Job::Compute(job, None)
+    };
+    let (mut begin, fingerprinted) =
+        match begin_blocking(cfg.engine.clone(), key.clone(), job, lease).await {
+            Ok(answer) => answer,
+            Err(problem) => return Ok(problem.into_response()),
+        };
+    let deadline = wait.map(|w| Instant::now() + w);
+    let problem = loop {
+        match begin {
+            Begin::Claimed(claim) => {
+                let holding = cfg.runtime.hold(key, route);
+                let digests = fingerprinted
+                    .digests
+                    .and_then(|d| serde_json::to_string(&d).ok());
+                return run_claimed(&cfg, inner, parts, body, claim, holding, digests).await;
+            }
+            Begin::Replay(replay) => return Ok(store::replay_response(replay.envelope)),
+            Begin::Processing { retry_after } => {
+                if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
+                    wait_for(&cfg.runtime, &key, deadline).await;
+                    let job = Job::Ready(fingerprinted.fingerprint);
+                    match begin_blocking(cfg.engine.clone(), key.clone(), job, lease).await {
+                        Ok((again, _)) => begin = again,
+                        Err(problem) => break problem,
+                    }
+                    continue;
+                }
+                let after = cfg.runtime.expected_remaining(&route, &key, retry_after);
+                break Problem::new(
+                    StatusCode::CONFLICT,
+                    "in-progress",
+                    "Request in progress",
+                    "a request with this Idempotency-Key is still being processed",
+                )
+                .retry_after(ceil_secs(after));
+            }
+            Begin::Mismatch => break mismatch(&cfg, key, fingerprinted.digests).await,
+            Begin::Unknown(pending) => {
+                tracing::info!(key = %pending.key, reference = %pending.reference, "outcome unknown");
+                break Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "outcome-unknown",
+                    "Outcome being recovered",
+                    "an earlier request with this Idempotency-Key may have had effects that \
+                     were not recorded; it is being recovered and will not be executed again",
+                )
+                .retry_after(ceil_secs(cfg.unknown_retry_after));
+            }
+            Begin::Tombstoned { reusable_at_ms, .. } => {
+                break Problem::new(
+                    StatusCode::CONFLICT,
+                    "key-expired",
+                    "Idempotency-Key expired",
+                    format!(
+                        "this Idempotency-Key expired; it may not be reused before \
+                         {reusable_at_ms} ms since the Unix epoch; use a new key"
+                    ),
+                )
+            }
+        }
+    };
+    Ok(problem.into_response())
+}
+
+/// Waits until this process's claim on `key` is done, or for one poll
+/// interval if another process holds it, never past `deadline`.
+async fn wait_for(runtime: &Runtime, key: &IdempotencyKey, deadline: Instant) {
+    let left = deadline.saturating_duration_since(Instant::now());
+    match runtime.watch(key) {
+        // `changed` fails (returns) once the holder drops its sender.
+        Some(mut done) => drop(tokio::time::timeout(left, done.changed()).await),
+        None => tokio::time::sleep(left.min(WAIT_POLL)).await,
+    }
+}
+
+/// The mismatch answer, naming the JSON Pointers whose values differ from
+/// the stored request's when both requests have per-pointer digests.
+async fn mismatch(
+    cfg: &Config,
+    key: IdempotencyKey,
+    digests: Option<Vec<(String, String)>>,
+) -> Problem {
+    let problem = Problem::new(
+        cfg.mismatch_status,
+        "key-mismatch",
+        "Idempotency-Key reused",
+        "this Idempotency-Key was already used for a different request",
+    );
+    let Some(digests) = digests else {
+        return problem;
+    };
+    let engine = cfg.engine.clone();
+    let record = tokio::task::spawn_blocking(move || engine.record(&key)).await;
+    let stored = match record {
+        Ok(Ok(Some(record))) => record.response,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not read the record to name differing pointers");
+            None
+        }
+        _ => None,
+    };
+    let differing = stored
+        .as_ref()
+        .and_then(|envelope| envelope.header(POINTER_DIGESTS))
+        .and_then(|stored| admit::differing_pointers(stored, &digests));
+    match differing {
+        Some(pointers) => problem.member("pointers", pointers.into()),
+        None => problem,
+    }
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    u64::try_from(d.as_millis().div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// A 500 for a failed engine call; the error goes to the log only.
+fn engine_problem(e: &dyn std::fmt::Display) -> Problem {
+    tracing::error!(error = %e, "idempotency engine failed");
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "engine-error",
+        "Idempotency store failed",
+        "the idempotency store could not process this request; it was not run",
+    )
+}
+
+/// The handler answered but its outcome could not be recorded.
+fn not_recorded(cfg: &Config) -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "outcome-not-recorded",
+        "Outcome not recorded",
+        "the request was processed but its outcome could not be recorded; retry with the same \
+         Idempotency-Key: it will not run again, and the retry is answered once the outcome \
+         is recovered",
+    )
+    .retry_after(ceil_secs(cfg.unknown_retry_after))
+}
+
+/// The fingerprint, to compute or already known.
+enum Job {
+    /// With the fingerprinting permit of a large JSON body.
+    Compute(FingerprintJob, Option<OwnedSemaphorePermit>),
+    Ready(Fingerprint),
+}
+
+type BeginAnswer = Result<(Begin, Fingerprinted), Problem>;
+
+/// Where a blocking `begin` leaves its answer. If the request future is
+/// dropped before taking it, a won claim is released (the handler never
+/// ran), by whichever side comes second.
+enum Slot {
+    Waiting,
+    Ready(BeginAnswer),
+    Taken,
+    Abandoned,
+}
+
+struct Handoff {
+    engine: Arc<Engine>,
+    slot: Mutex<Slot>,
+}
+
+/// Marks the handoff abandoned when the request future is dropped.
+struct AbandonOnDrop(Arc<Handoff>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        let previous = std::mem::replace(&mut *self.0.slot.lock(), Slot::Abandoned);
+        if let Slot::Ready(Ok((Begin::Claimed(claim), _))) = previous {
+            let engine = self.0.engine.clone();
+            let release = move || release(&engine, claim);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(release)),
+                Err(_) => release(),
+            }
+        }
+    }
+}
+
+fn release(engine: &Engine, claim: Claim) {
+    let key = claim.key().clone();
+    if let Err(e) = engine.fail(claim, Failure::Retryable) {
+        tracing::warn!(%key, error = %e, "could not release an abandoned claim");
+    }
+}
+
+/// Fingerprints the request (if needed) and runs `begin`, both on the
+/// blocking pool.
+async fn begin_blocking(
+    engine: Arc<Engine>,
+    key: IdempotencyKey,
+    job: Job,
+    lease: Option<Duration>,
+) -> BeginAnswer {
+    let handoff = Arc::new(Handoff {
+        engine,
+        slot: Mutex::new(Slot::Waiting),
+    });
+    let guard = AbandonOnDrop(handoff.clone());
+    let worker = handoff.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        let engine = &worker.engine;
+        let answer = match job {
+            Job::Compute(job, permit) => {
+                let fingerprinted = job.run();
+                drop(permit);
+                fingerprinted
+            }
+            Job::Ready(fingerprint) => Ok(Fingerprinted {
+                fingerprint,
+                digests: None,
+            }),
+        }
+        .and_then(|fingerprinted| {
+            let fingerprint = fingerprinted.fingerprint;
+            let begun = match lease {
+                Some(lease) => engine.begin_with_lease(&key, fingerprint, lease),
+                None => engine.begin(&key, fingerprint),
+            };
+            match begun {
+                Ok(begin) => Ok((begin, fingerprinted)),
+                Err(e) => {
+                    tracing::error!(%key, error = %e, "begin failed");
+                    Err(engine_problem(&e))
+                }
+            }
+        });
+        let mut slot = worker.slot.lock();
+        if matches!(*slot, Slot::Abandoned) {
+            drop(slot);
+            if let Ok((Begin::Claimed(claim), _)) = answer {
+                release(engine, claim);
+            }
+        } else {
+            *slot = Slot::Ready(answer);
+        }
+    })
+    .await;
+    let taken = std::mem::replace(&mut *handoff.slot.lock(), Slot::Taken);
+    drop(guard);
+    match (taken, joined) {
+        (Slot::Ready(answer), _) => answer,
+        (_, Err(e)) => Err(engine_problem(&format_args!(
+            "the engine call did not finish: {e}"
+        ))),
+        (_, Ok(())) => Err(engine_problem(&"the engine call left no answer")),
+    }
+}
+
+/// Which [`Disposition`] a response gets: the handler's, else the status
+/// table's.
+fn disposition(cfg: &Config, head: &mut ResponseParts) -> Disposition {
+    let status = head.status;
+    if let Some(d) = head.extensions.remove::<Disposition>() {
+        return d;
+    }
+    if let Some(&(_, d)) = cfg.by_status.iter().find(|(s, _)| *s == status) {
+        return d;
+    }
+    if status == StatusCode::SERVICE_UNAVAILABLE && head.headers.contains_key(RETRY_AFTER) {
+        return Disposition::Retry;
+    }
+    if status.is_server_error() {
+        cfg.server_errors
+    } else if status.is_client_error() {
+        cfg.client_errors
+    } else {
+        Disposition::Store
+    }
+}
+
+async fn run_claimed<S, ReqBody, ResBody>(
+    cfg: &Config,
+    mut inner: S,
+    parts: http::request::Parts,
+    body: Bytes,
+    claim: Claim,
+    holding: Holding,
+    digests: Option<String>,
+) -> Answer<ResBody, S::Error>
+where
+    S: tower::Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let engine = cfg.engine.clone();
+    let mut req = Request::from_parts(parts, RequestBody::buffered(body));
+    req.extensions_mut().insert(ClaimInfo {
+        key: claim.key().clone(),
+        reference: claim.reference().to_owned(),
+        fencing_token: claim.fencing_token(),
+    });
+    let called = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(req))) {
+        Ok(future) => CatchUnwind(Box::pin(future)).await,
+        Err(panic) => Err(panic),
+    };
+    let response = match called {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
+            let reason = "the inner service returned an error".to_string();
+            store::settle(engine, claim, Outcome::Fail(Failure::Unknown { reason })).await;
+            return Err(e);
+        }
+        Err(panic) => {
+            let failure = match cfg.panics {
+                Disposition::Retry => Failure::Retryable,
+                Disposition::Store | Disposition::Unknown => Failure::Unknown {
+                    reason: "the handler panicked".into(),
+                },
+            };
+            store::settle(engine, claim, Outcome::Fail(failure)).await;
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let (mut head, body) = response.into_parts();
+    let status = head.status;
+    let failure = match disposition(cfg, &mut head) {
+        Disposition::Store => None,
+        Disposition::Retry => Some(Failure::Retryable),
+        Disposition::Unknown => Some(Failure::Unknown {
+            reason: format!("the handler answered {status} with its outcome unknown"),
+        }),
+    };
+    if let Some(failure) = failure {
+        // Not stored: recorded before the head goes out; the body streams
+        // through. If recording fails, the answer still says "not done" or
+        // "unknown", which is true either way.
+        if store::settle(engine, claim, Outcome::Fail(failure)).await {
+            holding.finished();
+        }
+        return Ok(Response::from_parts(head, ResponseBody::inner(body)));
+    }
+    let stored = Stored::new(cfg, status, &head.headers, digests);
+    let room = stored.room();
+    match body.size_hint().exact() {
+        Some(len) if len <= room as u64 => {
+            // Converted at once: the body's own error type need not be `Send`.
+            let collected: Result<_, BoxError> = body.collect().await.map_err(Into::into);
+            let bytes = match collected {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => {
+                    let reason = format!("the response body failed: {e}");
+                    tracing::error!(key = %claim.key(), %reason, "response body failed");
+                    store::settle(engine, claim, Outcome::Fail(Failure::Unknown { reason })).await;
+                    return Ok(Problem::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "response-error",
+                        "Response failed",
+                        "the response body failed while being read; the request's outcome is \
+                         being recovered",
+                    )
+                    .into_response());
+                }
+            };
+            if !store::settle(engine, claim, stored.with_body(bytes.to_vec())).await {
+                return Ok(not_recorded(cfg).into_response());
+            }
+            holding.finished();
+            Ok(Response::from_parts(head, ResponseBody::full(bytes)))
+        }
+        Some(len) => {
+            // Too large to keep, known now: record the completion without
+            // the body, then stream it.
+            if !store::settle(engine, claim, stored.not_retained(Some(len))).await {
+                return Ok(not_recorded(cfg).into_response());
+            }
+            holding.finished();
+            Ok(Response::from_parts(head, ResponseBody::inner(body)))
+        }
+        None => {
+            let recording = Recording {
+                engine,
+                claim,
+                stored,
+                holding,
+            };
+            Ok(Response::from_parts(
+                head,
+                ResponseBody::tee(body, recording, room),
+            ))
+        }
+    }
+}
+
+/// Polls a future, turning a panic into an `Err` with its payload.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let future = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
+    }
+}

@@ -1,0 +1,266 @@
+//! Between the layer and the engine: blocking engine calls, building the
+//! stored envelope from a response, and turning an envelope back into a
+//! replayed response.
+//!
+//! The layer keeps two headers of its own in stored envelopes, under the
+//! reserved prefix `idempotency-layer-` (never sent on a replay; a
+//! handler's headers with that prefix are not stored):
+//!
+//! - `idempotency-layer-body-not-retained`: the body was dropped because the
+//!   response was larger than `max_response_bytes`; the value is the body's
+//!   length in bytes, or `unknown`.
+//! - `idempotency-layer-pointer-digests`: a JSON array of
+//!   `[pointer, digest]` pairs, the digest of each fingerprinted JSON
+//!   Pointer's value (see [`super::admit`]), to name the differing pointers
+//!   of a later mismatch.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONNECTION, LOCATION};
+use http::{HeaderMap, Response, StatusCode};
+
+use super::body::ResponseBody;
+use super::layer::{Config, HeaderPolicy, NEVER_STORED, NEVER_STORED_EXTRA};
+use super::problem::Problem;
+use super::IDEMPOTENT_REPLAYED;
+use crate::{Claim, Engine, Envelope, Failure};
+
+/// Prefix of the layer's own envelope headers.
+pub(crate) const RESERVED_PREFIX: &str = "idempotency-layer-";
+/// Marks an envelope whose body was not retained.
+pub(crate) const NOT_RETAINED: &str = "idempotency-layer-body-not-retained";
+/// Per-pointer digests of the request.
+pub(crate) const POINTER_DIGESTS: &str = "idempotency-layer-pointer-digests";
+
+/// How a finished claim is reported to the engine.
+pub(crate) enum Outcome {
+    Complete(Envelope),
+    Fail(Failure),
+}
+
+/// Records an outcome (blocking: waits for the commit). Returns whether it
+/// is durable; a failure is logged, with the key, never sent to a client.
+pub(crate) fn record(engine: &Engine, claim: Claim, outcome: Outcome) -> bool {
+    let key = claim.key().clone();
+    let done = match outcome {
+        Outcome::Complete(envelope) => engine.complete(claim, envelope),
+        Outcome::Fail(failure) => engine.fail(claim, failure),
+    };
+    match done {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(%key, error = %e, "could not record the outcome");
+            false
+        }
+    }
+}
+
+/// [`record`] on the blocking pool. Runs to completion even if the caller
+/// is dropped.
+pub(crate) async fn settle(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> bool {
+    let key = claim.key().clone();
+    match tokio::task::spawn_blocking(move || record(&engine, claim, outcome)).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            tracing::error!(%key, error = %e, "recording the outcome did not finish");
+            false
+        }
+    }
+}
+
+/// A final response's status and stored headers, before its body is known.
+pub(crate) struct Stored {
+    schema_version: u32,
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    is_final_failure: bool,
+    /// `max_response_bytes`.
+    limit: usize,
+}
+
+impl Stored {
+    pub(crate) fn new(
+        cfg: &Config,
+        status: StatusCode,
+        headers: &HeaderMap,
+        digests: Option<String>,
+    ) -> Stored {
+        let mut stored = stored_headers(&cfg.headers, headers);
+        if let Some(digests) = digests {
+            stored.push((POINTER_DIGESTS.to_owned(), digests.into_bytes()));
+        }
+        Stored {
+            schema_version: cfg.schema_version,
+            status: status.as_u16(),
+            headers: stored,
+            is_final_failure: status.as_u16() >= 400,
+            limit: cfg.engine.max_response_bytes(),
+        }
+    }
+
+    fn headers_bytes(&self) -> usize {
+        self.headers.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
+
+    /// How many body bytes fit beside the headers.
+    pub(crate) fn room(&self) -> usize {
+        self.limit.saturating_sub(self.headers_bytes())
+    }
+
+    pub(crate) fn with_body(mut self, body: impl Into<Vec<u8>>) -> Outcome {
+        let envelope = Envelope {
+            schema_version: self.schema_version,
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body: body.into(),
+        };
+        self.into_outcome(envelope)
+    }
+
+    /// The completion without its body (`len`: the body's length, if
+    /// known). Headers are dropped too if even they do not fit, `Location`
+    /// last.
+    pub(crate) fn not_retained(mut self, len: Option<u64>) -> Outcome {
+        let marker = len.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+        let marker_bytes = NOT_RETAINED.len() + marker.len();
+        if self.headers_bytes() + marker_bytes > self.limit {
+            self.headers
+                .retain(|(n, _)| n.eq_ignore_ascii_case(LOCATION.as_str()));
+        }
+        if self.headers_bytes() + marker_bytes > self.limit {
+            self.headers.clear();
+        }
+        self.headers
+            .push((NOT_RETAINED.to_owned(), marker.into_bytes()));
+        let envelope = Envelope {
+            schema_version: self.schema_version,
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body: Vec::new(),
+        };
+        self.into_outcome(envelope)
+    }
+
+    fn into_outcome(self, envelope: Envelope) -> Outcome {
+        if self.is_final_failure {
+            Outcome::Fail(Failure::Final(envelope))
+        } else {
+            Outcome::Complete(envelope)
+        }
+    }
+}
+
+/// The response headers to store, in order, every value of each.
+fn stored_headers(policy: &HeaderPolicy, headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+    // Headers named by `Connection` are hop-by-hop (RFC 9110 section 7.6.1).
+    let named_by_connection: Vec<String> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        let n = name.as_str();
+        let wanted = match policy {
+            HeaderPolicy::AllExcept(excluded) => !excluded.contains(name),
+            HeaderPolicy::Only(names) => names.contains(name),
+        };
+        if !wanted
+            || NEVER_STORED.contains(name)
+            || NEVER_STORED_EXTRA.contains(name)
+            || n.starts_with(RESERVED_PREFIX)
+            || *name == IDEMPOTENT_REPLAYED
+            || named_by_connection.iter().any(|c| c == n)
+        {
+            continue;
+        }
+        out.push((n.to_owned(), value.as_bytes().to_vec()));
+    }
+    out
+}
+
+/// The response for a stored envelope.
+pub(crate) fn replay_response<B>(envelope: Envelope) -> Response<ResponseBody<B>> {
+    if envelope.header(NOT_RETAINED).is_some() {
+        return not_retained_response(&envelope);
+    }
+    let mut response = Response::new(ResponseBody::full(Bytes::from(envelope.body)));
+    *response.status_mut() =
+        StatusCode::from_u16(envelope.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in envelope.headers {
+        if name.starts_with(RESERVED_PREFIX) {
+            continue;
+        }
+        // Stored from a valid response, so these parse; skip one that does
+        // not rather than fail the replay.
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(&value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+fn not_retained_response<B>(envelope: &Envelope) -> Response<ResponseBody<B>> {
+    let problem = Problem::new(
+        StatusCode::CONFLICT,
+        "response-not-retained",
+        "Completed; response not retained",
+        "the request with this Idempotency-Key completed, but its response was too large to \
+         keep, so it cannot be replayed; it will not run again",
+    )
+    .member("original_status", envelope.status.into());
+    let mut response = problem.into_response();
+    if let Some(location) = envelope
+        .header(LOCATION.as_str())
+        .and_then(|v| HeaderValue::from_bytes(v).ok())
+    {
+        response.headers_mut().insert(LOCATION, location);
+    }
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_credentials_and_date_are_not_stored() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+            ("content-length", "12"),
+            ("set-cookie", "session=secret"),
+            ("date", "Mon, 30 Nov 2026 12:00:00 GMT"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("transfer-encoding", "chunked"),
+            ("idempotency-layer-body-not-retained", "1"),
+            ("etag", "\"v1\""),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let names: Vec<String> = stored_headers(&HeaderPolicy::AllExcept(Vec::new()), &h)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["content-type", "content-encoding", "etag"]);
+        let only = HeaderPolicy::Only(vec![http::header::SET_COOKIE, http::header::ETAG]);
+        let names: Vec<String> = stored_headers(&only, &h)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["etag"]);
+    }
+}
