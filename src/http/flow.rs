@@ -245,7 +245,7 @@ type BeginAnswer = Result<(Begin, Fingerprinted), Problem>;
 /// ran), by whichever side comes second.
 enum Slot {
     Waiting,
-    Ready(BeginAnswer),
+    Ready(Box<BeginAnswer>),
     Taken,
     Abandoned,
 }
@@ -261,7 +261,10 @@ struct AbandonOnDrop(Arc<Handoff>);
 impl Drop for AbandonOnDrop {
     fn drop(&mut self) {
         let previous = std::mem::replace(&mut *self.0.slot.lock(), Slot::Abandoned);
-        if let Slot::Ready(Ok((Begin::Claimed(claim), _))) = previous {
+        if let Slot::Ready(answer) = previous {
+            let Ok((Begin::Claimed(claim), _)) = *answer else {
+                return;
+            };
             let engine = self.0.engine.clone();
             let release = move || release(&engine, claim);
             match tokio::runtime::Handle::try_current() {
@@ -327,14 +330,14 @@ async fn begin_blocking(
                 release(engine, claim);
             }
         } else {
-            *slot = Slot::Ready(answer);
+            *slot = Slot::Ready(Box::new(answer));
         }
     })
     .await;
     let taken = std::mem::replace(&mut *handoff.slot.lock(), Slot::Taken);
     drop(guard);
     match (taken, joined) {
-        (Slot::Ready(answer), _) => answer,
+        (Slot::Ready(answer), _) => *answer,
         (_, Err(e)) => Err(engine_problem(&format_args!(
             "the engine call did not finish: {e}"
         ))),
