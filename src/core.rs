@@ -61,7 +61,9 @@ impl Core {
         fingerprint: Fingerprint,
         lease_ms: u64,
     ) -> Result<Begin> {
-        self.store.check()?;
+        // No poison check here: a held key is answered from a read, which
+        // works on a poisoned engine (replays go on while writes are
+        // refused); a claim is a write, which the store refuses.
         let claim = ClaimRequest {
             key: key.clone(),
             fingerprint,
@@ -92,8 +94,8 @@ impl Core {
                 },
             };
             match (&self.cfg.resolver, found.held) {
-                (Some(resolver), Held::InDoubt) => {
-                    if let Some(answer) = self.consult(resolver.as_ref(), found, &claim)? {
+                (Some(resolver), Held::InDoubt) if found.record.lease_until_ms <= found.now_ms => {
+                    if let Some(answer) = self.settle_in_begin(&found.record, &**resolver, &claim)? {
                         return Ok(answer);
                     }
                 }
@@ -108,8 +110,8 @@ impl Core {
     /// The one mapping from a held record to what `begin` answers, used by
     /// `begin`, local writes and the inbox. Reads no clock: `found.now_ms`
     /// is the instant the record was classified at. (On an engine with a
-    /// resolver, `begin` first consults it for in-doubt records: see
-    /// [`Core::consult`].)
+    /// resolver, `begin` first asks it about an in-doubt record whose lease
+    /// has ended: see [`Core::settle_in_begin`].)
     pub(crate) fn answer(&self, key: &IdempotencyKey, found: Found) -> Result<Begin> {
         let c = &self.counters;
         let Found {
@@ -143,35 +145,22 @@ impl Core {
                     reusable_at_ms,
                 }
             }
+            // One rule for every dropped claim, with or without a resolver:
+            // its work may still be running until its lease ends, so until
+            // then the key is processing; after that it is in doubt.
+            Held::InDoubt if record.lease_until_ms > now_ms => {
+                bump(&c.processing_answers, 1);
+                Begin::Processing {
+                    retry_after: Duration::from_millis(
+                        record.lease_until_ms.saturating_sub(now_ms).max(1),
+                    ),
+                }
+            }
             Held::InDoubt => {
                 bump(&c.unknown_answers, 1);
                 Begin::Unknown(self.in_doubt_of(key.clone(), &record, now_ms))
             }
         })
-    }
-
-    /// An in-doubt record met by `begin` on an engine with a resolver. While
-    /// a dropped claim's lease runs, its work may still be running (asking
-    /// the provider now could hear "not executed" for a call still in
-    /// flight), so it answers `Processing`; after that the resolver is
-    /// asked, and the record replays, is claimed afresh, or stays in doubt.
-    /// `None`: someone else settled it meanwhile; look again.
-    fn consult(
-        &self,
-        resolver: &dyn Resolver,
-        found: Found,
-        claim: &ClaimRequest,
-    ) -> Result<Option<Begin>> {
-        let (record, now_ms) = (found.record, found.now_ms);
-        if record.lease_until_ms > now_ms {
-            bump(&self.counters.processing_answers, 1);
-            return Ok(Some(Begin::Processing {
-                retry_after: Duration::from_millis(
-                    record.lease_until_ms.saturating_sub(now_ms).max(1),
-                ),
-            }));
-        }
-        self.settle_in_begin(&record, resolver, claim)
     }
 
     /// Asks the resolver about an in-doubt record whose lease has ended and
@@ -303,6 +292,7 @@ impl Core {
                 key: key.clone(),
                 size,
                 limit,
+                claim: None,
             });
         }
         Ok(())
@@ -319,9 +309,10 @@ impl Core {
         }
     }
 
-    /// Stores a claim's outcome. A response over the size limit is not
-    /// stored: the work ran but its result cannot be kept, so the record
-    /// becomes UNKNOWN.
+    /// Stores a claim's outcome. A response over the size limit is checked
+    /// before the claim is used: the claim comes back inside
+    /// `Error::ResponseTooLarge`, untouched, so the caller can store a
+    /// smaller answer (the record stays PROCESSING).
     pub(crate) fn finish(
         &self,
         claim: Claim,
@@ -331,21 +322,17 @@ impl Core {
         messages: Vec<OutgoingMessage>,
     ) -> Result<()> {
         let mut claim = self.own_claim(claim)?;
-        let (key, token) = claim.finish();
         let size = envelope.size_bytes() + resource.as_ref().map_or(0, String::len);
-        if let Err(e) = self.check_size(&key, size) {
-            let reason = format!(
-                "response of {size} bytes refused (limit {} bytes)",
-                self.cfg.store.max_response_bytes
-            );
-            self.store.mark_in_doubt(InDoubtRequest {
-                key,
-                token,
-                reason,
-                by: Abandon::Explicit,
-            })?;
-            return Err(e);
+        let limit = self.cfg.store.max_response_bytes;
+        if size > limit {
+            return Err(Error::ResponseTooLarge {
+                key: claim.key().clone(),
+                size,
+                limit,
+                claim: Some(Box::new(claim)),
+            });
         }
+        let (key, token) = claim.finish();
         self.store.complete(CompleteRequest {
             key,
             token,

@@ -106,9 +106,10 @@ impl Engine {
     /// # Errors
     ///
     /// - [`Error::ResponseTooLarge`] if `envelope.size_bytes()` exceeds
-    ///   `max_response_bytes`: nothing is stored, and because the work has run
-    ///   but its result cannot be kept, the record becomes UNKNOWN (never
-    ///   re-executed). Check the size first to choose otherwise.
+    ///   `max_response_bytes`: nothing is stored, and the claim comes back
+    ///   unused inside the error (the record stays PROCESSING), so a smaller
+    ///   answer can be stored with it; dropping the error drops the claim,
+    ///   which then counts as a dropped claim (in doubt, never re-executed).
     /// - [`Error::Fenced`] if the token no longer owns the record; the stored
     ///   record is untouched.
     /// - [`Error::ForeignClaim`], [`Error::Poisoned`], [`Error::Closed`],
@@ -398,6 +399,17 @@ impl Engine {
     /// [`Envelope::size_bytes`]) `complete` accepts, in bytes.
     pub fn max_response_bytes(&self) -> usize {
         self.core.cfg.store.max_response_bytes
+    }
+
+    /// The default claim lease (see [`EngineBuilder::lease`]).
+    pub fn lease(&self) -> Duration {
+        self.core.cfg.lease
+    }
+
+    /// How many operations the writer's queue holds before callers wait
+    /// (see [`EngineBuilder::queue_capacity`]).
+    pub fn queue_capacity(&self) -> usize {
+        self.core.cfg.queue_capacity
     }
 }
 

@@ -148,9 +148,14 @@ pub enum Error {
 
     /// A response (envelope body plus headers, plus any resource reference)
     /// is larger than the engine's `max_response_bytes`. Nothing was stored.
-    /// From `complete` or `fail`, the record becomes UNKNOWN (the work ran,
-    /// but its result cannot be kept); from a resolver's answer, the record
-    /// stays UNKNOWN.
+    ///
+    /// From `complete` or `fail(Failure::Final)`, the size is checked before
+    /// the claim is used, and the claim comes back in `claim`: the record is
+    /// still PROCESSING under it, so the app can store a smaller answer with
+    /// it (a known outcome is never recorded as unknown). Dropping the error
+    /// drops the claim, with a dropped claim's effect. From a resolver's
+    /// answer or a local write, `claim` is `None` and the record stays as it
+    /// was (UNKNOWN, or released for a local write).
     #[error("response for {key} is {size} bytes, over the limit of {limit} bytes")]
     ResponseTooLarge {
         /// The key whose response was refused.
@@ -159,6 +164,8 @@ pub enum Error {
         size: usize,
         /// The configured limit in bytes.
         limit: usize,
+        /// The claim, handed back unused (from `complete` and `fail`).
+        claim: Option<Box<crate::claim::Claim>>,
     },
 
     /// The fencing token no longer owns the record: the claim was superseded

@@ -159,7 +159,7 @@ fn bad_json_is_a_fingerprint_error_with_position() -> TestResult {
 }
 
 #[test]
-fn oversized_response_goes_unknown_and_never_reruns() -> TestResult {
+fn oversized_response_hands_the_claim_back_and_never_reruns() -> TestResult {
     let (engine, _) = engine()?;
     let k = key("big")?;
     let work = AtomicUsize::new(0);
@@ -173,26 +173,34 @@ fn oversized_response_goes_unknown_and_never_reruns() -> TestResult {
         .err()
         .ok_or("stored an oversized response")?;
     assert!(
-        matches!(&err, idempotency::Error::ResponseTooLarge { size: 1030, limit: 1024, key } if *key == k),
-        "{err:?}"
-    );
-    assert!(
         err.to_string().contains("1030") && err.to_string().contains("1024"),
         "{err}"
     );
-
+    // The outcome is known: the claim comes back unused, the record is
+    // still PROCESSING (never UNKNOWN), and a retry meanwhile never runs.
+    let idempotency::Error::ResponseTooLarge {
+        size: 1030,
+        limit: 1024,
+        key: refused,
+        claim: Some(claim),
+    } = err
+    else {
+        return Err(format!("{err:?}").into());
+    };
+    assert_eq!(refused, k);
     let info = engine.record(&k)?.ok_or("record missing")?;
-    assert_eq!(info.state, State::Unknown);
-    assert!(info.reason.contains("1030"), "reason: {}", info.reason);
-    assert_eq!(info.response, None);
+    assert_eq!(info.state, State::Processing);
+    assert!(matches!(engine.begin(&k, fp()?)?, Begin::Processing { .. }));
+    // A smaller answer with the same claim is stored and replayed.
+    engine.complete(*claim, Envelope::new(1, 200, "summary"))?;
     for _ in 0..3 {
         match engine.begin(&k, fp()?)? {
+            Begin::Replay(r) => assert_eq!(r.envelope.body, b"summary"),
             Begin::Claimed(_) => {
                 work.fetch_add(1, Ordering::SeqCst);
                 return Err("an oversized response led to a second execution".into());
             }
-            Begin::Unknown(p) => assert_eq!(p.reference, info.reference),
-            other => return Err(format!("expected Unknown, got {other:?}").into()),
+            other => return Err(format!("expected a replay, got {other:?}").into()),
         }
     }
     assert_eq!(work.load(Ordering::SeqCst), 1);

@@ -546,16 +546,17 @@ impl Model {
             }
             Class::Unknown => {}
         }
-        if !self.resolver_in_begin {
-            return Ok(Answered::Unknown(self.in_doubt(k, now)));
-        }
-        // A dropped claim's work may still run until its lease ends: no
-        // resolver is asked before, the key is in progress.
+        // One rule with or without a resolver: a dropped claim's work may
+        // still run until its lease ends, so until then the key is in
+        // progress; after that it is in doubt.
         let resolvable_at = self.recs[k].as_ref().map_or(0, |r| r.lease_until);
         if resolvable_at > now {
             return Ok(Answered::InProgress {
                 retry_after_ms: resolvable_at - now,
             });
+        }
+        if !self.resolver_in_begin {
+            return Ok(Answered::Unknown(self.in_doubt(k, now)));
         }
         calls.push(self.in_doubt(k, now));
         match answer {
@@ -593,17 +594,13 @@ impl Model {
         response: (u16, Vec<u8>),
         now: u64,
     ) -> Result<(), Failed> {
-        let rec = self.owned(k, token)?;
+        // The size is checked before the claim is used: the claim comes
+        // back unused and the record is untouched.
         let size = response.1.len();
         if size > MAX_RESPONSE_BYTES {
-            // The work ran but its result cannot be kept: UNKNOWN.
-            if rec.state == State::Processing {
-                let reason =
-                    format!("response of {size} bytes refused (limit {MAX_RESPONSE_BYTES} bytes)");
-                self.mark_unknown_at(k, reason, now, true);
-            }
             return Err(Failed::TooLarge { size });
         }
+        self.owned(k, token)?;
         self.set_outcome(k, state, response, now);
         Ok(())
     }
@@ -900,6 +897,33 @@ impl Harness {
         self.clock.now_ms()
     }
 
+    /// An oversized response hands the claim back unused: the app keeps it
+    /// (and may complete it later), as a careful app would.
+    fn keep_returned_claim(
+        &mut self,
+        result: Result<(), Error>,
+        key: usize,
+        token: u64,
+        generation: u32,
+    ) -> Result<(), Failed> {
+        match result {
+            Err(Error::ResponseTooLarge {
+                size,
+                claim: Some(claim),
+                ..
+            }) => {
+                self.held.push(Held {
+                    claim: *claim,
+                    key,
+                    token,
+                    generation,
+                });
+                Err(Failed::TooLarge { size })
+            }
+            other => other.map_err(|e| failed(&e)),
+        }
+    }
+
     fn take_claim(&mut self, index: usize) -> Option<Held> {
         if self.held.is_empty() {
             None
@@ -1031,10 +1055,11 @@ impl Harness {
                         now,
                     )
                 };
+                let (key, token, generation) = (held.key, held.token, held.generation);
                 let actual = self
                     .engine()
-                    .complete(held.claim, envelope(STATUS_COMPLETED, n))
-                    .map_err(|e| failed(&e));
+                    .complete(held.claim, envelope(STATUS_COMPLETED, n));
+                let actual = self.keep_returned_claim(actual, key, token, generation);
                 if actual.is_ok() {
                     self.executions.outcome_at[held.key] = Some(now);
                 }
@@ -1078,10 +1103,9 @@ impl Harness {
                         reason: "provider timed out".into(),
                     },
                 };
-                let actual = self
-                    .engine()
-                    .fail(held.claim, failure)
-                    .map_err(|e| failed(&e));
+                let generation = held.generation;
+                let actual = self.engine().fail(held.claim, failure);
+                let actual = self.keep_returned_claim(actual, k, token, generation);
                 if actual.is_ok() {
                     match how {
                         How::Retryable => self.executions.allowed[k] = true,

@@ -127,6 +127,7 @@ impl Tables<'_> {
                 key,
                 size,
                 limit,
+                claim: None,
             }));
         }
         self.complete(CompleteRequest {
