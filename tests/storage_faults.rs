@@ -80,7 +80,7 @@ struct Told {
     /// The completion was answered `Ok` / `Err`.
     completed: bool,
     complete_failed: bool,
-    /// Every error answered was `Error::Poisoned`.
+    /// The errors answered, as text.
     errors: Vec<String>,
 }
 
