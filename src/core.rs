@@ -94,8 +94,10 @@ impl Core {
                 },
             };
             match (&self.cfg.resolver, found.held) {
-                (Some(resolver), Held::InDoubt) if found.record.lease_until_ms <= found.now_ms => {
-                    if let Some(answer) = self.settle_in_begin(&found.record, &**resolver, &claim)? {
+                (Some(resolver), Held::InDoubt) if !found.record.may_still_run(found.now_ms) => {
+                    if let Some(answer) =
+                        self.settle_in_begin(&found.record, &**resolver, &claim)?
+                    {
                         return Ok(answer);
                     }
                 }
@@ -148,7 +150,7 @@ impl Core {
             // One rule for every dropped claim, with or without a resolver:
             // its work may still be running until its lease ends, so until
             // then the key is processing; after that it is in doubt.
-            Held::InDoubt if record.lease_until_ms > now_ms => {
+            Held::InDoubt if record.may_still_run(now_ms) => {
                 bump(&c.processing_answers, 1);
                 Begin::Processing {
                     retry_after: Duration::from_millis(

@@ -18,6 +18,18 @@
 //! same file, `resolve`, `recover_in_doubt` with a scripted resolver, and
 //! `purge`. Both expiry policies, with and without a resolver consulted by
 //! `begin`. proptest shrinks a failing sequence to a minimal one.
+//!
+//! With faults on (`engine_survives_storage_faults`), the database lives on a
+//! `CrashBackend` (`tests/common/storage_faults.rs`) and two more operations
+//! run: arming a failure of the Nth `write` or `sync_data` from now, and a
+//! crash (reopen from only what was synced). When an armed fault fires, the
+//! operation's caller must have heard `Error::Poisoned` (never `Ok`), later
+//! calls too; the test then crashes and reopens (from the durable image, or
+//! the live one: a failed sync may or may not have reached the disk) and
+//! every record must be exactly as the model had it before the failed
+//! operation or exactly as after it. So nothing acknowledged is lost, and
+//! nothing unacknowledged is visible unless its write really committed, and
+//! then with its exact bytes.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,6 +41,11 @@ use idempotency::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+
+#[path = "common/storage_faults.rs"]
+mod storage_faults;
+
+use storage_faults::{CrashBackend, FailedSync};
 
 const KEYS: usize = 3;
 const SCOPE: &str = "tenant:pay";
@@ -154,6 +171,17 @@ enum Op {
         key: usize,
         force: bool,
     },
+    /// Faults on only: the `n`th `write` (or `sync_data`) from now fails; a
+    /// failed sync leaves its data durable or not. After it fires, the
+    /// crash keeps the durable image or the live one.
+    Fault {
+        sync: bool,
+        n: u8,
+        persisted: bool,
+        live_image: bool,
+    },
+    /// Faults on only: the machine dies; reopen from what was synced.
+    Crash,
 }
 
 fn answer_strategy() -> impl Strategy<Value = Answer> {
@@ -206,6 +234,29 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (prop::array::uniform3(answer_strategy()), 1usize..=KEYS)
             .prop_map(|(answers, limit)| Op::Recover { answers, limit }),
         1 => (k, any::<bool>()).prop_map(|(key, force)| Op::Purge { key, force }),
+    ]
+}
+
+/// The operations with faults on: mostly the usual ones, then arming a
+/// fault (a commit is a handful of writes and one sync) and crashes.
+fn faulty_op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        12 => op_strategy(),
+        2 => (1u8..=8, any::<bool>()).prop_map(|(n, live_image)| Op::Fault {
+            sync: false,
+            n,
+            persisted: false,
+            live_image,
+        }),
+        1 => (1u8..=2, any::<bool>(), any::<bool>()).prop_map(|(n, persisted, live_image)| {
+            Op::Fault {
+                sync: true,
+                n,
+                persisted,
+                live_image,
+            }
+        }),
+        1 => Just(Op::Crash),
     ]
 }
 
@@ -328,6 +379,7 @@ enum Class {
     Tombstoned { expired_at: u64, reusable_at: u64 },
 }
 
+#[derive(Clone)]
 struct Model {
     recs: [Option<Rec>; KEYS],
     next_token: u64,
@@ -549,8 +601,13 @@ impl Model {
         // One rule with or without a resolver: a dropped claim's work may
         // still run until its lease ends, so until then the key is in
         // progress; after that it is in doubt.
-        let resolvable_at = self.recs[k].as_ref().map_or(0, |r| r.lease_until);
-        if resolvable_at > now {
+        // A record that went UNKNOWN because its lease ran out never counts
+        // as running again, even if the clock steps back.
+        let dropped_running = self.recs[k]
+            .as_ref()
+            .filter(|r| r.unknown_since < r.lease_until && now < r.lease_until)
+            .map(|r| r.lease_until);
+        if let Some(resolvable_at) = dropped_running {
             return Ok(Answered::InProgress {
                 retry_after_ms: resolvable_at - now,
             });
@@ -807,8 +864,23 @@ impl Executions {
     }
 }
 
+/// Where the harness keeps the database.
+enum Disk {
+    File(tempfile::TempDir),
+    /// Faults on: an in-memory disk that can fail and crash.
+    Crash {
+        backend: CrashBackend,
+        /// Whether the crash after the armed fault keeps the live image.
+        live_image: bool,
+    },
+}
+
 struct Harness {
-    dir: tempfile::TempDir,
+    disk: Disk,
+    /// `Faults::fired` at the last reopen.
+    fired_seen: u64,
+    /// What the current op's caller heard (set by every op that writes).
+    heard: Option<Result<(), Failed>>,
     clock: ManualClock,
     cfg: Config,
     engine: Option<Engine>,
@@ -829,10 +901,19 @@ fn lock(script: &Mutex<Script>) -> std::sync::MutexGuard<'_, Script> {
 }
 
 impl Harness {
-    fn new(cfg: Config) -> Result<Harness, TestCaseError> {
-        let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    fn new(cfg: Config, faults: bool) -> Result<Harness, TestCaseError> {
+        let disk = if faults {
+            Disk::Crash {
+                backend: CrashBackend::new(),
+                live_image: false,
+            }
+        } else {
+            Disk::File(tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?)
+        };
         let mut h = Harness {
-            dir,
+            disk,
+            fired_seen: 0,
+            heard: None,
             clock: ManualClock::new(START_MS),
             cfg,
             engine: None,
@@ -879,9 +960,11 @@ impl Harness {
                     .map_or(Resolution::StillUnknown, Answer::resolution)
             });
         }
-        let engine = builder
-            .open(self.dir.path().join("model.redb"))
-            .map_err(|e| TestCaseError::fail(format!("open: {e}")))?;
+        let engine = match &self.disk {
+            Disk::File(dir) => builder.open(dir.path().join("model.redb")),
+            Disk::Crash { backend, .. } => builder.open_with_backend(backend.clone()),
+        }
+        .map_err(|e| TestCaseError::fail(format!("open: {e}")))?;
         self.engine = Some(engine);
         Ok(())
     }
@@ -935,13 +1018,160 @@ impl Harness {
 
     /// Waits until the writer has applied a dropped claim's notice, which
     /// is sent without waiting.
-    fn barrier(&self) -> Result<(), TestCaseError> {
+    fn barrier(&mut self) -> Result<(), TestCaseError> {
         let result = self.engine().flush();
+        self.heard = Some(result.as_ref().map(drop).map_err(failed));
         prop_assert!(result.is_ok(), "flush: {result:?}");
         Ok(())
     }
 
+    /// Whether an armed fault fired since the last reopen.
+    fn fault_fired(&self) -> bool {
+        match &self.disk {
+            Disk::File(_) => false,
+            Disk::Crash { backend, .. } => backend.faults().fired() > self.fired_seen,
+        }
+    }
+
+    /// Runs `op` on engine and model, then checks every record. If an armed
+    /// fault fired during `op`: its caller heard `Error::Poisoned`, so does
+    /// a later call; after a crash and reopen each record is as the model
+    /// had it before `op` or as after it.
     fn run(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let before = self.model.clone();
+        let now = self.now();
+        self.heard = None;
+        let result = self.run_op(op);
+        if !self.fault_fired() {
+            result?;
+            return self.check_records();
+        }
+        // `op`'s own checks assumed its write succeeded: void.
+        let heard = self.heard.take();
+        // `Closed` is a bug (see `storage_faults.rs`,
+        // `a_storage_error_during_apply_is_reported_as_poisoned`): a fault
+        // inside the transaction drops the reply before the poison is set.
+        prop_assert!(
+            matches!(&heard, Some(Err(Failed::Other(e))) if e.contains("poisoned"))
+                || matches!(&heard, Some(Err(Failed::Closed))),
+            "the fault fired but the caller heard {:?} (op's checks: {:?})",
+            heard,
+            result.err()
+        );
+        let later = self.engine().flush();
+        prop_assert!(
+            matches!(later, Err(Error::Poisoned { .. })),
+            "a call after the fault: {later:?}"
+        );
+        self.crash()?;
+        self.reconcile(&before, now)?;
+        self.check_records()
+    }
+
+    /// The machine dies: drops the engine and reopens from the durable
+    /// image (or the live one, if the armed fault said so), faults off.
+    fn crash(&mut self) -> Result<(), TestCaseError> {
+        let Disk::Crash {
+            backend,
+            live_image,
+        } = &mut self.disk
+        else {
+            return Err(TestCaseError::fail("a crash needs faults on"));
+        };
+        let faults = backend.faults();
+        faults.heal();
+        let image = if *live_image {
+            backend.live_image()
+        } else {
+            backend.crash()
+        };
+        *backend = CrashBackend::from_image(image, faults.clone());
+        self.fired_seen = faults.fired();
+        self.engine = None;
+        self.generation += 1;
+        self.counters = Stats::default();
+        self.open()
+    }
+
+    /// After a crash that followed a failed op at `now`: each record must
+    /// be as `before` the op or as after it (the model now); the model takes
+    /// whichever the engine kept. A claim that committed although its
+    /// caller heard an error has a reference the model never learned. One
+    /// op writes twice: `begin` with a resolver on a stale record first
+    /// moves it to UNKNOWN, then settles it; the fault may fall between.
+    fn reconcile(&mut self, before: &Model, now: u64) -> Result<(), TestCaseError> {
+        let mut advanced = false;
+        for k in 0..KEYS {
+            let found = self
+                .engine()
+                .record(&key(k))
+                .map_err(|e| TestCaseError::fail(format!("record k{k}: {e}")))?
+                .as_ref()
+                .map(shown);
+            let (was, after) = (before.info(k), self.model.info(k));
+            let as_after = match (&found, &after) {
+                (Some(f), Some(a)) if a.reference.is_empty() => {
+                    *f == Shown {
+                        reference: f.reference.clone(),
+                        ..a.clone()
+                    }
+                }
+                (f, a) => f == a,
+            };
+            if as_after && was != after {
+                advanced = true;
+                if let (Some(f), Some(rec)) = (&found, self.model.recs[k].as_mut()) {
+                    rec.reference = f.reference.clone();
+                    self.references.insert(f.reference.clone());
+                }
+                let (b, a) = (before.recs[k].as_ref(), self.model.recs[k].as_ref());
+                match a {
+                    None if b.is_some() => self.executions.allowed[k] = true,
+                    Some(a)
+                        if matches!(a.state, State::Completed | State::FinalFailure)
+                            && b.is_none_or(|b| {
+                                (b.state, b.token, b.updated_at) != (a.state, a.token, a.updated_at)
+                            }) =>
+                    {
+                        self.executions.outcome_at[k] = Some(a.updated_at);
+                    }
+                    _ => {}
+                }
+            } else if !as_after
+                && found != was
+                && was.as_ref().is_some_and(|r| {
+                    r.state == State::Processing && r.lease_until.is_some_and(|l| l <= now)
+                })
+            {
+                let mut moved = before.clone();
+                let lease_until = was.as_ref().and_then(|r| r.lease_until).unwrap_or(0);
+                moved.mark_unknown_at(k, lease_ran_out(lease_until), now, false);
+                prop_assert_eq!(
+                    &found,
+                    &moved.info(k),
+                    "record k{} after a fault and a crash is neither as before the failed op, nor moved to UNKNOWN, nor as after it ({:?})",
+                    k,
+                    after
+                );
+                self.model.recs[k] = moved.recs[k].clone();
+            } else if !as_after {
+                prop_assert_eq!(
+                    &found,
+                    &was,
+                    "record k{} after a fault and a crash is neither as before the failed op nor as after it ({:?})",
+                    k,
+                    after
+                );
+                self.model.recs[k] = before.recs[k].clone();
+            }
+        }
+        if !advanced {
+            self.model.next_token = before.next_token;
+        }
+        Ok(())
+    }
+
+    fn run_op(&mut self, op: &Op) -> Result<(), TestCaseError> {
         let now = self.now();
         self.latest = self.latest.max(now);
         match *op {
@@ -964,6 +1194,7 @@ impl Harness {
                 } else {
                     self.engine().begin(&key(k), fingerprint(fp))
                 };
+                self.heard = Some(result.as_ref().map(drop).map_err(failed));
                 let asked = std::mem::take(&mut lock(&self.script).calls);
                 prop_assert_eq!(&asked, &calls, "resolver calls in begin");
                 let actual = match result {
@@ -1060,6 +1291,7 @@ impl Harness {
                     .engine()
                     .complete(held.claim, envelope(STATUS_COMPLETED, n));
                 let actual = self.keep_returned_claim(actual, key, token, generation);
+                self.heard = Some(actual.clone());
                 if actual.is_ok() {
                     self.executions.outcome_at[held.key] = Some(now);
                 }
@@ -1106,6 +1338,7 @@ impl Harness {
                 let generation = held.generation;
                 let actual = self.engine().fail(held.claim, failure);
                 let actual = self.keep_returned_claim(actual, k, token, generation);
+                self.heard = Some(actual.clone());
                 if actual.is_ok() {
                     match how {
                         How::Retryable => self.executions.allowed[k] = true,
@@ -1158,6 +1391,7 @@ impl Harness {
                     .extend(Duration::from_millis(EXTEND_MS))
                     .map(|()| held.claim.lease_until_ms())
                     .map_err(|e| failed(&e));
+                self.heard = Some(actual.clone().map(drop));
                 prop_assert_eq!(actual, expected, "extend k{} token {}", k, token);
             }
             Op::Advance { ms } => self.clock.advance(Duration::from_millis(ms)),
@@ -1188,9 +1422,14 @@ impl Harness {
                 self.counters.expired_deleted += expected.deleted;
                 self.counters.tombstoned += expected.tombstoned;
                 let actual = self.engine().sweep_now().map_err(|e| failed(&e));
+                self.heard = Some(actual.clone().map(drop));
                 prop_assert_eq!(actual, Ok(expected), "sweep");
             }
             Op::Reopen => {
+                // A clean close: an armed fault is not for the shutdown.
+                if let Disk::Crash { backend, .. } = &self.disk {
+                    backend.faults().heal();
+                }
                 self.engine = None;
                 self.generation += 1;
                 self.counters = Stats::default();
@@ -1213,6 +1452,7 @@ impl Harness {
                     .engine()
                     .resolve(&key(k), answer.resolution())
                     .map_err(|e| failed(&e));
+                self.heard = Some(actual.clone());
                 if actual.is_ok() {
                     self.executions.settled(k, answer, now);
                 }
@@ -1262,6 +1502,7 @@ impl Harness {
                     .engine()
                     .recover_in_doubt(&resolver, limit)
                     .map_err(|e| failed(&e));
+                self.heard = Some(actual.clone().map(drop));
                 let asked = asked.into_inner().unwrap_or_else(PoisonError::into_inner);
                 for call in &asked {
                     match answers.get(call.key) {
@@ -1297,10 +1538,44 @@ impl Harness {
                 if actual.is_ok() {
                     self.executions.allowed[k] = true;
                 }
+                self.heard = Some(actual.clone().map(drop));
                 prop_assert_eq!(actual, expected, "purge k{} force {}", k, force);
             }
+            Op::Fault {
+                sync,
+                n,
+                persisted,
+                live_image: live,
+            } => {
+                if let Disk::Crash {
+                    backend,
+                    live_image,
+                } = &mut self.disk
+                {
+                    *live_image = live;
+                    let faults = backend.faults();
+                    faults.heal();
+                    if sync {
+                        faults.on_failed_sync(if persisted {
+                            FailedSync::Persisted
+                        } else {
+                            FailedSync::Lost
+                        });
+                        faults.fail_sync(u64::from(n));
+                    } else {
+                        faults.fail_write(u64::from(n));
+                    }
+                }
+            }
+            Op::Crash => {
+                if let Disk::Crash { live_image, .. } = &mut self.disk {
+                    // Nothing failed: what was acknowledged is synced.
+                    *live_image = false;
+                    self.crash()?;
+                }
+            }
         }
-        self.check_records()
+        Ok(())
     }
 
     /// Every stored record, and the recovery queue, match the model.
@@ -1372,7 +1647,11 @@ fn lock_vec(v: &Mutex<Vec<Seen>>) -> std::sync::MutexGuard<'_, Vec<Seen>> {
 }
 
 fn run_sequence(cfg: Config, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(cfg)?;
+    run_on(cfg, ops, false)
+}
+
+fn run_on(cfg: Config, ops: &[Op], faults: bool) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(cfg, faults)?;
     for (i, op) in ops.iter().enumerate() {
         h.run(op)
             .map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: {e}")))?;
@@ -1405,6 +1684,23 @@ proptest! {
         ops in proptest::collection::vec(op_strategy(), 1..64),
     ) {
         run_sequence(cfg, &ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(256),
+        max_shrink_iters: 4096,
+        ..ProptestConfig::default()
+    })]
+
+    /// Faults on: see the module docs.
+    #[test]
+    fn engine_survives_storage_faults(
+        cfg in config_strategy(),
+        ops in proptest::collection::vec(faulty_op_strategy(), 1..64),
+    ) {
+        run_on(cfg, &ops, true)?;
     }
 }
 

@@ -235,12 +235,22 @@ fn failure_kinds_and_dropped_claims() -> TestResult {
     let engine = builder(&clock).in_memory()?;
 
     // Dropped without an outcome: UNKNOWN with a reason, never re-claimed.
+    // Its work may still run until its lease ends: until then `begin`
+    // answers Processing (with the rest of the lease), then Unknown.
     let k = key("dropped")?;
     let c = claimed(engine.begin(&k, fp()?)?)?;
     let reference = c.reference().to_string();
     drop(c);
     // The dropped claim's report is queued to the writer ahead of this op.
     engine.flush()?;
+    assert_eq!(engine.record(&k)?.ok_or("missing")?.state, State::Unknown);
+    match engine.begin(&k, fp()?)? {
+        Begin::Processing { retry_after } => {
+            assert_eq!(retry_after, Duration::from_millis(LEASE_MS));
+        }
+        other => return Err(format!("expected Processing, got {other:?}").into()),
+    }
+    clock.advance(Duration::from_millis(LEASE_MS));
     let p = unknown(engine.begin(&k, fp()?)?)?;
     assert_eq!(p.reference, reference);
     assert!(p.reason.contains("dropped"), "reason: {}", p.reason);

@@ -196,6 +196,17 @@ impl Record {
         new
     }
 
+    /// Whether an UNKNOWN record's work may still be running at `now`: its
+    /// claim was dropped before its lease ended (a dropped claim keeps its
+    /// lease end) and that lease has not ended yet. A record that went
+    /// UNKNOWN because its lease ran out never counts as running again,
+    /// even if the clock steps back.
+    pub(crate) fn may_still_run(&self, now: u64) -> bool {
+        self.state == RecordState::Unknown
+            && self.unknown_since_ms < self.lease_until_ms
+            && now < self.lease_until_ms
+    }
+
     /// Why a PROCESSING record whose lease ran out is in doubt.
     pub(crate) fn stale_reason(&self) -> String {
         format!(

@@ -62,6 +62,12 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
         DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
             path: path.to_path_buf(),
         },
+        // The disk failed (full, read-only, gone), not the file's contents:
+        // a healthy file must not be reported as damaged.
+        DatabaseError::Storage(redb::StorageError::Io(source)) => OpenError::Storage {
+            context: "opening the database file",
+            source: Box::new(source),
+        },
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),
             source,

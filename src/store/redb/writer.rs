@@ -38,9 +38,10 @@ pub(super) enum Msg {
 pub(super) trait Job: Send {
     /// Whether it needs a transaction of its own, rolled back if refused.
     fn isolated(&self) -> bool;
-    /// Applies the operation. `Ok`: its answer, sent once the transaction
-    /// has committed. `Err`: storage failed and the batch is lost.
-    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> Result<Box<dyn Answer>, redb::Error>;
+    /// Applies the operation. Returns its answer, sent once the transaction
+    /// has committed, and the storage error that sank the batch, if any (the
+    /// answer then carries that failure to its caller).
+    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> (Box<dyn Answer>, Option<redb::Error>);
     /// Answers without applying (the backend is poisoned or closing).
     fn refuse(self: Box<Self>, error: Error);
 }
@@ -72,16 +73,20 @@ impl<T: Send + 'static> Job for Call<T> {
         self.isolated
     }
 
-    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> Result<Box<dyn Answer>, redb::Error> {
-        let result = match (self.op)(tables) {
-            Ok(value) => Ok(value),
-            Err(OpError::Refused(e)) => Err(e),
-            Err(OpError::Fatal(e)) => return Err(e),
+    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> (Box<dyn Answer>, Option<redb::Error>) {
+        let (result, fatal) = match (self.op)(tables) {
+            Ok(value) => (Ok(value), None),
+            Err(OpError::Refused(e)) => (Err(e), None),
+            // The reply channel is kept: the caller must hear "poisoned"
+            // from the writer, not find a closed channel before the poison
+            // is set.
+            Err(OpError::Fatal(e)) => (Err(Error::Closed), Some(e)),
         };
-        Ok(Box::new(Reply {
+        let answer = Box::new(Reply {
             to: self.reply,
             result,
-        }))
+        });
+        (answer, fatal)
     }
 
     fn refuse(self: Box<Self>, error: Error) {
@@ -224,7 +229,11 @@ impl Writer {
         let after = {
             let mut tables = Tables::open(&txn, self.seq, self.clock.now_ms(), self.cfg)?;
             for job in jobs.by_ref() {
-                answers.push(job.apply(&mut tables)?);
+                let (answer, fatal) = job.apply(&mut tables);
+                answers.push(answer);
+                if let Some(e) = fatal {
+                    return Err(e);
+                }
             }
             tables.seq
         };
