@@ -8,7 +8,7 @@ use crate::clock::duration_ms;
 use crate::envelope::Upcasters;
 use crate::resolver::Resolver;
 
-/// What happens to a COMPLETED or FINAL_FAILURE record once its TTL has run
+/// What happens to a COMPLETED or `FINAL_FAILURE` record once its TTL has run
 /// out. See the README's expiry table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ExpiryPolicy {
@@ -37,7 +37,7 @@ impl ExpiryPolicy {
 /// Which records [`crate::Engine::purge`] may delete.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PurgeMode {
-    /// Only settled records: COMPLETED, FINAL_FAILURE and TOMBSTONE. A
+    /// Only settled records: COMPLETED, `FINAL_FAILURE` and TOMBSTONE. A
     /// PROCESSING or UNKNOWN record is refused, and so is a record that does
     /// not decode.
     SettledOnly,
@@ -50,7 +50,7 @@ pub enum PurgeMode {
 /// Settings the store needs for every write.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StoreConfig {
-    /// How long a COMPLETED or FINAL_FAILURE record is replayed, in ms.
+    /// How long a COMPLETED or `FINAL_FAILURE` record is replayed, in ms.
     pub(crate) ttl_ms: u64,
     pub(crate) expiry: ExpiryPolicy,
     /// Largest stored response (body plus headers), in bytes.

@@ -160,7 +160,7 @@ impl Core {
             }
             Held::InDoubt => {
                 bump(&c.unknown_answers, 1);
-                Begin::Unknown(self.in_doubt_of(key.clone(), &record, now_ms))
+                Begin::Unknown(Self::in_doubt_of(key.clone(), &record, now_ms))
             }
         })
     }
@@ -175,7 +175,7 @@ impl Core {
     ) -> Result<Option<Begin>> {
         let key = &claim.key;
         let now_ms = self.clock.now_ms();
-        let in_doubt = self.in_doubt_of(key.clone(), record, now_ms);
+        let in_doubt = Self::in_doubt_of(key.clone(), record, now_ms);
         let settlement = self.settlement(key, resolver.resolve(&in_doubt))?;
         let req = SettleRequest {
             key: key.clone(),
@@ -195,7 +195,7 @@ impl Core {
             }
             Ok(Settled::StillInDoubt(record)) => {
                 bump(&c.unknown_answers, 1);
-                Ok(Some(Begin::Unknown(self.in_doubt_of(
+                Ok(Some(Begin::Unknown(Self::in_doubt_of(
                     key.clone(),
                     &record,
                     now_ms,
@@ -212,7 +212,7 @@ impl Core {
         Claim::new(key.clone(), claimed, Arc::downgrade(&self.store))
     }
 
-    /// The replay of a COMPLETED or FINAL_FAILURE record, through the app's
+    /// The replay of a COMPLETED or `FINAL_FAILURE` record, through the app's
     /// upcasters.
     pub(crate) fn replay(&self, key: &IdempotencyKey, rec: &Record) -> Result<Replay> {
         let resp = rec.response.as_ref().ok_or_else(|| Error::CorruptRecord {
@@ -247,7 +247,7 @@ impl Core {
 
     /// What a resolver or operator is told about an in-doubt record, read
     /// at `now_ms`.
-    pub(crate) fn in_doubt_of(&self, key: IdempotencyKey, rec: &Record, now_ms: u64) -> InDoubt {
+    pub(crate) fn in_doubt_of(key: IdempotencyKey, rec: &Record, now_ms: u64) -> InDoubt {
         // A PROCESSING record whose lease ended is in doubt since its lease
         // end, before any sweep moves it.
         let (since, reason) = if rec.state == RecordState::Unknown {

@@ -276,7 +276,7 @@ impl Engine {
         recovery::resolve(&self.core, key, resolution)
     }
 
-    /// Deletes one record. COMPLETED, FINAL_FAILURE and TOMBSTONE records
+    /// Deletes one record. COMPLETED, `FINAL_FAILURE` and TOMBSTONE records
     /// go under either mode (the next request with the key executes again).
     /// PROCESSING and UNKNOWN records, and records that do not decode, need
     /// [`PurgeMode::Force`]: deleting them lets a retry run work that may

@@ -36,6 +36,7 @@ impl Envelope {
     }
 
     /// Adds a header (builder style).
+    #[must_use]
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Envelope {
         self.headers.push((name.into(), value.into()));
         self

@@ -33,7 +33,7 @@ pub struct RecordInfo {
     pub updated_at_ms: u64,
     /// PROCESSING: when the lease runs out (ms since the Unix epoch).
     pub lease_until_ms: Option<u64>,
-    /// COMPLETED, FINAL_FAILURE: when it expires; TOMBSTONE: when the
+    /// COMPLETED, `FINAL_FAILURE`: when it expires; TOMBSTONE: when the
     /// tombstone runs out.
     pub expires_at_ms: Option<u64>,
     /// UNKNOWN: since when.
@@ -69,7 +69,10 @@ impl RecordInfo {
             unknown_since_ms: (rec.state == RecordState::Unknown).then_some(rec.unknown_since_ms),
             attempts: rec.attempts,
             reason: rec.reason.clone(),
-            response: rec.response.as_ref().map(|r| r.envelope()),
+            response: rec
+                .response
+                .as_ref()
+                .map(super::store::record::StoredResponse::envelope),
             resource: rec.response.as_ref().and_then(|r| r.resource.clone()),
         }
     }
@@ -116,7 +119,7 @@ pub struct Stats {
     pub processing: u64,
     /// COMPLETED records.
     pub completed: u64,
-    /// FINAL_FAILURE records.
+    /// `FINAL_FAILURE` records.
     pub final_failures: u64,
     /// UNKNOWN records.
     pub unknown: u64,

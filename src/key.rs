@@ -113,6 +113,7 @@ impl IdempotencyKey {
     pub(crate) fn to_record_key(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(1 + self.scope.len() + self.key.len());
         // Validation bounds the scope to 255 bytes, so the length fits a u8.
+        #[allow(clippy::cast_possible_truncation)]
         out.push(self.scope.len() as u8);
         out.extend_from_slice(self.scope.as_bytes());
         out.extend_from_slice(self.key.as_bytes());

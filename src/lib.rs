@@ -57,6 +57,26 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Items are `pub` only where users reach them; everything else says
+// `pub(crate)` (or less), so the public surface is visible in the code.
+#![warn(unreachable_pub)]
+// Pedantic lints on the library itself; tests may cast and count freely.
+#![cfg_attr(not(test), warn(clippy::pedantic))]
+#![allow(
+    // Getters and builder setters throughout: `#[must_use]` on each adds
+    // noise without catching bugs; the outcomes that matter (`Begin`,
+    // `Receive`) are `#[must_use]` types themselves.
+    clippy::must_use_candidate,
+    // Debug impls leave out engine links and closures on purpose.
+    clippy::missing_fields_in_debug,
+    // `key`/`rkey`, `claim`/`claimed` read clearly where they meet.
+    clippy::similar_names,
+    // Counting lines for an error position runs once per error, not per
+    // byte of hot input; a byte-counting crate is not worth a dependency.
+    clippy::naive_bytecount,
+    // `Claimed::claimed_at_ms` and the like name what the field holds.
+    clippy::struct_field_names
+)]
 
 // Public value types: they import nothing above them.
 mod begin;

@@ -17,7 +17,7 @@ pub(crate) fn in_doubt(core: &Core, limit: usize) -> Result<Vec<InDoubt>> {
         .store
         .in_doubt(limit, now_ms)?
         .into_iter()
-        .map(|(key, rec)| core.in_doubt_of(key, &rec, now_ms))
+        .map(|(key, rec)| Core::in_doubt_of(key, &rec, now_ms))
         .collect())
 }
 

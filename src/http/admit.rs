@@ -52,7 +52,7 @@ pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, Problem> {
     let path = parts.uri.path();
     let route = cfg.routes.iter().find(|r| r.matches(path));
     let required = route.and_then(|r| r.require_key).unwrap_or(cfg.require_key);
-    let client_key = match header::parse_key(parts.headers.get_all(&IDEMPOTENCY_KEY)) {
+    let client_key = match header::parse_key(&parts.headers.get_all(&IDEMPOTENCY_KEY)) {
         Ok(Some(key)) => key,
         Ok(None) if !required => return Ok(Head::Pass),
         Ok(None) => {

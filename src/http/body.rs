@@ -208,12 +208,11 @@ impl Recording {
             }
             ok
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => Some(runtime.spawn_blocking(job)),
-            Err(_) => {
-                job();
-                None
-            }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            Some(runtime.spawn_blocking(job))
+        } else {
+            job();
+            None
         }
     }
 }

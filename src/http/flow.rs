@@ -32,6 +32,8 @@ const WAIT_POLL: Duration = Duration::from_millis(50);
 type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 
 /// The answer when the layer sheds load.
+// A future, so the shed path has the same type as the served path.
+#[allow(clippy::unused_async)]
 pub(crate) async fn overloaded<B, E>(retry_after: Duration) -> Answer<B, E> {
     Ok(Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -7,6 +7,9 @@
 //! printable ASCII without whitespace, quotes, backslashes, commas or
 //! semicolons (so it cannot be confused with structured-field syntax).
 
+// Header bytes come from the client: no index may panic on them.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use http::header::{GetAll, HeaderValue};
 
 use crate::key::MAX_KEY_BYTES;
@@ -15,7 +18,7 @@ use crate::key::MAX_KEY_BYTES;
 ///
 /// `Ok(None)`: no such header. `Err(detail)`: the header is present but is
 /// not one well-formed key; `detail` says why, for the problem response.
-pub(crate) fn parse_key(values: GetAll<'_, HeaderValue>) -> Result<Option<String>, String> {
+pub(crate) fn parse_key(values: &GetAll<'_, HeaderValue>) -> Result<Option<String>, String> {
     let mut iter = values.iter();
     let Some(value) = iter.next() else {
         return Ok(None);
@@ -149,13 +152,13 @@ mod tests {
     #[test]
     fn repeated_header_is_refused() {
         let mut headers = http::HeaderMap::new();
-        assert_eq!(parse_key(headers.get_all("idempotency-key")), Ok(None));
+        assert_eq!(parse_key(&headers.get_all("idempotency-key")), Ok(None));
         headers.append("idempotency-key", HeaderValue::from_static("a"));
         assert_eq!(
-            parse_key(headers.get_all("idempotency-key")),
+            parse_key(&headers.get_all("idempotency-key")),
             Ok(Some("a".into()))
         );
         headers.append("idempotency-key", HeaderValue::from_static("b"));
-        assert!(parse_key(headers.get_all("idempotency-key")).is_err());
+        assert!(parse_key(&headers.get_all("idempotency-key")).is_err());
     }
 }

@@ -27,7 +27,7 @@ pub(crate) enum Held {
     Mismatch,
     /// PROCESSING with lease left.
     Processing { retry_after_ms: u64 },
-    /// COMPLETED or FINAL_FAILURE within its TTL.
+    /// COMPLETED or `FINAL_FAILURE` within its TTL.
     Done,
     /// UNKNOWN.
     InDoubt,
@@ -40,7 +40,7 @@ pub(crate) enum Held {
 
 /// The state `rec` is in at `now` as every request sees it (read-time
 /// truth): a PROCESSING record whose lease has ended is UNKNOWN, an expired
-/// COMPLETED or FINAL_FAILURE record is a TOMBSTONE while the policy keeps
+/// COMPLETED or `FINAL_FAILURE` record is a TOMBSTONE while the policy keeps
 /// one; `None` for a record past its TTL (and any tombstone), which requests
 /// treat as absent until a sweep deletes it.
 pub(crate) fn state_at(rec: &Record, now: u64, policy: ExpiryPolicy) -> Option<State> {

@@ -85,7 +85,7 @@ pub(crate) struct Record {
     /// PROCESSING: the lease runs out at this instant (stale from then on).
     /// UNKNOWN: the original lease end, from which a resolver may settle it.
     pub(crate) lease_until_ms: u64,
-    /// COMPLETED / FINAL_FAILURE: expires at this instant.
+    /// COMPLETED / `FINAL_FAILURE`: expires at this instant.
     /// TOMBSTONE: the tombstone runs out at this instant.
     /// 0 for PROCESSING and UNKNOWN, which never expire.
     pub(crate) expires_at_ms: u64,
@@ -97,7 +97,7 @@ pub(crate) struct Record {
     pub(crate) attempts: u32,
     /// UNKNOWN: why.
     pub(crate) reason: String,
-    /// COMPLETED / FINAL_FAILURE (TOMBSTONE drops it).
+    /// COMPLETED / `FINAL_FAILURE` (TOMBSTONE drops it).
     pub(crate) response: Option<StoredResponse>,
 }
 
@@ -136,7 +136,7 @@ impl Record {
             && &self.fingerprint == fp.as_bytes()
     }
 
-    /// The record with its outcome stored: COMPLETED or FINAL_FAILURE,
+    /// The record with its outcome stored: COMPLETED or `FINAL_FAILURE`,
     /// expiring `ttl_ms` after `now`.
     pub(crate) fn completed(
         &self,
@@ -184,7 +184,7 @@ impl Record {
         new
     }
 
-    /// An expired COMPLETED / FINAL_FAILURE record kept as a tombstone
+    /// An expired COMPLETED / `FINAL_FAILURE` record kept as a tombstone
     /// until `until`: key and fingerprint stay, the response goes.
     pub(crate) fn tombstone(&self, until: u64, now: u64) -> Record {
         let mut new = self.clone();

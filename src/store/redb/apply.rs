@@ -338,10 +338,10 @@ impl Tables<'_> {
 
 fn fenced(key: &IdempotencyKey, token: u64, rec: &Record) -> OpError {
     let state = State::from(rec.state);
-    let reason = if rec.token != token {
-        format!("the record now belongs to token {} ({state})", rec.token)
-    } else {
+    let reason = if rec.token == token {
         format!("the record is already {state}")
+    } else {
+        format!("the record now belongs to token {} ({state})", rec.token)
     };
     OpError::Refused(Error::Fenced {
         key: key.clone(),

@@ -31,9 +31,7 @@ impl<T, E: Into<redb::Error>> OpenContext<T> for Result<T, E> {
 /// Opens the file at `path`, creating it if it does not exist or is empty.
 /// An unknown format version is refused before anything is written.
 pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
-    let existing = std::fs::metadata(path)
-        .map(|m| m.len() > 0)
-        .unwrap_or(false);
+    let existing = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
     let builder = redb::Builder::new();
     let db = if existing {
         // redb's writable open rewrites the file header even when nothing
@@ -63,11 +61,16 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
             path: path.to_path_buf(),
         },
         // The disk failed (full, read-only, gone), not the file's contents:
-        // a healthy file must not be reported as damaged.
-        DatabaseError::Storage(redb::StorageError::Io(source)) => OpenError::Storage {
-            context: "opening the database file",
-            source: Box::new(source),
-        },
+        // a healthy file must not be reported as damaged. (redb reports
+        // bytes that are not a database as `InvalidData`.)
+        DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() != std::io::ErrorKind::InvalidData =>
+        {
+            OpenError::Storage {
+                context: "opening the database file",
+                source: Box::new(source),
+            }
+        }
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),
             source,

@@ -54,16 +54,13 @@ impl Tables<'_> {
                             .filter(|&until| until > now),
                         _ => None,
                     };
-                    match keep {
-                        Some(until) => {
-                            let new = rec.tombstone(until, now);
-                            self.put(&rkey, Some(&rec), &new)?;
-                            counts.tombstoned += 1;
-                        }
-                        None => {
-                            self.delete(&rkey, &rec)?;
-                            counts.deleted += 1;
-                        }
+                    if let Some(until) = keep {
+                        let new = rec.tombstone(until, now);
+                        self.put(&rkey, Some(&rec), &new)?;
+                        counts.tombstoned += 1;
+                    } else {
+                        self.delete(&rkey, &rec)?;
+                        counts.deleted += 1;
                     }
                 }
                 _ => {
