@@ -65,8 +65,9 @@ pub(crate) fn write_canonical(input: &[u8], out: &mut Vec<u8>) -> Result<(), Fal
         input,
         pos: 0,
         out,
-        members: Vec::new(),
-        scratch: Vec::new(),
+        // Enough for typical request bodies without growing.
+        members: Vec::with_capacity(16),
+        scratch: Vec::with_capacity(input.len().min(4096)),
     };
     writer.skip_whitespace();
     writer.value(0)?;
