@@ -33,6 +33,7 @@
 //!
 //! [`Fingerprint`]: crate::Fingerprint
 
+mod direct;
 mod error;
 #[doc(hidden)]
 pub mod fuzz_hook;
@@ -72,10 +73,35 @@ pub(crate) use value::JsonValue;
 /// # Ok::<_, idempotency::canonical::CanonicalError>(())
 /// ```
 pub fn canonicalize(bytes: &[u8]) -> Result<Vec<u8>, CanonicalError> {
-    let value = parse(bytes)?;
     let mut out = Vec::with_capacity(bytes.len());
-    value.write_canonical(&mut out);
+    canonicalize_into(bytes, &mut out)?;
     Ok(out)
+}
+
+/// Appends the canonical form of `bytes` to `out`, as [`canonicalize`]
+/// returns it.
+///
+/// The fast path writes the canonical bytes while parsing; whatever it does
+/// not accept (every error among others) goes through the tree parser, so
+/// results and errors, with their positions, are the tree parser's.
+///
+/// # Errors
+///
+/// As for [`canonicalize`]; `out` is then left as it was.
+pub(crate) fn canonicalize_into(bytes: &[u8], out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+    let start = out.len();
+    if direct::write_canonical(bytes, out).is_ok() {
+        return Ok(());
+    }
+    out.truncate(start);
+    tree_canonicalize_into(bytes, out)
+}
+
+/// The tree path of [`canonicalize_into`]: parse, then write.
+fn tree_canonicalize_into(bytes: &[u8], out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+    let value = parse(bytes)?;
+    value.write_canonical(out);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,7 +15,12 @@
 //!   equal, with and without JSON Pointers; a value changed in any way a
 //!   canonicalizer could lose (a digit deep in a long mantissa, the sign,
 //!   the exponent, one character of a string or name, array order and
-//!   length, members, the type) fingerprints different.
+//!   length, members, the type) fingerprints different;
+//! - the two paths of `canonicalize` (straight into canonical bytes, and
+//!   through the tree parser that reports errors) agree on every input: the
+//!   fast path accepts only what the tree path accepts, with the same
+//!   output, and gives up on valid JSON only for member names that RFC 8785
+//!   escapes.
 
 mod json_gen;
 
@@ -179,6 +184,64 @@ fn every_mutation_kind_occurs_and_changes_the_value() -> TestResult {
     Ok(())
 }
 
+/// The fast path of `canonicalize` agrees with the tree path: same output
+/// where it accepts, nothing accepted that the tree path rejects, and valid
+/// JSON left to the tree path only for names with escaped characters.
+fn check_paths_agree(input: &[u8]) -> Result<(), TestCaseError> {
+    let both = canonical::fuzz_hook::differential(input);
+    match (&both.fast, &both.tree) {
+        (Ok(fast), tree) => prop_assert_eq!(Some(fast), tree.as_ref().ok(), "{}", shown(input)),
+        (Err(escaped_name), Ok(_)) => prop_assert!(
+            *escaped_name,
+            "fast path gave up on valid JSON: {}",
+            shown(input)
+        ),
+        (Err(_), Err(_)) => {}
+    }
+    prop_assert_eq!(
+        canonical::canonicalize(input),
+        both.tree,
+        "{}",
+        shown(input)
+    );
+    Ok(())
+}
+
+#[test]
+fn paths_agree_on_edge_cases() -> TestResult {
+    let cases: [&[u8]; 22] = [
+        br#"{"b":1,"a":{"d":[1,{"z":0,"y":-0.0}],"c":"\u00e9"}}"#,
+        "{\"\u{e000}\":1,\"\u{1F600}\":2,\"\u{ffff}\":3,\"\u{10000}\":4}".as_bytes(),
+        br#"{"\ud83d\ude00":1,"\ue000":2}"#,
+        br#"{"a":1,"b":2,"a":3}"#,
+        br#"{"a":1,"\u0061":2}"#,
+        br#"{"\n":1,"a":2}"#,
+        br#"{"\"":1}"#,
+        br#"[1e1000000,1e1000001]"#,
+        br#"[0e99999999999999999999,-0,0.000,100,1.50e+2,123e-400]"#,
+        br#"[01]"#,
+        br#"-"#,
+        br#""\ud800""#,
+        br#""\udc00""#,
+        br#""\ud800\u0041""#,
+        b"\"\xff\"",
+        b"\xEF\xBB\xBF{}",
+        b"[1,]",
+        b"{\"a\":1,}",
+        b" \t\r\n[ true , false , null ] \n",
+        b"\"\x7f\\u007f\\u001f\\/\"",
+        b"",
+        b"{}x",
+    ];
+    for case in cases {
+        check_paths_agree(case).map_err(|e| e.to_string())?;
+    }
+    let deep = |n| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    check_paths_agree(deep(128).as_bytes()).map_err(|e| e.to_string())?;
+    check_paths_agree(deep(129).as_bytes()).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// `PROPTEST_CASES` overrides the bounded default, for a longer search.
 fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
@@ -196,6 +259,22 @@ proptest! {
             prop_assert!(canonical::canonicalize(&text).is_ok(), "rejected {}", shown(&text));
             check_canonical_fixed_point(&text)?;
         }
+    }
+
+    /// Both paths of `canonicalize`, on generated JSON rendered two ways
+    /// and on a changed copy.
+    #[test]
+    fn fast_and_tree_paths_agree(
+        value in value_strategy(),
+        seed in any::<u64>(),
+        at in any::<usize>(),
+        how in any::<u64>(),
+    ) {
+        check_paths_agree(&plain(&value))?;
+        check_paths_agree(&respelled(&value, seed))?;
+        let mut changed = value.clone();
+        mutate(&mut changed, at % places(&value), &mut Rng::new(how));
+        check_paths_agree(&respelled(&changed, seed))?;
     }
 
     #[test]
@@ -244,6 +323,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..64)) {
         check_canonical_fixed_point(&input)?;
+        check_paths_agree(&input)?;
         let _ = Fingerprint::of_json(&input, &["/a", ""]);
     }
 
@@ -255,5 +335,6 @@ proptest! {
         0..48,
     )) {
         check_canonical_fixed_point(&input)?;
+        check_paths_agree(&input)?;
     }
 }

@@ -11,7 +11,10 @@
 //! - `Fingerprint::of_json` succeeds exactly when the body parses and every
 //!   pointer is valid, and ignores pointer order and repeats;
 //! - differential: serde_json agrees on what is JSON, except for the
-//!   documented differences (duplicate members, depth and number range).
+//!   documented differences (duplicate members, depth and number range);
+//! - differential: the fast path of `canonicalize` (straight into canonical
+//!   bytes) accepts only what the tree path accepts, with the same output,
+//!   and gives up on valid JSON only for member names RFC 8785 escapes.
 //!
 //! The parser itself is reached through `canonical::fuzz_hook`, which exists
 //! only under `--cfg fuzzing` (set by cargo-fuzz, and by `.cargo/config.toml`
@@ -42,6 +45,7 @@ fn check(body: &[u8], pointers: &[&str]) {
         assert_eq!(a, b, "parse and canonicalize report different errors");
     }
     differential(body, &parsed);
+    paths_agree(body, &canonical);
 
     let whole = Fingerprint::of_json(body, &[]);
     assert_eq!(whole.is_ok(), parsed.is_ok());
@@ -86,6 +90,27 @@ fn check(body: &[u8], pointers: &[&str]) {
             "canonical output fingerprints differently with pointers"
         );
     }
+}
+
+/// The two paths behind `canonicalize` agree, and it returns the tree
+/// path's result (errors and positions included).
+fn paths_agree(body: &[u8], canonical: &Result<Vec<u8>, CanonicalError>) {
+    let both = fuzz_hook::differential(body);
+    match (&both.fast, &both.tree) {
+        (Ok(fast), tree) => assert_eq!(
+            Some(fast),
+            tree.as_ref().ok(),
+            "fast path output differs from the tree path"
+        ),
+        (Err(escaped_name), Ok(_)) => {
+            assert!(*escaped_name, "fast path gave up on valid JSON")
+        }
+        (Err(_), Err(_)) => {}
+    }
+    assert_eq!(
+        canonical, &both.tree,
+        "canonicalize differs from the tree path"
+    );
 }
 
 /// serde_json is a strict RFC 8259 parser too: where it and we disagree, the

@@ -33,6 +33,130 @@ pub(crate) struct Number {
 #[derive(Debug)]
 pub(crate) struct OutOfRange;
 
+/// The significant digits of a non-zero decimal, read from two slices as
+/// one sequence (the integer and fraction digits of a JSON number, borrowed
+/// from the input), without leading or trailing zeros.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Digits<'a> {
+    head: &'a [u8],
+    tail: &'a [u8],
+}
+
+impl Digits<'_> {
+    fn len(&self) -> usize {
+        self.head.len() + self.tail.len()
+    }
+
+    /// Appends digits `from..to` (indices into the whole sequence).
+    fn write_range(&self, from: usize, to: usize, out: &mut Vec<u8>) {
+        let h = self.head.len();
+        out.extend_from_slice(self.head.get(from.min(h)..to.min(h)).unwrap_or_default());
+        out.extend_from_slice(
+            self.tail
+                .get(from.max(h) - h..to.max(h) - h)
+                .unwrap_or_default(),
+        );
+    }
+}
+
+/// Normalizes the parts of a JSON number: `int` and `frac` are ASCII digits
+/// (`frac` possibly empty) and `exponent` the value after `e`, saturated.
+/// Returns `None` for zero, else the significant digits `d` and the power
+/// of ten `scale` such that the value is `d × 10^scale`.
+///
+/// # Errors
+///
+/// [`OutOfRange`] if the number is not zero and its exponent in scientific
+/// notation is beyond ±[`MAX_DECIMAL_EXPONENT`].
+pub(crate) fn normalize<'a>(
+    int: &'a [u8],
+    frac: &'a [u8],
+    exponent: i64,
+) -> Result<Option<(Digits<'a>, i64)>, OutOfRange> {
+    let all = || int.iter().chain(frac.iter());
+    let Some(leading) = all().position(|&b| b != b'0') else {
+        return Ok(None);
+    };
+    let trailing = all().rev().position(|&b| b != b'0').unwrap_or(0);
+    let total = int.len() + frac.len();
+    let k = total - leading - trailing;
+    let whole = Digits {
+        head: int,
+        tail: frac,
+    };
+    let (from, to, h) = (leading, total - trailing, int.len());
+    let digits = Digits {
+        head: whole.head.get(from.min(h)..to.min(h)).unwrap_or_default(),
+        tail: whole
+            .tail
+            .get(from.max(h) - h..to.max(h) - h)
+            .unwrap_or_default(),
+    };
+    // i128 cannot overflow here: every term is an i64 or a usize.
+    let scale = i128::from(exponent) - frac.len() as i128 + trailing as i128;
+    let scientific = scale + k as i128 - 1;
+    if scientific.unsigned_abs() > u128::from(MAX_DECIMAL_EXPONENT.unsigned_abs()) {
+        return Err(OutOfRange);
+    }
+    let scale = i64::try_from(scale).map_err(|_| OutOfRange)?;
+    Ok(Some((digits, scale)))
+}
+
+/// Writes `±digits × 10^scale` (non-zero, from [`normalize`]) in the
+/// ECMAScript `Number::toString` layout used by RFC 8785 §3.2.2.3, with the
+/// exact digits.
+pub(crate) fn write_normalized(negative: bool, digits: Digits<'_>, scale: i64, out: &mut Vec<u8>) {
+    if negative {
+        out.push(b'-');
+    }
+    // k digits, value = digits × 10^(n − k). Normalization bounds |n − 1|
+    // by MAX_DECIMAL_EXPONENT, and k by the input length: no overflow.
+    let len = digits.len();
+    let k = i64::try_from(len).unwrap_or(i64::MAX);
+    let n = k.saturating_add(scale);
+    if k <= n && n <= 21 {
+        digits.write_range(0, len, out);
+        out.extend(std::iter::repeat_n(
+            b'0',
+            usize::try_from(n - k).unwrap_or(0),
+        ));
+    } else if 0 < n && n <= 21 {
+        let split = usize::try_from(n).unwrap_or(0);
+        digits.write_range(0, split, out);
+        out.push(b'.');
+        digits.write_range(split, len, out);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat_n(b'0', usize::try_from(-n).unwrap_or(0)));
+        digits.write_range(0, len, out);
+    } else {
+        digits.write_range(0, 1, out);
+        if len > 1 {
+            out.push(b'.');
+            digits.write_range(1, len, out);
+        }
+        let e = n.saturating_sub(1);
+        out.push(b'e');
+        out.push(if e < 0 { b'-' } else { b'+' });
+        write_decimal(e.unsigned_abs(), out);
+    }
+}
+
+/// Appends `n` in decimal.
+fn write_decimal(mut n: u64, out: &mut Vec<u8>) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(buf.get(i..).unwrap_or_default());
+}
+
 impl Number {
     /// The number `±(int ++ frac) × 10^(exponent − frac.len())`, from the
     /// parts of a JSON number: `int` and `frac` are ASCII digits (`frac`
@@ -48,77 +172,37 @@ impl Number {
         frac: &[u8],
         exponent: i64,
     ) -> Result<Number, OutOfRange> {
-        let all = || int.iter().chain(frac.iter());
-        let Some(leading) = all().position(|&b| b != b'0') else {
-            return Ok(Number {
+        Ok(match normalize(int, frac, exponent)? {
+            None => Number {
                 negative: false,
                 digits: String::new(),
                 exponent: 0,
-            });
-        };
-        let trailing = all().rev().position(|&b| b != b'0').unwrap_or(0);
-        let total = int.len() + frac.len();
-        let k = total - leading - trailing;
-        let digits: String = all()
-            .skip(leading)
-            .take(k)
-            .map(|&b| char::from(b))
-            .collect();
-        // i128 cannot overflow here: every term is an i64 or a usize.
-        let scale = i128::from(exponent) - frac.len() as i128 + trailing as i128;
-        let scientific = scale + k as i128 - 1;
-        if scientific.unsigned_abs() > u128::from(MAX_DECIMAL_EXPONENT.unsigned_abs()) {
-            return Err(OutOfRange);
-        }
-        Ok(Number {
-            negative,
-            digits,
-            exponent: i64::try_from(scale).map_err(|_| OutOfRange)?,
+            },
+            Some((d, scale)) => {
+                let mut digits = Vec::with_capacity(d.len());
+                d.write_range(0, d.len(), &mut digits);
+                Number {
+                    negative,
+                    // ASCII digits only: the conversion loses nothing.
+                    digits: String::from_utf8_lossy(&digits).into_owned(),
+                    exponent: scale,
+                }
+            }
         })
     }
 
     /// Writes the number in the ECMAScript `Number::toString` layout used by
     /// RFC 8785 §3.2.2.3, with the exact digits.
     pub(crate) fn write_canonical(&self, out: &mut Vec<u8>) {
-        let digits = self.digits.as_bytes();
-        if digits.is_empty() {
+        if self.digits.is_empty() {
             out.push(b'0');
             return;
         }
-        if self.negative {
-            out.push(b'-');
-        }
-        // k digits, value = digits × 10^(n − k). Construction bounds |n − 1|
-        // by MAX_DECIMAL_EXPONENT, and k by the input length: no overflow.
-        let k = i64::try_from(digits.len()).unwrap_or(i64::MAX);
-        let n = k.saturating_add(self.exponent);
-        if k <= n && n <= 21 {
-            out.extend_from_slice(digits);
-            out.extend(std::iter::repeat_n(
-                b'0',
-                usize::try_from(n - k).unwrap_or(0),
-            ));
-        } else if 0 < n && n <= 21 {
-            let (int, frac) = digits.split_at(usize::try_from(n).unwrap_or(0));
-            out.extend_from_slice(int);
-            out.push(b'.');
-            out.extend_from_slice(frac);
-        } else if -6 < n && n <= 0 {
-            out.extend_from_slice(b"0.");
-            out.extend(std::iter::repeat_n(b'0', usize::try_from(-n).unwrap_or(0)));
-            out.extend_from_slice(digits);
-        } else {
-            let (first, rest) = digits.split_at(1);
-            out.extend_from_slice(first);
-            if !rest.is_empty() {
-                out.push(b'.');
-                out.extend_from_slice(rest);
-            }
-            let e = n.saturating_sub(1);
-            out.push(b'e');
-            out.push(if e < 0 { b'-' } else { b'+' });
-            out.extend_from_slice(e.unsigned_abs().to_string().as_bytes());
-        }
+        let digits = Digits {
+            head: self.digits.as_bytes(),
+            tail: &[],
+        };
+        write_normalized(self.negative, digits, self.exponent, out);
     }
 }
 

@@ -8,29 +8,71 @@ pub(crate) fn cmp_utf16(a: &str, b: &str) -> Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
+/// Compares valid UTF-8 strings as sequences of UTF-16 code units (RFC 8785
+/// §3.2.3), byte-wise.
+///
+/// UTF-8 byte order is code point order, which is UTF-16 order except
+/// between U+E000..=U+FFFF (lead bytes `0xEE`, `0xEF`) and U+10000 and above
+/// (lead bytes `0xF0`..=`0xF4`, surrogate pairs starting at 0xD800 in
+/// UTF-16): those compare the other way round. The first differing byte is
+/// at the same character boundary in both strings (their prefixes are
+/// equal), so looking at it alone decides.
+pub(crate) fn cmp_utf16_bytes(a: &[u8], b: &[u8]) -> Ordering {
+    let Some((&x, &y)) = a.iter().zip(b).find(|(x, y)| x != y) else {
+        return a.len().cmp(&b.len());
+    };
+    match (x, y) {
+        (0xEE | 0xEF, 0xF0..) => Ordering::Greater,
+        (0xF0.., 0xEE | 0xEF) => Ordering::Less,
+        _ => x.cmp(&y),
+    }
+}
+
 /// Writes a string per RFC 8785 §3.2.2.2: `\"`, `\\`, the five short control
 /// escapes, `\u00xx` (lowercase) for other control characters, everything
 /// else as raw UTF-8.
 pub(crate) fn write_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     for &b in s.as_bytes() {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0C => out.extend_from_slice(b"\\f"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x00..=0x1F => {
-                out.extend_from_slice(b"\\u00");
-                out.push(hex_digit(b >> 4));
-                out.push(hex_digit(b));
-            }
-            _ => out.push(b),
-        }
+        write_byte(b, out);
     }
     out.push(b'"');
+}
+
+/// Writes one character of a string's content as [`write_string`] does;
+/// returns whether it was escaped.
+pub(crate) fn write_char(c: char, out: &mut Vec<u8>) -> bool {
+    match u8::try_from(c) {
+        Ok(b) if b.is_ascii() => write_byte(b, out),
+        _ => {
+            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+            false
+        }
+    }
+}
+
+/// Writes one byte of a string's UTF-8 content, escaped if RFC 8785 says
+/// so; returns whether it was escaped.
+fn write_byte(b: u8, out: &mut Vec<u8>) -> bool {
+    match b {
+        b'"' => out.extend_from_slice(b"\\\""),
+        b'\\' => out.extend_from_slice(b"\\\\"),
+        0x08 => out.extend_from_slice(b"\\b"),
+        0x0C => out.extend_from_slice(b"\\f"),
+        b'\n' => out.extend_from_slice(b"\\n"),
+        b'\r' => out.extend_from_slice(b"\\r"),
+        b'\t' => out.extend_from_slice(b"\\t"),
+        0x00..=0x1F => {
+            out.extend_from_slice(b"\\u00");
+            out.push(hex_digit(b >> 4));
+            out.push(hex_digit(b));
+        }
+        _ => {
+            out.push(b);
+            return false;
+        }
+    }
+    true
 }
 
 /// The lowercase hex digit for the low four bits of `nibble`.
@@ -70,6 +112,36 @@ mod tests {
             "\"\\u0000\\u0001\\b\\f\\n\\r\\t\\u001f \u{7f}\u{80}é😀\""
         );
         Ok(())
+    }
+
+    /// The byte-wise comparison agrees with the UTF-16 one, around every
+    /// boundary where UTF-8 and UTF-16 orders could differ.
+    #[test]
+    fn byte_wise_order_is_utf16_order() {
+        let chars: Vec<char> = [
+            0x0, 0x1f, 0x20, 0x41, 0x7f, 0x80, 0x7ff, 0x800, 0xd7ff, 0xe000, 0xe001, 0xfb33,
+            0xfffd, 0xffff, 0x10000, 0x10001, 0x1f600, 0x10ffff,
+        ]
+        .into_iter()
+        .filter_map(char::from_u32)
+        .collect();
+        let mut strings = vec![String::new()];
+        for &a in &chars {
+            strings.push(a.to_string());
+            for &b in &chars {
+                strings.push([a, b].iter().collect());
+                strings.push(['x', a, b].iter().collect());
+            }
+        }
+        for a in &strings {
+            for b in &strings {
+                assert_eq!(
+                    super::cmp_utf16_bytes(a.as_bytes(), b.as_bytes()),
+                    super::cmp_utf16(a, b),
+                    "{a:?} vs {b:?}"
+                );
+            }
+        }
     }
 
     /// RFC 8785 §3.2.3 sorting example: UTF-16 order puts the emoji (a

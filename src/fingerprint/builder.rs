@@ -19,6 +19,7 @@
 //! never a silent collision with old fingerprints.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
@@ -58,8 +59,12 @@ impl FingerprintBuilder {
     /// An empty builder; the same as [`Fingerprint::builder`].
     #[must_use]
     pub fn new() -> Self {
+        // Deriving the key hashes the context string: done once, then cloned.
+        static EMPTY: OnceLock<blake3::Hasher> = OnceLock::new();
         FingerprintBuilder {
-            hasher: blake3::Hasher::new_derive_key(DERIVE_KEY_CONTEXT),
+            hasher: EMPTY
+                .get_or_init(|| blake3::Hasher::new_derive_key(DERIVE_KEY_CONTEXT))
+                .clone(),
         }
     }
 
@@ -99,9 +104,12 @@ impl FingerprintBuilder {
         pointers: &[&str],
     ) -> Result<Self, FingerprintError> {
         if pointers.is_empty() {
-            let value = canonical::parse(body)?;
+            // The canonical form is length-prefixed, so it is built before
+            // it is hashed.
+            let mut canonical = Vec::with_capacity(body.len());
+            canonical::canonicalize_into(body, &mut canonical)?;
             self.write_header(TAG_JSON_DOCUMENT, name);
-            self.write_canonical(&value);
+            self.write_bytes(&canonical);
             return Ok(self);
         }
         for pointer in pointers {
