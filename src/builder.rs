@@ -183,8 +183,11 @@ impl EngineBuilder {
     /// [`OpenError::AlreadyOpen`] if another handle holds it;
     /// [`OpenError::Storage`]; [`OpenError::ThreadStart`].
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
-        let db = redb_store::open_path(path.as_ref())?;
-        self.start(db)
+        let path = path.as_ref();
+        redb_store::open_contained(path, || {
+            let db = redb_store::open_path(path)?;
+            self.start(db)
+        })
     }
 
     /// Opens an existing database at `path`; never creates one.
@@ -217,7 +220,7 @@ impl EngineBuilder {
     pub fn open_read_only(mut self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
         let path = path.as_ref();
         existing(path)?;
-        let store = RedbReader::open(path)?;
+        let store = redb_store::open_contained(path, || RedbReader::open(path))?;
         if self.stored_expiry {
             if let Some((ttl_ms, expiry)) = store.stored_expiry()? {
                 self.cfg.store.ttl_ms = ttl_ms;
@@ -253,8 +256,10 @@ impl EngineBuilder {
         self,
         backend: impl redb::StorageBackend,
     ) -> Result<Engine, OpenError> {
-        let db = redb_store::open_backend(backend)?;
-        self.start(db)
+        redb_store::open_contained(Path::new("<backend>"), || {
+            let db = redb_store::open_backend(backend)?;
+            self.start(db)
+        })
     }
 
     fn start(mut self, db: redb::Database) -> Result<Engine, OpenError> {

@@ -63,6 +63,17 @@ pub enum OpenError {
         supported: u8,
     },
 
+    /// The storage library panicked while opening the file: its bytes are
+    /// damaged in a way redb does not check, or the backend itself failed
+    /// by panicking.
+    #[error("{path}: the database file is corrupt (the storage library panicked while opening it: {detail})")]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// The panic's message.
+        detail: String,
+    },
+
     /// A read-only open met a file that needs recovery after a crash
     /// (recovery writes to the file). Open it writable once (any engine
     /// open, or a writing `idem` command such as `sweep`) to recover it.

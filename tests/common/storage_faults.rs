@@ -47,6 +47,10 @@ struct Plan {
     failed_sync: FailedSync,
     /// How many calls failed on purpose.
     fired: u64,
+    /// Reads panic (as a storage library can on a corrupt file).
+    panic_reads: bool,
+    /// Writes panic.
+    panic_writes: bool,
 }
 
 /// The switch of a backend's faults, shared with the test.
@@ -109,8 +113,26 @@ impl Faults {
         lock(&self.0).fired
     }
 
+    /// From now on reads (`true`) panic, or stop panicking (`false`).
+    pub fn panic_on_read(&self, on: bool) {
+        lock(&self.0).panic_reads = on;
+    }
+
+    /// From now on writes (`true`) panic, or stop panicking (`false`).
+    pub fn panic_on_write(&self, on: bool) {
+        lock(&self.0).panic_writes = on;
+    }
+
+    /// Panics if reads must panic.
+    fn read(&self) {
+        let panic = lock(&self.0).panic_reads;
+        assert!(!panic, "injected panic (read)");
+    }
+
     /// Counts a write; `Err` if it must fail.
     fn write(&self) -> io::Result<()> {
+        let panic = lock(&self.0).panic_writes;
+        assert!(!panic, "injected panic (write)");
         let mut p = lock(&self.0);
         p.writes += 1;
         if p.disk_full {
@@ -197,6 +219,7 @@ impl StorageBackend for FailingBackend {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.faults.read();
         read_at(&lock(&self.image), offset, out)
     }
 

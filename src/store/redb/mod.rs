@@ -40,9 +40,55 @@ pub(crate) use self::read_only::RedbReader;
 use self::tables::{OpError, Tables};
 use self::writer::{Call, Msg, Writer};
 
+/// A panic inside the storage library, caught at the engine's boundary. A
+/// corrupt file can make redb panic (an `unwrap` on bytes it trusted)
+/// instead of returning an error.
+#[derive(Debug)]
+pub(crate) struct LibraryPanic(pub(crate) String);
+
+impl std::fmt::Display for LibraryPanic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the storage library panicked ({}); the database file is probably corrupt",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for LibraryPanic {}
+
+/// Runs a read, turning a panic inside redb into `Error::Storage`: the
+/// caller gets an error, and the store keeps serving other keys.
+pub(super) fn contained<T>(what: &'static str, read: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        let message = writer::panic_message(panic.as_ref());
+        tracing::error!(%message, context = what, "storage library panicked during a read");
+        Err(Error::Storage {
+            context: what,
+            source: Box::new(LibraryPanic(message)),
+        })
+    })
+}
+
+/// Runs an open step, turning a panic inside redb into
+/// `OpenError::Corrupt`.
+pub(crate) fn open_contained<T>(
+    path: &std::path::Path,
+    open: impl FnOnce() -> Result<T, OpenError>,
+) -> Result<T, OpenError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|panic| {
+        Err(OpenError::Corrupt {
+            path: path.to_path_buf(),
+            detail: writer::panic_message(panic.as_ref()),
+        })
+    })
+}
+
 /// The redb backend.
 pub(crate) struct RedbStore {
-    db: Arc<Database>,
+    /// `None` only while being dropped (see `Drop`).
+    db: Option<Arc<Database>>,
     tx: Sender<Msg>,
     poison: Arc<Poison>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -81,7 +127,7 @@ impl RedbStore {
                 source,
             })?;
         Ok(RedbStore {
-            db,
+            db: Some(db),
             tx,
             poison,
             writer: Mutex::new(Some(writer)),
@@ -102,15 +148,16 @@ impl RedbStore {
             return Err(Error::Reentrant);
         }
         let (reply, answer) = crossbeam_channel::bounded(1);
-        let job = Call {
-            op,
-            isolated,
-            reply: Some(reply),
-        };
+        let job = Call::new(op, isolated, Some(reply));
         if self.tx.send(Msg::Job(Box::new(job))).is_err() {
             return Err(self.closed());
         }
         answer.recv().unwrap_or_else(|_| Err(self.closed()))
+    }
+
+    /// The database, for reads.
+    fn db(&self) -> Result<&Database> {
+        self.db.as_deref().ok_or(Error::Closed)
     }
 
     /// Why a call could not reach the writer.
@@ -128,35 +175,41 @@ impl Backend for RedbStore {
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        read::record(&*self.db, key)
+        contained("reading the database", || read::record(self.db()?, key))
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
-        read::in_doubt(&*self.db, limit, now_ms)
+        contained("reading the database", || {
+            read::in_doubt(self.db()?, limit, now_ms)
+        })
     }
 
     fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
-        read::scan(&*self.db, visit)
+        contained("reading the database", || read::scan(self.db()?, visit))
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
-        read::oldest_in_doubt(&*self.db, now_ms)
+        contained("reading the database", || {
+            read::oldest_in_doubt(self.db()?, now_ms)
+        })
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
-        read::sweep_due(&*self.db, now_ms)
+        contained("reading the database", || {
+            read::sweep_due(self.db()?, now_ms)
+        })
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        read::outbox(&*self.db, limit)
+        contained("reading the database", || read::outbox(self.db()?, limit))
     }
 
     fn outbox_len(&self) -> Result<u64> {
-        read::outbox_len(&*self.db)
+        contained("reading the database", || read::outbox_len(self.db()?))
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        read::entity(&*self.db, entity)
+        contained("reading the database", || read::entity(self.db()?, entity))
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
@@ -179,11 +232,11 @@ impl Backend for RedbStore {
         if self.poison.check().is_err() {
             return;
         }
-        let job = Call {
-            op: Box::new(move |t: &mut Tables<'_>| t.mark_in_doubt(req)),
-            isolated: false,
-            reply: None,
-        };
+        let job = Call::new(
+            Box::new(move |t: &mut Tables<'_>| t.mark_in_doubt(req)),
+            false,
+            None,
+        );
         // Never blocks: it may run in `Drop` on an async worker or inside a
         // local write on the writer thread itself.
         let _ = self.tx.try_send(Msg::Job(Box::new(job)));
@@ -247,5 +300,10 @@ impl Backend for RedbStore {
 impl Drop for RedbStore {
     fn drop(&mut self) {
         self.close();
+        // After a panic inside redb its own locks may be poisoned, and its
+        // `Drop` panics on them: contain that too.
+        if let Some(db) = self.db.take() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+        }
     }
 }

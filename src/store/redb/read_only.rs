@@ -19,8 +19,8 @@ use crate::store::{
 use crate::transition::Transition;
 
 use super::open::{check_version, stored_expiry, stored_format};
-use super::read;
 use super::tables::META;
+use super::{contained, read};
 
 /// A database opened read-only.
 pub(crate) struct RedbReader {
@@ -89,35 +89,39 @@ impl Backend for RedbReader {
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        read::record(&self.db, key)
+        contained("reading the database", || read::record(&self.db, key))
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
-        read::in_doubt(&self.db, limit, now_ms)
+        contained("reading the database", || {
+            read::in_doubt(&self.db, limit, now_ms)
+        })
     }
 
     fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
-        read::scan(&self.db, visit)
+        contained("reading the database", || read::scan(&self.db, visit))
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
-        read::oldest_in_doubt(&self.db, now_ms)
+        contained("reading the database", || {
+            read::oldest_in_doubt(&self.db, now_ms)
+        })
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
-        read::sweep_due(&self.db, now_ms)
+        contained("reading the database", || read::sweep_due(&self.db, now_ms))
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        read::outbox(&self.db, limit)
+        contained("reading the database", || read::outbox(&self.db, limit))
     }
 
     fn outbox_len(&self) -> Result<u64> {
-        read::outbox_len(&self.db)
+        contained("reading the database", || read::outbox_len(&self.db))
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        read::entity(&self.db, entity)
+        contained("reading the database", || read::entity(&self.db, entity))
     }
 
     fn claim(&self, _: ClaimRequest) -> Result<ClaimResult> {

@@ -15,6 +15,7 @@
 //! refused. A storage error or a failed commit fails the whole batch and
 //! poisons the backend: every later call says to reopen.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -34,26 +35,23 @@ pub(super) enum Msg {
     Shutdown,
 }
 
-/// One queued operation.
+/// One queued operation. It stays in the writer's hands from the moment
+/// it is applied until it is answered, so a storage failure or a panic
+/// anywhere in its batch can poison the backend *before* its caller hears
+/// anything.
 pub(super) trait Job: Send {
     /// Whether it needs a transaction of its own, rolled back if refused.
     fn isolated(&self) -> bool;
-    /// Applies the operation. Returns its answer, sent once the transaction
-    /// has committed, and the storage error that sank the batch, if any (the
-    /// answer then carries that failure to its caller).
-    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> (Box<dyn Answer>, Option<redb::Error>);
-    /// Answers without applying (the backend is poisoned or closing).
-    fn refuse(self: Box<Self>, error: Error);
-}
-
-/// An applied operation's answer, held until its transaction commits.
-pub(super) trait Answer: Send {
-    /// Whether the operation was refused (an isolated job is then rolled
-    /// back).
+    /// Applies the operation (once) and keeps its result for `deliver`.
+    /// Returns the storage error that sank the batch, if any.
+    fn apply(&mut self, tables: &mut Tables<'_>) -> Option<redb::Error>;
+    /// Whether the applied operation was refused (an isolated job is then
+    /// rolled back).
     fn refused(&self) -> bool;
-    /// The commit succeeded: delivers the result.
-    fn send(self: Box<Self>);
-    /// The commit failed: delivers `error` instead.
+    /// The transaction committed: sends the kept result.
+    fn deliver(self: Box<Self>);
+    /// Sends `error` instead (the batch failed, or the backend is poisoned
+    /// or closing).
     fn fail(self: Box<Self>, error: Error);
 }
 
@@ -63,9 +61,21 @@ pub(super) type Op<T> = Box<dyn FnOnce(&mut Tables<'_>) -> Result<T, OpError> + 
 /// A typed job: the operation and where its `Result<T>` goes (`None`:
 /// nobody waits, as for a dropped claim).
 pub(super) struct Call<T> {
-    pub(super) op: Op<T>,
-    pub(super) isolated: bool,
-    pub(super) reply: Option<Sender<Result<T>>>,
+    op: Option<Op<T>>,
+    isolated: bool,
+    reply: Option<Sender<Result<T>>>,
+    result: Option<Result<T>>,
+}
+
+impl<T> Call<T> {
+    pub(super) fn new(op: Op<T>, isolated: bool, reply: Option<Sender<Result<T>>>) -> Call<T> {
+        Call {
+            op: Some(op),
+            isolated,
+            reply,
+            result: None,
+        }
+    }
 }
 
 impl<T: Send + 'static> Job for Call<T> {
@@ -73,48 +83,45 @@ impl<T: Send + 'static> Job for Call<T> {
         self.isolated
     }
 
-    fn apply(self: Box<Self>, tables: &mut Tables<'_>) -> (Box<dyn Answer>, Option<redb::Error>) {
-        let (result, fatal) = match (self.op)(tables) {
-            Ok(value) => (Ok(value), None),
-            Err(OpError::Refused(e)) => (Err(e), None),
-            // The reply channel is kept: the caller must hear "poisoned"
-            // from the writer, not find a closed channel before the poison
-            // is set.
-            Err(OpError::Fatal(e)) => (Err(Error::Closed), Some(e)),
-        };
-        let answer = Box::new(Reply {
-            to: self.reply,
-            result,
-        });
-        (answer, fatal)
+    fn apply(&mut self, tables: &mut Tables<'_>) -> Option<redb::Error> {
+        let op = self.op.take()?;
+        match op(tables) {
+            Ok(value) => self.result = Some(Ok(value)),
+            Err(OpError::Refused(e)) => self.result = Some(Err(e)),
+            Err(OpError::Fatal(e)) => return Some(e),
+        }
+        None
     }
 
-    fn refuse(self: Box<Self>, error: Error) {
+    fn refused(&self) -> bool {
+        matches!(self.result, Some(Err(_)))
+    }
+
+    fn deliver(self: Box<Self>) {
+        if let (Some(to), Some(result)) = (self.reply, self.result) {
+            let _ = to.send(result);
+        }
+    }
+
+    fn fail(self: Box<Self>, error: Error) {
         if let Some(to) = self.reply {
             let _ = to.send(Err(error));
         }
     }
 }
 
-struct Reply<T> {
-    to: Option<Sender<Result<T>>>,
-    result: Result<T>,
+/// Why a batch could not commit.
+enum CommitError {
+    Storage(redb::Error),
+    /// The storage library (or the engine) panicked; the message.
+    Panic(String),
 }
 
-impl<T: Send> Answer for Reply<T> {
-    fn refused(&self) -> bool {
-        self.result.is_err()
-    }
-
-    fn send(self: Box<Self>) {
-        if let Some(to) = self.to {
-            let _ = to.send(self.result);
-        }
-    }
-
-    fn fail(self: Box<Self>, error: Error) {
-        if let Some(to) = self.to {
-            let _ = to.send(Err(error));
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommitError::Storage(e) => e.fmt(f),
+            CommitError::Panic(message) => write!(f, "the storage library panicked: {message}"),
         }
     }
 }
@@ -158,9 +165,13 @@ impl Writer {
         // Callers still queued after shutdown hear that the engine closed.
         while let Ok(msg) = self.rx.try_recv() {
             if let Msg::Job(job) = msg {
-                job.refuse(Error::Closed);
+                job.fail(Error::Closed);
             }
         }
+        // After a panic inside redb, dropping the database can panic on
+        // its poisoned locks: contain it.
+        let db = self.db;
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(db)));
     }
 
     /// Commits one batch in groups: a run of shared jobs is one
@@ -178,7 +189,7 @@ impl Writer {
             }
             if let Some(cause) = self.poison.cause() {
                 for job in group {
-                    job.refuse(Error::Poisoned {
+                    job.fail(Error::Poisoned {
                         cause: cause.clone(),
                     });
                 }
@@ -189,30 +200,28 @@ impl Writer {
     }
 
     /// Applies `group` in one transaction and commits it, then answers.
-    fn commit(&mut self, group: Vec<Box<dyn Job>>, isolated: bool) {
-        let mut answers = Vec::with_capacity(group.len());
-        let mut jobs = group.into_iter();
-        match self.try_commit(&mut jobs, &mut answers, isolated) {
-            Ok(seq) => {
+    /// On a storage error or a panic the backend is poisoned first, then
+    /// every caller of the group hears it.
+    fn commit(&mut self, mut group: Vec<Box<dyn Job>>, isolated: bool) {
+        let attempt = catch_unwind(AssertUnwindSafe(|| self.try_commit(&mut group, isolated)));
+        let failure = match attempt {
+            Ok(Ok(seq)) => {
                 self.seq = seq;
-                for answer in answers {
-                    answer.send();
+                for job in group {
+                    job.deliver();
                 }
+                return;
             }
-            Err(e) => {
-                let cause: Arc<str> = format!("group commit failed: {e}").into();
-                tracing::error!(%cause, "engine poisoned");
-                self.poison.set(cause.to_string());
-                let poisoned = || Error::Poisoned {
-                    cause: cause.clone(),
-                };
-                for answer in answers {
-                    answer.fail(poisoned());
-                }
-                for job in jobs {
-                    job.refuse(poisoned());
-                }
-            }
+            Ok(Err(e)) => CommitError::Storage(e),
+            Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
+        };
+        let cause: Arc<str> = format!("group commit failed: {failure}").into();
+        tracing::error!(%cause, "engine poisoned");
+        self.poison.set(cause.to_string());
+        for job in group {
+            job.fail(Error::Poisoned {
+                cause: cause.clone(),
+            });
         }
     }
 
@@ -220,24 +229,21 @@ impl Writer {
     /// was refused and rolled back).
     fn try_commit(
         &self,
-        jobs: &mut std::vec::IntoIter<Box<dyn Job>>,
-        answers: &mut Vec<Box<dyn Answer>>,
+        group: &mut [Box<dyn Job>],
         isolated: bool,
     ) -> Result<Sequences, redb::Error> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         let after = {
             let mut tables = Tables::open(&txn, self.seq, self.clock.now_ms(), self.cfg)?;
-            for job in jobs.by_ref() {
-                let (answer, fatal) = job.apply(&mut tables);
-                answers.push(answer);
-                if let Some(e) = fatal {
+            for job in group.iter_mut() {
+                if let Some(e) = job.apply(&mut tables) {
                     return Err(e);
                 }
             }
             tables.seq
         };
-        if isolated && answers.iter().any(|a| a.refused()) {
+        if isolated && group.iter().any(|job| job.refused()) {
             txn.abort()?;
             return Ok(self.seq);
         }
@@ -249,6 +255,15 @@ impl Writer {
         txn.commit()?;
         Ok(after)
     }
+}
+
+/// The text of a caught panic's payload.
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// The counters stored in the meta table (1 for a new database).
