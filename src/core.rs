@@ -26,23 +26,66 @@ use crate::store::{
     InDoubtRequest, Record, SettleRequest, Settled, Settlement, StoredResponse,
 };
 
-/// Counters since the engine was opened.
-#[derive(Default, Debug)]
-pub(crate) struct Counters {
-    pub(crate) claims: AtomicU64,
-    pub(crate) replays: AtomicU64,
-    pub(crate) mismatches: AtomicU64,
-    pub(crate) processing_answers: AtomicU64,
-    pub(crate) unknown_answers: AtomicU64,
-    pub(crate) tombstone_answers: AtomicU64,
-    pub(crate) moved_to_unknown: AtomicU64,
-    pub(crate) resolved: AtomicU64,
-    pub(crate) expired_deleted: AtomicU64,
-    pub(crate) tombstoned: AtomicU64,
+/// One counter since the engine was opened, also exported through the
+/// `metrics` facade under `name` (any installed recorder picks it up; with
+/// none installed the export is a no-op).
+#[derive(Debug)]
+pub(crate) struct Counter {
+    name: &'static str,
+    value: AtomicU64,
 }
 
-pub(crate) fn bump(c: &AtomicU64, by: u64) {
-    c.fetch_add(by, Ordering::Relaxed);
+impl Counter {
+    const fn new(name: &'static str) -> Counter {
+        Counter {
+            name,
+            value: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn add(&self, by: u64) {
+        if by > 0 {
+            self.value.fetch_add(by, Ordering::Relaxed);
+            metrics::counter!(self.name).increment(by);
+        }
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// Counters since the engine was opened. The metric names are listed in
+/// the README's "Metrics" section.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    pub(crate) claims: Counter,
+    pub(crate) replays: Counter,
+    pub(crate) mismatches: Counter,
+    pub(crate) processing_answers: Counter,
+    pub(crate) unknown_answers: Counter,
+    pub(crate) tombstone_answers: Counter,
+    pub(crate) moved_to_unknown: Counter,
+    pub(crate) resolved: Counter,
+    pub(crate) expired_deleted: Counter,
+    pub(crate) tombstoned: Counter,
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            claims: Counter::new("idempotency_claims_total"),
+            replays: Counter::new("idempotency_replays_total"),
+            mismatches: Counter::new("idempotency_mismatches_total"),
+            processing_answers: Counter::new("idempotency_processing_answers_total"),
+            unknown_answers: Counter::new("idempotency_unknown_answers_total"),
+            tombstone_answers: Counter::new("idempotency_tombstone_answers_total"),
+            moved_to_unknown: Counter::new("idempotency_moved_to_unknown_total"),
+            resolved: Counter::new("idempotency_resolved_total"),
+            expired_deleted: Counter::new("idempotency_expired_deleted_total"),
+            tombstoned: Counter::new("idempotency_tombstoned_total"),
+        }
+    }
 }
 
 /// State shared by the engine handle, its features and the sweeper.
@@ -123,25 +166,25 @@ impl Core {
         } = found;
         Ok(match held {
             Held::Mismatch => {
-                bump(&c.mismatches, 1);
+                c.mismatches.add(1);
                 tracing::info!(key = %key, "fingerprint mismatch");
                 Begin::Mismatch
             }
             Held::Processing { retry_after_ms } => {
-                bump(&c.processing_answers, 1);
+                c.processing_answers.add(1);
                 Begin::Processing {
                     retry_after: Duration::from_millis(retry_after_ms.max(1)),
                 }
             }
             Held::Done => {
-                bump(&c.replays, 1);
+                c.replays.add(1);
                 Begin::Replay(self.replay(key, &record)?)
             }
             Held::Tombstoned {
                 expired_at_ms,
                 reusable_at_ms,
             } => {
-                bump(&c.tombstone_answers, 1);
+                c.tombstone_answers.add(1);
                 Begin::Tombstoned {
                     expired_at_ms,
                     reusable_at_ms,
@@ -151,7 +194,7 @@ impl Core {
             // its work may still be running until its lease ends, so until
             // then the key is processing; after that it is in doubt.
             Held::InDoubt if record.may_still_run(now_ms) => {
-                bump(&c.processing_answers, 1);
+                c.processing_answers.add(1);
                 Begin::Processing {
                     retry_after: Duration::from_millis(
                         record.lease_until_ms.saturating_sub(now_ms).max(1),
@@ -159,7 +202,7 @@ impl Core {
                 }
             }
             Held::InDoubt => {
-                bump(&c.unknown_answers, 1);
+                c.unknown_answers.add(1);
                 Begin::Unknown(Self::in_doubt_of(key.clone(), &record, now_ms))
             }
         })
@@ -185,16 +228,16 @@ impl Core {
         let c = &self.counters;
         match self.store.settle_then_claim(req, claim.clone()) {
             Ok(Settled::Completed(record)) => {
-                bump(&c.resolved, 1);
-                bump(&c.replays, 1);
+                c.resolved.add(1);
+                c.replays.add(1);
                 Ok(Some(Begin::Replay(self.replay(key, &record)?)))
             }
             Ok(Settled::NotExecuted(claimed)) => {
-                bump(&c.resolved, 1);
+                c.resolved.add(1);
                 Ok(Some(Begin::Claimed(self.claim(key, claimed))))
             }
             Ok(Settled::StillInDoubt(record)) => {
-                bump(&c.unknown_answers, 1);
+                c.unknown_answers.add(1);
                 Ok(Some(Begin::Unknown(Self::in_doubt_of(
                     key.clone(),
                     &record,
@@ -208,7 +251,7 @@ impl Core {
 
     /// A claim handle for what the store recorded.
     fn claim(&self, key: &IdempotencyKey, claimed: Claimed) -> Claim {
-        bump(&self.counters.claims, 1);
+        self.counters.claims.add(1);
         Claim::new(key.clone(), claimed, Arc::downgrade(&self.store))
     }
 
@@ -377,9 +420,9 @@ impl Core {
             total.deleted += step.deleted;
             total.tombstoned += step.tombstoned;
             let c = &self.counters;
-            bump(&c.moved_to_unknown, step.moved_to_unknown);
-            bump(&c.expired_deleted, step.deleted);
-            bump(&c.tombstoned, step.tombstoned);
+            c.moved_to_unknown.add(step.moved_to_unknown);
+            c.expired_deleted.add(step.deleted);
+            c.tombstoned.add(step.tombstoned);
             if !step.more || stop() {
                 total.more = step.more;
                 return Ok(total);

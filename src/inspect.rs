@@ -1,6 +1,5 @@
 //! Read-only views for operators: record listings and statistics.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use crate::core::Core;
@@ -184,16 +183,16 @@ pub(crate) fn records(core: &Core, filter: &RecordFilter) -> Result<Vec<Result<R
 pub(crate) fn stats(core: &Core) -> Result<Stats> {
     let c = &core.counters;
     let mut stats = Stats {
-        claims: c.claims.load(Relaxed),
-        replays: c.replays.load(Relaxed),
-        mismatches: c.mismatches.load(Relaxed),
-        processing_answers: c.processing_answers.load(Relaxed),
-        unknown_answers: c.unknown_answers.load(Relaxed),
-        tombstone_answers: c.tombstone_answers.load(Relaxed),
-        moved_to_unknown: c.moved_to_unknown.load(Relaxed),
-        resolved: c.resolved.load(Relaxed),
-        expired_deleted: c.expired_deleted.load(Relaxed),
-        tombstoned: c.tombstoned.load(Relaxed),
+        claims: c.claims.get(),
+        replays: c.replays.get(),
+        mismatches: c.mismatches.get(),
+        processing_answers: c.processing_answers.get(),
+        unknown_answers: c.unknown_answers.get(),
+        tombstone_answers: c.tombstone_answers.get(),
+        moved_to_unknown: c.moved_to_unknown.get(),
+        resolved: c.resolved.get(),
+        expired_deleted: c.expired_deleted.get(),
+        tombstoned: c.tombstoned.get(),
         ..Stats::default()
     };
     let now_ms = core.clock.now_ms();

@@ -1,7 +1,7 @@
 //! Recovery: listing in-doubt (UNKNOWN) records and settling them through a
 //! resolver or by hand.
 
-use crate::core::{bump, Core};
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::outcome::InDoubt;
@@ -53,11 +53,11 @@ pub(crate) fn recover(
         };
         match core.store.settle(req) {
             Ok(Settled::Completed(_)) => {
-                bump(&core.counters.resolved, 1);
+                core.counters.resolved.add(1);
                 report.completed += 1;
             }
             Ok(Settled::NotExecuted(())) => {
-                bump(&core.counters.resolved, 1);
+                core.counters.resolved.add(1);
                 report.not_executed += 1;
             }
             Ok(Settled::StillInDoubt(_)) => report.still_unknown += 1,
@@ -104,7 +104,7 @@ pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution)
         settlement,
     })?;
     if resolved {
-        bump(&core.counters.resolved, 1);
+        core.counters.resolved.add(1);
     }
     Ok(())
 }

@@ -203,9 +203,14 @@ impl Writer {
     /// On a storage error or a panic the backend is poisoned first, then
     /// every caller of the group hears it.
     fn commit(&mut self, mut group: Vec<Box<dyn Job>>, isolated: bool) {
+        let started = std::time::Instant::now();
         let attempt = catch_unwind(AssertUnwindSafe(|| self.try_commit(&mut group, isolated)));
         let failure = match attempt {
             Ok(Ok(seq)) => {
+                #[allow(clippy::cast_precision_loss)] // batch sizes are small
+                metrics::histogram!("idempotency_group_commit_ops").record(group.len() as f64);
+                metrics::histogram!("idempotency_group_commit_seconds")
+                    .record(started.elapsed().as_secs_f64());
                 self.seq = seq;
                 for job in group {
                     job.deliver();
@@ -217,6 +222,7 @@ impl Writer {
         };
         let cause: Arc<str> = format!("group commit failed: {failure}").into();
         tracing::error!(%cause, "engine poisoned");
+        metrics::counter!("idempotency_poisoned_total").increment(1);
         self.poison.set(cause.to_string());
         for job in group {
             job.fail(Error::Poisoned {
