@@ -325,7 +325,8 @@ impl Engine {
     /// # Errors
     ///
     /// [`Error::InvalidEntity`] for an empty or over-long (more than
-    /// [`crate::MAX_ENTITY_BYTES`] bytes) entity id or state name;
+    /// [`crate::MAX_ENTITY_BYTES`] bytes) entity id or state name, or one
+    /// with a control character;
     /// [`Error::CorruptEntity`]; storage errors.
     pub fn transition(&self, entity: &str, from: &[&str], to: &str) -> Result<Transition> {
         entity::transition(&self.core, entity, from, to)
@@ -335,7 +336,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// Storage errors; [`Error::CorruptEntity`].
+    /// [`Error::InvalidEntity`] for an id `transition` would refuse;
+    /// storage errors; [`Error::CorruptEntity`].
     pub fn entity_state(&self, entity: &str) -> Result<Option<(String, u64)>> {
         entity::state(&self.core, entity)
     }
@@ -351,8 +353,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] if `@inbox:<consumer>` is empty, longer than
-    /// 255 bytes or has control characters.
+    /// [`Error::InvalidKey`] if `consumer` is empty, or `@inbox:<consumer>`
+    /// is longer than 255 bytes or has control characters.
     pub fn inbox(&self, consumer: &str) -> Result<Inbox<'_>> {
         Inbox::new(&self.core, consumer)
     }

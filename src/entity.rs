@@ -22,6 +22,7 @@ pub(crate) fn transition(core: &Core, entity: &str, from: &[&str], to: &str) -> 
 
 /// The entity's current state and version, if it exists.
 pub(crate) fn state(core: &Core, entity: &str) -> Result<Option<(String, u64)>> {
+    check("entity id", entity)?;
     Ok(core.store.entity(entity)?.map(|s| (s.state, s.version)))
 }
 
@@ -30,6 +31,8 @@ fn check(what: &'static str, value: &str) -> Result<()> {
         "must not be empty"
     } else if value.len() > MAX_ENTITY_BYTES {
         "longer than 255 bytes"
+    } else if value.chars().any(char::is_control) {
+        "contains a control character"
     } else {
         return Ok(());
     };

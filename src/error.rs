@@ -132,7 +132,7 @@ pub enum Error {
     /// contain no control characters (U+0000..U+001F, U+007F..U+009F).
     #[error("invalid idempotency {what} {value:?}: {reason}")]
     InvalidKey {
-        /// `"scope"` or `"key"`.
+        /// `"scope"`, `"key"` or `"inbox consumer"`.
         what: &'static str,
         /// The rejected value (at most 64 characters of it).
         value: String,
@@ -141,7 +141,8 @@ pub enum Error {
     },
 
     /// An entity id or state name given to [`crate::Engine::transition`] is
-    /// empty or longer than [`crate::MAX_ENTITY_BYTES`].
+    /// empty, longer than [`crate::MAX_ENTITY_BYTES`], or has a control
+    /// character.
     #[error("invalid entity {what} {value:?}: {reason}")]
     InvalidEntity {
         /// `"entity id"` or `"state"`.

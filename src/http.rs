@@ -133,7 +133,9 @@
 //! ### response-error
 //! 500: the handler's response body failed while being read.
 //! ### engine-error
-//! 500: the idempotency store failed.
+//! 503 with `Retry-After`: the idempotency store failed (storage error,
+//! engine poisoned or closed); the request was not run and a retry with the
+//! same key is safe. The cause goes to the log, never into the body.
 
 mod admit;
 mod body;

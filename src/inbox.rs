@@ -99,6 +99,13 @@ impl<'e> Inbox<'e> {
     /// [`crate::Error::InvalidKey`] if `@inbox:<consumer>` is not a valid
     /// scope.
     pub(crate) fn new(core: &'e Core, consumer: &str) -> Result<Inbox<'e>> {
+        if consumer.is_empty() {
+            return Err(crate::error::Error::InvalidKey {
+                what: "inbox consumer",
+                value: String::new(),
+                reason: "must not be empty",
+            });
+        }
         IdempotencyKey::inbox(consumer, "probe")?;
         Ok(Inbox {
             core,

@@ -257,3 +257,38 @@ fn stale_fencing_token_is_refused_and_record_untouched() -> TestResult {
     still_serves(&engine, "after-fenced")?;
     Ok(())
 }
+
+/// Entity ids and inbox consumers are validated like keys: `entity_state`
+/// refuses what `transition` refuses, control characters are refused, and
+/// an empty consumer name is refused.
+#[test]
+fn entity_ids_and_consumers_are_validated() -> TestResult {
+    let (engine, _) = engine()?;
+    for bad in ["", "a\u{0}b", "tab\there"] {
+        let err = engine
+            .transition(bad, &[], "created")
+            .err()
+            .ok_or("accepted a bad entity id")?;
+        assert!(
+            matches!(err, idempotency::Error::InvalidEntity { .. }),
+            "{err:?}"
+        );
+        let err = engine
+            .entity_state(bad)
+            .err()
+            .ok_or("entity_state accepted a bad id")?;
+        assert!(
+            matches!(err, idempotency::Error::InvalidEntity { .. }),
+            "{err:?}"
+        );
+    }
+    let long = "x".repeat(256);
+    assert!(engine.entity_state(&long).is_err());
+    let err = engine.inbox("").err().ok_or("accepted an empty consumer")?;
+    assert!(
+        matches!(err, idempotency::Error::InvalidKey { .. }),
+        "{err:?}"
+    );
+    still_serves(&engine, "after-bad-entities")?;
+    Ok(())
+}

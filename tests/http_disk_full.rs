@@ -101,7 +101,8 @@ async fn layer_500_carries_no_internals() -> TestResult {
         .body("{}")
         .send()
         .await?;
-    assert!(r.status().is_server_error());
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
     let body = r.text().await?;
     assert!(body.contains("engine-error"), "{body}");
     assert!(!body.contains("secret-key-123"), "{body}");

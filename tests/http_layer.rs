@@ -556,6 +556,60 @@ async fn tenants_do_not_share_keys() -> TestResult {
     Ok(())
 }
 
+/// A tenant header must not be able to spell another caller's scope: the
+/// default scope is `METHOD route tenant=… caller=…`, and a tenant value
+/// containing ` caller=<digest>` once reached the victim's records.
+#[tokio::test(flavor = "multi_thread")]
+async fn tenant_header_cannot_spell_another_callers_scope() -> TestResult {
+    let app = start(|l| l.tenant_header(axum::http::HeaderName::from_static("x-tenant"))).await?;
+    let send = |tenant: &'static str, auth: Option<&'static str>| {
+        let mut request = app
+            .client
+            .post(format!("{}/decline", app.base))
+            .header("idempotency-key", "victim-1")
+            .header("x-tenant", tenant)
+            .header("content-type", "application/json")
+            .body(PAYMENT);
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        request.send()
+    };
+    assert_eq!(send("m1", Some("Bearer victim")).await?.status(), 402);
+    let records = app.engine.records(&Default::default())?;
+    let victim_scope = records
+        .iter()
+        .flatten()
+        .map(|r| r.key.scope().to_string())
+        .find(|s| s.contains("caller="))
+        .ok_or("the victim's record has no caller part")?;
+    let caller = victim_scope
+        .rsplit_once("caller=")
+        .map(|(_, digest)| digest.to_string())
+        .ok_or("no digest")?;
+    // The attacker sends no credentials and puts the digest in the tenant.
+    let forged: &'static str = Box::leak(format!("m1 caller={caller}").into_boxed_str());
+    let r = send(forged, None).await?;
+    assert!(
+        r.headers().get("idempotent-replayed").is_none(),
+        "replayed the victim's record"
+    );
+    assert_eq!(app.runs(), 2, "the forged scope must be a scope of its own");
+    // A tenant sent twice is refused, not silently read as its first value.
+    let r = app
+        .client
+        .post(format!("{}/decline", app.base))
+        .header("idempotency-key", "victim-2")
+        .header("x-tenant", "m1")
+        .header("x-tenant", "m2")
+        .header("content-type", "application/json")
+        .body(PAYMENT)
+        .send()
+        .await?;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn json_pointers_ignore_other_fields() -> TestResult {
     let app =

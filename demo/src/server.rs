@@ -80,6 +80,12 @@ struct CreatePayment {
 /// new files behind: the address is bound first, and a database or ledger
 /// file this call created is removed again if the other cannot be opened.
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
+    // Warnings and errors from the engine and the layer (a full disk, a
+    // poisoned engine, a stale claim) reach the operator on stderr.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .try_init();
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", opts.addr))?;
@@ -366,19 +372,24 @@ async fn create_payment(
         }
         Ok(Err(ChargeError::Io(e))) => {
             // The ledger write failed: the charge may or may not be durable.
+            // The cause (paths, OS errors) goes to the log, not to clients.
+            eprintln!("payments: the provider's ledger write failed: {e}");
             let mut response = problem(
                 StatusCode::BAD_GATEWAY,
                 "Payment provider failed",
-                &e.to_string(),
+                "the payment's outcome is being checked with the provider; retry later with \
+                 the same Idempotency-Key",
             );
             response.extensions_mut().insert(Disposition::Unknown);
             response
         }
         Err(join) => {
+            eprintln!("payments: the charge task failed: {join}");
             let mut response = problem(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "Payment failed",
-                &join.to_string(),
+                "the payment's outcome is being checked; retry later with the same \
+                 Idempotency-Key",
             );
             response.extensions_mut().insert(Disposition::Unknown);
             response

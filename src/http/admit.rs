@@ -131,19 +131,33 @@ where
 fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Problem> {
     let mut scope = format!("{} {route}", parts.method);
     if let Some(name) = &cfg.tenant_header {
-        if let Some(value) = parts.headers.get(name) {
-            let tenant = value.to_str().map_err(|_| {
+        let mut values = parts.headers.get_all(name).iter();
+        if let Some(value) = values.next() {
+            let invalid = |detail: String| {
                 Problem::new(
                     StatusCode::BAD_REQUEST,
                     "invalid-scope",
                     "Invalid idempotency scope",
-                    format!("the {name} header must be visible ASCII"),
+                    detail,
                 )
-            })?;
-            // The route is a URI path and has no spaces, so this cannot be
-            // confused with another route's scope.
+            };
+            if values.next().is_some() {
+                return Err(invalid(format!("the {name} header must appear once")));
+            }
+            let tenant = value
+                .to_str()
+                .map_err(|_| invalid(format!("the {name} header must be visible ASCII")))?;
+            // The scope's parts are separated by spaces: the route is a URI
+            // path (no spaces), and the tenant is escaped so that no header
+            // value can spell another part (` caller=…`) or another scope.
             scope.push_str(" tenant=");
-            scope.push_str(tenant);
+            for c in tenant.chars() {
+                match c {
+                    '%' => scope.push_str("%25"),
+                    ' ' => scope.push_str("%20"),
+                    c => scope.push(c),
+                }
+            }
         }
     }
     if let Some(caller) = caller_digest(&cfg.caller, cfg.caller_key.as_ref(), parts) {

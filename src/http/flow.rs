@@ -141,15 +141,20 @@ where
                 .retry_after(ceil_secs(cfg.unknown_retry_after));
             }
             Begin::Tombstoned { reusable_at_ms, .. } => {
+                let now_ms = cfg.engine.clock().now_ms();
+                let wait = Duration::from_millis(reusable_at_ms.saturating_sub(now_ms));
+                let at = std::time::UNIX_EPOCH + Duration::from_millis(reusable_at_ms);
                 break Problem::new(
                     StatusCode::CONFLICT,
                     "key-expired",
                     "Idempotency-Key expired",
                     format!(
-                        "this Idempotency-Key expired; it may not be reused before \
-                         {reusable_at_ms} ms since the Unix epoch; use a new key"
+                        "this Idempotency-Key expired; it may not be reused before {} \
+                         (in {} s); use a new key",
+                        httpdate::fmt_http_date(at),
+                        ceil_secs(wait)
                     ),
-                )
+                );
             }
         }
     };
@@ -209,15 +214,19 @@ fn ceil_secs(d: Duration) -> u64 {
         .max(1)
 }
 
-/// A 500 for a failed engine call; the error goes to the log only.
+/// A 503 for a failed engine call (storage failing, the engine poisoned or
+/// closed): nothing was run, and a retry with the same key is safe. The
+/// error goes to the log only.
 fn engine_problem(e: &dyn std::fmt::Display) -> Problem {
     tracing::error!(error = %e, "idempotency engine failed");
     Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::SERVICE_UNAVAILABLE,
         "engine-error",
-        "Idempotency store failed",
-        "the idempotency store could not process this request; it was not run",
+        "Idempotency store unavailable",
+        "the idempotency store could not process this request; it was not run; \
+         retry with the same Idempotency-Key",
     )
+    .retry_after(1)
 }
 
 /// The handler answered but its outcome could not be recorded.
