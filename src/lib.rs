@@ -93,6 +93,7 @@ mod report;
 mod resolver;
 mod state;
 mod transition;
+mod verify;
 
 // The private store layer, behind its typed seam (`store::Backend`).
 mod store;
@@ -141,6 +142,7 @@ pub use resolver::{Resolution, Resolver};
 pub use state::State;
 pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};
+pub use verify::{Problem, VerifyReport};
 
 /// Decodes bytes as a stored record, for the `record_decode` fuzz target
 /// (built only under `cfg(fuzzing)`). Returns whether they decoded as a

@@ -437,3 +437,41 @@ pub fn purge<W: Write, E: Write>(
 fn duration_ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// `idem verify`: scrubs the whole file (read-only). Prints every problem
+/// and fails (exit 1) if there is any.
+pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
+    let report = engine.verify()?;
+    if json {
+        let problems: Vec<Value> = report
+            .problems
+            .iter()
+            .map(|p| Value::String(p.to_string()))
+            .collect();
+        print_json(
+            out,
+            &json!({ "records": report.records, "sound": report.is_sound(), "problems": problems }),
+        )?;
+    } else {
+        for problem in &report.problems {
+            writeln!(out, "{}", escape_controls(&problem.to_string()))?;
+        }
+        if report.is_sound() {
+            writeln!(
+                out,
+                "sound: {} records checked, no problems",
+                report.records
+            )?;
+        }
+    }
+    if report.is_sound() {
+        Ok(())
+    } else {
+        Err(CliError(format!(
+            "{} problems found in {} records",
+            report.problems.len(),
+            report.records
+        ))
+        .into())
+    }
+}

@@ -102,6 +102,16 @@ enum Command {
         /// The database file.
         db: PathBuf,
     },
+    /// Scrub the whole file: every record, outbox message and entity
+    /// decodes, every index entry matches its record and back. Read-only;
+    /// exits 1 with the list of problems if there is any.
+    Verify {
+        /// The database file.
+        db: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Count records by state.
     Stats {
         /// The database file.
@@ -208,6 +218,9 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
         }
         Command::Sweep { db } => commands::sweep(&open(&db, builder())?, out),
         Command::Stats { db, json } => commands::stats(&open_read_only(&db, builder())?, json, out),
+        Command::Verify { db, json } => {
+            commands::verify(&open_read_only(&db, builder())?, json, out)
+        }
         Command::Purge {
             db,
             scope,

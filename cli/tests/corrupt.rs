@@ -9,7 +9,7 @@ use idempotency::Envelope;
 use redb::TableDefinition;
 use serde_json::Value;
 
-/// The engine's records table (see `src/tables.rs`): record key → encoding.
+/// The engine's records table (see `src/store/redb/tables.rs`): record key → encoding.
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
 
 /// One good record in `shop`, and `shop/broken` holding bytes that are not a
@@ -127,5 +127,55 @@ fn a_corrupt_record_is_purged_only_with_force() -> TestResult {
         engine.begin(&key("shop", "good")?, fp("{}")?)?,
         idempotency::Begin::Replay(_)
     ));
+    Ok(())
+}
+
+/// `idem verify` proves a sound file sound, and on a damaged one lists what
+/// is wrong and exits 1: a value that does not decode, and a record whose
+/// key bytes changed (its lease/expiry index entry then names a record that
+/// is not there, and the moved record is missing from its index).
+#[test]
+fn verify_finds_undecodable_records_and_moved_keys() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let sound = db_path(dir.path());
+    {
+        let engine = engine(&sound)?;
+        let c = claim(&engine, &key("shop", "good")?, fp("{}")?)?;
+        engine.complete(c, Envelope::new(1, 200, "ok"))?;
+    }
+    let out = idem_ok(["verify".as_ref(), sound.as_os_str()])?;
+    assert!(out.contains("sound: 1 records checked"), "{out}");
+
+    let other = tempfile::tempdir()?;
+    let db = with_corrupt_record(other.path())?;
+    // Move the good record to other key bytes, as a flipped byte would.
+    {
+        let raw = redb::Database::open(&db)?;
+        let txn = raw.begin_write()?;
+        {
+            let mut records = txn.open_table(RECORDS)?;
+            let old = [&[4u8][..], b"shop", b"good"].concat();
+            let value = records
+                .remove(old.as_slice())?
+                .map(|v| v.value().to_vec())
+                .ok_or("no good record")?;
+            let moved = [&[4u8][..], b"shop", b"goad"].concat();
+            records.insert(moved.as_slice(), value.as_slice())?;
+        }
+        txn.commit()?;
+    }
+    let before = std::fs::read(&db)?;
+    let out = idem(["verify".as_ref(), db.as_os_str()])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end(), "idem: 3 problems found in 2 records");
+    let listed = String::from_utf8(out.stdout)?;
+    assert!(listed.contains("does not decode"), "{listed}");
+    assert!(listed.contains("names record"), "{listed}");
+    assert!(
+        listed.contains("is missing from the expiry index"),
+        "{listed}"
+    );
+    assert!(std::fs::read(&db)? == before, "verify changed the file");
     Ok(())
 }

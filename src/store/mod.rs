@@ -202,6 +202,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The app's own write and the key's completion in one transaction.
     fn local(&self, write: LocalWrite) -> Result<LocalResult>;
 
+    /// Scrubs the whole store: every value decodes, every key is valid, and
+    /// every index entry matches its record and back. Returns the problems
+    /// and how many records were checked.
+    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)>;
+
     /// Finishes queued writes and stops; later calls return `Error::Closed`.
     fn close(&self);
 }

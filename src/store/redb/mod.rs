@@ -8,6 +8,7 @@ mod read;
 mod read_only;
 mod sweep;
 mod tables;
+mod verify;
 mod writer;
 
 use std::sync::Arc;
@@ -280,6 +281,10 @@ impl Backend for RedbStore {
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
         self.submit(Box::new(move |t: &mut Tables<'_>| t.local(write)), true)
+    }
+
+    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
+        contained("verifying the database", || verify::verify(self.db()?))
     }
 
     fn close(&self) {

@@ -178,5 +178,9 @@ impl Backend for RedbReader {
         read_only("local write")
     }
 
+    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
+        contained("verifying the database", || super::verify::verify(&self.db))
+    }
+
     fn close(&self) {}
 }

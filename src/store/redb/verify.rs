@@ -1,0 +1,112 @@
+//! The scrub behind `Engine::verify`: every stored value decodes, every
+//! record key is a valid key, and every index entry matches its record and
+//! back (each record sits in exactly the index its state names, at the
+//! instant it names).
+
+use std::collections::BTreeSet;
+
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::error::Result;
+use crate::store::codec;
+use crate::store::record::{hex, Record, RecordState};
+use crate::verify::Problem;
+
+use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
+
+/// Which index a record belongs in, and at which instant.
+fn index_of(rec: &Record) -> (&'static str, u64) {
+    match rec.state {
+        RecordState::Processing => ("leases", rec.lease_until_ms),
+        RecordState::Unknown => ("recovery", rec.unknown_since_ms),
+        _ => ("expiry", rec.expires_at_ms),
+    }
+}
+
+/// Scrubs the whole database in one read snapshot; returns every problem
+/// found (none: the file is sound as far as the engine can tell) and how
+/// many records were checked.
+pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> {
+    let what = "verifying the database";
+    let txn = db.begin_read().context(what)?;
+    let records = txn.open_table(RECORDS).context(what)?;
+    let mut problems = Vec::new();
+    // (index, instant, record key) every sound record expects.
+    let mut expected = BTreeSet::new();
+    let mut checked = 0;
+    for entry in records.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        checked += 1;
+        let rkey = k.value().to_vec();
+        if crate::key::IdempotencyKey::from_record_key(&rkey).is_none() {
+            problems.push(Problem::BadKey {
+                key_hex: hex(&rkey),
+            });
+        }
+        match codec::decode(v.value()) {
+            Ok(rec) => {
+                let (index, at) = index_of(&rec);
+                expected.insert((index, at, rkey));
+            }
+            Err(e) => problems.push(Problem::Undecodable {
+                key_hex: hex(&rkey),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    let mut found = BTreeSet::new();
+    for (name, table) in [
+        ("leases", LEASES),
+        ("recovery", RECOVERY),
+        ("expiry", EXPIRY),
+    ] {
+        let index = txn.open_table(table).context(what)?;
+        for entry in index.iter().context(what)? {
+            let (k, _) = entry.context(what)?;
+            let (at, rkey) = k.value();
+            found.insert((name, at, rkey.to_vec()));
+        }
+    }
+    for (index, at, rkey) in found.difference(&expected) {
+        // A record that does not decode has no expected entry: its index
+        // entry is not a second problem.
+        let undecodable = problems
+            .iter()
+            .any(|p| matches!(p, Problem::Undecodable { key_hex, .. } if *key_hex == hex(rkey)));
+        if !undecodable {
+            problems.push(Problem::StrayIndexEntry {
+                index,
+                at_ms: *at,
+                key_hex: hex(rkey),
+            });
+        }
+    }
+    for (index, at, rkey) in expected.difference(&found) {
+        problems.push(Problem::MissingIndexEntry {
+            index,
+            at_ms: *at,
+            key_hex: hex(rkey),
+        });
+    }
+    let outbox = txn.open_table(OUTBOX).context(what)?;
+    for entry in outbox.iter().context(what)? {
+        let (seq, v) = entry.context(what)?;
+        if let Err(e) = codec::decode_outbox(v.value()) {
+            problems.push(Problem::UndecodableOutboxMessage {
+                seq: seq.value(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    let entities = txn.open_table(ENTITIES).context(what)?;
+    for entry in entities.iter().context(what)? {
+        let (id, v) = entry.context(what)?;
+        if let Err(e) = codec::decode_entity(v.value()) {
+            problems.push(Problem::UndecodableEntity {
+                entity: id.value().to_string(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    Ok((problems, checked))
+}

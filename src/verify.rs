@@ -1,0 +1,111 @@
+//! What a scrub of the database found (see [`crate::Engine::verify`]).
+
+use std::fmt;
+
+/// The result of [`crate::Engine::verify`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// How many records were checked.
+    pub records: u64,
+    /// Everything found wrong; empty when the file is sound as far as the
+    /// engine can check.
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    /// Whether nothing was found wrong.
+    pub fn is_sound(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// One thing a scrub found wrong. Keys are shown as the stored record key
+/// bytes in lower-case hex (`[scope length][scope][key]`), since a damaged
+/// key may not be a valid key any more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// A record's stored key bytes are not a valid scope and key.
+    BadKey {
+        /// The stored key bytes, in hex.
+        key_hex: String,
+    },
+    /// A record's value does not decode.
+    Undecodable {
+        /// The stored key bytes, in hex.
+        key_hex: String,
+        /// What the decoder found.
+        reason: String,
+    },
+    /// An index entry (lease, recovery or expiry) names a record that does
+    /// not exist, or that its state and instants put elsewhere. A record
+    /// whose key bytes were damaged shows up this way: its index entry
+    /// still names the old key.
+    StrayIndexEntry {
+        /// `"leases"`, `"recovery"` or `"expiry"`.
+        index: &'static str,
+        /// The entry's instant (ms since the Unix epoch).
+        at_ms: u64,
+        /// The record key it names, in hex.
+        key_hex: String,
+    },
+    /// A record is missing from the index its state names: sweeps and the
+    /// recovery queue would never find it.
+    MissingIndexEntry {
+        /// `"leases"`, `"recovery"` or `"expiry"`.
+        index: &'static str,
+        /// The instant the record expects (ms since the Unix epoch).
+        at_ms: u64,
+        /// The record's key, in hex.
+        key_hex: String,
+    },
+    /// An outbox message does not decode.
+    UndecodableOutboxMessage {
+        /// Its sequence number.
+        seq: u64,
+        /// What the decoder found.
+        reason: String,
+    },
+    /// An entity's state does not decode.
+    UndecodableEntity {
+        /// The entity id.
+        entity: String,
+        /// What the decoder found.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::BadKey { key_hex } => {
+                write!(f, "record key {key_hex} is not a valid scope and key")
+            }
+            Problem::Undecodable { key_hex, reason } => {
+                write!(f, "record {key_hex} does not decode: {reason}")
+            }
+            Problem::StrayIndexEntry {
+                index,
+                at_ms,
+                key_hex,
+            } => write!(
+                f,
+                "{index} index entry at {at_ms} ms names record {key_hex}, which is missing or belongs elsewhere"
+            ),
+            Problem::MissingIndexEntry {
+                index,
+                at_ms,
+                key_hex,
+            } => write!(
+                f,
+                "record {key_hex} is missing from the {index} index (expected at {at_ms} ms)"
+            ),
+            Problem::UndecodableOutboxMessage { seq, reason } => {
+                write!(f, "outbox message #{seq} does not decode: {reason}")
+            }
+            Problem::UndecodableEntity { entity, reason } => {
+                write!(f, "entity {entity:?} does not decode: {reason}")
+            }
+        }
+    }
+}
