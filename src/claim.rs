@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::clock::duration_ms;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ReturnedClaim};
 use crate::key::IdempotencyKey;
 use crate::store::{Abandon, Backend, Claimed, InDoubtRequest};
 
@@ -101,6 +101,18 @@ impl Claim {
         let store = self.store.upgrade().ok_or(Error::Closed)?;
         self.lease_until_ms = store.extend(self.key.clone(), self.token, duration_ms(lease))?;
         Ok(())
+    }
+}
+
+impl ReturnedClaim {
+    pub(crate) fn new(claim: Claim) -> ReturnedClaim {
+        ReturnedClaim(Box::new(claim))
+    }
+
+    /// The claim, unused: complete or fail it as usual. `None` only for a
+    /// value this crate did not make (it always holds a [`Claim`]).
+    pub fn into_claim(self) -> Option<Claim> {
+        self.0.downcast::<Claim>().ok().map(|claim| *claim)
     }
 }
 

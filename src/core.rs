@@ -12,7 +12,7 @@ use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::envelope::Envelope;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ReturnedClaim};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
@@ -374,7 +374,7 @@ impl Core {
                 key: claim.key().clone(),
                 size,
                 limit,
-                claim: Some(Box::new(claim)),
+                claim: Some(ReturnedClaim::new(claim)),
             });
         }
         let (key, token) = claim.finish();

@@ -177,7 +177,7 @@ pub enum Error {
         /// The configured limit in bytes.
         limit: usize,
         /// The claim, handed back unused (from `complete` and `fail`).
-        claim: Option<Box<crate::claim::Claim>>,
+        claim: Option<ReturnedClaim>,
     },
 
     /// The fencing token no longer owns the record: the claim was superseded
@@ -325,6 +325,21 @@ pub enum Error {
     /// function).
     #[error(transparent)]
     Open(#[from] OpenError),
+}
+
+/// A claim handed back unused inside [`Error::ResponseTooLarge`]; turn it
+/// back into the claim with `ReturnedClaim::into_claim` and complete it
+/// with a smaller answer. Dropping it drops the claim (a dropped claim's
+/// effect: in doubt, never re-executed).
+///
+/// (The claim is boxed as `Any` so that this bottom-layer error type does
+/// not depend on the claim handle above it.)
+pub struct ReturnedClaim(pub(crate) Box<dyn std::any::Any + Send + Sync>);
+
+impl std::fmt::Debug for ReturnedClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReturnedClaim(..)")
+    }
 }
 
 /// `Result` with this crate's [`Error`].

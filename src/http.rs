@@ -139,11 +139,13 @@
 
 mod admit;
 mod body;
+mod config;
 mod flow;
 mod future;
 mod header;
 mod layer;
 mod problem;
+mod replay;
 mod route;
 mod runtime;
 mod service;

@@ -126,7 +126,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ExpiryPolicy, PurgeMode};
 pub use engine::Engine;
 pub use envelope::Envelope;
-pub use error::{BoxError, Error, OpenError, Result, StorageError};
+pub use error::{BoxError, Error, OpenError, Result, ReturnedClaim, StorageError};
 pub use fingerprint::{
     Fingerprint, FingerprintBuilder, FingerprintError, FINGERPRINT_ALGORITHM_VERSION,
 };

@@ -192,7 +192,8 @@ fn oversized_response_hands_the_claim_back_and_never_reruns() -> TestResult {
     assert_eq!(info.state, State::Processing);
     assert!(matches!(engine.begin(&k, fp()?)?, Begin::Processing { .. }));
     // A smaller answer with the same claim is stored and replayed.
-    engine.complete(*claim, Envelope::new(1, 200, "summary"))?;
+    let claim = claim.into_claim().ok_or("no claim inside")?;
+    engine.complete(claim, Envelope::new(1, 200, "summary"))?;
     for _ in 0..3 {
         match engine.begin(&k, fp()?)? {
             Begin::Replay(r) => assert_eq!(r.envelope.body, b"summary"),

@@ -992,15 +992,18 @@ impl Harness {
         match result {
             Err(Error::ResponseTooLarge {
                 size,
-                claim: Some(claim),
+                claim: Some(returned),
                 ..
             }) => {
-                self.held.push(Held {
-                    claim: *claim,
-                    key,
-                    token,
-                    generation,
-                });
+                // Always a claim (the engine made it); kept like any other.
+                if let Some(claim) = returned.into_claim() {
+                    self.held.push(Held {
+                        claim,
+                        key,
+                        token,
+                        generation,
+                    });
+                }
                 Err(Failed::TooLarge { size })
             }
             other => other.map_err(|e| failed(&e)),

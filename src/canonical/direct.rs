@@ -19,8 +19,8 @@
 use std::cmp::Ordering;
 use std::ops::Range;
 
+use super::error::MAX_DEPTH;
 use super::number::{normalize, write_normalized};
-use super::parser::MAX_DEPTH;
 use super::string::{cmp_utf16_bytes, write_char};
 
 /// Why the fast path gave up; the tree path decides instead.

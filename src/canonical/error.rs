@@ -4,7 +4,11 @@
 use std::fmt;
 
 use super::number::MAX_DECIMAL_EXPONENT;
-use super::parser::MAX_DEPTH;
+
+/// Deepest nesting of arrays and objects accepted: a top-level array is
+/// depth 1. Deeper input is a [`CanonicalError::TooDeep`], never a stack
+/// overflow. (Kept with the error that reports it.)
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// Where in the input an error was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -10,10 +10,7 @@ use super::pointer::push_token;
 use super::string::cmp_utf16;
 use super::value::JsonValue;
 
-/// Deepest nesting of arrays and objects accepted: a top-level array is
-/// depth 1. Deeper input is a [`CanonicalError::TooDeep`], never a stack
-/// overflow.
-pub(crate) const MAX_DEPTH: usize = 128;
+pub(crate) use super::error::MAX_DEPTH;
 
 /// Parses JSON text strictly (see the [`crate::canonical`] docs).
 ///

@@ -11,7 +11,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use super::layer::Config;
+use super::config::Config;
 use super::problem::Problem;
 use super::route::BodyMode;
 use super::{header, Caller, CallerKind, Route, IDEMPOTENCY_KEY};

@@ -19,8 +19,9 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::admit::{self, Admitted, FingerprintJob, Fingerprinted, Head};
 use super::body::{Recording, RequestBody, ResponseBody};
-use super::layer::Config;
+use super::config::Config;
 use super::problem::Problem;
+use super::replay;
 use super::runtime::{Holding, Runtime};
 use super::store::{self, Outcome, Stored, POINTER_DIGESTS};
 use super::{ClaimInfo, Disposition};
@@ -108,7 +109,7 @@ where
                     .and_then(|d| serde_json::to_string(&d).ok());
                 return run_claimed(&cfg, inner, parts, body, claim, holding, digests).await;
             }
-            Begin::Replay(replay) => return Ok(store::replay_response(replay.envelope)),
+            Begin::Replay(replay) => return Ok(replay::replay_response(replay.envelope)),
             Begin::Processing { retry_after } => {
                 if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                     wait_for(&cfg.runtime, &key, deadline).await;

@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit};
 
 use super::body::{RequestBody, ResponseBody};
+use super::config::Config;
 use super::future::ResponseFuture;
-use super::layer::Config;
 use super::{flow, IDEMPOTENCY_KEY};
 use crate::BoxError;
 

@@ -1,6 +1,6 @@
-//! Between the layer and the engine: blocking engine calls, building the
-//! stored envelope from a response, and turning an envelope back into a
-//! replayed response.
+//! Between the layer and the engine: recording outcomes, and building the
+//! stored envelope from a response (`replay.rs` turns it back into a
+//! response).
 //!
 //! The layer keeps two headers of its own in stored envelopes, under the
 //! reserved prefix `idempotency-layer-` (never sent on a replay; a
@@ -16,13 +16,10 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONNECTION, LOCATION};
-use http::{HeaderMap, Response, StatusCode};
+use http::header::{CONNECTION, LOCATION};
+use http::{HeaderMap, StatusCode};
 
-use super::body::ResponseBody;
-use super::layer::{Config, HeaderPolicy, NEVER_STORED, NEVER_STORED_EXTRA};
-use super::problem::Problem;
+use super::config::{Config, HeaderPolicy, NEVER_STORED, NEVER_STORED_EXTRA};
 use super::IDEMPOTENT_REPLAYED;
 use crate::{Claim, Engine, Envelope, Failure};
 
@@ -182,57 +179,10 @@ fn stored_headers(policy: &HeaderPolicy, headers: &HeaderMap) -> Vec<(String, Ve
     out
 }
 
-/// The response for a stored envelope.
-pub(crate) fn replay_response<B>(envelope: Envelope) -> Response<ResponseBody<B>> {
-    if envelope.header(NOT_RETAINED).is_some() {
-        return not_retained_response(&envelope);
-    }
-    let mut response = Response::new(ResponseBody::full(Bytes::from(envelope.body)));
-    *response.status_mut() =
-        StatusCode::from_u16(envelope.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    for (name, value) in envelope.headers {
-        if name.starts_with(RESERVED_PREFIX) {
-            continue;
-        }
-        // Stored from a valid response, so these parse; skip one that does
-        // not rather than fail the replay.
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(&value),
-        ) {
-            headers.append(name, value);
-        }
-    }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
-}
-
-fn not_retained_response<B>(envelope: &Envelope) -> Response<ResponseBody<B>> {
-    let problem = Problem::new(
-        StatusCode::CONFLICT,
-        "response-not-retained",
-        "Completed; response not retained",
-        "the request with this Idempotency-Key completed, but its response was too large to \
-         keep, so it cannot be replayed; it will not run again",
-    )
-    .member("original_status", envelope.status.into());
-    let mut response = problem.into_response();
-    if let Some(location) = envelope
-        .header(LOCATION.as_str())
-        .and_then(|v| HeaderValue::from_bytes(v).ok())
-    {
-        response.headers_mut().insert(LOCATION, location);
-    }
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{HeaderName, HeaderValue};
 
     #[test]
     fn hop_by_hop_credentials_and_date_are_not_stored() {
