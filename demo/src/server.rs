@@ -146,7 +146,21 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         if exit_on_eof {
             stdin_closed().await;
         } else {
-            let _ = tokio::signal::ctrl_c().await;
+            // Ctrl-C or SIGTERM (`kill`, a service manager) both stop the
+            // server cleanly, so the file needs no recovery afterwards and
+            // the read-only `idem` commands can open it.
+            let terminate = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        term.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminate => {}
+            }
         }
     };
     serve_http1(listener, app, opts.header_read_timeout, shutdown).await;
