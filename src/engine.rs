@@ -411,6 +411,16 @@ impl Engine {
         Ok(VerifyReport { records, problems })
     }
 
+    /// Why the engine is poisoned, if it is: a write failed (a full disk,
+    /// an I/O error) or the storage library panicked, so every later write
+    /// is refused with [`Error::Poisoned`] while reads (replays) go on.
+    /// Write service comes back only with a new engine on the file: an app
+    /// (or its service manager) watches this, then drops the engine and
+    /// opens the file again, or exits to be restarted. `None` while healthy.
+    pub fn poisoned(&self) -> Option<String> {
+        self.core.store.check().err().map(|e| e.to_string())
+    }
+
     /// The clock the engine reads.
     pub fn clock(&self) -> &dyn Clock {
         &*self.core.clock

@@ -354,10 +354,14 @@ fn a_full_disk_poisons_until_reopened() -> TestResult {
     let faults = backend.faults();
     let engine = open(&clock, backend.clone())?;
     complete_ok(&engine, "before")?;
+    assert_eq!(engine.poisoned(), None);
 
     faults.disk_full();
     let e = engine.begin(&key("during"), fingerprint()).err();
     assert!(e.as_ref().is_some_and(is_poisoned), "{e:?}");
+    // The app can see it, to reopen the file (or exit to be restarted).
+    let cause = engine.poisoned().ok_or("not reported as poisoned")?;
+    assert!(cause.contains("disk full"), "{cause}");
     // A pure read is still served.
     replays(&engine, "before")?;
 
