@@ -62,7 +62,7 @@ impl fmt::Debug for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// How long a COMPLETED or `FAILED_FINAL` record is replayed, from the
+    /// How long a COMPLETED or `FINAL_FAILURE` record is replayed, from the
     /// moment its outcome was stored. Stored in whole milliseconds.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.cfg.store.ttl_ms = duration_ms(ttl);

@@ -40,7 +40,7 @@
 //! | first request with a key | the handler's response; its outcome is recorded (see [`IdempotencyLayer`]) |
 //! | retry, same request, stored | the stored status, stored headers and body, plus `Idempotent-Replayed: true` |
 //! | retry, same request, completed but its body was too large to keep | 409 [`response-not-retained`](#response-not-retained), plus `Idempotent-Replayed: true` |
-//! | retry while the first still runs | 409, `Retry-After`, [`in-progress`](#in-progress) (or, on a route with [`Route::wait_for_outcome`], the outcome once it is there) |
+//! | retry while the first still runs | 409, `Retry-After`, [`processing`](#processing) (or, on a route with [`Route::wait_for_outcome`], the outcome once it is there) |
 //! | same key, different request | 409 (or 422, see [`IdempotencyLayer::mismatch_status`]), [`key-mismatch`](#key-mismatch) |
 //! | earlier attempt's outcome unknown | 503, `Retry-After`, [`outcome-unknown`](#outcome-unknown), unless the engine's [`crate::Resolver`] settles it during `begin` (then a replay, or a fresh run if the work never happened) |
 //! | key expired and tombstoned | 409, [`key-expired`](#key-expired) |
@@ -102,7 +102,7 @@
 //! 400: the route expects JSON and the body is not strict JSON.
 //! ### body-too-large
 //! 413: the body is larger than the layer accepts.
-//! ### in-progress
+//! ### processing
 //! 409: a request with this key is still being processed; retry after
 //! `Retry-After` seconds (an estimate of when it finishes, see
 //! [`IdempotencyLayer`]).

@@ -11,8 +11,9 @@
 //! - **Fingerprint.** [`Fingerprint`] hashes the canonical form of the
 //!   business fields (not raw bytes). Same key with a different fingerprint
 //!   is [`Begin::Mismatch`], never a replay.
-//! - **Visible in-progress** with a retry-after hint, **replay** of a stored
-//!   [`Envelope`] (versioned for upgrades), and **recovery**: work that may
+//! - **Visible processing** (another caller holds the key) with a
+//!   retry-after hint, **replay** of a stored [`Envelope`] (versioned for
+//!   upgrades), and **recovery**: work that may
 //!   have happened but was never recorded becomes UNKNOWN and is settled by a
 //!   [`Resolver`] that queries the provider, never by executing again.
 //! - **Expiry** by TTL, decided at read time and cleaned up by a background

@@ -153,7 +153,7 @@ fn stale_processing_goes_unknown_and_is_never_swept_away() -> TestResult {
 fn lease_boundaries_before_any_sweep() -> TestResult {
     let (engine, clock) = engine(ExpiryPolicy::Forget)?;
     let cases = [
-        (LEASE_MS - 1, "in-progress"),
+        (LEASE_MS - 1, "processing"),
         (LEASE_MS, "unknown"),
         (LEASE_MS + 1, "unknown"),
     ];
@@ -166,7 +166,7 @@ fn lease_boundaries_before_any_sweep() -> TestResult {
         clock.set(start + offset);
         let answer = engine.begin(&k, fp()?)?;
         match (want, &answer) {
-            ("in-progress", Begin::Processing { retry_after }) => {
+            ("processing", Begin::Processing { retry_after }) => {
                 assert_eq!(*retry_after, Duration::from_millis(LEASE_MS - offset));
             }
             ("unknown", Begin::Unknown(p)) => {

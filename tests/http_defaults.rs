@@ -624,7 +624,7 @@ async fn in_progress_retry_after_fits_the_route_not_the_lease() -> TestResult {
     let dup = s.post("/payments", "slow").body(PAYMENT).send().await?;
     assert_eq!(dup.headers()["retry-after"], "1", "not the 60 s lease");
     let (kind, _) = problem(dup, 409).await?;
-    assert_eq!(kind, "in-progress");
+    assert_eq!(kind, "processing");
     gate.add_permits(1);
     assert_eq!(
         tokio::time::timeout(BOUND, first).await???.status(),
@@ -676,7 +676,7 @@ async fn waiting_duplicate_gets_409_when_time_runs_out() -> TestResult {
     // The gate stays shut until the duplicate is answered.
     let dup = s.post("/payments", "w-2").body(PAYMENT).send().await?;
     let (kind, _) = problem(dup, 409).await?;
-    assert_eq!(kind, "in-progress");
+    assert_eq!(kind, "processing");
     gate.add_permits(1);
     assert_eq!(
         tokio::time::timeout(BOUND, first).await???.status(),

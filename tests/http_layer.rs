@@ -220,8 +220,8 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() -> TestResult {
             }
             (409, false) => {
                 in_progress += 1;
-                assert!(retry_after.is_some(), "409 in-progress without Retry-After");
-                assert!(body.contains("in-progress"), "{body}");
+                assert!(retry_after.is_some(), "409 processing without Retry-After");
+                assert!(body.contains("processing"), "{body}");
             }
             other => panic!("unexpected answer {other:?}: {body}"),
         }

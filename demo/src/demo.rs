@@ -414,7 +414,7 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-/// 20 identical POSTs at once: one charge; the rest see 409 in-progress or
+/// 20 identical POSTs at once: one charge; the rest see 409 processing or
 /// a replay; each 409 retries after `Retry-After` and gets the replay.
 async fn concurrent_duplicates(
     client: &Client,
@@ -442,7 +442,7 @@ async fn concurrent_duplicates(
             }
             (Some(409), _) => {
                 row.conflicts += 1;
-                audit.expect(answer.problem_type() == "in-progress", || {
+                audit.expect(answer.problem_type() == "processing", || {
                     format!("{key}: 409 {}", answer.body)
                 });
                 retries += 1;
@@ -454,7 +454,7 @@ async fn concurrent_duplicates(
         format!("{key}: {originals} original responses")
     });
     println!(
-        "    1 charged, {} replayed, {} told 409 in-progress",
+        "    1 charged, {} replayed, {} told 409 processing",
         row.replays, row.conflicts
     );
     if retries > 0 {
@@ -675,7 +675,7 @@ async fn client_hangs_up(
 }
 
 /// Retries `key` until it is answered 201, for at most 20 s, waiting as
-/// `Retry-After` says (at most 2 s) after each 409 in-progress or 503. The
+/// `Retry-After` says (at most 2 s) after each 409 processing or 503. The
 /// 201 must be a replay: the work ran once already, and recovery settled it.
 /// Returns that answer, or `None` (recorded as an audit failure).
 async fn retry_until_replayed(

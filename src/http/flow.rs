@@ -123,15 +123,15 @@ where
                 let after = cfg.runtime.expected_remaining(&route, &key, retry_after);
                 break Problem::new(
                     StatusCode::CONFLICT,
-                    "in-progress",
-                    "Request in progress",
+                    "processing",
+                    "Request processing",
                     "a request with this Idempotency-Key is still being processed",
                 )
                 .retry_after(ceil_secs(after));
             }
             Begin::Mismatch => break mismatch(&cfg, key, fingerprinted.digests).await,
-            Begin::Unknown(pending) => {
-                tracing::info!(key = %pending.key, reference = %pending.reference, "outcome unknown");
+            Begin::Unknown(in_doubt) => {
+                tracing::info!(key = %in_doubt.key, reference = %in_doubt.reference, "outcome unknown");
                 break Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "outcome-unknown",

@@ -80,7 +80,7 @@ use crate::Engine;
 ///
 /// # Retry-After for a request in progress
 ///
-/// The 409 `in-progress` answer's `Retry-After` is when the running request
+/// The 409 `processing` answer's `Retry-After` is when the running request
 /// is likely to finish: a running average (exponentially weighted) of how
 /// long the route's claimed requests took from claim to recorded outcome
 /// (requests that match no [`Route`] share one estimate),
@@ -258,7 +258,7 @@ impl IdempotencyLayer {
 
     /// Status for a key reused with a different request: 409 Conflict (the
     /// default; the `key-mismatch` problem type tells it apart from
-    /// `in-progress`) or 422 Unprocessable Content (the IETF draft's
+    /// `processing`) or 422 Unprocessable Content (the IETF draft's
     /// choice, section 2.7). Stripe answers 400 in this case.
     pub fn mismatch_status(mut self, status: StatusCode) -> Self {
         self.cfg().mismatch_status = status;

@@ -170,7 +170,7 @@ impl Route {
     /// A duplicate that arrives while the first request with its key runs
     /// waits up to `wait` for that request's outcome and then gets its
     /// replay (or, if the first request's key was released, runs itself),
-    /// instead of 409 `in-progress` at once; if the time runs out, it gets
+    /// instead of 409 `processing` at once; if the time runs out, it gets
     /// the 409. For clients that cannot retry. The wait holds one of the
     /// layer's in-flight permits (see
     /// [`IdempotencyLayer::max_in_flight`](super::IdempotencyLayer::max_in_flight)).
