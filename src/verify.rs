@@ -19,9 +19,10 @@ impl VerifyReport {
     }
 }
 
-/// One thing a scrub found wrong. Keys are shown as the stored record key
+/// One thing a scrub found wrong. Keys are kept as the stored record key
 /// bytes in lower-case hex (`[scope length][scope][key]`), since a damaged
-/// key may not be a valid key any more.
+/// key may not be a valid key any more; `Display` shows `scope/key` where
+/// the bytes still are one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Problem {
@@ -75,6 +76,23 @@ pub enum Problem {
     },
 }
 
+/// A record key for people: `scope/key` when its bytes still are a valid
+/// key, else the hex as stored.
+fn shown(key_hex: &str) -> String {
+    let bytes: Option<Vec<u8>> = (0..key_hex.len())
+        .step_by(2)
+        .map(|i| {
+            key_hex
+                .get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
+        .collect();
+    bytes
+        .as_deref()
+        .and_then(crate::key::IdempotencyKey::from_record_key)
+        .map_or_else(|| key_hex.to_string(), |key| key.to_string())
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -82,7 +100,7 @@ impl fmt::Display for Problem {
                 write!(f, "record key {key_hex} is not a valid scope and key")
             }
             Problem::Undecodable { key_hex, reason } => {
-                write!(f, "record {key_hex} does not decode: {reason}")
+                write!(f, "record {} does not decode: {reason}", shown(key_hex))
             }
             Problem::StrayIndexEntry {
                 index,
@@ -90,7 +108,8 @@ impl fmt::Display for Problem {
                 key_hex,
             } => write!(
                 f,
-                "{index} index entry at {at_ms} ms names record {key_hex}, which is missing or belongs elsewhere"
+                "{index} index entry at {at_ms} ms names record {}, which is missing or belongs elsewhere",
+                shown(key_hex)
             ),
             Problem::MissingIndexEntry {
                 index,
@@ -98,7 +117,8 @@ impl fmt::Display for Problem {
                 key_hex,
             } => write!(
                 f,
-                "record {key_hex} is missing from the {index} index (expected at {at_ms} ms)"
+                "record {} is missing from the {index} index (expected at {at_ms} ms)",
+                shown(key_hex)
             ),
             Problem::UndecodableOutboxMessage { seq, reason } => {
                 write!(f, "outbox message #{seq} does not decode: {reason}")
