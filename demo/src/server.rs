@@ -318,6 +318,20 @@ fn payment_envelope(charge: &Charge) -> Envelope {
         .with_header("location", format!("/payments/{}", charge.id))
 }
 
+/// A failure after which the charge may or may not have happened: the
+/// layer marks the key UNKNOWN (never re-executed; a retry asks the
+/// resolver). The body carries no internals.
+fn outcome_unknown(status: StatusCode, title: &str) -> Response {
+    let mut response = problem(
+        status,
+        title,
+        "the payment's outcome is being checked with the provider; retry later with the same \
+         Idempotency-Key",
+    );
+    response.extensions_mut().insert(Disposition::Unknown);
+    response
+}
+
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
     let body = serde_json::json!({
         "type": "about:blank",
@@ -392,13 +406,10 @@ async fn create_payment(
         Ok(Err(ChargeError::Timeout)) => {
             // The provider may have charged: never retry blindly. The
             // layer marks the key UNKNOWN; a retry asks the resolver.
-            let mut response = problem(
+            let mut response = outcome_unknown(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Payment provider timed out",
-                "the payment's outcome is being checked with the provider; retry later with \
-                 the same Idempotency-Key",
             );
-            response.extensions_mut().insert(Disposition::Unknown);
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -408,25 +419,11 @@ async fn create_payment(
             // The ledger write failed: the charge may or may not be durable.
             // The cause (paths, OS errors) goes to the log, not to clients.
             eprintln!("payments: the provider's ledger write failed: {e}");
-            let mut response = problem(
-                StatusCode::BAD_GATEWAY,
-                "Payment provider failed",
-                "the payment's outcome is being checked with the provider; retry later with \
-                 the same Idempotency-Key",
-            );
-            response.extensions_mut().insert(Disposition::Unknown);
-            response
+            outcome_unknown(StatusCode::BAD_GATEWAY, "Payment provider failed")
         }
         Err(join) => {
             eprintln!("payments: the charge task failed: {join}");
-            let mut response = problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Payment failed",
-                "the payment's outcome is being checked; retry later with the same \
-                 Idempotency-Key",
-            );
-            response.extensions_mut().insert(Disposition::Unknown);
-            response
+            outcome_unknown(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed")
         }
     }
 }

@@ -33,6 +33,8 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     let mut problems = Vec::new();
     // (index, instant, record key) every sound record expects.
     let mut expected = BTreeSet::new();
+    // Keys of records that do not decode.
+    let mut undecodable = BTreeSet::new();
     let mut checked = 0;
     for entry in records.iter().context(what)? {
         let (k, v) = entry.context(what)?;
@@ -48,10 +50,13 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
                 let (index, at) = index_of(&rec);
                 expected.insert((index, at, rkey));
             }
-            Err(e) => problems.push(Problem::Undecodable {
-                key_hex: hex(&rkey),
-                reason: e.to_string(),
-            }),
+            Err(e) => {
+                problems.push(Problem::Undecodable {
+                    key_hex: hex(&rkey),
+                    reason: e.to_string(),
+                });
+                undecodable.insert(rkey);
+            }
         }
     }
     let mut found = BTreeSet::new();
@@ -70,10 +75,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     for (index, at, rkey) in found.difference(&expected) {
         // A record that does not decode has no expected entry: its index
         // entry is not a second problem.
-        let undecodable = problems
-            .iter()
-            .any(|p| matches!(p, Problem::Undecodable { key_hex, .. } if *key_hex == hex(rkey)));
-        if !undecodable {
+        if !undecodable.contains(rkey) {
             problems.push(Problem::StrayIndexEntry {
                 index,
                 at_ms: *at,
