@@ -14,6 +14,7 @@ pub(crate) mod classify;
 pub(crate) mod codec;
 #[cfg(test)]
 mod codec_props;
+pub(crate) mod ops;
 mod poison;
 pub(crate) mod record;
 pub(crate) mod redb;

@@ -18,6 +18,8 @@ use crate::message::OutgoingMessage;
 use crate::store::record::{Completion, StoredResponse};
 use crate::store::{ClaimRequest, ClaimResult, CompleteRequest, LocalResult};
 
+use crate::store::ops::Ops;
+
 use super::tables::{OpError, Tables};
 
 /// The transaction an app's local write runs in (see

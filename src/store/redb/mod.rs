@@ -1,7 +1,6 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
-mod apply;
 mod local;
 mod open;
 mod read;
@@ -25,6 +24,7 @@ use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::report::SweepCounts;
 use crate::state::State;
+use crate::store::ops::Ops;
 use crate::store::poison::Poison;
 use crate::store::record::{EntityState, Record};
 use crate::store::{
