@@ -4,7 +4,7 @@
 //! load a record (locking it where the backend locks rows), store one,
 //! remove one, draw a fencing token, append to the outbox, read and write
 //! an entity. [`Ops`] then applies each operation on top of it, with the
-//! state changes of `store/record.rs`, so redb and PostgreSQL refuse,
+//! state changes of `store/record.rs`, so redb and `PostgreSQL` refuse,
 //! claim and settle by the same rules.
 //!
 //! An op checks everything that could refuse it *before* it writes, so a
@@ -217,7 +217,7 @@ pub(crate) trait Ops: Txn + Sized {
     /// Settles an UNKNOWN record owned by `req.token`; "not executed"
     /// deletes it.
     fn settle(&mut self, req: SettleRequest) -> OpResult<Settled<()>, Self::Fatal> {
-        self.settle_with(req, |t, key, rec| t.delete(key, rec))
+        self.settle_with(req, Self::delete)
     }
 
     /// As [`Ops::settle`]; "not executed" claims the key afresh for a

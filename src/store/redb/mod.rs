@@ -29,12 +29,10 @@ use crate::store::poison::Poison;
 use crate::store::record::{EntityState, Record};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    Scanned, SettleRequest, Settled, TransitionRequest,
+    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
 };
 use crate::transition::Transition;
 
-pub use self::local::LocalTx;
-pub(crate) use self::local::{LocalTarget, LocalWrite};
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
 
