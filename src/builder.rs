@@ -200,10 +200,16 @@ impl EngineBuilder {
     /// [`OpenError::AlreadyOpen`] if another handle holds it;
     /// [`OpenError::Storage`]; [`OpenError::ThreadStart`].
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
-        let path = path.as_ref();
-        redb_store::open_contained(path, || {
-            let db = redb_store::open_path(path)?;
-            self.start(db)
+        let path = path.as_ref().to_path_buf();
+        redb_store::open_contained(&path, || {
+            let db = redb_store::open_path(&path)?;
+            let again = path.clone();
+            let reopen: redb_store::Reopen = Arc::new(move || redb_store::open_path(&again));
+            let mut probe_path = path.clone().into_os_string();
+            probe_path.push(".write-probe");
+            let probe_path = std::path::PathBuf::from(probe_path);
+            let probe: redb_store::Probe = Arc::new(move || redb_store::probe_write(&probe_path));
+            self.start(db, Some((reopen, probe)))
         })
     }
 
@@ -275,7 +281,45 @@ impl EngineBuilder {
     ) -> Result<Engine, OpenError> {
         redb_store::open_contained(Path::new("<backend>"), || {
             let db = redb_store::open_backend(backend)?;
-            self.start(db)
+            self.start(db, None)
+        })
+    }
+
+    /// An engine on the redb storage backend `make` returns, which the
+    /// engine calls again to reopen the database after a storage failure
+    /// has poisoned it (as [`EngineBuilder::open`] does with its file):
+    /// `make` must return a backend over the same storage each time (the
+    /// same device, or shared bytes); the engine closes the previous one
+    /// first. `healthy` tells whether the storage takes writes again: it is
+    /// called (at most once a second of the engine's clock, by a write or
+    /// [`Engine::poisoned`]) before each reopen attempt, and an error skips
+    /// the attempt, so the old database keeps serving replays.
+    ///
+    /// # Errors
+    ///
+    /// As for [`EngineBuilder::open`]; an error `make` returns is an
+    /// [`OpenError::Storage`].
+    pub fn open_with_backend_factory<B, F, H>(
+        self,
+        make: F,
+        healthy: H,
+    ) -> Result<Engine, OpenError>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+        H: Fn() -> std::io::Result<()> + Send + Sync + 'static,
+    {
+        let make = Arc::new(make);
+        let open = move || -> Result<redb::Database, OpenError> {
+            let backend = make().map_err(|e| OpenError::Storage {
+                context: "creating the storage backend",
+                source: Box::new(e),
+            })?;
+            redb_store::open_backend(backend)
+        };
+        redb_store::open_contained(Path::new("<backend>"), || {
+            let db = open()?;
+            self.start(db, Some((Arc::new(open), Arc::new(healthy))))
         })
     }
 
@@ -356,7 +400,11 @@ impl EngineBuilder {
         self.run(Arc::new(store))
     }
 
-    fn start(mut self, db: redb::Database) -> Result<Engine, OpenError> {
+    fn start(
+        mut self,
+        db: redb::Database,
+        reopen: Option<(redb_store::Reopen, redb_store::Probe)>,
+    ) -> Result<Engine, OpenError> {
         self.cfg.store = redb_store::prepare(&db, self.cfg.store, self.stored_expiry)?;
         let store = RedbStore::start(
             db,
@@ -364,6 +412,7 @@ impl EngineBuilder {
             self.clock.clone(),
             self.cfg.max_batch,
             self.cfg.queue_capacity,
+            reopen,
         )?;
         self.run(Arc::new(store))
     }

@@ -142,22 +142,28 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         }
     );
     let exit_on_eof = opts.exit_on_stdin_eof;
-    // A poisoned engine (a full disk, an I/O error) refuses every write
-    // until the file is opened again: rather than serve refusals forever,
-    // stop with an error so the service manager restarts the server, which
-    // reopens the file once storage works.
+    // A poisoned engine (a full disk, an I/O error) refuses writes and
+    // keeps serving replays; it reopens the database by itself once storage
+    // works again, and asking `poisoned()` is one of the moments it checks.
+    // Tell the operator when writes stop and when they are back.
     let watched = engine.clone();
-    let poisoned = async move {
+    tokio::spawn(async move {
+        let mut was_poisoned = false;
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Some(cause) = watched.poisoned() {
-                eprintln!("payments: {cause}; stopping so that a restart reopens the database");
-                return;
+            match watched.poisoned() {
+                Some(cause) if !was_poisoned => {
+                    eprintln!("payments: writes refused until storage works again: {cause}");
+                    was_poisoned = true;
+                }
+                None if was_poisoned => {
+                    eprintln!("payments: storage works again; the database was reopened");
+                    was_poisoned = false;
+                }
+                _ => {}
             }
         }
-    };
-    let stopped_by_poison = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stopped_by_poison.clone();
+    });
     let shutdown = async move {
         if exit_on_eof {
             stdin_closed().await;
@@ -176,7 +182,6 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 () = terminate => {}
-                () = poisoned => flag.store(true, std::sync::atomic::Ordering::SeqCst),
             }
         }
     };
@@ -184,9 +189,6 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // Dropping the last engine handle commits what is queued and closes the
     // file.
     drop(engine);
-    if stopped_by_poison.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err("the engine was poisoned by a storage failure; restart to reopen".into());
-    }
     Ok(())
 }
 
