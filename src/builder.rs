@@ -48,6 +48,7 @@ pub struct EngineBuilder {
 struct PostgresSettings {
     prefix: String,
     pool_size: u32,
+    connect_timeout: Duration,
     database_clock: bool,
 }
 
@@ -62,6 +63,7 @@ impl Default for EngineBuilder {
             postgres: PostgresSettings {
                 prefix: crate::store::postgres::DEFAULT_PREFIX.to_owned(),
                 pool_size: 16,
+                connect_timeout: Duration::from_secs(2),
                 database_clock: true,
             },
         }
@@ -336,11 +338,24 @@ impl EngineBuilder {
     }
 
     /// Most connections an engine on PostgreSQL keeps open (feature
-    /// `postgres`); callers beyond it wait up to 10 s for one. Default 16;
-    /// clamped to at least 1. One is opened at once, the rest on demand.
+    /// `postgres`); callers beyond it wait for one (see
+    /// [`connect_timeout`](Self::connect_timeout)). Default 16; clamped to
+    /// at least 1. One is opened at once, the rest on demand.
     #[cfg(feature = "postgres")]
     pub fn pool_size(mut self, connections: u32) -> Self {
         self.postgres.pool_size = connections.max(1);
+        self
+    }
+
+    /// How long a call to an engine on PostgreSQL waits for a connection
+    /// (feature `postgres`): a free one from the pool, or a new one while
+    /// the server is unreachable. After that the call fails with
+    /// [`crate::Error::Storage`], so requests fail fast during an outage
+    /// instead of piling up. Default 2 s; at least 1 ms. Opening the engine
+    /// waits up to five times as long for its first connection.
+    #[cfg(feature = "postgres")]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.postgres.connect_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -377,7 +392,8 @@ impl EngineBuilder {
     ///
     /// [`OpenError::InvalidTablePrefix`]; [`OpenError::Storage`] if the
     /// connection string does not parse, the server cannot be reached
-    /// within 10 s, or creating the schema fails;
+    /// within five times [`connect_timeout`](Self::connect_timeout), or
+    /// creating the schema fails;
     /// [`OpenError::UnsupportedSchema`] if the tables were made by a newer
     /// version of the crate (nothing is changed);
     /// [`OpenError::ThreadStart`].
@@ -387,6 +403,7 @@ impl EngineBuilder {
             url: url.to_owned(),
             prefix: self.postgres.prefix.clone(),
             pool_size: self.postgres.pool_size,
+            connect_timeout: self.postgres.connect_timeout,
             database_clock: self.postgres.database_clock,
         };
         let (store, clock, store_cfg) = crate::store::postgres::PgStore::open(
