@@ -42,6 +42,11 @@ struct ProxyShared {
     upstream: SocketAddr,
     cut: AtomicBool,
     closed: AtomicBool,
+    /// Once a client sends bytes containing all of these, every reply from
+    /// the server is dropped (until restored): the server acts on the
+    /// request, the client never hears the answer.
+    trigger: Mutex<Option<Vec<Vec<u8>>>>,
+    swallowing: AtomicBool,
     /// Both ends of every live connection, to shut them down on a cut.
     live: Mutex<Vec<TcpStream>>,
 }
@@ -74,6 +79,8 @@ impl Proxy {
             upstream,
             cut: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            trigger: Mutex::new(None),
+            swallowing: AtomicBool::new(false),
             live: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
@@ -110,9 +117,23 @@ impl Proxy {
         }
     }
 
-    /// Accepts and forwards connections again.
+    /// Accepts and forwards connections again (and forwards replies again).
     fn restore(&self) {
+        *self.shared.lock_trigger() = None;
+        self.shared.swallowing.store(false, Ordering::SeqCst);
         self.shared.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// From the first client message holding every one of `parts` on,
+    /// replies are dropped: the request reaches the server, its answer
+    /// never reaches the client.
+    fn lose_replies_after(&self, parts: &[&str]) {
+        *self.shared.lock_trigger() = Some(parts.iter().map(|p| p.as_bytes().to_vec()).collect());
+    }
+
+    /// Whether [`Proxy::lose_replies_after`] has fired.
+    fn losing_replies(&self) -> bool {
+        self.shared.swallowing.load(Ordering::SeqCst)
     }
 }
 
@@ -128,6 +149,22 @@ impl Drop for Proxy {
 impl ProxyShared {
     fn lock_live(&self) -> std::sync::MutexGuard<'_, Vec<TcpStream>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_trigger(&self) -> std::sync::MutexGuard<'_, Option<Vec<Vec<u8>>>> {
+        self.trigger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Arms reply dropping if `chunk` (client to server) holds the trigger.
+    fn inspect(&self, chunk: &[u8]) {
+        let trigger = self.lock_trigger();
+        let Some(parts) = trigger.as_ref() else {
+            return;
+        };
+        let holds = |p: &Vec<u8>| chunk.windows(p.len()).any(|w| w == p.as_slice());
+        if parts.iter().all(holds) {
+            self.swallowing.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -170,24 +207,30 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<ProxyShared>) {
             live.push(client);
             live.push(server);
         }
+        let (up, down) = (shared.clone(), shared.clone());
         let _ = std::thread::Builder::new()
             .name("pg-proxy-up".into())
-            .spawn(move || pump(c1, s1));
+            .spawn(move || {
+                pump(c1, s1, |chunk| {
+                    up.inspect(chunk);
+                    true
+                })
+            });
         let _ = std::thread::Builder::new()
             .name("pg-proxy-down".into())
-            .spawn(move || pump(s2, c2));
+            .spawn(move || pump(s2, c2, |_| !down.swallowing.load(Ordering::SeqCst)));
     }
 }
 
 /// Copies `from` to `to` until either side closes or fails, then closes
-/// both.
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = [0u8; 16 * 1024];
+/// both. `pass` sees each chunk first and says whether to forward it.
+fn pump(mut from: TcpStream, mut to: TcpStream, mut pass: impl FnMut(&[u8]) -> bool) {
+    let mut buf = [0u8; 64 * 1024];
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
+                if pass(&buf[..n]) && to.write_all(&buf[..n]).is_err() {
                     break;
                 }
             }
@@ -441,6 +484,82 @@ fn begin_during_cut_fails_and_claims_nothing() -> TestResult {
         Begin::Claimed(c) => c,
         other => return Err(format!("after restore: expected Claimed, got {other:?}").into()),
     };
+    let envelope = receipt(claim.reference());
+    s.engine.complete(claim, envelope.clone())?;
+    match s.direct.begin(&k, fp()?)? {
+        Begin::Replay(r) => assert_eq!(r.envelope.body, envelope.body),
+        other => return Err(format!("expected Replay, got {other:?}").into()),
+    }
+    s.cleanup()
+}
+
+#[test]
+fn begin_whose_claim_landed_but_whose_answer_was_lost_is_never_claimable() -> TestResult {
+    let Some(s) = setup("cll")? else {
+        return Ok(());
+    };
+    let k = key("order-answer-lost")?;
+    assert!(s.engine.record(&k)?.is_none());
+
+    // The claim's INSERT reaches the server and commits; its answer is
+    // dropped, then the connection is cut.
+    s.proxy
+        .lose_replies_after(&["INSERT", &format!("{}records", s.prefix)]);
+    let t = Instant::now();
+    let res = std::thread::scope(|scope| -> TestResult<_> {
+        let begin = scope.spawn(|| s.engine.begin(&k, fp()?));
+        let fired_by = Instant::now() + Duration::from_secs(10);
+        while !s.proxy.losing_replies() && Instant::now() < fired_by && !begin.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !s.proxy.losing_replies() {
+            s.proxy.cut();
+            return Err(
+                "begin never sent an INSERT into the records table through the proxy".into(),
+            );
+        }
+        // Let the server finish the statement, then cut.
+        std::thread::sleep(Duration::from_millis(300));
+        s.proxy.cut();
+        Ok(begin.join().map_err(|_| "begin panicked")?)
+    })?;
+    assert_unreachable_error("begin (answer lost)", res.map(|_| ()), t.elapsed())?;
+
+    // The claim is durable, held by nobody: a twin waits for its lease.
+    let rec = s
+        .direct
+        .record(&k)?
+        .ok_or("the INSERT reached the server, yet no record")?;
+    assert!(matches!(rec.state, State::Processing), "{rec:?}");
+    let token = rec.fencing_token;
+    let twin = s.direct.begin(&k, fp()?)?;
+    assert!(
+        matches!(twin, Begin::Processing { .. }),
+        "twin while cut: {twin:?}"
+    );
+
+    s.proxy.restore();
+    let again = once_reconnected("begin", || s.engine.begin(&k, fp()?))?;
+    assert!(
+        matches!(again, Begin::Processing { .. }),
+        "after restore: {again:?}"
+    );
+
+    // Past the lease nobody can tell whether the work ran: in doubt.
+    s.clock.advance(LEASE + Duration::from_millis(1));
+    for e in [&s.engine, &s.direct] {
+        match e.begin(&k, fp()?)? {
+            Begin::Unknown(d) => assert_eq!(d.fencing_token, token),
+            other => return Err(format!("after the lease: expected Unknown, got {other:?}").into()),
+        }
+    }
+    // Recovery learns nothing ran: only now may the key run, under a new token.
+    s.engine.resolve(&k, Resolution::NotExecuted)?;
+    let claim = match s.engine.begin(&k, fp()?)? {
+        Begin::Claimed(c) => c,
+        other => return Err(format!("after NotExecuted: expected Claimed, got {other:?}").into()),
+    };
+    assert!(claim.fencing_token() > token);
     let envelope = receipt(claim.reference());
     s.engine.complete(claim, envelope.clone())?;
     match s.direct.begin(&k, fp()?)? {
