@@ -578,10 +578,39 @@ impl Drop for Children {
     }
 }
 
+/// The `pg_ctl` to use: on PATH, else the newest under
+/// `/usr/lib/postgresql/*/bin` (where scripts/with-postgres also looks).
+fn pg_ctl() -> TestResult<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("pg_ctl"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if let Some(found) = on_path.into_iter().find(|p| p.is_file()) {
+        return Ok(found);
+    }
+    let mut installed: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| format!("pg_ctl is not on PATH and /usr/lib/postgresql: {e}"))?
+        .filter_map(|entry| {
+            let dir = entry.ok()?.path();
+            let major = dir.file_name()?.to_str()?.parse().ok()?;
+            let bin = dir.join("bin/pg_ctl");
+            bin.is_file().then_some((major, bin))
+        })
+        .collect();
+    installed.sort();
+    installed
+        .pop()
+        .map(|(_, p)| p)
+        .ok_or_else(|| "pg_ctl not found on PATH or in /usr/lib/postgresql/*/bin".into())
+}
+
 /// `pg_ctl -D <data> restart -m immediate -w` as the server's OS user
-/// (through `runuser` when this process is root). Server output goes to a
-/// log file in the data directory (the server's own user can write there),
-/// so pg_ctl's pipes close when it exits.
+/// (through `runuser` when this process is root). The restarted server
+/// logs to `<data>/pg_multiprocess_restart.log` (its own user can write
+/// there), so pg_ctl's pipes close when it exits.
 fn restart_server() -> TestResult<Duration> {
     let data = std::env::var(pg_chaos::PG_DATA_VAR)
         .map_err(|_| format!("{} is not set", pg_chaos::PG_DATA_VAR))?;
@@ -589,6 +618,7 @@ fn restart_server() -> TestResult<Duration> {
     let uid = Command::new("id").arg("-u").output()?;
     let root = String::from_utf8_lossy(&uid.stdout).trim() == "0";
     let log = Path::new(&data).join("pg_multiprocess_restart.log");
+    let pg_ctl = pg_ctl()?;
     let pg_ctl_args: [&OsStr; 8] = [
         OsStr::new("-D"),
         OsStr::new(&data),
@@ -606,11 +636,13 @@ fn restart_server() -> TestResult<Duration> {
             );
         }
         let mut c = Command::new("runuser");
-        c.args(["-u", &user, "--", "pg_ctl"]);
+        c.args(["-u", &user, "--"]).arg(&pg_ctl);
         c
     } else {
-        Command::new("pg_ctl")
+        Command::new(&pg_ctl)
     };
+    // A directory the server's user can enter, whoever runs the test.
+    cmd.current_dir("/");
     let t = Instant::now();
     let out = cmd
         .args(pg_ctl_args)
