@@ -19,9 +19,14 @@
 //! mid-run, restarts the server itself with `pg_ctl restart -m immediate`.
 //! Then it stops the children, waits out the lease, sweeps, and audits:
 //! no key's work ran twice (work that ran but whose completion never landed
-//! is legitimately UNKNOWN, once), every acknowledged completion replays its
+//! is legitimately UNKNOWN, once), no key was claimed twice (nothing in this
+//! test ever frees a claimed key), every execution ran under a token some
+//! `begin` answered `Claimed`, every acknowledged completion replays its
 //! exact bytes through a fresh engine, every COMPLETED record matches its
-//! one execution, and nothing is PROCESSING. Unix only (SIGKILL, pg_ctl).
+//! one execution, and nothing is PROCESSING. Counts are printed (run with
+//! `--nocapture`); request counts are as the children last reported them,
+//! claims and acknowledgements are exact (one line each in per-process
+//! files). Unix only (SIGKILL, pg_ctl).
 #![cfg(unix)]
 
 #[path = "common/pg_chaos.rs"]
@@ -306,6 +311,7 @@ struct ChildCtx<'a> {
     side: &'a SidePool,
     counters: &'a Counters,
     acks: &'a LineLog,
+    claims: &'a LineLog,
     violations: &'a LineLog,
     /// key -> the body this process saw acknowledged for it.
     mine: &'a Mutex<BTreeMap<String, Vec<u8>>>,
@@ -350,6 +356,7 @@ impl ChildCtx<'_> {
             Begin::Claimed(claim) => {
                 bump(&self.counters.claims);
                 let token = claim.fencing_token();
+                self.claims.line(&format!("{name}\t{token}"));
                 let sql = format!(
                     "INSERT INTO {} (key, token, pid) VALUES ($1, $2, $3)",
                     self.table
@@ -450,6 +457,7 @@ fn child_main(dir: &Path, role: &str, url: &str, prefix: &str, start_ms: u64) ->
     eprintln!("child {role}: engine open");
     let side = SidePool::new(url);
     let acks = LineLog::open(&dir.join(format!("acks-{role}.tsv")))?;
+    let claims = LineLog::open(&dir.join(format!("claims-{role}.tsv")))?;
     let violations = LineLog::open(&dir.join(format!("violations-{role}.txt")))?;
     let mine = Mutex::new(BTreeMap::new());
     let stop = AtomicBool::new(false);
@@ -458,6 +466,7 @@ fn child_main(dir: &Path, role: &str, url: &str, prefix: &str, start_ms: u64) ->
         side: &side,
         counters: &counters,
         acks: &acks,
+        claims: &claims,
         violations: &violations,
         mine: &mine,
         stop: &stop,
@@ -719,8 +728,7 @@ fn processes_and_server_die_at_random_yet_no_work_runs_twice() -> TestResult {
         dir.path().display()
     );
 
-    let mut admin = pg_chaos::connect(&url)?;
-    admin.batch_execute(&format!(
+    pg_chaos::connect(&url)?.batch_execute(&format!(
         "CREATE TABLE {table} (key text NOT NULL, token bigint NOT NULL, pid integer NOT NULL, \
          at timestamptz NOT NULL DEFAULT clock_timestamp())"
     ))?;
@@ -781,6 +789,8 @@ fn processes_and_server_die_at_random_yet_no_work_runs_twice() -> TestResult {
     };
     eprintln!("pg_multiprocess: {audit:#?}\ntook {:?}", t0.elapsed());
     let clean = audit.double_executions == 0
+        && audit.double_claims == 0
+        && audit.unclaimed_executions == 0
         && audit.lost_acknowledged == 0
         && audit.processing_after_sweep == 0
         && audit.completed_without_one_execution == 0
@@ -791,8 +801,9 @@ fn processes_and_server_die_at_random_yet_no_work_runs_twice() -> TestResult {
         kept.display().to_string()
     });
     assert!(audit.kills >= kills && audit.server_restarts == 1);
-    // Leave nothing behind on the shared server.
-    pg_chaos::drop_prefix(&mut admin, &prefix)?;
+    // Leave nothing behind on the shared server (on a new connection: the
+    // restart closed the first one).
+    pg_chaos::drop_prefix(&mut pg_chaos::connect(&url)?, &prefix)?;
     Ok(())
 }
 
@@ -803,16 +814,21 @@ struct Audit {
     server_restarts: u64,
     keys: usize,
     requests: u64,
-    claims: u64,
+    claims: usize,
     completions_acknowledged: usize,
     executions: usize,
     completed: u64,
     unknown: u64,
     executed_but_unknown: u64,
+    replays: u64,
+    processing_answers: u64,
+    unknown_answers: u64,
     child_begin_errors: u64,
     child_complete_errors: u64,
     child_execute_errors: u64,
     double_executions: usize,
+    double_claims: usize,
+    unclaimed_executions: usize,
     lost_acknowledged: usize,
     completed_without_one_execution: usize,
     executed_without_record: usize,
@@ -848,6 +864,28 @@ fn audit(url: &str, prefix: &str, dir: &Path, kills: u64, restarts: u64) -> Test
         acked.entry(k.to_string()).or_default().insert(b);
         n_acked += 1;
     }
+    let mut claims: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    let mut n_claims = 0;
+    for line in lines_of(dir, "claims", "tsv")? {
+        let (k, t) = line
+            .split_once('\t')
+            .ok_or_else(|| format!("bad claim line {line:?}"))?;
+        claims.entry(k.to_string()).or_default().insert(t.parse()?);
+        n_claims += 1;
+    }
+    // Nothing here ever frees a claimed key (no Retryable, no resolver, a
+    // 24 h TTL): a second claim of a key is a second execution waiting to
+    // happen, whether or not it got that far.
+    let double_claims: Vec<_> = claims.iter().filter(|(_, t)| t.len() > 1).collect();
+    for (k, t) in double_claims.iter().take(20) {
+        eprintln!("DOUBLE CLAIM of {k}: tokens {t:?}");
+    }
+    let unclaimed_executions = executions
+        .iter()
+        .flat_map(|(k, ts)| ts.iter().map(move |t| (k, t)))
+        .filter(|(k, t)| !claims.get(*k).is_some_and(|c| c.contains(t)))
+        .inspect(|(k, t)| eprintln!("{k} ran under token {t}, which no begin answered Claimed"))
+        .count();
     let violations = lines_of(dir, "violations", "txt")?;
     for v in violations.iter().take(20) {
         eprintln!("child violation: {v}");
@@ -936,16 +974,21 @@ fn audit(url: &str, prefix: &str, dir: &Path, kills: u64, restarts: u64) -> Test
         server_restarts: restarts,
         keys: records.len(),
         requests: get("requests"),
-        claims: get("claims"),
+        claims: n_claims,
         completions_acknowledged: n_acked,
         executions: n_executions,
         completed,
         unknown,
         executed_but_unknown,
+        replays: get("replays"),
+        processing_answers: get("processing"),
+        unknown_answers: get("unknown"),
         child_begin_errors: get("begin_errors"),
         child_complete_errors: get("complete_errors"),
         child_execute_errors: get("exec_errors"),
         double_executions: double.len(),
+        double_claims: double_claims.len(),
+        unclaimed_executions,
         lost_acknowledged: lost,
         completed_without_one_execution: completed_bad,
         executed_without_record: orphans.len(),
