@@ -795,7 +795,8 @@ fn processes_and_server_die_at_random_yet_no_work_runs_twice() -> TestResult {
         && audit.processing_after_sweep == 0
         && audit.completed_without_one_execution == 0
         && audit.executed_without_record == 0
-        && audit.child_violations == 0;
+        && audit.child_violations == 0
+        && audit.child_panics == 0;
     assert!(clean, "audit failed (files kept in {}): {audit:#?}", {
         let kept = dir.keep();
         kept.display().to_string()
@@ -834,6 +835,7 @@ struct Audit {
     executed_without_record: usize,
     processing_after_sweep: u64,
     child_violations: usize,
+    child_panics: usize,
 }
 
 fn audit(url: &str, prefix: &str, dir: &Path, kills: u64, restarts: u64) -> TestResult<Audit> {
@@ -887,6 +889,15 @@ fn audit(url: &str, prefix: &str, dir: &Path, kills: u64, restarts: u64) -> Test
         .inspect(|(k, t)| eprintln!("{k} ran under token {t}, which no begin answered Claimed"))
         .count();
     let violations = lines_of(dir, "violations", "txt")?;
+    // A panic on any thread of a child (the engine's included), even one
+    // the child survived, is a bug: connection errors must be errors.
+    let panics: Vec<String> = lines_of(dir, "log", "txt")?
+        .into_iter()
+        .filter(|l| l.contains("panicked"))
+        .collect();
+    for p in panics.iter().take(20) {
+        eprintln!("child panic: {p}");
+    }
     for v in violations.iter().take(20) {
         eprintln!("child violation: {v}");
     }
@@ -994,5 +1005,6 @@ fn audit(url: &str, prefix: &str, dir: &Path, kills: u64, restarts: u64) -> Test
         executed_without_record: orphans.len(),
         processing_after_sweep: processing,
         child_violations: violations.len(),
+        child_panics: panics.len(),
     })
 }
