@@ -518,18 +518,28 @@ fn begin_whose_claim_landed_but_whose_answer_was_lost_is_never_claimable() -> Te
                 "begin never sent an INSERT into the records table through the proxy".into(),
             );
         }
-        // Let the server finish the statement, then cut.
-        std::thread::sleep(Duration::from_millis(300));
+        // Cut once the claim has committed (seen from outside the proxy),
+        // while its answer is still being dropped.
+        let landed_by = Instant::now() + Duration::from_secs(10);
+        let landed = loop {
+            match s.direct.record(&k) {
+                Ok(Some(_)) => break Ok(()),
+                Ok(None) if Instant::now() < landed_by => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(None) => break Err("the claim's INSERT reached the server, yet no record"),
+                Err(_) => break Err("the direct engine cannot read the record"),
+            }
+        };
         s.proxy.cut();
-        Ok(begin.join().map_err(|_| "begin panicked")?)
+        let answer = begin.join().map_err(|_| "begin panicked")?;
+        landed?;
+        Ok(answer)
     })?;
     assert_unreachable_error("begin (answer lost)", res.map(|_| ()), t.elapsed())?;
 
     // The claim is durable, held by nobody: a twin waits for its lease.
-    let rec = s
-        .direct
-        .record(&k)?
-        .ok_or("the INSERT reached the server, yet no record")?;
+    let rec = s.direct.record(&k)?.ok_or("the claimed record vanished")?;
     assert!(matches!(rec.state, State::Processing), "{rec:?}");
     let token = rec.fencing_token;
     let twin = s.direct.begin(&k, fp()?)?;
