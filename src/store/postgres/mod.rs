@@ -60,6 +60,14 @@ use self::txn::{sql_i64, state_code};
 /// Dropped claims waiting to be marked UNKNOWN by the background thread.
 const DETACHED_QUEUE: usize = 1_024;
 
+/// Work for the dropped-claims thread.
+enum Detached {
+    /// Mark a dropped claim's record UNKNOWN.
+    Mark(InDoubtRequest),
+    /// Answer once everything queued before is done (`Engine::flush`).
+    Flush(Sender<()>),
+}
+
 /// How the builder asked to reach the database.
 #[derive(Debug, Clone)]
 pub(crate) struct PgOptions {
@@ -76,7 +84,7 @@ pub(crate) struct PgStore {
     closed: AtomicBool,
     /// Dropped claims: `mark_in_doubt_detached` must never block, so a
     /// thread of its own does the write.
-    detached: Mutex<Option<Sender<InDoubtRequest>>>,
+    detached: Mutex<Option<Sender<Detached>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -143,12 +151,19 @@ impl PgStore {
             database_clock,
             connect_timeout: opts.connect_timeout,
         });
-        let (tx, rx) = crossbeam_channel::bounded::<InDoubtRequest>(DETACHED_QUEUE);
+        let (tx, rx) = crossbeam_channel::bounded::<Detached>(DETACHED_QUEUE);
         let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
             .name("idempotency-pg-dropped-claims".into())
             .spawn(move || {
-                for req in rx {
+                for work in rx {
+                    let req = match work {
+                        Detached::Mark(req) => req,
+                        Detached::Flush(done) => {
+                            let _ = done.send(());
+                            continue;
+                        }
+                    };
                     let key = req.key.clone();
                     let marked = worker_shared.write("marking a dropped claim UNKNOWN", |t| {
                         t.mark_in_doubt(req.clone())
@@ -330,7 +345,7 @@ impl Backend for PgStore {
         if let Some(tx) = self.detached.lock().as_ref() {
             // Never blocks; when the queue is full the lease running out
             // has the same effect, later.
-            let _ = tx.try_send(req);
+            let _ = tx.try_send(Detached::Mark(req));
         }
     }
 
@@ -373,8 +388,17 @@ impl Backend for PgStore {
     }
 
     fn flush(&self) -> Result<()> {
-        // Every write is committed before it returns.
-        self.open_check()
+        // Every write is committed before it returns, except the notices
+        // of dropped claims: wait for those queued so far.
+        self.open_check()?;
+        let queue = self.detached.lock().clone();
+        if let Some(queue) = queue {
+            let (done, finished) = crossbeam_channel::bounded(1);
+            if queue.send(Detached::Flush(done)).is_ok() {
+                let _ = finished.recv();
+            }
+        }
+        Ok(())
     }
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
