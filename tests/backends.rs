@@ -18,6 +18,7 @@ mod backends {
     mod support;
 
     mod concurrent;
+    mod database_clock;
     mod expiry;
     mod fencing;
     mod leases;

@@ -7,7 +7,7 @@
 //! message, or fail when `CI=true` (CI must not skip them silently): run
 //! them through `scripts/with-postgres`.
 
-#![allow(dead_code)] // each test file uses some of these
+#![allow(dead_code, unused_macros)] // each test file uses some of these
 
 use std::error::Error;
 use std::path::PathBuf;
