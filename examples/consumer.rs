@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let entry = id.to_owned();
         // Ledger row, outbox email and processed mark: one transaction.
         let outcome = inbox.process_local(id, move |tx| {
-            let mut ledger = tx.txn().open_table(LEDGER)?;
+            let mut ledger = tx.redb().ok_or("not on redb")?.open_table(LEDGER)?;
             ledger.insert(entry.as_str(), amount)?;
             drop(ledger);
             tx.send(OutgoingMessage::new(

@@ -38,6 +38,17 @@ pub struct EngineBuilder {
     clock: Arc<dyn Clock>,
     sweep_interval: Option<Duration>,
     stored_expiry: bool,
+    #[cfg(feature = "postgres")]
+    postgres: PostgresSettings,
+}
+
+/// Settings only an engine on PostgreSQL reads.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone)]
+struct PostgresSettings {
+    prefix: String,
+    pool_size: u32,
+    database_clock: bool,
 }
 
 impl Default for EngineBuilder {
@@ -47,6 +58,12 @@ impl Default for EngineBuilder {
             clock: Arc::new(SystemClock),
             sweep_interval: Some(Duration::from_secs(1)),
             stored_expiry: false,
+            #[cfg(feature = "postgres")]
+            postgres: PostgresSettings {
+                prefix: crate::store::postgres::DEFAULT_PREFIX.to_owned(),
+                pool_size: 16,
+                database_clock: true,
+            },
         }
     }
 }
@@ -262,6 +279,82 @@ impl EngineBuilder {
         })
     }
 
+    /// Table prefix of an engine on PostgreSQL (feature `postgres`): its
+    /// tables are `<prefix>records`, `<prefix>outbox`, `<prefix>entities`
+    /// and `<prefix>meta`, so several apps (or several engines of one app)
+    /// can share a database. Default `idempotency_`. Checked when opening:
+    /// 1 to 40 characters of `a-z`, `0-9` and `_`, not starting with a
+    /// digit ([`OpenError::InvalidTablePrefix`] otherwise).
+    #[cfg(feature = "postgres")]
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.postgres.prefix = prefix.into();
+        self
+    }
+
+    /// Most connections an engine on PostgreSQL keeps open (feature
+    /// `postgres`); callers beyond it wait up to 10 s for one. Default 16;
+    /// clamped to at least 1. One is opened at once, the rest on demand.
+    #[cfg(feature = "postgres")]
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.postgres.pool_size = connections.max(1);
+        self
+    }
+
+    /// Whether an engine on PostgreSQL reads the time from the database
+    /// (feature `postgres`). Default `true`: every engine sharing the
+    /// database decides leases and expiry by the database server's clock,
+    /// measured as an offset to the builder's [`clock`](Self::clock) at
+    /// open and at every sweep step (so about once per
+    /// [`sweep_interval`](Self::sweep_interval)); the app servers' clocks
+    /// may disagree by any amount. Engines agree to within half a round
+    /// trip plus the local clocks' drift between two measurements. `false`:
+    /// the builder's clock is used as it is (for tests with a
+    /// [`crate::ManualClock`]; all engines' clocks must then agree).
+    #[cfg(feature = "postgres")]
+    pub fn database_clock(mut self, on: bool) -> Self {
+        self.postgres.database_clock = on;
+        self
+    }
+
+    /// Opens the engine on PostgreSQL (feature `postgres`), creating its
+    /// tables on first use. `url` is a libpq-style connection string
+    /// (`host=localhost user=app dbname=app`) or URL
+    /// (`postgres://app@localhost/app`); no TLS. Every engine, in any
+    /// process, opened with the same database and
+    /// [`table_prefix`](Self::table_prefix) shares the same records.
+    ///
+    /// A write returns once PostgreSQL has committed it, so it is as
+    /// durable as the server's `synchronous_commit` (and replication)
+    /// makes it. A failed write does not stop the engine: the next call
+    /// uses a fresh connection.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::InvalidTablePrefix`]; [`OpenError::Storage`] if the
+    /// connection string does not parse, the server cannot be reached
+    /// within 10 s, or creating the schema fails;
+    /// [`OpenError::UnsupportedSchema`] if the tables were made by a newer
+    /// version of the crate (nothing is changed);
+    /// [`OpenError::ThreadStart`].
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres(mut self, url: &str) -> Result<Engine, OpenError> {
+        let opts = crate::store::postgres::PgOptions {
+            url: url.to_owned(),
+            prefix: self.postgres.prefix.clone(),
+            pool_size: self.postgres.pool_size,
+            database_clock: self.postgres.database_clock,
+        };
+        let (store, clock, store_cfg) = crate::store::postgres::PgStore::open(
+            &opts,
+            self.cfg.store,
+            self.stored_expiry,
+            self.clock.clone(),
+        )?;
+        self.cfg.store = store_cfg;
+        self.clock = clock;
+        self.run(Arc::new(store))
+    }
+
     fn start(mut self, db: redb::Database) -> Result<Engine, OpenError> {
         self.cfg.store = redb_store::prepare(&db, self.cfg.store, self.stored_expiry)?;
         let store = RedbStore::start(
@@ -271,8 +364,13 @@ impl EngineBuilder {
             self.cfg.max_batch,
             self.cfg.queue_capacity,
         )?;
+        self.run(Arc::new(store))
+    }
+
+    /// Starts the engine (and its sweeper) on an opened store.
+    fn run(self, store: Arc<dyn crate::store::Backend>) -> Result<Engine, OpenError> {
         let core = Arc::new(Core {
-            store: Arc::new(store),
+            store,
             clock: self.clock,
             cfg: self.cfg,
             counters: Counters::default(),

@@ -109,10 +109,34 @@ pub enum OpenError {
         source: StorageError,
     },
 
+    /// The table prefix given to
+    /// [`crate::EngineBuilder::table_prefix`] is not usable: it must be 1 to
+    /// 40 characters of `a-z`, `0-9` and `_`, not starting with a digit.
+    #[error("invalid table prefix {prefix:?}: {reason}")]
+    InvalidTablePrefix {
+        /// The prefix given.
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The PostgreSQL tables under this prefix were created by a newer
+    /// version of the crate (schema version `found`). Nothing was changed.
+    #[error("the PostgreSQL tables under prefix {prefix:?} have schema version {found}; this build knows version {supported}; use a newer version of the crate")]
+    UnsupportedSchema {
+        /// The table prefix.
+        prefix: String,
+        /// The schema version stored in `<prefix>meta`.
+        found: i64,
+        /// The schema version this build creates and reads.
+        supported: i64,
+    },
+
     /// The engine could not start one of its threads.
     #[error("cannot start the {thread} thread: {source}")]
     ThreadStart {
-        /// Which thread (`writer` or `sweeper`).
+        /// Which thread (`writer`, `sweeper`, or on PostgreSQL
+        /// `dropped-claims`).
         thread: &'static str,
         /// What the OS reported.
         #[source]

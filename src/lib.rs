@@ -145,6 +145,12 @@ pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};
 pub use verify::{Problem, VerifyReport};
 
+/// The PostgreSQL client crate the `postgres` feature uses, for the
+/// transaction a local write gets ([`LocalTx::postgres`]) and for tools
+/// that share the engine's connection settings.
+#[cfg(feature = "postgres")]
+pub use postgres;
+
 /// Decodes bytes as a stored record, for the `record_decode` fuzz target
 /// (built only under `cfg(fuzzing)`). Returns whether they decoded as a
 /// record; the same bytes also go through the outbox and entity decoders,

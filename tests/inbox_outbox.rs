@@ -27,7 +27,7 @@ fn open_engine(path: &Path) -> idempotency::Result<Engine> {
 fn consume(engine: &Engine, msg: &str) -> idempotency::Result<Processed> {
     let id = msg.to_owned();
     engine.inbox("billing")?.process_local(msg, move |tx| {
-        let mut ledger = tx.txn().open_table(LEDGER)?;
+        let mut ledger = tx.redb().ok_or("not on redb")?.open_table(LEDGER)?;
         ledger.insert(id.as_str(), 500)?;
         drop(ledger);
         tx.send(OutgoingMessage::new("email", format!("receipt for {id}")));
@@ -122,7 +122,7 @@ fn failed_local_write_rolls_back_and_redelivery_processes_once() -> TestResult {
     let inbox = engine.inbox("billing")?;
     let err = inbox
         .process_local("m1", |tx| {
-            let mut ledger = tx.txn().open_table(LEDGER)?;
+            let mut ledger = tx.redb().ok_or("not on redb")?.open_table(LEDGER)?;
             ledger.insert("m1", 1)?;
             Err("ledger rule violated".into())
         })
@@ -132,7 +132,8 @@ fn failed_local_write_rolls_back_and_redelivery_processes_once() -> TestResult {
     // The closure may not touch the engine's own tables.
     let err = inbox
         .process_local("m1", |tx| {
-            tx.txn()
+            tx.redb()
+                .ok_or("not on redb")?
                 .open_table(TableDefinition::<&[u8], &[u8]>::new("idempotency.records"))?;
             Ok(())
         })
@@ -158,7 +159,7 @@ fn child_entry() -> TestResult {
     match role.as_str() {
         "abort-inside-local-write" => {
             let _ = engine.inbox("billing")?.process_local("m1", |tx| {
-                let mut ledger = tx.txn().open_table(LEDGER)?;
+                let mut ledger = tx.redb().ok_or("not on redb")?.open_table(LEDGER)?;
                 ledger.insert("m1", 500)?;
                 std::process::abort();
             });
@@ -186,7 +187,7 @@ fn engine_path_downstream(path: &str) -> String {
 fn deliver_downstream(down: &Engine, message_id: &str) -> idempotency::Result<Processed> {
     let id = message_id.to_owned();
     down.inbox("mailer")?.process_local(message_id, move |tx| {
-        let mut ledger = tx.txn().open_table(LEDGER)?;
+        let mut ledger = tx.redb().ok_or("not on redb")?.open_table(LEDGER)?;
         ledger.insert(id.as_str(), 1)?;
         Ok(())
     })

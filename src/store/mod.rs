@@ -14,7 +14,11 @@ pub(crate) mod classify;
 pub(crate) mod codec;
 #[cfg(test)]
 mod codec_props;
+mod local_tx;
+pub(crate) mod ops;
 mod poison;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
 
@@ -28,9 +32,9 @@ use crate::state::State;
 use crate::transition::Transition;
 
 pub(crate) use self::classify::Held;
+pub use self::local_tx::LocalTx;
+pub(crate) use self::local_tx::{LocalTarget, LocalWrite};
 pub(crate) use self::record::{Completion, EntityState, Record, StoredResponse};
-pub use self::redb::LocalTx;
-pub(crate) use self::redb::{LocalTarget, LocalWrite};
 
 /// A won claim, as the store recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +74,7 @@ pub(crate) struct ClaimRequest {
 }
 
 /// Storing a claim's outcome.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct CompleteRequest {
     pub(crate) key: IdempotencyKey,
     pub(crate) token: u64,

@@ -1,7 +1,6 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
-mod apply;
 mod local;
 mod open;
 mod read;
@@ -25,16 +24,15 @@ use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::report::SweepCounts;
 use crate::state::State;
+use crate::store::ops::Ops;
 use crate::store::poison::Poison;
 use crate::store::record::{EntityState, Record};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    Scanned, SettleRequest, Settled, TransitionRequest,
+    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
 };
 use crate::transition::Transition;
 
-pub use self::local::LocalTx;
-pub(crate) use self::local::{LocalTarget, LocalWrite};
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
 

@@ -7,7 +7,8 @@ use redb::{ReadableTable, Table};
 
 use crate::key::IdempotencyKey;
 use crate::report::SweepCounts;
-use crate::store::record::{hex, RecordState};
+use crate::store::ops::{Ops, Swept};
+use crate::store::record::RecordState;
 
 use super::tables::{OpError, Tables};
 
@@ -22,20 +23,23 @@ impl Tables<'_> {
         let stale = first_keys(&self.leases, upper, limit)?;
         counts.more |= stale.len() == limit;
         for (at, rkey) in stale {
-            match self.get_raw(&rkey)? {
-                Some(Ok(rec))
-                    if rec.state == RecordState::Processing && rec.lease_until_ms <= now =>
+            let due = match (IdempotencyKey::from_record_key(&rkey), self.raw(&rkey)?) {
+                (Some(key), Some(Ok(rec)))
+                    if rec.state == RecordState::Processing && rec.lease_until_ms == at =>
                 {
-                    let key = IdempotencyKey::from_record_key(&rkey);
-                    let shown = key.as_ref().map_or_else(|| hex(&rkey), ToString::to_string);
-                    tracing::warn!(key = %shown, token = rec.token, "stale claim moved to UNKNOWN");
-                    let new = rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now);
-                    self.put(&rkey, Some(&rec), &new)?;
-                    counts.moved_to_unknown += 1;
+                    Some((key, rec))
+                }
+                _ => None,
+            };
+            match due {
+                Some((key, rec)) => {
+                    if self.sweep_record(&key, &rec)? == Some(Swept::MovedToUnknown) {
+                        counts.moved_to_unknown += 1;
+                    }
                 }
                 // An index entry that does not match its record: drop it so
                 // the sweep cannot spin on it.
-                _ => {
+                None => {
                     self.leases.remove((at, rkey.as_slice()))?;
                 }
             }
@@ -43,27 +47,23 @@ impl Tables<'_> {
         let expired = first_keys(&self.expiry, upper, limit)?;
         counts.more |= expired.len() == limit;
         for (at, rkey) in expired {
-            match self.get_raw(&rkey)? {
-                Some(Ok(rec)) if rec.expires_at_ms == at && rec.expires_at_ms <= now => {
-                    let keep = match rec.state {
-                        RecordState::Completed | RecordState::FinalFailure => self
-                            .cfg
-                            .expiry
-                            .keep_ms()
-                            .map(|keep_ms| rec.expires_at_ms.saturating_add(keep_ms))
-                            .filter(|&until| until > now),
-                        _ => None,
-                    };
-                    if let Some(until) = keep {
-                        let new = rec.tombstone(until, now);
-                        self.put(&rkey, Some(&rec), &new)?;
-                        counts.tombstoned += 1;
-                    } else {
-                        self.delete(&rkey, &rec)?;
-                        counts.deleted += 1;
-                    }
+            let due = match (IdempotencyKey::from_record_key(&rkey), self.raw(&rkey)?) {
+                (Some(key), Some(Ok(rec)))
+                    if rec.expires_at_ms == at
+                        && !matches!(rec.state, RecordState::Processing | RecordState::Unknown) =>
+                {
+                    Some((key, rec))
                 }
-                _ => {
+                _ => None,
+            };
+            let swept = match due {
+                Some((key, rec)) => self.sweep_record(&key, &rec)?,
+                None => None,
+            };
+            match swept {
+                Some(Swept::Tombstoned) => counts.tombstoned += 1,
+                Some(Swept::Deleted) => counts.deleted += 1,
+                Some(Swept::MovedToUnknown) | None => {
                     self.expiry.remove((at, rkey.as_slice()))?;
                 }
             }

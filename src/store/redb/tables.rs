@@ -18,8 +18,10 @@ use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
+use crate::message::{OutboxEntry, OutgoingMessage};
 use crate::store::codec::{self, DecodeError};
-use crate::store::record::{Record, RecordState};
+use crate::store::ops::{Loaded, Txn};
+use crate::store::record::{EntityState, Record, RecordState};
 
 /// Format version, counters and the last app's expiry settings.
 pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
@@ -68,13 +70,8 @@ impl<T, E: Into<redb::Error>> Context<T> for std::result::Result<T, E> {
     }
 }
 
-/// An op failed: either it alone was refused (nothing written), or storage
-/// failed and the whole batch must be abandoned.
-#[derive(Debug)]
-pub(super) enum OpError {
-    Refused(Error),
-    Fatal(redb::Error),
-}
+/// An op failed: refused alone, or a redb error that sinks the batch.
+pub(super) type OpError = crate::store::ops::OpError<redb::Error>;
 
 impl<E: Into<redb::Error>> From<E> for OpError {
     fn from(e: E) -> OpError {
@@ -130,24 +127,7 @@ impl<'t> Tables<'t> {
         })
     }
 
-    /// The record for `key`; a value that does not decode is refused with
-    /// `Error::CorruptRecord`.
-    pub(super) fn get(
-        &self,
-        key: &IdempotencyKey,
-        rkey: &[u8],
-    ) -> std::result::Result<Option<Record>, OpError> {
-        match self.get_raw(rkey)? {
-            None => Ok(None),
-            Some(Ok(rec)) => Ok(Some(rec)),
-            Some(Err(e)) => Err(OpError::Refused(Error::CorruptRecord {
-                key: key.clone(),
-                reason: e.to_string(),
-            })),
-        }
-    }
-
-    pub(super) fn get_raw(
+    pub(super) fn raw(
         &self,
         rkey: &[u8],
     ) -> std::result::Result<Option<std::result::Result<Record, DecodeError>>, redb::StorageError>
@@ -156,7 +136,7 @@ impl<'t> Tables<'t> {
     }
 
     /// Writes `new` over `old`, moving the record between index tables.
-    pub(super) fn put(
+    pub(super) fn put_raw(
         &mut self,
         rkey: &[u8],
         old: Option<&Record>,
@@ -170,7 +150,7 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    pub(super) fn delete(
+    pub(super) fn delete_raw(
         &mut self,
         rkey: &[u8],
         old: &Record,
@@ -199,6 +179,96 @@ impl<'t> Tables<'t> {
             RecordState::Unknown => self.recovery.remove((rec.unknown_since_ms, rkey))?,
             _ => self.expiry.remove((rec.expires_at_ms, rkey))?,
         };
+        Ok(())
+    }
+}
+
+impl Txn for Tables<'_> {
+    type Fatal = redb::Error;
+
+    fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn cfg(&self) -> StoreConfig {
+        self.cfg
+    }
+
+    fn load(&mut self, key: &IdempotencyKey) -> std::result::Result<Loaded<Record>, redb::Error> {
+        Ok(self.raw(&key.to_record_key())?)
+    }
+
+    fn store(
+        &mut self,
+        key: &IdempotencyKey,
+        old: Option<&Record>,
+        new: &Record,
+    ) -> std::result::Result<(), redb::Error> {
+        Ok(self.put_raw(&key.to_record_key(), old, new)?)
+    }
+
+    fn remove(
+        &mut self,
+        key: &IdempotencyKey,
+        old: Option<&Record>,
+    ) -> std::result::Result<(), redb::Error> {
+        let rkey = key.to_record_key();
+        match old {
+            Some(old) => self.delete_raw(&rkey, old)?,
+            // Its index entries are dropped by the next sweep that meets
+            // them.
+            None => {
+                self.records.remove(rkey.as_slice())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn next_token(&mut self) -> std::result::Result<u64, redb::Error> {
+        let token = self.seq.token;
+        self.seq.token += 1;
+        Ok(token)
+    }
+
+    fn push_outbox(
+        &mut self,
+        id: String,
+        message: OutgoingMessage,
+    ) -> std::result::Result<(), redb::Error> {
+        let entry = OutboxEntry {
+            seq: self.seq.outbox,
+            id,
+            topic: message.topic,
+            payload: message.payload,
+            created_at_ms: self.now,
+        };
+        self.outbox
+            .insert(entry.seq, codec::encode_outbox(&entry).as_slice())?;
+        self.seq.outbox += 1;
+        Ok(())
+    }
+
+    fn remove_outbox(&mut self, seq: u64) -> std::result::Result<bool, redb::Error> {
+        Ok(self.outbox.remove(seq)?.is_some())
+    }
+
+    fn load_entity(
+        &mut self,
+        entity: &str,
+    ) -> std::result::Result<Loaded<EntityState>, redb::Error> {
+        Ok(self
+            .entities
+            .get(entity)?
+            .map(|v| codec::decode_entity(v.value())))
+    }
+
+    fn store_entity(
+        &mut self,
+        entity: &str,
+        state: &EntityState,
+    ) -> std::result::Result<(), redb::Error> {
+        self.entities
+            .insert(entity, codec::encode_entity(state).as_slice())?;
         Ok(())
     }
 }

@@ -1,0 +1,456 @@
+//! Each write operation, written once for every backend.
+//!
+//! A backend opens one write transaction and hands it over as a [`Txn`]:
+//! load a record (locking it where the backend locks rows), store one,
+//! remove one, draw a fencing token, append to the outbox, read and write
+//! an entity. [`Ops`] then applies each operation on top of it, with the
+//! state changes of `store/record.rs`, so redb and `PostgreSQL` refuse,
+//! claim and settle by the same rules.
+//!
+//! An op checks everything that could refuse it *before* it writes, so a
+//! refused op leaves its transaction untouched; only a storage error
+//! (`OpError::Fatal`) can interrupt an op midway.
+
+use crate::config::{PurgeMode, StoreConfig};
+use crate::error::Error;
+use crate::key::IdempotencyKey;
+use crate::message::OutgoingMessage;
+use crate::state::State;
+use crate::transition::Transition;
+
+use super::classify::{classify, Class, Held};
+use super::codec::DecodeError;
+use super::record::{reference, EntityState, Record, RecordState};
+use super::{
+    Abandon, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Found, InDoubtRequest,
+    SettleRequest, Settled, Settlement, TransitionRequest,
+};
+
+/// An op failed: either it alone was refused (nothing written), or storage
+/// failed (`F`, the backend's error) and its transaction must be abandoned.
+#[derive(Debug)]
+pub(crate) enum OpError<F> {
+    Refused(Error),
+    Fatal(F),
+}
+
+pub(crate) type OpResult<T, F> = std::result::Result<T, OpError<F>>;
+
+/// A value as loaded: absent, decoded, or bytes that do not decode.
+pub(crate) type Loaded<T> = Option<std::result::Result<T, DecodeError>>;
+
+/// One write transaction of a backend, as the ops see it. Every method
+/// maps the backend's error to `Self::Fatal`.
+pub(crate) trait Txn {
+    type Fatal;
+
+    /// The transaction's one reading of the clock, in ms.
+    fn now(&self) -> u64;
+    fn cfg(&self) -> StoreConfig;
+
+    /// The record of `key`, locked for the rest of the transaction where
+    /// the backend locks rows.
+    fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, Self::Fatal>;
+    /// Writes `new` over `old` (`None`: there was no record).
+    fn store(
+        &mut self,
+        key: &IdempotencyKey,
+        old: Option<&Record>,
+        new: &Record,
+    ) -> Result<(), Self::Fatal>;
+    /// Deletes the record `old` of `key` (`None`: its bytes did not decode).
+    fn remove(&mut self, key: &IdempotencyKey, old: Option<&Record>) -> Result<(), Self::Fatal>;
+    /// The next fencing token: greater than every token handed out before,
+    /// for any key.
+    fn next_token(&mut self) -> Result<u64, Self::Fatal>;
+    /// Appends an outbox message with its id, created at `now`.
+    fn push_outbox(&mut self, id: String, message: OutgoingMessage) -> Result<(), Self::Fatal>;
+    /// Removes outbox message `seq`; whether it was there.
+    fn remove_outbox(&mut self, seq: u64) -> Result<bool, Self::Fatal>;
+    /// An entity's state, locked like a record.
+    fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Self::Fatal>;
+    fn store_entity(&mut self, entity: &str, state: &EntityState) -> Result<(), Self::Fatal>;
+}
+
+/// The operations, over any [`Txn`].
+pub(crate) trait Ops: Txn + Sized {
+    /// The record for `key`; a value that does not decode is refused with
+    /// `Error::CorruptRecord`.
+    fn get(&mut self, key: &IdempotencyKey) -> OpResult<Option<Record>, Self::Fatal> {
+        match self.load(key).map_err(OpError::Fatal)? {
+            None => Ok(None),
+            Some(Ok(rec)) => Ok(Some(rec)),
+            Some(Err(e)) => Err(OpError::Refused(Error::CorruptRecord {
+                key: key.clone(),
+                reason: e.to_string(),
+            })),
+        }
+    }
+
+    fn put(
+        &mut self,
+        key: &IdempotencyKey,
+        old: Option<&Record>,
+        new: &Record,
+    ) -> OpResult<(), Self::Fatal> {
+        self.store(key, old, new).map_err(OpError::Fatal)
+    }
+
+    fn delete(&mut self, key: &IdempotencyKey, old: &Record) -> OpResult<(), Self::Fatal> {
+        self.remove(key, Some(old)).map_err(OpError::Fatal)
+    }
+
+    fn found(&self, record: Record, held: Held) -> Found {
+        Found {
+            record,
+            held,
+            now_ms: self.now(),
+        }
+    }
+
+    /// Claims the key, or reports what holds it. A stale PROCESSING record
+    /// (lease run out) is moved to UNKNOWN first and reported in doubt.
+    fn claim(&mut self, req: &ClaimRequest) -> OpResult<ClaimResult, Self::Fatal> {
+        let now = self.now();
+        let existing = self.get(&req.key)?;
+        if let Some(rec) = &existing {
+            match classify(rec, &req.fingerprint, now, self.cfg().expiry) {
+                Class::Free => {}
+                Class::Stale => {
+                    tracing::warn!(key = %req.key, token = rec.token, "stale claim moved to UNKNOWN");
+                    let new = rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now);
+                    self.put(&req.key, Some(rec), &new)?;
+                    return Ok(ClaimResult::Held(Box::new(self.found(new, Held::InDoubt))));
+                }
+                Class::Held(held) => {
+                    return Ok(ClaimResult::Held(Box::new(self.found(rec.clone(), held))))
+                }
+            }
+        }
+        let claimed = self.new_claim(existing.as_ref(), req)?;
+        Ok(ClaimResult::Claimed(claimed))
+    }
+
+    /// Writes a fresh PROCESSING record for `req.key` over `old`.
+    fn new_claim(
+        &mut self,
+        old: Option<&Record>,
+        req: &ClaimRequest,
+    ) -> OpResult<Claimed, Self::Fatal> {
+        let now = self.now();
+        let token = self.next_token().map_err(OpError::Fatal)?;
+        let reference = reference(&req.key.to_record_key(), token);
+        let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
+        let rec = Record::processing(
+            req.fingerprint,
+            token,
+            reference.clone(),
+            now,
+            lease_until_ms,
+        );
+        self.put(&req.key, old, &rec)?;
+        tracing::debug!(key = %req.key, token, %reference, "claimed");
+        Ok(Claimed {
+            token,
+            reference,
+            claimed_at_ms: now,
+            lease_until_ms,
+        })
+    }
+
+    /// Stores a claim's outcome, with any outbox messages it carries.
+    fn complete(&mut self, req: CompleteRequest) -> OpResult<(), Self::Fatal> {
+        let rec = self.owned(&req.key, req.token, "complete")?;
+        let cfg = self.cfg();
+        let new = rec.completed(req.completion, req.response, self.now(), cfg.ttl_ms);
+        self.put(&req.key, Some(&rec), &new)?;
+        for (n, msg) in req.messages.into_iter().enumerate() {
+            self.push_outbox(format!("{}/{n}", rec.reference), msg)
+                .map_err(OpError::Fatal)?;
+        }
+        tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, was = ?rec.state, "completed");
+        Ok(())
+    }
+
+    /// A retryable failure: the claim's record is deleted.
+    fn release(&mut self, key: &IdempotencyKey, token: u64) -> OpResult<(), Self::Fatal> {
+        let rec = self.owned(key, token, "release")?;
+        self.delete(key, &rec)?;
+        tracing::debug!(key = %key, token, "claim released (retryable failure)");
+        Ok(())
+    }
+
+    /// PROCESSING → UNKNOWN for the claim's holder. An UNKNOWN record it
+    /// still owns is left as it is.
+    fn mark_in_doubt(&mut self, req: InDoubtRequest) -> OpResult<(), Self::Fatal> {
+        let now = self.now();
+        let rec = self.owned(&req.key, req.token, "mark unknown")?;
+        if rec.state == RecordState::Processing {
+            let lease_end = match req.by {
+                Abandon::Explicit => rec.lease_until_ms.min(now),
+                Abandon::Dropped => rec.lease_until_ms,
+            };
+            tracing::warn!(key = %req.key, token = rec.token, reason = %req.reason, "moved to UNKNOWN");
+            let new = rec.in_doubt(req.reason, lease_end, now);
+            self.put(&req.key, Some(&rec), &new)?;
+        }
+        Ok(())
+    }
+
+    /// Renews a PROCESSING record's lease; returns the new lease end.
+    fn extend(
+        &mut self,
+        key: &IdempotencyKey,
+        token: u64,
+        lease_ms: u64,
+    ) -> OpResult<u64, Self::Fatal> {
+        let now = self.now();
+        let rec = self.owned(key, token, "extend")?;
+        if rec.state != RecordState::Processing {
+            return Err(fenced(key, token, &rec));
+        }
+        let new = rec.extended(now.saturating_add(lease_ms), now);
+        self.put(key, Some(&rec), &new)?;
+        Ok(new.lease_until_ms)
+    }
+
+    /// Settles an UNKNOWN record owned by `req.token`; "not executed"
+    /// deletes it.
+    fn settle(&mut self, req: SettleRequest) -> OpResult<Settled<()>, Self::Fatal> {
+        self.settle_with(req, Self::delete)
+    }
+
+    /// As [`Ops::settle`]; "not executed" claims the key afresh for a
+    /// waiting `begin`.
+    fn settle_then_claim(
+        &mut self,
+        req: SettleRequest,
+        claim: &ClaimRequest,
+    ) -> OpResult<Settled<Claimed>, Self::Fatal> {
+        self.settle_with(req, |t, _, rec| t.new_claim(Some(rec), claim))
+    }
+
+    fn settle_with<N>(
+        &mut self,
+        req: SettleRequest,
+        not_executed: impl FnOnce(&mut Self, &IdempotencyKey, &Record) -> OpResult<N, Self::Fatal>,
+    ) -> OpResult<Settled<N>, Self::Fatal> {
+        let now = self.now();
+        let key = &req.key;
+        let Some(rec) = self.get(key)? else {
+            return Err(OpError::Refused(Error::NotFound { key: key.clone() }));
+        };
+        // In doubt at this instant: UNKNOWN, or PROCESSING with its lease
+        // ended (read-time truth; a sweep would have moved it already).
+        let in_doubt = rec.state == RecordState::Unknown
+            || (rec.state == RecordState::Processing && rec.lease_until_ms <= now);
+        if rec.token != req.token || !in_doubt {
+            return Err(fenced(key, req.token, &rec));
+        }
+        match req.settlement {
+            Settlement::Completed(response) => {
+                // The claim's token no longer owns it: a late complete from
+                // the original holder is refused because the state is
+                // COMPLETED.
+                let ttl_ms = self.cfg().ttl_ms;
+                let new = rec.completed(super::Completion::Success, response, now, ttl_ms);
+                self.put(key, Some(&rec), &new)?;
+                tracing::info!(key = %key, token = req.token, "in-doubt record resolved: completed");
+                Ok(Settled::Completed(new))
+            }
+            Settlement::NotExecuted => {
+                tracing::info!(key = %key, token = req.token, "in-doubt record resolved: not executed");
+                Ok(Settled::NotExecuted(not_executed(self, key, &rec)?))
+            }
+            Settlement::StillUnknown => {
+                let new = match rec.state {
+                    RecordState::Processing => {
+                        rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now)
+                    }
+                    _ => rec.clone(),
+                }
+                .still_in_doubt(now);
+                self.put(key, Some(&rec), &new)?;
+                Ok(Settled::StillInDoubt(new))
+            }
+        }
+    }
+
+    /// Deletes one record; returns the state it was in (`None` when it did
+    /// not decode and was force-purged).
+    fn purge(
+        &mut self,
+        key: &IdempotencyKey,
+        mode: PurgeMode,
+    ) -> OpResult<Option<State>, Self::Fatal> {
+        let force = mode == PurgeMode::Force;
+        let rec = match self.load(key).map_err(OpError::Fatal)? {
+            None => return Err(OpError::Refused(Error::NotFound { key: key.clone() })),
+            Some(Ok(rec)) => rec,
+            // A record that does not decode can only be removed by force.
+            Some(Err(e)) if force => {
+                self.remove(key, None).map_err(OpError::Fatal)?;
+                tracing::warn!(key = %key, error = %e, "corrupt record purged");
+                return Ok(None);
+            }
+            Some(Err(e)) => {
+                return Err(OpError::Refused(Error::CorruptRecord {
+                    key: key.clone(),
+                    reason: format!("{e} (purge with force to delete it)"),
+                }))
+            }
+        };
+        let state = State::from(rec.state);
+        if !force && matches!(rec.state, RecordState::Processing | RecordState::Unknown) {
+            return Err(OpError::Refused(Error::InvalidState {
+                key: key.clone(),
+                action: "purge without force",
+                state,
+            }));
+        }
+        self.delete(key, &rec)?;
+        tracing::warn!(key = %key, state = %state, ?mode, "record purged");
+        Ok(Some(state))
+    }
+
+    /// Compare-and-set of an entity's state.
+    fn transition(&mut self, req: TransitionRequest) -> OpResult<Transition, Self::Fatal> {
+        let entity = req.entity.as_str();
+        let current = match self.load_entity(entity).map_err(OpError::Fatal)? {
+            None => None,
+            Some(loaded) => Some(loaded.map_err(|e| {
+                OpError::Refused(Error::CorruptEntity {
+                    entity: entity.to_owned(),
+                    reason: e.to_string(),
+                })
+            })?),
+        };
+        let (allowed, version) = match &current {
+            Some(cur) if cur.state == req.to => {
+                return Ok(Transition::AlreadyInState {
+                    version: cur.version,
+                })
+            }
+            Some(cur) => (req.from.contains(&cur.state), cur.version),
+            None => (req.from.is_empty(), 0),
+        };
+        if !allowed {
+            return Ok(Transition::Conflict {
+                current: current.map(|c| c.state),
+                version,
+            });
+        }
+        let new = EntityState {
+            state: req.to,
+            version: version + 1,
+            updated_at_ms: self.now(),
+        };
+        self.store_entity(entity, &new).map_err(OpError::Fatal)?;
+        Ok(Transition::Applied {
+            version: new.version,
+        })
+    }
+
+    /// Removes published outbox messages; returns how many were there.
+    fn mark_published(&mut self, seqs: &[u64]) -> OpResult<u64, Self::Fatal> {
+        let mut removed = 0;
+        for &seq in seqs {
+            if self.remove_outbox(seq).map_err(OpError::Fatal)? {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The record if `token` still owns it and it awaits an outcome
+    /// (PROCESSING, or UNKNOWN that its own holder may still resolve).
+    fn owned(
+        &mut self,
+        key: &IdempotencyKey,
+        token: u64,
+        action: &'static str,
+    ) -> OpResult<Record, Self::Fatal> {
+        match self.get(key)? {
+            Some(rec)
+                if rec.token == token
+                    && matches!(rec.state, RecordState::Processing | RecordState::Unknown) =>
+            {
+                Ok(rec)
+            }
+            Some(rec) => Err(fenced(key, token, &rec)),
+            None => Err(OpError::Refused(Error::Fenced {
+                key: key.clone(),
+                token,
+                reason: format!(
+                    "cannot {action}: the record is gone (released, purged or expired)"
+                ),
+            })),
+        }
+    }
+
+    /// What a sweep does with one due record at `now`: a stale PROCESSING
+    /// record moves to UNKNOWN, an expired one becomes a tombstone (while
+    /// the policy keeps one) or is deleted. Returns what it did; `None`
+    /// when the record was not due after all.
+    fn sweep_record(
+        &mut self,
+        key: &IdempotencyKey,
+        rec: &Record,
+    ) -> OpResult<Option<Swept>, Self::Fatal> {
+        let now = self.now();
+        match rec.state {
+            RecordState::Processing if rec.lease_until_ms <= now => {
+                tracing::warn!(key = %key, token = rec.token, "stale claim moved to UNKNOWN");
+                let new = rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now);
+                self.put(key, Some(rec), &new)?;
+                Ok(Some(Swept::MovedToUnknown))
+            }
+            RecordState::Completed | RecordState::FinalFailure | RecordState::Tombstone
+                if rec.expires_at_ms <= now =>
+            {
+                let keep = match rec.state {
+                    RecordState::Completed | RecordState::FinalFailure => self
+                        .cfg()
+                        .expiry
+                        .keep_ms()
+                        .map(|keep_ms| rec.expires_at_ms.saturating_add(keep_ms))
+                        .filter(|&until| until > now),
+                    _ => None,
+                };
+                if let Some(until) = keep {
+                    let new = rec.tombstone(until, now);
+                    self.put(key, Some(rec), &new)?;
+                    Ok(Some(Swept::Tombstoned))
+                } else {
+                    self.delete(key, rec)?;
+                    Ok(Some(Swept::Deleted))
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+impl<T: Txn> Ops for T {}
+
+/// What a sweep did with one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Swept {
+    MovedToUnknown,
+    Tombstoned,
+    Deleted,
+}
+
+fn fenced<F>(key: &IdempotencyKey, token: u64, rec: &Record) -> OpError<F> {
+    let state = State::from(rec.state);
+    let reason = if rec.token == token {
+        format!("the record is already {state}")
+    } else {
+        format!("the record now belongs to token {} ({state})", rec.token)
+    };
+    OpError::Refused(Error::Fenced {
+        key: key.clone(),
+        token,
+        reason,
+    })
+}

@@ -1,0 +1,122 @@
+//! Local exactly-once on PostgreSQL: the app's statements and the key's
+//! completion in one transaction, which the app's closure gets as a
+//! `postgres::Transaction` (through [`LocalTx::postgres`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::error::{Error, Result};
+use crate::store::local_tx::{LocalTarget, LocalTx, LocalWrite};
+use crate::store::ops::{OpError, Ops};
+use crate::store::record::{Completion, StoredResponse};
+use crate::store::{ClaimRequest, ClaimResult, CompleteRequest, LocalResult};
+
+use super::shared::{storage, Shared};
+use super::txn::{Fault, PgTxn};
+
+const WHAT: &str = "running a local write";
+
+fn refused(e: OpError<Fault>) -> Error {
+    match e {
+        OpError::Refused(e) => e,
+        OpError::Fatal(Fault::Db(e)) => storage(WHAT)(e),
+        OpError::Fatal(Fault::Race) => Error::Storage {
+            context: WHAT,
+            source: "another transaction claimed the key at the same moment".into(),
+        },
+    }
+}
+
+impl Shared {
+    pub(super) fn local(&self, write: LocalWrite) -> Result<LocalResult> {
+        let LocalWrite { key, target, run } = write;
+        let mut conn = self.conn(WHAT)?;
+        // A fresh claim can lose an insert race before the app's closure
+        // runs; the transaction is then retried (the closure has not run).
+        let mut tries = 0;
+        let (tx, token, now) = loop {
+            tries += 1;
+            let now = self.clock.now_ms();
+            let mut tx = conn.transaction().map_err(storage(WHAT))?;
+            let token = match target {
+                LocalTarget::Claimed { token } => token,
+                LocalTarget::Fresh {
+                    fingerprint,
+                    lease_ms,
+                } => {
+                    let req = ClaimRequest {
+                        key: key.clone(),
+                        fingerprint,
+                        lease_ms,
+                    };
+                    let mut t = self.txn(&mut tx, now);
+                    match t.claim(&req) {
+                        Ok(ClaimResult::Claimed(claimed)) => claimed.token,
+                        Ok(ClaimResult::Held(found)) => {
+                            // A stale claim moved to UNKNOWN is kept.
+                            tx.commit().map_err(storage(WHAT))?;
+                            return Ok(LocalResult::Held(found));
+                        }
+                        Err(OpError::Fatal(Fault::Race)) if tries < 16 => continue,
+                        Err(e) => return Err(refused(e)),
+                    }
+                }
+            };
+            break (tx, token, now);
+        };
+        let mut ltx = LocalTx::on_postgres(tx);
+        let envelope = match catch_unwind(AssertUnwindSafe(|| run(&mut ltx))) {
+            Ok(Ok(envelope)) => envelope,
+            // Dropping the transaction rolls the app's writes back.
+            Ok(Err(source)) => return Err(Error::LocalWrite { key, source }),
+            Err(_) => {
+                return Err(Error::LocalWrite {
+                    key,
+                    source: "the local write panicked".into(),
+                })
+            }
+        };
+        let Some((mut tx, messages)) = ltx.into_postgres() else {
+            return Err(Error::Storage {
+                context: WHAT,
+                source: "the local write lost its PostgreSQL transaction".into(),
+            });
+        };
+        let size = envelope.size_bytes();
+        let limit = self.cfg.max_response_bytes;
+        if size > limit {
+            return Err(Error::ResponseTooLarge {
+                key,
+                size,
+                limit,
+                claim: None,
+            });
+        }
+        self.txn(&mut tx, now)
+            .complete(CompleteRequest {
+                key,
+                token,
+                completion: Completion::Success,
+                response: StoredResponse::new(envelope, None),
+                messages,
+            })
+            .map_err(refused)?;
+        tx.commit().map_err(|e| Error::Storage {
+            context: "committing a local write to PostgreSQL (the outcome is unknown)",
+            source: Box::new(e),
+        })?;
+        Ok(LocalResult::Executed)
+    }
+
+    pub(super) fn txn<'t, 'c>(
+        &'t self,
+        tx: &'t mut postgres::Transaction<'c>,
+        now: u64,
+    ) -> PgTxn<'t, 'c> {
+        PgTxn {
+            tx,
+            names: &self.names,
+            now,
+            cfg: self.cfg,
+        }
+    }
+}

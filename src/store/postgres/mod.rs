@@ -1,0 +1,389 @@
+//! The PostgreSQL backend: the same records, state machine and operations
+//! as the redb backend (`store/ops.rs`), on a database that several app
+//! servers share.
+//!
+//! Every write is one PostgreSQL transaction on a pooled connection,
+//! committed (durably, with the server's `synchronous_commit`) before the
+//! call returns. Row locks serialize writers of one key across processes;
+//! a key's first claim is an `INSERT … ON CONFLICT DO NOTHING`, so of two
+//! concurrent twins exactly one inserts. Reads are single statements that
+//! see the last commit. Fencing tokens come from one sequence, so they grow
+//! per key across every engine. Time comes from the database's clock by
+//! default (see `clock.rs`).
+//!
+//! Unlike redb, a failed write does not poison the backend: the database
+//! is the authority, the failed transaction was rolled back (or, when the
+//! commit itself failed, its outcome is unknown and the caller is told),
+//! and the next call may well succeed on a fresh connection.
+
+mod clock;
+mod local;
+mod read;
+mod schema;
+mod shared;
+mod sweep;
+mod txn;
+mod verify;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use postgres::types::Type;
+use r2d2_postgres::postgres::NoTls;
+use r2d2_postgres::PostgresConnectionManager;
+
+use crate::clock::Clock;
+use crate::config::{PurgeMode, StoreConfig};
+use crate::error::{Error, OpenError, Result};
+use crate::key::IdempotencyKey;
+use crate::message::OutboxEntry;
+use crate::report::SweepCounts;
+use crate::state::State;
+use crate::store::ops::Ops;
+use crate::store::record::{reference, EntityState, Record};
+use crate::store::{
+    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
+    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
+};
+use crate::transition::Transition;
+
+pub(crate) use self::clock::DatabaseClock;
+pub(crate) use self::schema::DEFAULT_PREFIX;
+
+use self::shared::{storage, Shared};
+use self::txn::{sql_i64, state_code};
+
+/// Dropped claims waiting to be marked UNKNOWN by the background thread.
+const DETACHED_QUEUE: usize = 1_024;
+
+/// How the builder asked to reach the database.
+#[derive(Debug, Clone)]
+pub(crate) struct PgOptions {
+    pub(crate) url: String,
+    pub(crate) prefix: String,
+    pub(crate) pool_size: u32,
+    pub(crate) database_clock: bool,
+}
+
+/// The PostgreSQL backend.
+pub(crate) struct PgStore {
+    shared: Arc<Shared>,
+    closed: AtomicBool,
+    /// Dropped claims: `mark_in_doubt_detached` must never block, so a
+    /// thread of its own does the write.
+    detached: Mutex<Option<Sender<InDoubtRequest>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn open_storage<E>(context: &'static str) -> impl FnOnce(E) -> OpenError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| OpenError::Storage {
+        context,
+        source: Box::new(e),
+    }
+}
+
+impl PgStore {
+    /// Connects, creates or checks the schema, and measures the database
+    /// clock. Returns the store, the clock the engine must use, and the
+    /// settings (taken from the database with `stored_expiry`).
+    pub(crate) fn open(
+        opts: &PgOptions,
+        cfg: StoreConfig,
+        stored_expiry: bool,
+        local_clock: Arc<dyn Clock>,
+    ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
+        let names = schema::Names::new(&opts.prefix)?;
+        let config: postgres::Config = opts
+            .url
+            .parse()
+            .map_err(open_storage("parsing the PostgreSQL connection string"))?;
+        let manager = PostgresConnectionManager::new(config, NoTls);
+        // Connections are checked by use, not by a probe per checkout: a
+        // broken one fails its statement, is dropped by the pool, and the
+        // write is retried once on a fresh one (see `Shared::write`).
+        let pool = r2d2::Pool::builder()
+            .max_size(opts.pool_size.max(1))
+            .min_idle(Some(1))
+            .test_on_check_out(false)
+            .connection_timeout(Duration::from_secs(10))
+            .build(manager)
+            .map_err(open_storage("connecting to PostgreSQL"))?;
+        let mut conn = pool
+            .get()
+            .map_err(open_storage("connecting to PostgreSQL"))?;
+        let cfg = schema::prepare(&mut conn, &names, cfg, stored_expiry)?;
+        let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
+            let clock = Arc::new(DatabaseClock::new(local_clock));
+            clock
+                .sync(&mut conn)
+                .map_err(open_storage("reading the database clock"))?;
+            (clock.clone(), Some(clock))
+        } else {
+            (local_clock, None)
+        };
+        drop(conn);
+        let shared = Arc::new(Shared {
+            pool,
+            names,
+            cfg,
+            clock: clock.clone(),
+            database_clock,
+        });
+        let (tx, rx) = crossbeam_channel::bounded::<InDoubtRequest>(DETACHED_QUEUE);
+        let worker_shared = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("idempotency-pg-dropped-claims".into())
+            .spawn(move || {
+                for req in rx {
+                    let key = req.key.clone();
+                    let marked = worker_shared.write("marking a dropped claim UNKNOWN", |t| {
+                        t.mark_in_doubt(req.clone())
+                    });
+                    if let Err(e) = marked {
+                        tracing::warn!(%key, error = %e, "could not mark a dropped claim UNKNOWN; its lease running out has the same effect");
+                    }
+                }
+            })
+            .map_err(|source| OpenError::ThreadStart {
+                thread: "dropped-claims",
+                source,
+            })?;
+        let store = PgStore {
+            shared,
+            closed: AtomicBool::new(false),
+            detached: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(worker)),
+        };
+        Ok((store, clock, cfg))
+    }
+
+    /// A key with no row is claimed by one autocommitted `INSERT … ON
+    /// CONFLICT DO NOTHING` (after drawing a token): the common first
+    /// request costs two round trips and one commit. `None` when a row is
+    /// there (the full claim decides what it means).
+    fn insert_claim(&self, req: &ClaimRequest) -> Result<Option<Claimed>> {
+        let what = "claiming a key";
+        let s = &self.shared;
+        let mut conn = s.conn(what)?;
+        let sql = format!("SELECT nextval('{}')", s.names.tokens);
+        let token = conn
+            .query_typed_one(&sql, &[])
+            .map_err(storage(what))?
+            .get::<_, i64>(0);
+        let token = txn::sql_u64(token);
+        let now = s.clock.now_ms();
+        let reference = reference(&req.key.to_record_key(), token);
+        let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
+        let rec = Record::processing(
+            req.fingerprint,
+            token,
+            reference.clone(),
+            now,
+            lease_until_ms,
+        );
+        let bytes = crate::store::codec::encode(&rec);
+        let sql = format!(
+            "INSERT INTO {}
+                 (scope, key, state, token, lease_until_ms, unknown_since_ms, expires_at_ms, record)
+             VALUES ($1, $2, $3, $4, $5, 0, 0, $6)
+             ON CONFLICT (scope, key) DO NOTHING",
+            s.names.records
+        );
+        let inserted = conn
+            .execute_typed(
+                &sql,
+                &[
+                    (&req.key.scope(), Type::TEXT),
+                    (&req.key.key(), Type::TEXT),
+                    (&state_code(rec.state), Type::INT2),
+                    (&sql_i64(token), Type::INT8),
+                    (&sql_i64(lease_until_ms), Type::INT8),
+                    (&bytes, Type::BYTEA),
+                ],
+            )
+            .map_err(|e| Error::Storage {
+                context: "claiming a key on PostgreSQL (the outcome is unknown)",
+                source: Box::new(e),
+            })?;
+        if inserted == 0 {
+            return Ok(None);
+        }
+        tracing::debug!(key = %req.key, token, %reference, "claimed");
+        Ok(Some(Claimed {
+            token,
+            reference,
+            claimed_at_ms: now,
+            lease_until_ms,
+        }))
+    }
+
+    fn open_check(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn write<T>(
+        &self,
+        context: &'static str,
+        op: impl FnMut(&mut txn::PgTxn<'_, '_>) -> crate::store::ops::OpResult<T, txn::Fault>,
+    ) -> Result<T> {
+        self.open_check()?;
+        self.shared.write(context, op)
+    }
+}
+
+impl Backend for PgStore {
+    fn check(&self) -> Result<()> {
+        self.open_check()
+    }
+
+    fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
+        self.open_check()?;
+        self.shared.record(key)
+    }
+
+    fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
+        self.open_check()?;
+        self.shared.in_doubt(limit, now_ms)
+    }
+
+    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+        self.open_check()?;
+        self.shared.scan(visit)
+    }
+
+    fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        self.open_check()?;
+        self.shared.oldest_in_doubt_ms(now_ms)
+    }
+
+    fn sweep_due(&self, now_ms: u64) -> Result<bool> {
+        self.open_check()?;
+        self.shared.sweep_due(now_ms)
+    }
+
+    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
+        self.open_check()?;
+        self.shared.outbox(limit)
+    }
+
+    fn outbox_len(&self) -> Result<u64> {
+        self.open_check()?;
+        self.shared.outbox_len()
+    }
+
+    fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
+        self.open_check()?;
+        self.shared.entity(entity)
+    }
+
+    fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
+        self.open_check()?;
+        if let Some(claimed) = self.insert_claim(&req)? {
+            return Ok(ClaimResult::Claimed(claimed));
+        }
+        self.write("claiming a key", |t| t.claim(&req))
+    }
+
+    fn complete(&self, req: CompleteRequest) -> Result<()> {
+        // A retry (a connection found broken before the commit) needs the
+        // request again.
+        self.write("storing an outcome", |t| t.complete(req.clone()))
+    }
+
+    fn release(&self, key: IdempotencyKey, token: u64) -> Result<()> {
+        self.write("releasing a claim", |t| t.release(&key, token))
+    }
+
+    fn mark_in_doubt(&self, req: InDoubtRequest) -> Result<()> {
+        self.write("marking a claim UNKNOWN", |t| t.mark_in_doubt(req.clone()))
+    }
+
+    fn mark_in_doubt_detached(&self, req: InDoubtRequest) {
+        if let Some(tx) = self.detached.lock().as_ref() {
+            // Never blocks; when the queue is full the lease running out
+            // has the same effect, later.
+            let _ = tx.try_send(req);
+        }
+    }
+
+    fn extend(&self, key: IdempotencyKey, token: u64, lease_ms: u64) -> Result<u64> {
+        self.write("extending a lease", |t| t.extend(&key, token, lease_ms))
+    }
+
+    fn settle(&self, req: SettleRequest) -> Result<Settled<()>> {
+        self.write("settling an in-doubt record", |t| t.settle(req.clone()))
+    }
+
+    fn settle_then_claim(
+        &self,
+        req: SettleRequest,
+        claim: ClaimRequest,
+    ) -> Result<Settled<Claimed>> {
+        self.write("settling an in-doubt record", |t| {
+            t.settle_then_claim(req.clone(), &claim)
+        })
+    }
+
+    fn sweep(&self, limit: usize) -> Result<SweepCounts> {
+        self.open_check()?;
+        self.shared.sync_clock();
+        self.write("sweeping", |t| t.sweep(limit))
+    }
+
+    fn purge(&self, key: IdempotencyKey, mode: PurgeMode) -> Result<Option<State>> {
+        self.write("purging a record", |t| t.purge(&key, mode))
+    }
+
+    fn transition(&self, req: TransitionRequest) -> Result<Transition> {
+        self.write("changing an entity's state", |t| t.transition(req.clone()))
+    }
+
+    fn mark_published(&self, seqs: Vec<u64>) -> Result<u64> {
+        self.write("removing published outbox messages", |t| {
+            t.mark_published(&seqs)
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        // Every write is committed before it returns.
+        self.open_check()
+    }
+
+    fn local(&self, write: LocalWrite) -> Result<LocalResult> {
+        self.open_check()?;
+        self.shared.local(write)
+    }
+
+    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
+        self.open_check()?;
+        self.shared.verify()
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // Closing the queue lets the thread finish what is queued and exit.
+        drop(self.detached.lock().take());
+        if let Some(worker) = self.worker.lock().take() {
+            if worker.join().is_err() {
+                tracing::error!("the dropped-claims thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,212 @@
+//! Reads: each is one statement outside any explicit transaction, so it
+//! sees the last commit and takes no row lock.
+
+use postgres::types::Type;
+
+use crate::error::{Error, Result};
+use crate::key::IdempotencyKey;
+use crate::message::OutboxEntry;
+use crate::store::codec;
+use crate::store::record::{EntityState, Record};
+use crate::store::Scanned;
+
+use super::shared::{storage, Shared};
+use super::txn::{sql_i64, sql_u64};
+
+/// Rows per page of a full scan.
+const SCAN_PAGE: i64 = 1_000;
+
+fn decode(key: &IdempotencyKey, bytes: &[u8]) -> Result<Record> {
+    codec::decode(bytes).map_err(|e| Error::CorruptRecord {
+        key: key.clone(),
+        reason: e.to_string(),
+    })
+}
+
+impl Shared {
+    pub(super) fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
+        let what = "reading a record";
+        let sql = format!(
+            "SELECT record FROM {} WHERE scope = $1 AND key = $2",
+            self.names.records
+        );
+        let row = self
+            .conn(what)?
+            .query_typed_opt(
+                &sql,
+                &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+            )
+            .map_err(storage(what))?;
+        row.map(|row| decode(key, row.get::<_, &[u8]>(0)))
+            .transpose()
+    }
+
+    /// UNKNOWN records and PROCESSING ones whose lease ended at or before
+    /// `now_ms`, oldest first by the instant they came into doubt.
+    pub(super) fn in_doubt(
+        &self,
+        limit: usize,
+        now_ms: u64,
+    ) -> Result<Vec<(IdempotencyKey, Record)>> {
+        let what = "reading the recovery queue";
+        let r = &self.names.records;
+        let sql = format!(
+            "(SELECT scope, key, record, unknown_since_ms AS since FROM {r}
+                  WHERE state = 3 ORDER BY unknown_since_ms LIMIT $2)
+             UNION ALL
+             (SELECT scope, key, record, lease_until_ms AS since FROM {r}
+                  WHERE state = 0 AND lease_until_ms <= $1 ORDER BY lease_until_ms LIMIT $2)
+             ORDER BY since LIMIT $2"
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .conn(what)?
+            .query_typed(
+                &sql,
+                &[(&sql_i64(now_ms), Type::INT8), (&limit, Type::INT8)],
+            )
+            .map_err(storage(what))?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Ok(key) = IdempotencyKey::parse_any(row.get(0), row.get(1)) else {
+                continue;
+            };
+            match decode(&key, row.get::<_, &[u8]>(2)) {
+                Ok(rec) => found.push((key, rec)),
+                Err(e) => tracing::error!(error = %e, "skipping a corrupt in-doubt record"),
+            }
+        }
+        Ok(found)
+    }
+
+    /// Every record in key order (byte order of scope, then key), a page at
+    /// a time, until `visit` returns false.
+    pub(super) fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+        let what = "listing records";
+        let r = &self.names.records;
+        let first = format!("SELECT scope, key, record FROM {r} ORDER BY scope, key LIMIT $1");
+        let next = format!(
+            "SELECT scope, key, record FROM {r} WHERE (scope, key) > ($2, $3)
+             ORDER BY scope, key LIMIT $1"
+        );
+        let mut conn = self.conn(what)?;
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let rows = match &after {
+                None => conn.query_typed(&first, &[(&SCAN_PAGE, Type::INT8)]),
+                Some((scope, key)) => conn.query_typed(
+                    &next,
+                    &[
+                        (&SCAN_PAGE, Type::INT8),
+                        (scope, Type::TEXT),
+                        (key, Type::TEXT),
+                    ],
+                ),
+            }
+            .map_err(storage(what))?;
+            let full = rows.len() == usize::try_from(SCAN_PAGE).unwrap_or(usize::MAX);
+            for row in &rows {
+                let scope: String = row.get(0);
+                let key_text: String = row.get(1);
+                let key = IdempotencyKey::parse_any(&scope, &key_text)
+                    .map_err(|_| record_key(&scope, &key_text));
+                if !visit((key, codec::decode(row.get::<_, &[u8]>(2)))) {
+                    return Ok(());
+                }
+                after = Some((scope, key_text));
+            }
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    pub(super) fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        let what = "reading the recovery queue";
+        let r = &self.names.records;
+        let sql = format!(
+            "SELECT LEAST(
+                 (SELECT min(unknown_since_ms) FROM {r} WHERE state = 3),
+                 (SELECT min(lease_until_ms) FROM {r} WHERE state = 0 AND lease_until_ms <= $1))"
+        );
+        let row = self
+            .conn(what)?
+            .query_typed_one(&sql, &[(&sql_i64(now_ms), Type::INT8)])
+            .map_err(storage(what))?;
+        Ok(row.get::<_, Option<i64>>(0).map(sql_u64))
+    }
+
+    pub(super) fn sweep_due(&self, now_ms: u64) -> Result<bool> {
+        let what = "checking for sweep work";
+        let r = &self.names.records;
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {r} WHERE state = 0 AND lease_until_ms <= $1)
+                 OR EXISTS (SELECT 1 FROM {r} WHERE state IN (1, 2, 4) AND expires_at_ms <= $1)"
+        );
+        let row = self
+            .conn(what)?
+            .query_typed_one(&sql, &[(&sql_i64(now_ms), Type::INT8)])
+            .map_err(storage(what))?;
+        Ok(row.get(0))
+    }
+
+    pub(super) fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
+        let what = "reading the outbox";
+        let sql = format!(
+            "SELECT seq, id, topic, payload, created_at_ms FROM {} ORDER BY seq LIMIT $1",
+            self.names.outbox
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .conn(what)?
+            .query_typed(&sql, &[(&limit, Type::INT8)])
+            .map_err(storage(what))?;
+        Ok(rows
+            .iter()
+            .map(|row| OutboxEntry {
+                seq: sql_u64(row.get(0)),
+                id: row.get(1),
+                topic: row.get(2),
+                payload: row.get(3),
+                created_at_ms: sql_u64(row.get(4)),
+            })
+            .collect())
+    }
+
+    pub(super) fn outbox_len(&self) -> Result<u64> {
+        let what = "counting the outbox";
+        let sql = format!("SELECT count(*) FROM {}", self.names.outbox);
+        let row = self
+            .conn(what)?
+            .query_typed_one(&sql, &[])
+            .map_err(storage(what))?;
+        Ok(sql_u64(row.get(0)))
+    }
+
+    pub(super) fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
+        let what = "reading an entity";
+        let sql = format!(
+            "SELECT state, version, updated_at_ms FROM {} WHERE entity = $1",
+            self.names.entities
+        );
+        let row = self
+            .conn(what)?
+            .query_typed_opt(&sql, &[(&entity, Type::TEXT)])
+            .map_err(storage(what))?;
+        Ok(row.map(|row| EntityState {
+            state: row.get(0),
+            version: sql_u64(row.get(1)),
+            updated_at_ms: sql_u64(row.get(2)),
+        }))
+    }
+}
+
+/// The record key bytes of a scope and key that do not form a valid
+/// idempotency key (for listings and `verify`).
+pub(super) fn record_key(scope: &str, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + scope.len() + key.len());
+    out.push(u8::try_from(scope.len()).unwrap_or(u8::MAX));
+    out.extend_from_slice(scope.as_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out
+}

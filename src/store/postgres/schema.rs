@@ -1,0 +1,240 @@
+//! The PostgreSQL schema: table names from the app's prefix, creation on
+//! first open, and the schema version every open checks.
+//!
+//! | table | holds |
+//! |---|---|
+//! | `<prefix>meta` | `schema_version`, and the TTL and expiry policy of the last app that opened it |
+//! | `<prefix>records` | one row per idempotency key: `scope`, `key`, the encoded record (`store/codec.rs`), and copies of `state`, `token` and the instants that the partial indexes order by |
+//! | `<prefix>outbox` | unpublished outbox messages by sequence number |
+//! | `<prefix>entities` | business entity id → state and version |
+//! | `<prefix>tokens`, `<prefix>outbox_seq` | sequences: fencing tokens, outbox sequence numbers |
+
+use postgres::Client;
+
+use crate::config::{ExpiryPolicy, StoreConfig};
+use crate::error::OpenError;
+
+/// The schema this build creates and reads.
+pub(super) const SCHEMA_VERSION: i64 = 1;
+
+/// The default table prefix.
+pub(crate) const DEFAULT_PREFIX: &str = "idempotency_";
+
+/// Table and sequence names under one prefix.
+#[derive(Debug, Clone)]
+pub(super) struct Names {
+    pub(super) prefix: String,
+    pub(super) meta: String,
+    pub(super) records: String,
+    pub(super) outbox: String,
+    pub(super) entities: String,
+    pub(super) tokens: String,
+    pub(super) outbox_seq: String,
+}
+
+impl Names {
+    /// Checks `prefix`: 1 to 40 characters of `[a-z0-9_]`, not starting
+    /// with a digit, so every name is a plain SQL identifier that needs no
+    /// quoting and fits PostgreSQL's 63-byte limit.
+    pub(super) fn new(prefix: &str) -> Result<Names, OpenError> {
+        let reason = if prefix.is_empty() || prefix.len() > 40 {
+            Some("it must be 1 to 40 characters long")
+        } else if !prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            Some("only a-z, 0-9 and _ are allowed")
+        } else if prefix.starts_with(|c: char| c.is_ascii_digit()) {
+            Some("it must not start with a digit")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(OpenError::InvalidTablePrefix {
+                prefix: prefix.to_owned(),
+                reason,
+            });
+        }
+        let name = |what: &str| format!("{prefix}{what}");
+        Ok(Names {
+            prefix: prefix.to_owned(),
+            meta: name("meta"),
+            records: name("records"),
+            outbox: name("outbox"),
+            entities: name("entities"),
+            tokens: name("tokens"),
+            outbox_seq: name("outbox_seq"),
+        })
+    }
+
+    fn ddl(&self) -> String {
+        let Names {
+            prefix: p,
+            meta,
+            records,
+            outbox,
+            entities,
+            tokens,
+            outbox_seq,
+        } = self;
+        format!(
+            "CREATE TABLE IF NOT EXISTS {meta} (
+                 name text PRIMARY KEY,
+                 value bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS {records} (
+                 scope text COLLATE \"C\" NOT NULL,
+                 key text COLLATE \"C\" NOT NULL,
+                 state smallint NOT NULL,
+                 token bigint NOT NULL,
+                 lease_until_ms bigint NOT NULL,
+                 unknown_since_ms bigint NOT NULL,
+                 expires_at_ms bigint NOT NULL,
+                 record bytea NOT NULL,
+                 PRIMARY KEY (scope, key));
+             CREATE INDEX IF NOT EXISTS {p}records_leases
+                 ON {records} (lease_until_ms) WHERE state = 0;
+             CREATE INDEX IF NOT EXISTS {p}records_recovery
+                 ON {records} (unknown_since_ms) WHERE state = 3;
+             CREATE INDEX IF NOT EXISTS {p}records_expiry
+                 ON {records} (expires_at_ms) WHERE state IN (1, 2, 4);
+             CREATE SEQUENCE IF NOT EXISTS {tokens} AS bigint START 1;
+             CREATE SEQUENCE IF NOT EXISTS {outbox_seq} AS bigint START 1;
+             CREATE TABLE IF NOT EXISTS {outbox} (
+                 seq bigint PRIMARY KEY,
+                 id text NOT NULL,
+                 topic text NOT NULL,
+                 payload bytea NOT NULL,
+                 created_at_ms bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS {entities} (
+                 entity text COLLATE \"C\" PRIMARY KEY,
+                 state text NOT NULL,
+                 version bigint NOT NULL,
+                 updated_at_ms bigint NOT NULL);"
+        )
+    }
+}
+
+fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> OpenError {
+    move |e| OpenError::Storage {
+        context,
+        source: Box::new(e),
+    }
+}
+
+/// Creates the schema if it is missing and checks its version; stores this
+/// app's TTL and expiry policy for operator tools (or, with
+/// `stored_expiry`, takes them from the database). Several processes may
+/// open the same database at once: one advisory lock per prefix orders
+/// them.
+pub(super) fn prepare(
+    client: &mut Client,
+    names: &Names,
+    mut cfg: StoreConfig,
+    stored_expiry: bool,
+) -> Result<StoreConfig, OpenError> {
+    let mut tx = client
+        .transaction()
+        .map_err(storage("starting the schema transaction"))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext($1))",
+        &[&format!("idempotency schema {}", names.prefix)],
+    )
+    .map_err(storage("locking the schema"))?;
+    let exists: bool = tx
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&names.meta])
+        .map_err(storage("looking for the schema"))?
+        .get(0);
+    if exists {
+        let found: Option<i64> = tx
+            .query_opt(
+                &format!(
+                    "SELECT value FROM {} WHERE name = 'schema_version'",
+                    names.meta
+                ),
+                &[],
+            )
+            .map_err(storage("reading the schema version"))?
+            .map(|row| row.get(0));
+        if let Some(found) = found {
+            if found != SCHEMA_VERSION {
+                return Err(OpenError::UnsupportedSchema {
+                    prefix: names.prefix.clone(),
+                    found,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+        }
+    }
+    tx.batch_execute(&names.ddl())
+        .map_err(storage("creating the schema"))?;
+    let set = format!(
+        "INSERT INTO {} (name, value) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+        names.meta
+    );
+    tx.execute(&set, &[&"schema_version", &SCHEMA_VERSION])
+        .map_err(storage("writing the schema version"))?;
+    if stored_expiry {
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT name, value FROM {} WHERE name IN ('ttl_ms', 'tombstone_keep_ms')",
+                    names.meta
+                ),
+                &[],
+            )
+            .map_err(storage("reading the stored expiry settings"))?;
+        let mut ttl = None;
+        let mut keep = None;
+        for row in rows {
+            let name: String = row.get(0);
+            let value: i64 = row.get(1);
+            match name.as_str() {
+                "ttl_ms" => ttl = u64::try_from(value).ok(),
+                _ => keep = Some(value),
+            }
+        }
+        if let (Some(ttl_ms), Some(keep)) = (ttl, keep) {
+            cfg.ttl_ms = ttl_ms;
+            cfg.expiry = match u64::try_from(keep) {
+                Ok(keep_ms) => ExpiryPolicy::Tombstone {
+                    keep: std::time::Duration::from_millis(keep_ms),
+                },
+                Err(_) => ExpiryPolicy::Forget,
+            };
+        }
+    } else {
+        let keep = cfg
+            .expiry
+            .keep_ms()
+            .map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
+        let ttl = i64::try_from(cfg.ttl_ms).unwrap_or(i64::MAX);
+        tx.execute(&set, &[&"ttl_ms", &ttl])
+            .map_err(storage("storing the TTL"))?;
+        tx.execute(&set, &[&"tombstone_keep_ms", &keep])
+            .map_err(storage("storing the expiry policy"))?;
+    }
+    tx.commit().map_err(storage("committing the schema"))?;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+
+    #[test]
+    fn prefixes_are_plain_identifiers() {
+        assert!(Names::new("idempotency_").is_ok());
+        assert!(Names::new("app2_idem_").is_ok());
+        for bad in [
+            "",
+            "Upper_",
+            "1abc",
+            "semi;colon",
+            "quote\"",
+            &"a".repeat(41),
+        ] {
+            assert!(Names::new(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

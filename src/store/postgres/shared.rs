@@ -1,0 +1,138 @@
+//! What every call of the PostgreSQL backend shares: the pool, the names,
+//! the settings and the clock; and the runner that applies one operation
+//! in one transaction.
+
+use std::sync::Arc;
+
+use r2d2_postgres::postgres::NoTls;
+use r2d2_postgres::PostgresConnectionManager;
+
+use crate::clock::Clock;
+use crate::config::StoreConfig;
+use crate::error::{Error, Result};
+use crate::store::ops::{OpError, OpResult};
+
+use super::clock::DatabaseClock;
+use super::schema::Names;
+use super::txn::{Fault, PgTxn};
+
+pub(super) type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+pub(super) type Conn = r2d2::PooledConnection<PostgresConnectionManager<NoTls>>;
+
+/// How often a transaction that lost an insert race is retried. Each
+/// retry sees the winner's row, so one retry is the norm.
+const RACE_RETRIES: usize = 16;
+
+pub(super) struct Shared {
+    pub(super) pool: Pool,
+    pub(super) names: Names,
+    pub(super) cfg: StoreConfig,
+    /// Where transactions read the time: the database's clock (through
+    /// `database_clock`) or the builder's clock as is.
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) database_clock: Option<Arc<DatabaseClock>>,
+}
+
+/// Why one attempt at a transaction failed.
+enum Attempt {
+    Refused(Error),
+    Race,
+    /// Failed before the commit was sent: nothing was written.
+    Before(postgres::Error),
+    /// The commit itself failed: it may or may not have been applied.
+    Commit(postgres::Error),
+}
+
+pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> Error {
+    move |e| Error::Storage {
+        context,
+        source: Box::new(e),
+    }
+}
+
+impl Shared {
+    pub(super) fn conn(&self, context: &'static str) -> Result<Conn> {
+        self.pool.get().map_err(|e| Error::Storage {
+            context,
+            source: Box::new(e),
+        })
+    }
+
+    /// Runs `op` in one transaction and commits it. A lost insert race is
+    /// retried; so is a connection found broken before anything was sent
+    /// for commit (a server restart leaves dead connections in the pool).
+    /// A failed commit is never retried: its outcome is unknown, and the
+    /// caller hears a storage error.
+    pub(super) fn write<T>(
+        &self,
+        context: &'static str,
+        mut op: impl FnMut(&mut PgTxn<'_, '_>) -> OpResult<T, Fault>,
+    ) -> Result<T> {
+        let mut reconnected = false;
+        for _ in 0..RACE_RETRIES {
+            let mut conn = self.conn(context)?;
+            match self.attempt(&mut conn, &mut op) {
+                Ok(value) => return Ok(value),
+                Err(Attempt::Refused(e)) => return Err(e),
+                Err(Attempt::Race) => {}
+                Err(Attempt::Before(e)) if e.is_closed() && !reconnected => {
+                    tracing::warn!(error = %e, context, "PostgreSQL connection lost; retrying once on a new one");
+                    reconnected = true;
+                }
+                Err(Attempt::Before(e)) => return Err(storage(context)(e)),
+                Err(Attempt::Commit(e)) => {
+                    tracing::error!(error = %e, context, "commit failed; its outcome is unknown");
+                    return Err(Error::Storage {
+                        context: "committing to PostgreSQL (the outcome is unknown)",
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+        Err(Error::Storage {
+            context,
+            source: "too many concurrent inserts of the same key or entity".into(),
+        })
+    }
+
+    fn attempt<T>(
+        &self,
+        conn: &mut Conn,
+        op: &mut impl FnMut(&mut PgTxn<'_, '_>) -> OpResult<T, Fault>,
+    ) -> std::result::Result<T, Attempt> {
+        let mut tx = conn.transaction().map_err(Attempt::Before)?;
+        let result = op(&mut PgTxn {
+            tx: &mut tx,
+            names: &self.names,
+            now: self.clock.now_ms(),
+            cfg: self.cfg,
+        });
+        match result {
+            Ok(value) => {
+                tx.commit().map_err(Attempt::Commit)?;
+                Ok(value)
+            }
+            // Dropping the transaction rolls it back.
+            Err(OpError::Refused(e)) => Err(Attempt::Refused(e)),
+            Err(OpError::Fatal(Fault::Race)) => Err(Attempt::Race),
+            Err(OpError::Fatal(Fault::Db(e))) => Err(Attempt::Before(e)),
+        }
+    }
+
+    /// Measures the database clock's offset again (when it is in use).
+    pub(super) fn sync_clock(&self) {
+        let Some(clock) = &self.database_clock else {
+            return;
+        };
+        let synced = self
+            .conn("reading the database clock")
+            .and_then(|mut conn| {
+                clock
+                    .sync(&mut conn)
+                    .map_err(storage("reading the database clock"))
+            });
+        if let Err(e) = synced {
+            tracing::warn!(error = %e, "could not read the database clock; keeping the last offset");
+        }
+    }
+}

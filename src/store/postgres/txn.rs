@@ -1,0 +1,208 @@
+//! One PostgreSQL transaction as the shared operations see it
+//! (`store/ops.rs`): records are loaded with `SELECT … FOR UPDATE`, so two
+//! engines changing one key are serialized by its row lock, and a key that
+//! has no row yet is claimed with `INSERT … ON CONFLICT DO NOTHING`, so a
+//! concurrent twin loses the insert and the whole transaction is retried.
+
+use postgres::types::Type;
+use postgres::Transaction;
+
+use crate::config::StoreConfig;
+use crate::key::IdempotencyKey;
+use crate::message::OutgoingMessage;
+use crate::store::codec;
+use crate::store::ops::{Loaded, Txn};
+use crate::store::record::{EntityState, Record, RecordState};
+
+use super::schema::Names;
+
+/// A storage failure inside a PostgreSQL transaction.
+#[derive(Debug)]
+pub(crate) enum Fault {
+    Db(postgres::Error),
+    /// Another transaction inserted the key first: retry the transaction.
+    Race,
+}
+
+impl From<postgres::Error> for Fault {
+    fn from(e: postgres::Error) -> Fault {
+        Fault::Db(e)
+    }
+}
+
+/// A u64 instant or counter as a `bigint`, saturating (instants beyond
+/// `i64::MAX` ms only occur for leases and TTLs of "forever"; the exact value
+/// stays in the encoded record).
+pub(super) fn sql_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A `bigint` read back as u64 (negative values, which the engine never
+/// writes, read as 0).
+pub(super) fn sql_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+pub(super) fn state_code(state: RecordState) -> i16 {
+    state as i16
+}
+
+pub(crate) struct PgTxn<'t, 'c> {
+    pub(super) tx: &'t mut Transaction<'c>,
+    pub(super) names: &'t Names,
+    pub(super) now: u64,
+    pub(super) cfg: StoreConfig,
+}
+
+impl Txn for PgTxn<'_, '_> {
+    type Fatal = Fault;
+
+    fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn cfg(&self) -> StoreConfig {
+        self.cfg
+    }
+
+    fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, Fault> {
+        let sql = format!(
+            "SELECT record FROM {} WHERE scope = $1 AND key = $2 FOR UPDATE",
+            self.names.records
+        );
+        let row = self.tx.query_typed_opt(
+            &sql,
+            &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+        )?;
+        Ok(row.map(|row| codec::decode(row.get::<_, &[u8]>(0))))
+    }
+
+    fn store(
+        &mut self,
+        key: &IdempotencyKey,
+        old: Option<&Record>,
+        new: &Record,
+    ) -> Result<(), Fault> {
+        let bytes = codec::encode(new);
+        let params: [(&(dyn postgres::types::ToSql + Sync), Type); 8] = [
+            (&key.scope(), Type::TEXT),
+            (&key.key(), Type::TEXT),
+            (&state_code(new.state), Type::INT2),
+            (&sql_i64(new.token), Type::INT8),
+            (&sql_i64(new.lease_until_ms), Type::INT8),
+            (&sql_i64(new.unknown_since_ms), Type::INT8),
+            (&sql_i64(new.expires_at_ms), Type::INT8),
+            (&bytes, Type::BYTEA),
+        ];
+        let records = &self.names.records;
+        if old.is_some() {
+            // The row is locked by `load`.
+            let sql = format!(
+                "UPDATE {records} SET state = $3, token = $4, lease_until_ms = $5,
+                     unknown_since_ms = $6, expires_at_ms = $7, record = $8
+                 WHERE scope = $1 AND key = $2"
+            );
+            self.tx.execute_typed(&sql, &params)?;
+        } else {
+            let sql = format!(
+                "INSERT INTO {records}
+                     (scope, key, state, token, lease_until_ms, unknown_since_ms, expires_at_ms, record)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (scope, key) DO NOTHING"
+            );
+            if self.tx.execute_typed(&sql, &params)? == 0 {
+                return Err(Fault::Race);
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &IdempotencyKey, _old: Option<&Record>) -> Result<(), Fault> {
+        let sql = format!(
+            "DELETE FROM {} WHERE scope = $1 AND key = $2",
+            self.names.records
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+        )?;
+        Ok(())
+    }
+
+    fn next_token(&mut self) -> Result<u64, Fault> {
+        let sql = format!("SELECT nextval('{}')", self.names.tokens);
+        let row = self.tx.query_typed_one(&sql, &[])?;
+        Ok(sql_u64(row.get(0)))
+    }
+
+    fn push_outbox(&mut self, id: String, message: OutgoingMessage) -> Result<(), Fault> {
+        let sql = format!(
+            "INSERT INTO {} (seq, id, topic, payload, created_at_ms)
+             VALUES (nextval('{}'), $1, $2, $3, $4)",
+            self.names.outbox, self.names.outbox_seq
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[
+                (&id, Type::TEXT),
+                (&message.topic, Type::TEXT),
+                (&message.payload, Type::BYTEA),
+                (&sql_i64(self.now), Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn remove_outbox(&mut self, seq: u64) -> Result<bool, Fault> {
+        let sql = format!("DELETE FROM {} WHERE seq = $1", self.names.outbox);
+        Ok(self
+            .tx
+            .execute_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?
+            > 0)
+    }
+
+    fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Fault> {
+        let sql = format!(
+            "SELECT state, version, updated_at_ms FROM {} WHERE entity = $1 FOR UPDATE",
+            self.names.entities
+        );
+        let row = self.tx.query_typed_opt(&sql, &[(&entity, Type::TEXT)])?;
+        Ok(row.map(|row| {
+            Ok(EntityState {
+                state: row.get(0),
+                version: sql_u64(row.get(1)),
+                updated_at_ms: sql_u64(row.get(2)),
+            })
+        }))
+    }
+
+    fn store_entity(&mut self, entity: &str, state: &EntityState) -> Result<(), Fault> {
+        // A first transition of an entity races like a first claim: the
+        // loser of the insert retries and then sees the winner's row.
+        let sql = if state.version == 1 {
+            format!(
+                "INSERT INTO {} (entity, state, version, updated_at_ms) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (entity) DO NOTHING",
+                self.names.entities
+            )
+        } else {
+            format!(
+                "UPDATE {} SET state = $2, version = $3, updated_at_ms = $4 WHERE entity = $1",
+                self.names.entities
+            )
+        };
+        let written = self.tx.execute_typed(
+            &sql,
+            &[
+                (&entity, Type::TEXT),
+                (&state.state, Type::TEXT),
+                (&sql_i64(state.version), Type::INT8),
+                (&sql_i64(state.updated_at_ms), Type::INT8),
+            ],
+        )?;
+        if written == 0 {
+            return Err(Fault::Race);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,81 @@
+//! Scrubbing a PostgreSQL store: every record decodes under a valid key,
+//! and the columns the partial indexes order by agree with the record, so
+//! sweeps and the recovery queue find it.
+
+use crate::error::Result;
+use crate::key::IdempotencyKey;
+use crate::store::codec;
+use crate::store::record::{hex, Record, RecordState};
+use crate::verify::Problem;
+
+use super::read::record_key;
+use super::shared::{storage, Shared};
+use super::txn::{sql_i64, state_code};
+
+/// The index a sound record is found through, and the instant it is
+/// ordered by there.
+fn index_of(rec: &Record) -> (&'static str, u64) {
+    match rec.state {
+        RecordState::Processing => ("leases", rec.lease_until_ms),
+        RecordState::Unknown => ("recovery", rec.unknown_since_ms),
+        _ => ("expiry", rec.expires_at_ms),
+    }
+}
+
+impl Shared {
+    pub(super) fn verify(&self) -> Result<(Vec<Problem>, u64)> {
+        let what = "verifying the database";
+        let sql = format!(
+            "SELECT scope, key, state, token, lease_until_ms, unknown_since_ms, expires_at_ms, record
+             FROM {} ORDER BY scope, key",
+            self.names.records
+        );
+        let mut conn = self.conn(what)?;
+        let rows = conn.query(&sql, &[]).map_err(storage(what))?;
+        let mut problems = Vec::new();
+        let mut checked = 0;
+        for row in rows {
+            checked += 1;
+            let (scope, key): (&str, &str) = (row.get(0), row.get(1));
+            let key_hex = hex(&record_key(scope, key));
+            if IdempotencyKey::parse_any(scope, key).is_err() {
+                problems.push(Problem::BadKey {
+                    key_hex: key_hex.clone(),
+                });
+            }
+            let rec = match codec::decode(row.get::<_, &[u8]>(7)) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    problems.push(Problem::Undecodable {
+                        key_hex,
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let columns = (
+                row.get::<_, i16>(2),
+                row.get::<_, i64>(3),
+                row.get::<_, i64>(4),
+                row.get::<_, i64>(5),
+                row.get::<_, i64>(6),
+            );
+            let expected = (
+                state_code(rec.state),
+                sql_i64(rec.token),
+                sql_i64(rec.lease_until_ms),
+                sql_i64(rec.unknown_since_ms),
+                sql_i64(rec.expires_at_ms),
+            );
+            if columns != expected {
+                let (index, at_ms) = index_of(&rec);
+                problems.push(Problem::MissingIndexEntry {
+                    index,
+                    at_ms,
+                    key_hex,
+                });
+            }
+        }
+        Ok((problems, checked))
+    }
+}

@@ -1,0 +1,220 @@
+//! The PostgreSQL backend's own rules, beyond the behaviour it shares with
+//! redb (tests/backends.rs): the schema is versioned and a newer one is
+//! refused untouched, table prefixes are checked, two engines on one
+//! database race for a key and exactly one wins, and leases follow the
+//! database's clock whatever the app servers' clocks say.
+//!
+//! Needs a server: `IDEMPOTENCY_TEST_PG` (set by `scripts/with-postgres`).
+//! Without it the tests are skipped, except under `CI=true`, where they fail.
+
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use idempotency::{
+    Begin, Clock, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError, SystemClock,
+};
+
+type TestResult = Result<(), Box<dyn StdError + Send + Sync>>;
+
+/// The server's connection string, or `None` (skip) outside CI.
+fn server() -> Option<String> {
+    match std::env::var("IDEMPOTENCY_TEST_PG") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but IDEMPOTENCY_TEST_PG is not set: run the tests through scripts/with-postgres")
+        }
+        _ => {
+            eprintln!("skipped: IDEMPOTENCY_TEST_PG not set (run through scripts/with-postgres)");
+            None
+        }
+    }
+}
+
+/// A table prefix no other test uses.
+fn prefix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "tb_{}_{}_",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::new("pg-basics", k).expect("valid key")
+}
+
+fn fp(body: &str) -> Fingerprint {
+    Fingerprint::of_json(body.as_bytes(), &[]).expect("valid JSON")
+}
+
+#[test]
+fn claim_complete_replay_and_mismatch() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let engine = Engine::builder()
+        .table_prefix(prefix())
+        .sweep_interval(None)
+        .open_postgres(&url)?;
+    let k = key("a");
+    let Begin::Claimed(claim) = engine.begin(&k, fp(r#"{"amount":1}"#))? else {
+        panic!("a fresh key must be claimed");
+    };
+    engine.complete(claim, Envelope::new(1, 201, b"charged 1".to_vec()))?;
+    match engine.begin(&k, fp(r#"{"amount":1}"#))? {
+        Begin::Replay(replay) => assert_eq!(replay.envelope.body, b"charged 1"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert!(matches!(
+        engine.begin(&k, fp(r#"{"amount":2}"#))?,
+        Begin::Mismatch
+    ));
+    Ok(())
+}
+
+#[test]
+fn two_engines_race_and_one_wins() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let p = prefix();
+    let open = || {
+        Engine::builder()
+            .table_prefix(p.clone())
+            .sweep_interval(None)
+            .open_postgres(&url)
+    };
+    let (a, b) = (open()?, open()?);
+    let wins = AtomicUsize::new(0);
+    let rounds = 50;
+    let barrier = Barrier::new(8);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (engine, wins, barrier) = (if t % 2 == 0 { &a } else { &b }, &wins, &barrier);
+            s.spawn(move || {
+                for i in 0..rounds {
+                    barrier.wait();
+                    let begun = engine.begin(&key(&format!("race-{i}")), fp("{}"));
+                    if let Ok(Begin::Claimed(claim)) = begun {
+                        wins.fetch_add(1, Ordering::SeqCst);
+                        engine
+                            .complete(claim, Envelope::new(1, 200, b"ok".to_vec()))
+                            .expect("complete");
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(wins.load(Ordering::SeqCst), rounds);
+    Ok(())
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_left_alone() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let p = prefix();
+    drop(
+        Engine::builder()
+            .table_prefix(p.clone())
+            .open_postgres(&url)?,
+    );
+    let mut client = idempotency::postgres::Client::connect(&url, idempotency::postgres::NoTls)?;
+    let meta = format!("{p}meta");
+    client.execute(
+        &format!("UPDATE {meta} SET value = 99 WHERE name = 'schema_version'"),
+        &[],
+    )?;
+    match Engine::builder()
+        .table_prefix(p.clone())
+        .open_postgres(&url)
+    {
+        Err(OpenError::UnsupportedSchema { found: 99, .. }) => {}
+        other => panic!("expected UnsupportedSchema, got {other:?}"),
+    }
+    let version: i64 = client
+        .query_one(
+            &format!("SELECT value FROM {meta} WHERE name = 'schema_version'"),
+            &[],
+        )?
+        .get(0);
+    assert_eq!(version, 99, "the refused open changed the schema version");
+    Ok(())
+}
+
+#[test]
+fn bad_prefixes_and_unreachable_servers_are_clear_errors() {
+    for bad in ["", "Caps_", "9lives_", "drop table x;", &"a".repeat(41)] {
+        match Engine::builder()
+            .table_prefix(bad)
+            .open_postgres("host=127.0.0.1")
+        {
+            Err(OpenError::InvalidTablePrefix { prefix, .. }) => assert_eq!(prefix, bad),
+            other => panic!("prefix {bad:?}: expected InvalidTablePrefix, got {other:?}"),
+        }
+    }
+    match Engine::builder().open_postgres("this is not a connection string") {
+        Err(OpenError::Storage { .. }) => {}
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+}
+
+/// A clock that runs `offset` ahead of (or behind) the system clock, as an
+/// app server with a badly set clock would.
+#[derive(Debug)]
+struct Skewed(i64);
+
+impl Clock for Skewed {
+    fn now_ms(&self) -> u64 {
+        SystemClock.now_ms().saturating_add_signed(self.0)
+    }
+}
+
+#[test]
+fn leases_follow_the_database_clock_not_the_app_servers() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let p = prefix();
+    let hour: i64 = 3_600_000;
+    let behind = Engine::builder()
+        .table_prefix(p.clone())
+        .clock(Skewed(-hour))
+        .lease(Duration::from_secs(60))
+        .sweep_interval(None)
+        .open_postgres(&url)?;
+    let ahead = Engine::builder()
+        .table_prefix(p.clone())
+        .clock(Skewed(hour))
+        .sweep_interval(None)
+        .open_postgres(&url)?;
+    // Both engines read (about) the database's time.
+    let gap = behind.clock().now_ms().abs_diff(ahead.clock().now_ms());
+    assert!(gap < 5_000, "engines disagree by {gap} ms");
+    // A 60 s lease taken by the server whose clock is an hour behind is
+    // not stale for the server an hour ahead: it answers Processing.
+    let k = key("skew");
+    let Begin::Claimed(claim) = behind.begin(&k, fp("{}"))? else {
+        panic!("a fresh key must be claimed");
+    };
+    match ahead.begin(&k, fp("{}"))? {
+        Begin::Processing { .. } => {}
+        other => panic!("the lease must still run for the other server, got {other:?}"),
+    }
+    assert_eq!(ahead.sweep_now()?.moved_to_unknown, 0);
+    behind.complete(claim, Envelope::new(1, 200, b"done".to_vec()))?;
+    // Without the database clock, the same skew breaks the lease: the
+    // server an hour ahead sees it as run out. (This is what the default
+    // prevents.)
+    let skewed = Engine::builder()
+        .table_prefix(p)
+        .clock(Skewed(hour))
+        .database_clock(false)
+        .sweep_interval(None)
+        .open_postgres(&url)?;
+    let k2 = key("skew-2");
+    let Begin::Claimed(_claim) = behind.begin(&k2, fp("{}"))? else {
+        panic!("a fresh key must be claimed");
+    };
+    assert!(
+        matches!(skewed.begin(&k2, fp("{}"))?, Begin::Unknown(_)),
+        "with local clocks an hour apart the lease looks run out"
+    );
+    Ok(())
+}
