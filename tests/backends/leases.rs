@@ -162,6 +162,31 @@ both_backends! {
 }
 
 both_backends! {
+    /// `flush` waits for the notices of dropped claims (sent without
+    /// waiting): once it returns, every dropped claim's record is UNKNOWN.
+    fn flush_waits_for_dropped_claims(h: &Harness) -> TestResult {
+        let clock = ManualClock::new(T0);
+        let engine = leased(h, &clock)?;
+        for round in 0..5 {
+            let keys = (0..20)
+                .map(|i| key(&format!("dropped-{round}-{i}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let claims = keys
+                .iter()
+                .map(|k| claimed(engine.begin(k, fp(1)?)?).map_err(Into::into))
+                .collect::<Result<Vec<_>, Box<dyn std::error::Error + Send + Sync>>>()?;
+            drop(claims);
+            engine.flush()?;
+            for k in &keys {
+                let state = engine.record(k)?.ok_or("missing")?.state;
+                assert_eq!(state, State::Unknown, "{k} after flush (round {round})");
+            }
+        }
+        Ok(())
+    }
+}
+
+both_backends! {
     /// A clock stepping backwards never turns UNKNOWN back into
     /// PROCESSING, whether a begin or a sweep judged the lease.
     fn clock_stepping_back_never_revives_a_lease(h: &Harness) -> TestResult {
