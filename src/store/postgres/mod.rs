@@ -202,7 +202,7 @@ impl PgStore {
             let mut conn = s.conn(what)?;
             match conn.query_typed_one(&sql, &[]) {
                 Ok(row) => break (conn, row.get::<_, i64>(0)),
-                Err(e) if e.is_closed() && left > 0 => left -= 1,
+                Err(e) if shared::lost(&e) && left > 0 => left -= 1,
                 Err(e) => return Err(storage(what)(e)),
             }
         };

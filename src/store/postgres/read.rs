@@ -53,14 +53,18 @@ impl Shared {
         // into doubt, UNKNOWN before lease-expired at the same instant, then
         // by record key (scope length, scope bytes, key bytes).
         let sql = format!(
-            "(SELECT scope, key, record, unknown_since_ms AS since, 0 AS kind FROM {r}
-                  WHERE state = 3
-                  ORDER BY unknown_since_ms, octet_length(scope), scope, key LIMIT $2)
-             UNION ALL
-             (SELECT scope, key, record, lease_until_ms AS since, 1 AS kind FROM {r}
-                  WHERE state = 0 AND lease_until_ms <= $1
-                  ORDER BY lease_until_ms, octet_length(scope), scope, key LIMIT $2)
-             ORDER BY since, kind, octet_length(scope), scope, key LIMIT $2"
+            "SELECT scope, key, record FROM (
+                 (SELECT scope, key, record, unknown_since_ms AS since, 0 AS kind,
+                         octet_length(scope) AS scope_len FROM {r}
+                      WHERE state = 3
+                      ORDER BY unknown_since_ms, octet_length(scope), scope, key LIMIT $2)
+                 UNION ALL
+                 (SELECT scope, key, record, lease_until_ms AS since, 1 AS kind,
+                         octet_length(scope) AS scope_len FROM {r}
+                      WHERE state = 0 AND lease_until_ms <= $1
+                      ORDER BY lease_until_ms, octet_length(scope), scope, key LIMIT $2)
+             ) AS in_doubt
+             ORDER BY since, kind, scope_len, scope, key LIMIT $2"
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self.read(what, |conn| {

@@ -45,6 +45,23 @@ enum Attempt {
     Commit(postgres::Error),
 }
 
+/// Whether `e` says the connection is gone (closed, or the server is
+/// shutting down or restarting and ended the session): the statement did
+/// nothing, and another connection may work.
+pub(super) fn lost(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.is_closed()
+        || e.code().is_some_and(|code| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::CONNECTION_FAILURE,
+            ]
+            .contains(code)
+        })
+}
+
 pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> Error {
     move |e| Error::Storage {
         context,
@@ -79,7 +96,7 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match conn.batch_execute("") {
                 Ok(()) => return Ok(conn),
-                Err(e) if e.is_closed() && left > 0 => left -= 1,
+                Err(e) if lost(&e) && left > 0 => left -= 1,
                 Err(e) => return Err(storage(context)(e)),
             }
         }
@@ -98,7 +115,7 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match read(&mut conn) {
                 Ok(value) => return Ok(value),
-                Err(e) if e.is_closed() && left > 0 => left -= 1,
+                Err(e) if lost(&e) && left > 0 => left -= 1,
                 Err(e) => return Err(storage(context)(e)),
             }
         }
@@ -122,7 +139,7 @@ impl Shared {
                 Ok(value) => return Ok(value),
                 Err(Attempt::Refused(e)) => return Err(e),
                 Err(Attempt::Race) => races -= 1,
-                Err(Attempt::Before(e)) if e.is_closed() && reconnects > 0 => {
+                Err(Attempt::Before(e)) if lost(&e) && reconnects > 0 => {
                     tracing::warn!(error = %e, context, "PostgreSQL connection lost; retrying on another one");
                     reconnects -= 1;
                 }
