@@ -304,9 +304,10 @@ impl EngineBuilder {
     /// (feature `postgres`). Default `true`: every engine sharing the
     /// database decides leases and expiry by the database server's clock,
     /// measured as an offset to the builder's [`clock`](Self::clock) at
-    /// open and at every sweep step (so about once per
-    /// [`sweep_interval`](Self::sweep_interval)); the app servers' clocks
-    /// may disagree by any amount. Engines agree to within half a round
+    /// open and then at most once a second when the sweeper looks for
+    /// work (so about once per [`sweep_interval`](Self::sweep_interval);
+    /// with no sweeper, at open and at each [`Engine::sweep_now`]); the
+    /// app servers' clocks may disagree by any amount. Engines agree to within half a round
     /// trip plus the local clocks' drift between two measurements. `false`:
     /// the builder's clock is used as it is (for tests with a
     /// [`crate::ManualClock`]; all engines' clocks must then agree).

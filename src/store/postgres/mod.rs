@@ -171,12 +171,19 @@ impl PgStore {
     fn insert_claim(&self, req: &ClaimRequest) -> Result<Option<Claimed>> {
         let what = "claiming a key";
         let s = &self.shared;
-        let mut conn = s.conn(what)?;
+        // The token is drawn on the connection the insert then uses, so a
+        // connection that died with a server restart fails here, where
+        // nothing has been written, and another one is tried.
         let sql = format!("SELECT nextval('{}')", s.names.tokens);
-        let token = conn
-            .query_typed_one(&sql, &[])
-            .map_err(storage(what))?
-            .get::<_, i64>(0);
+        let mut left = s.pool.max_size();
+        let (mut conn, token) = loop {
+            let mut conn = s.conn(what)?;
+            match conn.query_typed_one(&sql, &[]) {
+                Ok(row) => break (conn, row.get::<_, i64>(0)),
+                Err(e) if e.is_closed() && left > 0 => left -= 1,
+                Err(e) => return Err(storage(what)(e)),
+            }
+        };
         let token = txn::sql_u64(token);
         let now = s.clock.now_ms();
         let reference = reference(&req.key.to_record_key(), token);
@@ -269,6 +276,9 @@ impl Backend for PgStore {
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
         self.open_check()?;
+        // The sweeper asks this every tick, busy or idle: a good moment to
+        // measure the database clock again.
+        self.shared.sync_clock();
         self.shared.sweep_due(now_ms)
     }
 
