@@ -155,22 +155,29 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         }
     );
     let exit_on_eof = opts.exit_on_stdin_eof;
-    // A poisoned engine (redb: a full disk, an I/O error) refuses every
-    // write until the file is opened again (PostgreSQL never poisons): rather than serve refusals forever,
-    // stop with an error so the service manager restarts the server, which
-    // reopens the file once storage works.
+    // A poisoned engine (redb: a full disk, an I/O error; PostgreSQL never
+    // poisons) refuses writes and keeps serving replays; it reopens the
+    // database by itself once storage works again, and asking `poisoned()`
+    // is one of the moments it checks. Tell the operator when writes stop
+    // and when they are back.
     let watched = engine.clone();
-    let poisoned = async move {
+    let watcher = tokio::spawn(async move {
+        let mut was_poisoned = false;
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Some(cause) = watched.poisoned() {
-                eprintln!("payments: {cause}; stopping so that a restart reopens the database");
-                return;
+            match watched.poisoned() {
+                Some(cause) if !was_poisoned => {
+                    eprintln!("payments: writes refused until storage works again: {cause}");
+                    was_poisoned = true;
+                }
+                None if was_poisoned => {
+                    eprintln!("payments: storage works again; the database was reopened");
+                    was_poisoned = false;
+                }
+                _ => {}
             }
         }
-    };
-    let stopped_by_poison = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stopped_by_poison.clone();
+    });
     let shutdown = async move {
         if exit_on_eof {
             stdin_closed().await;
@@ -189,19 +196,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 () = terminate => {}
-                () = poisoned => flag.store(true, std::sync::atomic::Ordering::SeqCst),
             }
         }
     };
     serve_http1(listener, app, opts.header_read_timeout, shutdown).await;
     // Dropping the last engine handle commits what is queued and closes the
-    // file or the PostgreSQL connections (off the runtime's threads: see
-    // the open above). Every connection task has finished, so this is the
-    // last handle.
+    // file or the PostgreSQL connections, off the runtime's threads (see
+    // the open above). Every connection task has finished; with the
+    // watcher stopped too, this is the last handle.
+    watcher.abort();
+    let _ = watcher.await;
     let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
-    if stopped_by_poison.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err("the engine was poisoned by a storage failure; restart to reopen".into());
-    }
     Ok(())
 }
 

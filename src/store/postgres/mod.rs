@@ -66,6 +66,7 @@ pub(crate) struct PgOptions {
     pub(crate) url: String,
     pub(crate) prefix: String,
     pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Duration,
     pub(crate) database_clock: bool,
 }
 
@@ -104,6 +105,10 @@ impl PgStore {
             .url
             .parse()
             .map_err(open_storage("parsing the PostgreSQL connection string"))?;
+        let mut config = config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(opts.connect_timeout);
+        }
         let manager = PostgresConnectionManager::new(config, NoTls);
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
@@ -112,9 +117,10 @@ impl PgStore {
             .max_size(opts.pool_size.max(1))
             .min_idle(Some(1))
             .test_on_check_out(false)
-            .connection_timeout(Duration::from_secs(10))
+            .connection_timeout(opts.connect_timeout.saturating_mul(5))
             .build(manager)
             .map_err(open_storage("connecting to PostgreSQL"))?;
+
         let mut conn = pool
             .get()
             .map_err(open_storage("connecting to PostgreSQL"))?;
@@ -135,6 +141,7 @@ impl PgStore {
             cfg,
             clock: clock.clone(),
             database_clock,
+            connect_timeout: opts.connect_timeout,
         });
         let (tx, rx) = crossbeam_channel::bounded::<InDoubtRequest>(DETACHED_QUEUE);
         let worker_shared = shared.clone();

@@ -31,6 +31,8 @@ pub(super) struct Shared {
     /// `database_clock`) or the builder's clock as is.
     pub(super) clock: Arc<dyn Clock>,
     pub(super) database_clock: Option<Arc<DatabaseClock>>,
+    /// How long a call waits for a connection.
+    pub(super) connect_timeout: std::time::Duration,
 }
 
 /// Why one attempt at a transaction failed.
@@ -52,10 +54,12 @@ pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> 
 
 impl Shared {
     pub(super) fn conn(&self, context: &'static str) -> Result<Conn> {
-        self.pool.get().map_err(|e| Error::Storage {
-            context,
-            source: Box::new(e),
-        })
+        self.pool
+            .get_timeout(self.connect_timeout)
+            .map_err(|e| Error::Storage {
+                context,
+                source: Box::new(e),
+            })
     }
 
     /// How many broken connections one call may meet before it gives up:
