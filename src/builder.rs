@@ -406,7 +406,7 @@ impl EngineBuilder {
             connect_timeout: self.postgres.connect_timeout,
             database_clock: self.postgres.database_clock,
         };
-        let (store, clock, store_cfg) = crate::store::postgres::PgStore::open(
+        let (store, clock, store_cfg) = crate::store::postgres::PgStore::open_contained(
             &opts,
             self.cfg.store,
             self.stored_expiry,

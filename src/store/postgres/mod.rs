@@ -80,7 +80,8 @@ pub(crate) struct PgOptions {
 
 /// The PostgreSQL backend.
 pub(crate) struct PgStore {
-    shared: Arc<Shared>,
+    /// `None` only while being dropped.
+    shared: Option<Arc<Shared>>,
     closed: AtomicBool,
     /// Dropped claims: `mark_in_doubt_detached` must never block, so a
     /// thread of its own does the write.
@@ -99,6 +100,35 @@ where
 }
 
 impl PgStore {
+    /// [`PgStore::open`], on a thread of its own when called on an async
+    /// runtime's thread (see [`guard`]), with a panic inside the client
+    /// turned into an error.
+    pub(crate) fn open_contained(
+        opts: &PgOptions,
+        cfg: StoreConfig,
+        stored_expiry: bool,
+        local_clock: Arc<dyn Clock>,
+    ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
+        let mut opened = None;
+        let run = || {
+            opened = Some(PgStore::open(opts, cfg, stored_expiry, local_clock));
+            Ok(())
+        };
+        match guard("connecting to PostgreSQL", run) {
+            Ok(()) => opened.unwrap_or_else(|| {
+                Err(OpenError::Storage {
+                    context: "connecting to PostgreSQL",
+                    source: "the open did not finish".into(),
+                })
+            }),
+            Err(Error::Storage { context, source }) => Err(OpenError::Storage { context, source }),
+            Err(e) => Err(OpenError::Storage {
+                context: "connecting to PostgreSQL",
+                source: Box::new(e),
+            }),
+        }
+    }
+
     /// Connects, creates or checks the schema, and measures the database
     /// clock. Returns the store, the clock the engine must use, and the
     /// settings (taken from the database with `stored_expiry`).
@@ -178,7 +208,7 @@ impl PgStore {
                 source,
             })?;
         let store = PgStore {
-            shared,
+            shared: Some(shared),
             closed: AtomicBool::new(false),
             detached: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
@@ -192,7 +222,7 @@ impl PgStore {
     /// there (the full claim decides what it means).
     fn insert_claim(&self, req: &ClaimRequest) -> Result<Option<Claimed>> {
         let what = "claiming a key";
-        let s = &self.shared;
+        let s = self.shared()?;
         // The token is drawn on the connection the insert then uses, so a
         // connection that died with a server restart fails here, where
         // nothing has been written, and another one is tried.
@@ -253,6 +283,10 @@ impl PgStore {
         }))
     }
 
+    fn shared(&self) -> Result<&Shared> {
+        self.shared.as_deref().ok_or(Error::Closed)
+    }
+
     fn open_check(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             Err(Error::Closed)
@@ -261,13 +295,13 @@ impl PgStore {
         }
     }
 
-    fn write<T>(
+    fn write<T: Send>(
         &self,
         context: &'static str,
-        op: impl FnMut(&mut txn::PgTxn<'_, '_>) -> crate::store::ops::OpResult<T, txn::Fault>,
+        op: impl FnMut(&mut txn::PgTxn<'_, '_>) -> crate::store::ops::OpResult<T, txn::Fault> + Send,
     ) -> Result<T> {
         self.open_check()?;
-        self.shared.write(context, op)
+        guard(context, || self.shared()?.write(context, op))
     }
 }
 
@@ -278,50 +312,57 @@ impl Backend for PgStore {
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         self.open_check()?;
-        self.shared.record(key)
+        guard("reading a record", || self.shared()?.record(key))
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         self.open_check()?;
-        self.shared.in_doubt(limit, now_ms)
+        guard("reading the recovery queue", || {
+            self.shared()?.in_doubt(limit, now_ms)
+        })
     }
 
-    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         self.open_check()?;
-        self.shared.scan(visit)
+        guard("listing records", || self.shared()?.scan(visit))
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
         self.open_check()?;
-        self.shared.oldest_in_doubt_ms(now_ms)
+        guard("reading the recovery queue", || {
+            self.shared()?.oldest_in_doubt_ms(now_ms)
+        })
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
         self.open_check()?;
         // The sweeper asks this every tick, busy or idle: a good moment to
         // measure the database clock again.
-        self.shared.sync_clock();
-        self.shared.sweep_due(now_ms)
+        guard("checking for sweep work", || {
+            let shared = self.shared()?;
+            shared.sync_clock();
+            shared.sweep_due(now_ms)
+        })
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
         self.open_check()?;
-        self.shared.outbox(limit)
+        guard("reading the outbox", || self.shared()?.outbox(limit))
     }
 
     fn outbox_len(&self) -> Result<u64> {
         self.open_check()?;
-        self.shared.outbox_len()
+        guard("counting the outbox", || self.shared()?.outbox_len())
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         self.open_check()?;
-        self.shared.entity(entity)
+        guard("reading an entity", || self.shared()?.entity(entity))
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
         self.open_check()?;
-        if let Some(claimed) = self.insert_claim(&req)? {
+        if let Some(claimed) = guard("claiming a key", || self.insert_claim(&req))? {
             return Ok(ClaimResult::Claimed(claimed));
         }
         self.write("claiming a key", |t| t.claim(&req))
@@ -369,7 +410,10 @@ impl Backend for PgStore {
 
     fn sweep(&self, limit: usize) -> Result<SweepCounts> {
         self.open_check()?;
-        self.shared.sync_clock();
+        guard("reading the database clock", || {
+            self.shared()?.sync_clock();
+            Ok(())
+        })?;
         self.write("sweeping", |t| t.sweep(limit))
     }
 
@@ -403,12 +447,12 @@ impl Backend for PgStore {
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
         self.open_check()?;
-        self.shared.local(write)
+        guard("running a local write", || self.shared()?.local(write))
     }
 
     fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
         self.open_check()?;
-        self.shared.verify()
+        guard("verifying the database", || self.shared()?.verify())
     }
 
     fn close(&self) {
@@ -426,5 +470,53 @@ impl Backend for PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         self.close();
+        // The client runs a runtime of its own, which may not be dropped
+        // on an async runtime's thread (an app dropping its last engine
+        // handle in an async task): drop the pool on a thread of ours.
+        if let Some(shared) = self.shared.take() {
+            let dropped = std::thread::Builder::new()
+                .name("idempotency-pg-close".into())
+                .spawn(move || drop(shared));
+            if let Ok(thread) = dropped {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// Runs a call into the PostgreSQL client. The synchronous client blocks
+/// on a runtime of its own, which tokio forbids on an async runtime's
+/// thread (it panics, and a second panic in the client's destructor aborts
+/// the process): there, the call runs on a thread of its own and the
+/// caller blocks for it, as it would on redb. A panic inside the client is
+/// turned into `Error::Storage`.
+fn guard<T: Send>(context: &'static str, call: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return contain(context, call);
+    }
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("idempotency-pg-call".into())
+            .spawn_scoped(scope, || contain(context, call))
+            .map_err(|e| Error::Storage {
+                context,
+                source: Box::new(e),
+            })?
+            .join()
+            .unwrap_or_else(|panic| Err(panicked(context, panic.as_ref())))
+    })
+}
+
+fn contain<T>(context: &'static str, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .unwrap_or_else(|panic| Err(panicked(context, panic.as_ref())))
+}
+
+fn panicked(context: &'static str, panic: &(dyn std::any::Any + Send)) -> Error {
+    let message = crate::store::panic_message(panic);
+    tracing::error!(%message, context, "the PostgreSQL client panicked");
+    Error::Storage {
+        context,
+        source: format!("the PostgreSQL client panicked: {message}").into(),
     }
 }

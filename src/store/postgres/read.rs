@@ -88,7 +88,7 @@ impl Shared {
 
     /// Every record in key order (byte order of scope, then key), a page at
     /// a time, until `visit` returns false.
-    pub(super) fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+    pub(super) fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         let what = "listing records";
         let r = &self.names.records;
         let first = format!("SELECT scope, key, record FROM {r} ORDER BY scope, key LIMIT $1");

@@ -365,7 +365,7 @@ impl Backend for RedbStore {
         })
     }
 
-    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         contained("reading the database", || read::scan(&*self.db()?, visit))
     }
 
