@@ -175,12 +175,15 @@ impl Engine {
 
     /// Completes `claim` and runs the app's own write in the same durable
     /// transaction: `write` gets the transaction (open your tables on
-    /// [`LocalTx::txn`], queue outbox messages with [`LocalTx::send`]) and
-    /// returns the envelope to store for replay. Either the app's rows, the
-    /// outbox messages and the COMPLETED record all commit, or none does.
+    /// [`LocalTx::redb`], or run your statements on `LocalTx::postgres`
+    /// with the `postgres` feature; queue outbox messages with
+    /// [`LocalTx::send`]) and returns the envelope to store for replay.
+    /// Either the app's rows, the outbox messages and the COMPLETED record
+    /// all commit, or none does.
     ///
-    /// The closure runs on the engine's writer thread (hence `Send +
-    /// 'static`); keep it short: it holds the write lock.
+    /// On redb the closure runs on the engine's writer thread (hence `Send +
+    /// 'static`); keep it short: it holds the write lock. On PostgreSQL it
+    /// runs on the caller's thread, holding the key's row lock.
     ///
     /// # Errors
     ///

@@ -110,7 +110,7 @@ pub enum OpenError {
     },
 
     /// The table prefix given to
-    /// [`crate::EngineBuilder::table_prefix`] is not usable: it must be 1 to
+    /// `EngineBuilder::table_prefix` (feature `postgres`) is not usable: it must be 1 to
     /// 40 characters of `a-z`, `0-9` and `_`, not starting with a digit.
     #[error("invalid table prefix {prefix:?}: {reason}")]
     InvalidTablePrefix {
