@@ -2,22 +2,18 @@
 //! executed) as if it were the original: the fingerprint must be compared
 //! before anything else, in every state a record can be in, and must ignore
 //! only what does not change the request's meaning (member order, whitespace,
-//! number spelling).
+//! number spelling). The mismatch in every state, on both backends, is in
+//! `tests/backends/mismatch.rs`.
 
 mod common;
 
 use std::error::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use common::{claimed, replay};
-use idempotency::{
-    Begin, Engine, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, ManualClock, State,
-};
+use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
 
 type TestResult = Result<(), Box<dyn Error>>;
-
-const T0: u64 = 1_700_000_000_000;
 
 fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
     IdempotencyKey::new("tenant-1:create_payment", k)
@@ -79,94 +75,5 @@ fn reordered_members_and_whitespace_replay() -> TestResult {
     let other_name = TEN.replace("Ada", "Bob");
     let answer = engine.begin(&k, fp(&other_name)?)?;
     assert!(matches!(answer, Begin::Mismatch), "got {answer:?}");
-    Ok(())
-}
-
-/// One record per state; a different request is answered `Mismatch` in each,
-/// and the record is left as it was.
-#[test]
-fn mismatch_in_every_state() -> TestResult {
-    let clock = ManualClock::new(T0);
-    let engine = Engine::builder()
-        .clock(clock.clone())
-        .lease(Duration::from_secs(10))
-        .ttl(Duration::from_secs(60))
-        .expiry_policy(ExpiryPolicy::Tombstone {
-            keep: std::time::Duration::from_millis(60_000),
-        })
-        .sweep_interval(None)
-        .in_memory()?;
-    let (ten, hundred) = (fp(TEN)?, fp(HUNDRED)?);
-
-    // TOMBSTONE first: it needs the clock moved past its TTL.
-    let tomb = key("tombstone")?;
-    let c = claimed(engine.begin(&tomb, ten)?)?;
-    engine.complete(c, Envelope::new(1, 201, "tomb"))?;
-    clock.advance(Duration::from_secs(61));
-    let swept = engine.sweep_now()?;
-    assert_eq!(swept.tombstoned, 1);
-
-    let processing = key("processing")?;
-    let held = claimed(engine.begin(&processing, ten)?)?;
-
-    let completed = key("completed")?;
-    let c = claimed(engine.begin(&completed, ten)?)?;
-    engine.complete(c, Envelope::new(1, 201, "done"))?;
-
-    let failed = key("failed-final")?;
-    let c = claimed(engine.begin(&failed, ten)?)?;
-    engine.fail(
-        c,
-        Failure::Final(Envelope::new(1, 402, "insufficient funds")),
-    )?;
-
-    let unknown = key("unknown")?;
-    let c = claimed(engine.begin(&unknown, ten)?)?;
-    engine.fail(
-        c,
-        Failure::Unknown {
-            reason: "provider timed out".into(),
-        },
-    )?;
-
-    let cases = [
-        (&processing, State::Processing),
-        (&completed, State::Completed),
-        (&failed, State::FinalFailure),
-        (&unknown, State::Unknown),
-        (&tomb, State::Tombstone),
-    ];
-    for (k, state) in cases {
-        let before = engine.record(k)?.ok_or("record missing")?;
-        assert_eq!(before.state, state, "{k}");
-        let answer = engine.begin(k, hundred)?;
-        assert!(
-            matches!(answer, Begin::Mismatch),
-            "{k} in {state}: got {answer:?}"
-        );
-        assert_eq!(engine.record(k)?.as_ref(), Some(&before), "{k} changed");
-    }
-
-    // The same request gets each state's own answer.
-    let a = engine.begin(&processing, ten)?;
-    assert!(matches!(a, Begin::Processing { .. }), "got {a:?}");
-    assert_eq!(
-        replay(engine.begin(&completed, ten)?)?.envelope.body,
-        b"done"
-    );
-    assert_eq!(replay(engine.begin(&failed, ten)?)?.envelope.status, 402);
-    let a = engine.begin(&unknown, ten)?;
-    assert!(matches!(a, Begin::Unknown(_)), "got {a:?}");
-    let a = engine.begin(&tomb, ten)?;
-    assert!(matches!(a, Begin::Tombstoned { .. }), "got {a:?}");
-
-    // A PROCESSING record whose lease ran out (not yet swept) is a mismatch
-    // too, and the mismatching begin does not move it to UNKNOWN.
-    clock.advance(Duration::from_secs(11));
-    let answer = engine.begin(&processing, hundred)?;
-    assert!(matches!(answer, Begin::Mismatch), "got {answer:?}");
-    let rec = engine.record(&processing)?.ok_or("record missing")?;
-    assert_eq!(rec.state, State::Processing);
-    engine.complete(held, Envelope::new(1, 201, "late"))?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! What a local write is made of, for every backend: the transaction the
 //! app's closure gets ([`LocalTx`]) and the request a backend runs.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use crate::envelope::Envelope;
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
@@ -131,4 +133,41 @@ impl std::fmt::Debug for LocalWrite {
             .field("target", &self.target)
             .finish()
     }
+}
+
+/// Runs the app's closure on `ltx`: its error or panic is
+/// `Error::LocalWrite`, an envelope over `max_response_bytes` is
+/// `Error::ResponseTooLarge`. Either way the caller rolls the transaction
+/// back.
+pub(crate) fn run_local(
+    run: LocalFn,
+    ltx: &mut LocalTx<'_>,
+    key: &IdempotencyKey,
+    max_response_bytes: usize,
+) -> Result<Envelope, Error> {
+    let envelope = match catch_unwind(AssertUnwindSafe(|| run(ltx))) {
+        Ok(Ok(envelope)) => envelope,
+        Ok(Err(source)) => {
+            return Err(Error::LocalWrite {
+                key: key.clone(),
+                source,
+            })
+        }
+        Err(_) => {
+            return Err(Error::LocalWrite {
+                key: key.clone(),
+                source: "the local write panicked".into(),
+            })
+        }
+    };
+    let size = envelope.size_bytes();
+    if size > max_response_bytes {
+        return Err(Error::ResponseTooLarge {
+            key: key.clone(),
+            size,
+            limit: max_response_bytes,
+            claim: None,
+        });
+    }
+    Ok(envelope)
 }

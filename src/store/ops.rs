@@ -433,6 +433,27 @@ pub(crate) trait Ops: Txn + Sized {
 
 impl<T: Txn> Ops for T {}
 
+/// The PROCESSING record of a claim with `token` made at `now`, and the
+/// claim as its caller hears of it.
+pub(crate) fn fresh_claim(req: &ClaimRequest, token: u64, now: u64) -> (Record, Claimed) {
+    let reference = reference(&req.key.to_record_key(), token);
+    let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
+    let rec = Record::processing(
+        req.fingerprint,
+        token,
+        reference.clone(),
+        now,
+        lease_until_ms,
+    );
+    let claimed = Claimed {
+        token,
+        reference,
+        claimed_at_ms: now,
+        lease_until_ms,
+    };
+    (rec, claimed)
+}
+
 /// What a sweep did with one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Swept {

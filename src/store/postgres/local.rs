@@ -2,10 +2,8 @@
 //! completion in one transaction, which the app's closure gets as a
 //! `postgres::Transaction` (through [`LocalTx::postgres`]).
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use crate::error::{Error, Result};
-use crate::store::local_tx::{LocalTarget, LocalTx, LocalWrite};
+use crate::store::local_tx::{run_local, LocalTarget, LocalTx, LocalWrite};
 use crate::store::ops::{OpError, Ops};
 use crate::store::record::{Completion, StoredResponse};
 use crate::store::{ClaimRequest, ClaimResult, CompleteRequest, LocalResult};
@@ -64,33 +62,14 @@ impl Shared {
             break (tx, token, now);
         };
         let mut ltx = LocalTx::on_postgres(tx);
-        let envelope = match catch_unwind(AssertUnwindSafe(|| run(&mut ltx))) {
-            Ok(Ok(envelope)) => envelope,
-            // Dropping the transaction rolls the app's writes back.
-            Ok(Err(source)) => return Err(Error::LocalWrite { key, source }),
-            Err(_) => {
-                return Err(Error::LocalWrite {
-                    key,
-                    source: "the local write panicked".into(),
-                })
-            }
-        };
+        // On an error, dropping the transaction rolls the app's writes back.
+        let envelope = run_local(run, &mut ltx, &key, self.cfg.max_response_bytes)?;
         let Some((mut tx, messages)) = ltx.into_postgres() else {
             return Err(Error::Storage {
                 context: WHAT,
                 source: "the local write lost its PostgreSQL transaction".into(),
             });
         };
-        let size = envelope.size_bytes();
-        let limit = self.cfg.max_response_bytes;
-        if size > limit {
-            return Err(Error::ResponseTooLarge {
-                key,
-                size,
-                limit,
-                claim: None,
-            });
-        }
         self.txn(&mut tx, now)
             .complete(CompleteRequest {
                 key,

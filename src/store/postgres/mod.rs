@@ -44,7 +44,7 @@ use crate::message::OutboxEntry;
 use crate::report::SweepCounts;
 use crate::state::State;
 use crate::store::ops::Ops;
-use crate::store::record::{reference, EntityState, Record};
+use crate::store::record::{EntityState, Record};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
     LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
@@ -237,16 +237,7 @@ impl PgStore {
             }
         };
         let token = txn::sql_u64(token);
-        let now = s.clock.now_ms();
-        let reference = reference(&req.key.to_record_key(), token);
-        let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
-        let rec = Record::processing(
-            req.fingerprint,
-            token,
-            reference.clone(),
-            now,
-            lease_until_ms,
-        );
+        let (rec, claimed) = crate::store::ops::fresh_claim(req, token, s.clock.now_ms());
         let bytes = crate::store::codec::encode(&rec);
         let sql = format!(
             "INSERT INTO {}
@@ -263,7 +254,7 @@ impl PgStore {
                     (&req.key.key(), Type::TEXT),
                     (&state_code(rec.state), Type::INT2),
                     (&sql_i64(token), Type::INT8),
-                    (&sql_i64(lease_until_ms), Type::INT8),
+                    (&sql_i64(rec.lease_until_ms), Type::INT8),
                     (&bytes, Type::BYTEA),
                 ],
             )
@@ -274,13 +265,8 @@ impl PgStore {
         if inserted == 0 {
             return Ok(None);
         }
-        tracing::debug!(key = %req.key, token, %reference, "claimed");
-        Ok(Some(Claimed {
-            token,
-            reference,
-            claimed_at_ms: now,
-            lease_until_ms,
-        }))
+        tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
+        Ok(Some(claimed))
     }
 
     fn shared(&self) -> Result<&Shared> {

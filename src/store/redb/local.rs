@@ -6,10 +6,7 @@
 //! closure runs on the writer thread inside a transaction of its own (an
 //! isolated job), so its failure cannot touch other callers' work.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use crate::error::Error;
-use crate::store::local_tx::{LocalTarget, LocalTx, LocalWrite};
+use crate::store::local_tx::{run_local, LocalTarget, LocalTx, LocalWrite};
 use crate::store::record::{Completion, StoredResponse};
 use crate::store::{ClaimRequest, ClaimResult, CompleteRequest, LocalResult};
 
@@ -41,26 +38,8 @@ impl Tables<'_> {
             }
         };
         let mut ltx = LocalTx::on_redb(self.txn);
-        let envelope = match catch_unwind(AssertUnwindSafe(|| run(&mut ltx))) {
-            Ok(Ok(envelope)) => envelope,
-            Ok(Err(source)) => return Err(OpError::Refused(Error::LocalWrite { key, source })),
-            Err(_) => {
-                return Err(OpError::Refused(Error::LocalWrite {
-                    key,
-                    source: "the local write panicked".into(),
-                }))
-            }
-        };
-        let size = envelope.size_bytes();
-        let limit = self.cfg.max_response_bytes;
-        if size > limit {
-            return Err(OpError::Refused(Error::ResponseTooLarge {
-                key,
-                size,
-                limit,
-                claim: None,
-            }));
-        }
+        let envelope = run_local(run, &mut ltx, &key, self.cfg.max_response_bytes)
+            .map_err(OpError::Refused)?;
         self.complete(CompleteRequest {
             key,
             token,
