@@ -402,8 +402,11 @@ struct Model {
     resolver_in_begin: bool,
 }
 
-fn lease_ran_out(lease_until: u64) -> String {
-    format!("lease ran out at {lease_until} ms without an outcome")
+/// The engine's reason for a stale claim: its lease (from the claim to the
+/// lease end) ran out.
+fn lease_ran_out(claimed_at: u64, lease_until: u64) -> String {
+    let lease_ms = lease_until.saturating_sub(claimed_at);
+    format!("its lease ({lease_ms} ms) ran out without an outcome")
 }
 
 impl Model {
@@ -460,7 +463,10 @@ impl Model {
         let (since, reason) = if rec.state == State::Unknown {
             (rec.unknown_since, rec.reason.clone())
         } else {
-            (rec.lease_until, lease_ran_out(rec.lease_until))
+            (
+                rec.lease_until,
+                lease_ran_out(rec.claimed_at, rec.lease_until),
+            )
         };
         Seen {
             key: k,
@@ -564,12 +570,12 @@ impl Model {
             Answer::StillUnknown => {
                 // A PROCESSING record whose lease ended moves to UNKNOWN in
                 // the same write (read-time truth).
-                if let Some(lease_until) = self.recs[k]
+                if let Some((claimed_at, lease_until)) = self.recs[k]
                     .as_ref()
                     .filter(|r| r.state == State::Processing)
-                    .map(|r| r.lease_until)
+                    .map(|r| (r.claimed_at, r.lease_until))
                 {
-                    self.mark_unknown_at(k, lease_ran_out(lease_until), now, false);
+                    self.mark_unknown_at(k, lease_ran_out(claimed_at, lease_until), now, false);
                 }
                 let rec = self.recs[k].as_mut().expect("a record");
                 rec.attempts += 1;
@@ -608,8 +614,10 @@ impl Model {
                 })
             }
             Class::Stale => {
-                let lease_until = self.recs[k].as_ref().map_or(0, |r| r.lease_until);
-                self.mark_unknown_at(k, lease_ran_out(lease_until), now, false);
+                let (claimed_at, lease_until) = self.recs[k]
+                    .as_ref()
+                    .map_or((0, 0), |r| (r.claimed_at, r.lease_until));
+                self.mark_unknown_at(k, lease_ran_out(claimed_at, lease_until), now, false);
             }
             Class::Unknown => {}
         }
@@ -699,7 +707,8 @@ impl Model {
             };
             match rec.state {
                 State::Processing if rec.lease_until <= now => {
-                    self.mark_unknown_at(k, lease_ran_out(rec.lease_until), now, false);
+                    let reason = lease_ran_out(rec.claimed_at, rec.lease_until);
+                    self.mark_unknown_at(k, reason, now, false);
                     counts.moved_to_unknown += 1;
                 }
                 State::Completed | State::FinalFailure | State::Tombstone
@@ -1173,7 +1182,8 @@ impl Harness {
             {
                 let mut moved = before.clone();
                 let lease_until = was.as_ref().and_then(|r| r.lease_until).unwrap_or(0);
-                moved.mark_unknown_at(k, lease_ran_out(lease_until), now, false);
+                let claimed_at = was.as_ref().map_or(0, |r| r.claimed_at);
+                moved.mark_unknown_at(k, lease_ran_out(claimed_at, lease_until), now, false);
                 prop_assert_eq!(
                     &found,
                     &moved.info(k),
