@@ -17,6 +17,7 @@
 //! and the next call may well succeed on a fresh connection.
 
 mod clock;
+mod in_place;
 mod local;
 mod read;
 mod schema;
@@ -54,6 +55,7 @@ use crate::transition::Transition;
 pub(crate) use self::clock::DatabaseClock;
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
+use self::in_place::Remembered;
 use self::shared::{storage, Shared};
 use self::txn::{sql_i64, state_code};
 
@@ -72,6 +74,8 @@ pub(crate) struct PgOptions {
 /// The PostgreSQL backend.
 pub(crate) struct PgStore {
     shared: Arc<Shared>,
+    /// Claims this engine inserted, for completing them in place.
+    remembered: Remembered,
     closed: AtomicBool,
     /// Dropped claims: `mark_in_doubt_detached` must never block, so a
     /// thread of its own does the write.
@@ -157,6 +161,7 @@ impl PgStore {
             })?;
         let store = PgStore {
             shared,
+            remembered: Remembered::default(),
             closed: AtomicBool::new(false),
             detached: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
@@ -215,6 +220,7 @@ impl PgStore {
         if inserted == 0 {
             return Ok(None);
         }
+        self.remembered.insert(&req.key, rec, bytes);
         tracing::debug!(key = %req.key, token, %reference, "claimed");
         Ok(Some(Claimed {
             token,
@@ -296,20 +302,45 @@ impl Backend for PgStore {
     }
 
     fn complete(&self, req: CompleteRequest) -> Result<()> {
+        self.open_check()?;
+        if let Some(remembered) = self.remembered.take(&req.key, req.token) {
+            let what = "storing an outcome";
+            let s = &self.shared;
+            let mut conn = s.conn(what)?;
+            let done = in_place::complete(
+                &mut conn,
+                &s.names,
+                s.cfg,
+                s.clock.now_ms(),
+                &req,
+                remembered,
+            )
+            .map_err(|e| Error::Storage {
+                context: "storing an outcome on PostgreSQL (the outcome is unknown)",
+                source: Box::new(e),
+            })?;
+            if done {
+                tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
+                return Ok(());
+            }
+        }
         // A retry (a connection found broken before the commit) needs the
         // request again.
         self.write("storing an outcome", |t| t.complete(req.clone()))
     }
 
     fn release(&self, key: IdempotencyKey, token: u64) -> Result<()> {
+        self.remembered.forget(&key);
         self.write("releasing a claim", |t| t.release(&key, token))
     }
 
     fn mark_in_doubt(&self, req: InDoubtRequest) -> Result<()> {
+        self.remembered.forget(&req.key);
         self.write("marking a claim UNKNOWN", |t| t.mark_in_doubt(req.clone()))
     }
 
     fn mark_in_doubt_detached(&self, req: InDoubtRequest) {
+        self.remembered.forget(&req.key);
         if let Some(tx) = self.detached.lock().as_ref() {
             // Never blocks; when the queue is full the lease running out
             // has the same effect, later.
