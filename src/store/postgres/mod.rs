@@ -48,7 +48,7 @@ use crate::store::ops::Ops;
 use crate::store::record::{reference, EntityState, Record};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
+    LocalWrite, ReadOrClaim, Scanned, SettleRequest, Settled, TransitionRequest,
 };
 use crate::transition::Transition;
 
@@ -182,7 +182,55 @@ impl PgStore {
             .query_typed_one(&sql, &[])
             .map_err(storage(what))?
             .get::<_, i64>(0);
-        let token = txn::sql_u64(token);
+        self.insert_with_token(&mut conn, req, txn::sql_u64(token))
+    }
+
+    /// `begin`'s first step in one round trip when the key has a record
+    /// (the record, as a plain read sees it) and in two when it has none:
+    /// the same statement draws a token, then the claim is inserted as in
+    /// `insert_claim`.
+    fn read_or_insert(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
+        let what = "reading a record";
+        let s = &self.shared;
+        let mut conn = s.conn(what)?;
+        // CASE evaluates only the branch it takes: a key with a record
+        // draws no token.
+        let sql = format!(
+            "SELECT r.record, CASE WHEN r.record IS NULL THEN nextval('{}') END
+             FROM (SELECT (SELECT record FROM {} WHERE scope = $1 AND key = $2) AS record) r",
+            s.names.tokens, s.names.records
+        );
+        let row = conn
+            .query_typed_one(
+                &sql,
+                &[(&req.key.scope(), Type::TEXT), (&req.key.key(), Type::TEXT)],
+            )
+            .map_err(storage(what))?;
+        if let Some(bytes) = row.get::<_, Option<&[u8]>>(0) {
+            let record = crate::store::codec::decode(bytes).map_err(|e| Error::CorruptRecord {
+                key: req.key.clone(),
+                reason: e.to_string(),
+            })?;
+            return Ok(ReadOrClaim::Read(Some(record)));
+        }
+        let token = txn::sql_u64(row.get::<_, i64>(1));
+        // Lost to a concurrent insert: `begin` goes on as after a read that
+        // found nothing, and its claim decides.
+        Ok(match self.insert_with_token(&mut conn, req, token)? {
+            Some(claimed) => ReadOrClaim::Claimed(claimed),
+            None => ReadOrClaim::Read(None),
+        })
+    }
+
+    /// Inserts a PROCESSING record for `req` with `token`, autocommitted;
+    /// `None` when the key has a row.
+    fn insert_with_token(
+        &self,
+        conn: &mut shared::Conn,
+        req: &ClaimRequest,
+        token: u64,
+    ) -> Result<Option<Claimed>> {
+        let s = &self.shared;
         let now = s.clock.now_ms();
         let reference = reference(&req.key.to_record_key(), token);
         let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
@@ -291,6 +339,11 @@ impl Backend for PgStore {
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         self.open_check()?;
         self.shared.entity(entity)
+    }
+
+    fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
+        self.open_check()?;
+        self.read_or_insert(req)
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
