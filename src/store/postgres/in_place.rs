@@ -164,19 +164,34 @@ pub(super) fn complete(
         names.records
     );
     let encoded = codec::encode(&new);
-    let written = conn.execute_typed(
+    let statement = conn.prepared(
         &sql,
         &[
-            (&req.key.scope(), Type::TEXT),
-            (&req.key.key(), Type::TEXT),
-            (&state_code(new.state), Type::INT2),
-            (&sql_i64(new.token), Type::INT8),
-            (&sql_i64(new.lease_until_ms), Type::INT8),
-            (&sql_i64(new.unknown_since_ms), Type::INT8),
-            (&sql_i64(new.expires_at_ms), Type::INT8),
-            (&encoded, Type::BYTEA),
-            (&sql_i64(record.token), Type::INT8),
-            (&bytes, Type::BYTEA),
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT2,
+            Type::INT8,
+            Type::INT8,
+            Type::INT8,
+            Type::INT8,
+            Type::BYTEA,
+            Type::INT8,
+            Type::BYTEA,
+        ],
+    )?;
+    let written = conn.execute(
+        &statement,
+        &[
+            &req.key.scope(),
+            &req.key.key(),
+            &state_code(new.state),
+            &sql_i64(new.token),
+            &sql_i64(new.lease_until_ms),
+            &sql_i64(new.unknown_since_ms),
+            &sql_i64(new.expires_at_ms),
+            &encoded,
+            &sql_i64(record.token),
+            &bytes,
         ],
     )?;
     Ok(written == 1)

@@ -112,6 +112,7 @@ impl PgStore {
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
         // write is retried once on a fresh one (see `Shared::write`).
+        let manager = shared::Manager(manager);
         let pool = r2d2::Pool::builder()
             .max_size(opts.pool_size.max(1))
             .min_idle(Some(1))
@@ -200,11 +201,11 @@ impl PgStore {
              FROM (SELECT (SELECT record FROM {} WHERE scope = $1 AND key = $2) AS record) r",
             s.names.tokens, s.names.records
         );
+        let statement = conn
+            .prepared(&sql, &[Type::TEXT, Type::TEXT])
+            .map_err(storage(what))?;
         let row = conn
-            .query_typed_one(
-                &sql,
-                &[(&req.key.scope(), Type::TEXT), (&req.key.key(), Type::TEXT)],
-            )
+            .query_one(&statement, &[&req.key.scope(), &req.key.key()])
             .map_err(storage(what))?;
         if let Some(bytes) = row.get::<_, Option<&[u8]>>(0) {
             let record = crate::store::codec::decode(bytes).map_err(|e| Error::CorruptRecord {
@@ -249,16 +250,29 @@ impl PgStore {
              ON CONFLICT (scope, key) DO NOTHING",
             s.names.records
         );
-        let inserted = conn
-            .execute_typed(
+        let statement = conn
+            .prepared(
                 &sql,
                 &[
-                    (&req.key.scope(), Type::TEXT),
-                    (&req.key.key(), Type::TEXT),
-                    (&state_code(rec.state), Type::INT2),
-                    (&sql_i64(token), Type::INT8),
-                    (&sql_i64(lease_until_ms), Type::INT8),
-                    (&bytes, Type::BYTEA),
+                    Type::TEXT,
+                    Type::TEXT,
+                    Type::INT2,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::BYTEA,
+                ],
+            )
+            .map_err(storage("claiming a key"))?;
+        let inserted = conn
+            .execute(
+                &statement,
+                &[
+                    &req.key.scope(),
+                    &req.key.key(),
+                    &state_code(rec.state),
+                    &sql_i64(token),
+                    &sql_i64(lease_until_ms),
+                    &bytes,
                 ],
             )
             .map_err(|e| Error::Storage {
