@@ -36,23 +36,26 @@ use super::txn::{sql_i64, state_code};
 /// and complete by the full path.
 const REMEMBERED: usize = 4_096;
 
+/// A claim's record as inserted, and its encoded bytes.
+type Inserted = (Record, Vec<u8>);
+
 /// The records of claims this engine inserted and has not finished yet.
 #[derive(Default)]
-pub(super) struct Remembered(Mutex<HashMap<IdempotencyKey, (u64, Record, Vec<u8>)>>);
+pub(super) struct Remembered(Mutex<HashMap<IdempotencyKey, Inserted>>);
 
 impl Remembered {
     pub(super) fn insert(&self, key: &IdempotencyKey, record: Record, bytes: Vec<u8>) {
         let mut map = self.0.lock();
         if map.len() < REMEMBERED {
-            map.insert(key.clone(), (record.token, record, bytes));
+            map.insert(key.clone(), (record, bytes));
         }
     }
 
     /// Takes the record remembered for `key`'s claim `token`.
-    pub(super) fn take(&self, key: &IdempotencyKey, token: u64) -> Option<(Record, Vec<u8>)> {
+    pub(super) fn take(&self, key: &IdempotencyKey, token: u64) -> Option<Inserted> {
         let mut map = self.0.lock();
         match map.get(key) {
-            Some((t, _, _)) if *t == token => map.remove(key).map(|(_, r, b)| (r, b)),
+            Some((record, _)) if record.token == token => map.remove(key),
             _ => None,
         }
     }
@@ -139,7 +142,7 @@ pub(super) fn complete(
     cfg: StoreConfig,
     now: u64,
     req: &CompleteRequest,
-    (record, bytes): (Record, Vec<u8>),
+    (record, bytes): Inserted,
 ) -> Result<bool, postgres::Error> {
     if !req.messages.is_empty() {
         return Ok(false);
