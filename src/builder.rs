@@ -48,6 +48,7 @@ pub struct EngineBuilder {
 struct PostgresSettings {
     prefix: String,
     pool_size: u32,
+    connect_timeout: Duration,
     database_clock: bool,
 }
 
@@ -62,6 +63,7 @@ impl Default for EngineBuilder {
             postgres: PostgresSettings {
                 prefix: crate::store::postgres::DEFAULT_PREFIX.to_owned(),
                 pool_size: 16,
+                connect_timeout: Duration::from_secs(2),
                 database_clock: true,
             },
         }
@@ -200,10 +202,16 @@ impl EngineBuilder {
     /// [`OpenError::AlreadyOpen`] if another handle holds it;
     /// [`OpenError::Storage`]; [`OpenError::ThreadStart`].
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
-        let path = path.as_ref();
-        redb_store::open_contained(path, || {
-            let db = redb_store::open_path(path)?;
-            self.start(db)
+        let path = path.as_ref().to_path_buf();
+        redb_store::open_contained(&path, || {
+            let db = redb_store::open_path(&path)?;
+            let again = path.clone();
+            let reopen: redb_store::Reopen = Arc::new(move || redb_store::open_path(&again));
+            let mut probe_path = path.clone().into_os_string();
+            probe_path.push(".write-probe");
+            let probe_path = std::path::PathBuf::from(probe_path);
+            let probe: redb_store::Probe = Arc::new(move || redb_store::probe_write(&probe_path));
+            self.start(db, Some((reopen, probe)))
         })
     }
 
@@ -275,7 +283,45 @@ impl EngineBuilder {
     ) -> Result<Engine, OpenError> {
         redb_store::open_contained(Path::new("<backend>"), || {
             let db = redb_store::open_backend(backend)?;
-            self.start(db)
+            self.start(db, None)
+        })
+    }
+
+    /// An engine on the redb storage backend `make` returns, which the
+    /// engine calls again to reopen the database after a storage failure
+    /// has poisoned it (as [`EngineBuilder::open`] does with its file):
+    /// `make` must return a backend over the same storage each time (the
+    /// same device, or shared bytes); the engine closes the previous one
+    /// first. `healthy` tells whether the storage takes writes again: it is
+    /// called (at most once a second of the engine's clock, by a write or
+    /// [`Engine::poisoned`]) before each reopen attempt, and an error skips
+    /// the attempt, so the old database keeps serving replays.
+    ///
+    /// # Errors
+    ///
+    /// As for [`EngineBuilder::open`]; an error `make` returns is an
+    /// [`OpenError::Storage`].
+    pub fn open_with_backend_factory<B, F, H>(
+        self,
+        make: F,
+        healthy: H,
+    ) -> Result<Engine, OpenError>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+        H: Fn() -> std::io::Result<()> + Send + Sync + 'static,
+    {
+        let make = Arc::new(make);
+        let open = move || -> Result<redb::Database, OpenError> {
+            let backend = make().map_err(|e| OpenError::Storage {
+                context: "creating the storage backend",
+                source: Box::new(e),
+            })?;
+            redb_store::open_backend(backend)
+        };
+        redb_store::open_contained(Path::new("<backend>"), || {
+            let db = open()?;
+            self.start(db, Some((Arc::new(open), Arc::new(healthy))))
         })
     }
 
@@ -292,11 +338,24 @@ impl EngineBuilder {
     }
 
     /// Most connections an engine on PostgreSQL keeps open (feature
-    /// `postgres`); callers beyond it wait up to 10 s for one. Default 16;
-    /// clamped to at least 1. One is opened at once, the rest on demand.
+    /// `postgres`); callers beyond it wait for one (see
+    /// [`connect_timeout`](Self::connect_timeout)). Default 16; clamped to
+    /// at least 1. One is opened at once, the rest on demand.
     #[cfg(feature = "postgres")]
     pub fn pool_size(mut self, connections: u32) -> Self {
         self.postgres.pool_size = connections.max(1);
+        self
+    }
+
+    /// How long a call to an engine on PostgreSQL waits for a connection
+    /// (feature `postgres`): a free one from the pool, or a new one while
+    /// the server is unreachable. After that the call fails with
+    /// [`crate::Error::Storage`], so requests fail fast during an outage
+    /// instead of piling up. Default 2 s; at least 1 ms. Opening the engine
+    /// waits up to five times as long for its first connection.
+    #[cfg(feature = "postgres")]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.postgres.connect_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -304,9 +363,10 @@ impl EngineBuilder {
     /// (feature `postgres`). Default `true`: every engine sharing the
     /// database decides leases and expiry by the database server's clock,
     /// measured as an offset to the builder's [`clock`](Self::clock) at
-    /// open and at every sweep step (so about once per
-    /// [`sweep_interval`](Self::sweep_interval)); the app servers' clocks
-    /// may disagree by any amount. Engines agree to within half a round
+    /// open and then at most once a second when the sweeper looks for
+    /// work (so about once per [`sweep_interval`](Self::sweep_interval);
+    /// with no sweeper, at open and at each [`Engine::sweep_now`]); the
+    /// app servers' clocks may disagree by any amount. Engines agree to within half a round
     /// trip plus the local clocks' drift between two measurements. `false`:
     /// the builder's clock is used as it is (for tests with a
     /// [`crate::ManualClock`]; all engines' clocks must then agree).
@@ -332,7 +392,8 @@ impl EngineBuilder {
     ///
     /// [`OpenError::InvalidTablePrefix`]; [`OpenError::Storage`] if the
     /// connection string does not parse, the server cannot be reached
-    /// within 10 s, or creating the schema fails;
+    /// within five times [`connect_timeout`](Self::connect_timeout), or
+    /// creating the schema fails;
     /// [`OpenError::UnsupportedSchema`] if the tables were made by a newer
     /// version of the crate (nothing is changed);
     /// [`OpenError::ThreadStart`].
@@ -342,9 +403,10 @@ impl EngineBuilder {
             url: url.to_owned(),
             prefix: self.postgres.prefix.clone(),
             pool_size: self.postgres.pool_size,
+            connect_timeout: self.postgres.connect_timeout,
             database_clock: self.postgres.database_clock,
         };
-        let (store, clock, store_cfg) = crate::store::postgres::PgStore::open(
+        let (store, clock, store_cfg) = crate::store::postgres::PgStore::open_contained(
             &opts,
             self.cfg.store,
             self.stored_expiry,
@@ -355,7 +417,11 @@ impl EngineBuilder {
         self.run(Arc::new(store))
     }
 
-    fn start(mut self, db: redb::Database) -> Result<Engine, OpenError> {
+    fn start(
+        mut self,
+        db: redb::Database,
+        reopen: Option<(redb_store::Reopen, redb_store::Probe)>,
+    ) -> Result<Engine, OpenError> {
         self.cfg.store = redb_store::prepare(&db, self.cfg.store, self.stored_expiry)?;
         let store = RedbStore::start(
             db,
@@ -363,6 +429,7 @@ impl EngineBuilder {
             self.clock.clone(),
             self.cfg.max_batch,
             self.cfg.queue_capacity,
+            reopen,
         )?;
         self.run(Arc::new(store))
     }

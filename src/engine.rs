@@ -414,9 +414,16 @@ impl Engine {
     /// Why the engine is poisoned, if it is: a write failed (a full disk,
     /// an I/O error) or the storage library panicked, so every later write
     /// is refused with [`Error::Poisoned`] while reads (replays) go on.
-    /// Write service comes back only with a new engine on the file: an app
-    /// (or its service manager) watches this, then drops the engine and
-    /// opens the file again, or exits to be restarted. `None` while healthy.
+    /// `None` while healthy.
+    ///
+    /// An engine opened from a file (or with
+    /// [`EngineBuilder::open_with_backend_factory`](crate::EngineBuilder::open_with_backend_factory))
+    /// comes back by itself: this call, a write or the sweeper checks at
+    /// most once a second (of the engine's clock) whether storage takes
+    /// writes again, and if so reopens the database; this then returns
+    /// `None`. One opened with `open_with_backend` stays poisoned until
+    /// the app opens a new engine. An engine on PostgreSQL is never
+    /// poisoned (a failed write fails alone).
     pub fn poisoned(&self) -> Option<String> {
         self.core.store.check().err().map(|e| e.to_string())
     }

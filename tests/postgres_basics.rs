@@ -218,3 +218,27 @@ fn leases_follow_the_database_clock_not_the_app_servers() -> TestResult {
     );
     Ok(())
 }
+
+/// The synchronous client may not block on an async runtime's thread
+/// (tokio panics, and the client's destructor then aborts the process):
+/// the engine runs such calls on a thread of its own, so opening, calling
+/// and dropping inside an async task work as they do on redb.
+#[test]
+fn calls_on_an_async_runtime_thread_work() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    runtime.block_on(async {
+        let engine = Engine::builder()
+            .table_prefix(prefix())
+            .sweep_interval(None)
+            .open_postgres(&url)?;
+        let k = key("async");
+        let Begin::Claimed(claim) = engine.begin(&k, fp("{}"))? else {
+            panic!("a fresh key must be claimed");
+        };
+        engine.complete(claim, Envelope::new(1, 200, b"from a task".to_vec()))?;
+        assert!(matches!(engine.begin(&k, fp("{}"))?, Begin::Replay(_)));
+        drop(engine);
+        Ok(())
+    })
+}

@@ -13,7 +13,7 @@
 //! - the engine on redb (a file on the local disk), for scale.
 //!
 //! Both PostgreSQL systems commit with the server's settings (the bench
-//! prints `fsync` and `synchronous_commit`; `bench/with-postgres.sh` starts
+//! prints `fsync` and `synchronous_commit`; `scripts/with-postgres` starts
 //! a server with both on). After the criterion benches the ratios are
 //! measured again interleaved, engine / baseline / redb engine in each
 //! round (`PAIRED` and `ROUNDS` lines; see `common::Rounds`).
@@ -40,7 +40,7 @@ fn server() -> Option<String> {
         eprintln!(
             "postgres bench skipped: IDEMPOTENCY_BENCH_PG is not set. Start a throwaway server \
              (initdb, pg_ctl and postgres on PATH) and run the bench against it with\n    \
-             bench/with-postgres.sh cargo bench -p idempotency-bench --bench postgres"
+             scripts/with-postgres cargo bench -p idempotency-bench --bench postgres"
         );
     }
     url
@@ -100,7 +100,7 @@ impl Systems {
             max.saturating_sub(reserved) >= needed + in_use as usize,
             "the server allows {max} connections ({reserved} reserved, {in_use} in use); \
              this bench needs {needed}: start it with max_connections >= 200 \
-             (bench/with-postgres.sh does)"
+             (scripts/with-postgres sets 300)"
         );
 
         let prefix = format!("bench_{}_", std::process::id());

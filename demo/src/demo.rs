@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use tokio::process::{Child, ChildStdin, Command};
 
 use crate::provider::{read_ledger, DECLINE_ABOVE};
 use crate::server::{provider_path, FAULT_HEADER};
+use crate::store::{Store, TABLE_PREFIX};
 
 type DemoResult<T> = Result<T, Box<dyn Error>>;
 
@@ -30,14 +31,16 @@ struct Server {
 impl Server {
     /// Starts `payments serve` on an ephemeral loopback port and waits for
     /// its "listening on" line.
-    async fn start(db: &Path, crash_after_charge: bool) -> DemoResult<Server> {
+    async fn start(store: &Store, ledger: &Path, crash_after_charge: bool) -> DemoResult<Server> {
         let exe = std::env::current_exe()?;
         let mut cmd = Command::new(exe);
         cmd.args(["serve", "--addr", "127.0.0.1:0", "--exit-on-stdin-eof"])
             .arg("--lease-ms")
             .arg(LEASE_MS.to_string())
-            .arg("--db")
-            .arg(db)
+            .arg("--store")
+            .arg(store.to_arg())
+            .arg("--ledger")
+            .arg(ledger)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -221,25 +224,30 @@ fn ledger_count(ledger: &Path, run: &str) -> DemoResult<usize> {
         .count())
 }
 
-/// Runs the whole demo; `Ok(false)` if any check failed.
-pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
+/// Runs the whole demo on `store` (a redb file in a temporary directory
+/// if `None`); `Ok(false)` if any check failed.
+pub async fn run(store: Option<Store>) -> DemoResult<bool> {
     let started = Instant::now();
-    let tempdir;
-    let db = match db {
-        Some(db) => db,
-        None => {
-            tempdir = tempfile::tempdir()?;
-            tempdir.path().join("payments.redb")
-        }
+    let tempdir = tempfile::tempdir()?;
+    let store = store.unwrap_or_else(|| Store::Redb(tempdir.path().join("payments.redb")));
+    // The provider's ledger: beside a redb file, else a temporary file.
+    let ledger = match store.redb_path() {
+        Some(db) => provider_path(db),
+        None => tempdir.path().join("payments.provider.jsonl"),
     };
-    let ledger = provider_path(&db);
-    // Keys are unique per run, so a reused --db does not mix runs.
+    // Keys are unique per run, so a reused store does not mix runs, and
+    // nothing needs clearing first.
     let run = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    println!("engine file    {}", db.display());
+    match &store {
+        Store::Redb(db) => println!("engine file    {}", db.display()),
+        Store::Postgres(_) => {
+            println!("engine         PostgreSQL {store} (tables {TABLE_PREFIX}*)")
+        }
+    }
     println!("provider file  {}", ledger.display());
     println!("key prefix     {run}");
 
-    let server = Server::start(&db, false).await?;
+    let server = Server::start(&store, &ledger, false).await?;
     println!("server         {} (child process)", server.base);
     let mut client = Client {
         http: reqwest::Client::builder()
@@ -260,7 +268,7 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
 
     // Crash: restart with fault injection, charge, abort, restart, retry.
     server.stop().await?;
-    let crashing = Server::start(&db, true).await?;
+    let crashing = Server::start(&store, &ledger, true).await?;
     client.base = crashing.base.clone();
     let key = format!("{run}-crash");
     let before = ledger_count(&ledger, &run)?;
@@ -283,7 +291,7 @@ pub async fn run(db: Option<PathBuf>) -> DemoResult<bool> {
     audit.expect(!status.success(), || {
         "the crashing server exited cleanly".into()
     });
-    let restarted = Server::start(&db, false).await?;
+    let restarted = Server::start(&store, &ledger, false).await?;
     client.base = restarted.base.clone();
     println!("    restarted on {}", restarted.base);
     retry_until_replayed(&client, &mut audit, &mut row, &key, 4_200, "crash retry").await;

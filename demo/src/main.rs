@@ -1,11 +1,13 @@
 //! A small payments API made safe to retry with the `Idempotency-Key`
-//! layer: axum on a real redb file, a simulated payment provider that keeps
+//! layer: axum on a real redb file (or a PostgreSQL database, with the
+//! `postgres` feature), a simulated payment provider that keeps
 //! its own durable ledger and dedupes charges by the claim's reference, and
 //! a resolver that asks the provider what happened to an UNKNOWN payment.
 //!
 //! ```text
 //! cargo run --release -p payments-demo -- demo
 //! cargo run --release -p payments-demo -- serve --addr 127.0.0.1:8080
+//! cargo run --release -p payments-demo --features postgres -- demo --store postgres://postgres@127.0.0.1/postgres
 //! ```
 //!
 //! `demo` runs the server as a child process on an ephemeral loopback port
@@ -15,14 +17,11 @@
 //! charge and the recorded outcome, followed by a restart and a retry. It
 //! then audits the provider's ledger and exits 1 if any payment was charged
 //! twice or lost, or if the ledger is torn or unreadable. Its files go to a
-//! fresh temporary directory unless `--db PATH` is given.
+//! fresh temporary directory unless `--store` names a redb file or a
+//! PostgreSQL database (then only the provider's ledger is a temporary file).
 //!
 //! `serve` keeps the API up for curl; README.md ("The payments example") has
 //! the curl lines.
-
-mod demo;
-mod provider;
-mod server;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,21 +29,33 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use idempotency::ExpiryPolicy;
+use payments_demo::store::Store;
+use payments_demo::{demo, server};
 
 const USAGE: &str = "usage:
-  payments demo [--db PATH]
-  payments serve [--addr ADDR] [--db PATH] [--lease-ms MS] [--ttl DURATION]
-                 [--expiry tombstone|tombstone:DURATION|forget]
+  payments demo [--store STORE]
+  payments serve [--addr ADDR] [--store STORE] [--ledger PATH] [--lease-ms MS]
+                 [--ttl DURATION] [--expiry tombstone|tombstone:DURATION|forget]
                  [--header-read-timeout DURATION]
                  [--crash-after-charge] [--exit-on-stdin-eof]
 
-serve defaults: --addr 127.0.0.1:8080 --db payments.redb --lease-ms 10000
+STORE holds the idempotency records: the path of a redb file, or a PostgreSQL
+connection string (postgres://USER@HOST:PORT/DB or 'host=H port=P user=U
+dbname=D'; needs a build with --features postgres). On PostgreSQL the records
+live in the tables payments_demo_* (created on first use). The demo does not
+clear them: its keys are new on every run, so earlier runs' records never
+meet this run's. Without --store, demo uses a redb file in a fresh temporary
+directory.
+serve defaults: --addr 127.0.0.1:8080 --store payments.redb --lease-ms 10000
   --ttl 24h --expiry tombstone:30d --header-read-timeout 10s
 DURATION is a whole number with a unit: 500ms, 30s, 10m, 24h, 7d.
 --ttl: how long a completed payment is replayed. --expiry: what a reused key
 gets after that: `tombstone` (409 for the tombstone's lifetime, never a second
 charge) or `forget` (the key is new again: a retry that late charges again).
-The provider's ledger is kept beside the database (payments.provider.jsonl).";
+The simulated provider keeps its own ledger file: by default beside a redb
+store (payments.redb -> payments.provider.jsonl) and payments.provider.jsonl
+with PostgreSQL; --ledger names another. demo keeps it in a temporary
+directory unless STORE is a redb file.";
 
 /// The tombstone lifetime of `--expiry tombstone` without a duration.
 const DEFAULT_TOMBSTONE_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -62,7 +73,8 @@ fn main() -> ExitCode {
 fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let command = args.next().ok_or(USAGE)?;
-    let mut db = None;
+    let mut store = None;
+    let mut ledger = None;
     let mut addr: SocketAddr = ([127, 0, 0, 1], 8080).into();
     let mut lease_ms = 10_000;
     let mut ttl = Duration::from_secs(24 * 3600);
@@ -75,7 +87,8 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
-            "--db" => db = Some(PathBuf::from(value()?)),
+            "--store" => store = Some(Store::parse(&value()?)),
+            "--ledger" if command == "serve" => ledger = Some(PathBuf::from(value()?)),
             "--addr" if command == "serve" => addr = value()?.parse()?,
             "--lease-ms" if command == "serve" => lease_ms = value()?.parse()?,
             "--ttl" if command == "serve" => ttl = parse_duration(&value()?)?,
@@ -92,12 +105,15 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             other => return Err(format!("unexpected argument {other:?}\n{USAGE}").into()),
         }
     }
+    if let Some(store) = &store {
+        store.check_supported()?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     match command.as_str() {
         "demo" => {
-            let ok = runtime.block_on(demo::run(db))?;
+            let ok = runtime.block_on(demo::run(store))?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -105,9 +121,15 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             })
         }
         "serve" => {
+            let store = store.unwrap_or_else(|| Store::Redb(PathBuf::from("payments.redb")));
+            let ledger = ledger.unwrap_or_else(|| match store.redb_path() {
+                Some(db) => server::provider_path(db),
+                None => PathBuf::from("payments.provider.jsonl"),
+            });
             runtime.block_on(server::serve(server::ServeOptions {
                 addr,
-                db: db.unwrap_or_else(|| PathBuf::from("payments.redb")),
+                store,
+                ledger,
                 lease: Duration::from_millis(lease_ms),
                 ttl,
                 expiry,

@@ -1,6 +1,7 @@
-//! The payments API: axum behind the idempotency layer, one redb file for
-//! the engine, the simulated provider beside it, and a resolver that asks
-//! the provider what happened to an UNKNOWN payment.
+//! The payments API: axum behind the idempotency layer, the engine on a
+//! redb file or a PostgreSQL database, the simulated provider with its own
+//! ledger file, and a resolver that asks the provider what happened to an
+//! UNKNOWN payment.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use idempotency::{Engine, Envelope, ExpiryPolicy, InDoubt, Resolution};
 use serde::Deserialize;
 
 use crate::provider::{Charge, ChargeError, Fault, Provider};
+use crate::store::Store;
 
 /// Request header for the demo's fault injection: `provider-timeout` makes
 /// the provider charge and then time out.
@@ -29,8 +31,10 @@ pub const FAULT_HEADER: &str = "x-simulate-fault";
 pub struct ServeOptions {
     /// Where to listen.
     pub addr: SocketAddr,
-    /// The engine's redb file.
-    pub db: PathBuf,
+    /// Where the engine keeps its records.
+    pub store: Store,
+    /// The provider's ledger file.
+    pub ledger: PathBuf,
     /// The claim lease: how long a payment may take before a retry treats
     /// it as UNKNOWN. It must outlast the provider call (here ~0.3 s).
     pub lease: Duration,
@@ -76,9 +80,10 @@ struct CreatePayment {
 
 /// Runs the API until Ctrl-C (or standard input closes, if asked).
 ///
-/// A start that fails (address in use, unusable database path) leaves no
-/// new files behind: the address is bound first, and a database or ledger
-/// file this call created is removed again if the other cannot be opened.
+/// A start that fails (address in use, unusable database path, unreachable
+/// PostgreSQL) leaves no new files behind: the address is bound first, and
+/// a redb or ledger file this call created is removed again if the engine
+/// or the ledger cannot be opened.
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     // Warnings and errors from the engine and the layer (a full disk, a
     // poisoned engine, a stale claim) reach the operator on stderr.
@@ -89,21 +94,29 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", opts.addr))?;
-    let ledger_path = provider_path(&opts.db);
     let (provider, engine) = {
-        let cleanup = RemoveOnFailure::new(&[&opts.db, &ledger_path]);
+        let mut files = vec![opts.ledger.as_path()];
+        files.extend(opts.store.redb_path());
+        let cleanup = RemoveOnFailure::new(&files);
         let provider = Arc::new(
-            Provider::open(&ledger_path)
+            Provider::open(&opts.ledger)
                 .map_err(|e| format!("cannot open the provider ledger: {e}"))?,
         );
         let for_resolver = provider.clone();
-        let engine = Engine::builder()
+        let builder = Engine::builder()
             .lease(opts.lease)
             .ttl(opts.ttl)
             .expiry_policy(opts.expiry)
-            .resolver(move |pending: &InDoubt| resolve(&for_resolver, pending))
-            .open(&opts.db)
-            .map_err(|e| format!("cannot open {}: {e}", opts.db.display()))?;
+            .resolver(move |pending: &InDoubt| resolve(&for_resolver, pending));
+        // Engine calls block the calling thread; on PostgreSQL, opening
+        // (and closing) one on a runtime thread even panics, because the
+        // synchronous client runs a runtime of its own. So both happen on
+        // the blocking pool.
+        let store = opts.store.clone();
+        let engine = tokio::task::spawn_blocking(move || store.open(builder))
+            .await
+            .map_err(|e| format!("opening the engine failed: {e}"))?
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
         cleanup.disarm();
         (provider, Arc::new(engine))
     };
@@ -130,7 +143,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     println!("listening on http://{}", listener.local_addr()?);
     eprintln!(
         "engine {}, provider ledger {}, lease {} ms, ttl {} s, expiry {:?}{}",
-        opts.db.display(),
+        opts.store,
         provider.path().display(),
         opts.lease.as_millis(),
         opts.ttl.as_secs(),
@@ -142,22 +155,29 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         }
     );
     let exit_on_eof = opts.exit_on_stdin_eof;
-    // A poisoned engine (a full disk, an I/O error) refuses every write
-    // until the file is opened again: rather than serve refusals forever,
-    // stop with an error so the service manager restarts the server, which
-    // reopens the file once storage works.
+    // A poisoned engine (redb: a full disk, an I/O error; PostgreSQL never
+    // poisons) refuses writes and keeps serving replays; it reopens the
+    // database by itself once storage works again, and asking `poisoned()`
+    // is one of the moments it checks. Tell the operator when writes stop
+    // and when they are back.
     let watched = engine.clone();
-    let poisoned = async move {
+    let watcher = tokio::spawn(async move {
+        let mut was_poisoned = false;
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Some(cause) = watched.poisoned() {
-                eprintln!("payments: {cause}; stopping so that a restart reopens the database");
-                return;
+            match watched.poisoned() {
+                Some(cause) if !was_poisoned => {
+                    eprintln!("payments: writes refused until storage works again: {cause}");
+                    was_poisoned = true;
+                }
+                None if was_poisoned => {
+                    eprintln!("payments: storage works again; the database was reopened");
+                    was_poisoned = false;
+                }
+                _ => {}
             }
         }
-    };
-    let stopped_by_poison = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stopped_by_poison.clone();
+    });
     let shutdown = async move {
         if exit_on_eof {
             stdin_closed().await;
@@ -176,17 +196,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 () = terminate => {}
-                () = poisoned => flag.store(true, std::sync::atomic::Ordering::SeqCst),
             }
         }
     };
     serve_http1(listener, app, opts.header_read_timeout, shutdown).await;
     // Dropping the last engine handle commits what is queued and closes the
-    // file.
-    drop(engine);
-    if stopped_by_poison.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err("the engine was poisoned by a storage failure; restart to reopen".into());
-    }
+    // file or the PostgreSQL connections, off the runtime's threads (see
+    // the open above). Every connection task has finished; with the
+    // watcher stopped too, this is the last handle.
+    watcher.abort();
+    let _ = watcher.await;
+    let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     Ok(())
 }
 

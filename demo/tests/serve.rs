@@ -24,7 +24,7 @@ impl Server {
     fn start(db: &Path, extra: &[&str]) -> Result<Server> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_payments"))
             .args(["serve", "--addr", "127.0.0.1:0", "--exit-on-stdin-eof"])
-            .arg("--db")
+            .arg("--store")
             .arg(db)
             .args(extra)
             .stdin(Stdio::piped())
@@ -175,7 +175,7 @@ fn a_request_head_sent_too_slowly_is_cut_off() -> Result<()> {
 fn failed_start(db: &Path, addr: &str) -> Result<Output> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_payments"))
         .args(["serve", "--addr", addr, "--exit-on-stdin-eof"])
-        .arg("--db")
+        .arg("--store")
         .arg(db)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

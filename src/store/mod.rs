@@ -173,7 +173,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// (and logged).
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>>;
     /// Calls `visit` with every record in key order until it returns false.
-    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()>;
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()>;
     /// Since when (ms) the oldest record in doubt at `now_ms` has been in
     /// doubt: the oldest UNKNOWN record, or the earliest lease that ended.
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>>;
@@ -237,4 +237,14 @@ pub(crate) enum LocalResult {
     Executed,
     /// The key was not free; the app's write did not run.
     Held(Box<Found>),
+}
+
+/// The text of a caught panic's payload (a panic inside a storage library,
+/// contained at the engine's boundary).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }

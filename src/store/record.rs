@@ -207,12 +207,12 @@ impl Record {
             && now < self.lease_until_ms
     }
 
-    /// Why a PROCESSING record whose lease ran out is in doubt.
+    /// Why a PROCESSING record whose lease ran out is in doubt. The
+    /// instant is not repeated here: the record keeps it (`lease_until_ms`,
+    /// shown as a date by `idem show`).
     pub(crate) fn stale_reason(&self) -> String {
-        format!(
-            "lease ran out at {} ms without an outcome",
-            self.lease_until_ms
-        )
+        let lease_ms = self.lease_until_ms.saturating_sub(self.claimed_at_ms);
+        format!("its lease ({lease_ms} ms) ran out without an outcome")
     }
 }
 

@@ -66,6 +66,15 @@ fn injected(what: &str) -> io::Error {
 }
 
 impl Faults {
+    /// `Err` while the disk is full (a probe for engines that reopen).
+    pub fn healthy(&self) -> io::Result<()> {
+        if lock(&self.0).disk_full {
+            Err(injected("the disk is still full"))
+        } else {
+            Ok(())
+        }
+    }
+
     /// The `n`th `write` from now fails (1: the next one). `n` 0 disarms.
     pub fn fail_write(&self, n: u64) {
         let mut p = lock(&self.0);

@@ -2,14 +2,15 @@
 //!
 //! Leases and expiry on a shared database must not depend on every app
 //! server's clock agreeing. [`DatabaseClock`] measures the offset between
-//! the local clock and PostgreSQL's `clock_timestamp()` (at open and at
-//! every sweep step, so about once per sweep interval) and adds it to
+//! the local clock and PostgreSQL's `clock_timestamp()` (at open, then at
+//! most once a second when the sweeper looks for work, so about once per
+//! sweep interval) and adds it to
 //! every local reading. All engines on one database then read the same
 //! time to within half a round trip plus the local clocks' drift between
 //! two measurements; how far apart the app servers' own clocks are does
 //! not matter.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use postgres::Client;
@@ -22,14 +23,27 @@ pub(crate) struct DatabaseClock {
     local: Arc<dyn Clock>,
     /// Database time minus local time, in ms.
     offset_ms: AtomicI64,
+    /// Local time of the last measurement, in ms.
+    synced_at_ms: AtomicU64,
 }
+
+/// Shortest time between two measurements, in ms (the sweeper may call
+/// several times per tick).
+const RESYNC_MS: u64 = 1_000;
 
 impl DatabaseClock {
     pub(crate) fn new(local: Arc<dyn Clock>) -> DatabaseClock {
         DatabaseClock {
             local,
             offset_ms: AtomicI64::new(0),
+            synced_at_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the last measurement is older than a second.
+    pub(crate) fn due(&self) -> bool {
+        let last = self.synced_at_ms.load(Ordering::Relaxed);
+        self.local.now_ms().abs_diff(last) >= RESYNC_MS
     }
 
     /// Measures the offset again: the database's reading against the
@@ -45,6 +59,7 @@ impl DatabaseClock {
         let midpoint = i64::try_from(before / 2 + after / 2).unwrap_or(i64::MAX);
         self.offset_ms
             .store(database.saturating_sub(midpoint), Ordering::Relaxed);
+        self.synced_at_ms.store(after, Ordering::Relaxed);
         Ok(())
     }
 }

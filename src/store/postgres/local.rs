@@ -29,7 +29,7 @@ fn refused(e: OpError<Fault>) -> Error {
 impl Shared {
     pub(super) fn local(&self, write: LocalWrite) -> Result<LocalResult> {
         let LocalWrite { key, target, run } = write;
-        let mut conn = self.conn(WHAT)?;
+        let mut conn = self.live_conn(WHAT)?;
         // A fresh claim can lose an insert race before the app's closure
         // runs; the transaction is then retried (the closure has not run).
         let mut tries = 0;

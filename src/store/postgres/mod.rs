@@ -62,24 +62,34 @@ use self::txn::{sql_i64, state_code};
 /// Dropped claims waiting to be marked UNKNOWN by the background thread.
 const DETACHED_QUEUE: usize = 1_024;
 
+/// Work for the dropped-claims thread.
+enum Detached {
+    /// Mark a dropped claim's record UNKNOWN.
+    Mark(InDoubtRequest),
+    /// Answer once everything queued before is done (`Engine::flush`).
+    Flush(Sender<()>),
+}
+
 /// How the builder asked to reach the database.
 #[derive(Debug, Clone)]
 pub(crate) struct PgOptions {
     pub(crate) url: String,
     pub(crate) prefix: String,
     pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Duration,
     pub(crate) database_clock: bool,
 }
 
 /// The PostgreSQL backend.
 pub(crate) struct PgStore {
-    shared: Arc<Shared>,
+    /// `None` only while being dropped.
+    shared: Option<Arc<Shared>>,
     /// Claims this engine inserted, for completing them in place.
     remembered: Remembered,
     closed: AtomicBool,
     /// Dropped claims: `mark_in_doubt_detached` must never block, so a
     /// thread of its own does the write.
-    detached: Mutex<Option<Sender<InDoubtRequest>>>,
+    detached: Mutex<Option<Sender<Detached>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -94,6 +104,35 @@ where
 }
 
 impl PgStore {
+    /// [`PgStore::open`], on a thread of its own when called on an async
+    /// runtime's thread (see [`guard`]), with a panic inside the client
+    /// turned into an error.
+    pub(crate) fn open_contained(
+        opts: &PgOptions,
+        cfg: StoreConfig,
+        stored_expiry: bool,
+        local_clock: Arc<dyn Clock>,
+    ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
+        let mut opened = None;
+        let run = || {
+            opened = Some(PgStore::open(opts, cfg, stored_expiry, local_clock));
+            Ok(())
+        };
+        match guard("connecting to PostgreSQL", run) {
+            Ok(()) => opened.unwrap_or_else(|| {
+                Err(OpenError::Storage {
+                    context: "connecting to PostgreSQL",
+                    source: "the open did not finish".into(),
+                })
+            }),
+            Err(Error::Storage { context, source }) => Err(OpenError::Storage { context, source }),
+            Err(e) => Err(OpenError::Storage {
+                context: "connecting to PostgreSQL",
+                source: Box::new(e),
+            }),
+        }
+    }
+
     /// Connects, creates or checks the schema, and measures the database
     /// clock. Returns the store, the clock the engine must use, and the
     /// settings (taken from the database with `stored_expiry`).
@@ -108,6 +147,10 @@ impl PgStore {
             .url
             .parse()
             .map_err(open_storage("parsing the PostgreSQL connection string"))?;
+        let mut config = config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(opts.connect_timeout);
+        }
         let manager = PostgresConnectionManager::new(config, NoTls);
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
@@ -117,9 +160,10 @@ impl PgStore {
             .max_size(opts.pool_size.max(1))
             .min_idle(Some(1))
             .test_on_check_out(false)
-            .connection_timeout(Duration::from_secs(10))
+            .connection_timeout(opts.connect_timeout.saturating_mul(5))
             .build(manager)
             .map_err(open_storage("connecting to PostgreSQL"))?;
+
         let mut conn = pool
             .get()
             .map_err(open_storage("connecting to PostgreSQL"))?;
@@ -140,13 +184,21 @@ impl PgStore {
             cfg,
             clock: clock.clone(),
             database_clock,
+            connect_timeout: opts.connect_timeout,
         });
-        let (tx, rx) = crossbeam_channel::bounded::<InDoubtRequest>(DETACHED_QUEUE);
+        let (tx, rx) = crossbeam_channel::bounded::<Detached>(DETACHED_QUEUE);
         let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
             .name("idempotency-pg-dropped-claims".into())
             .spawn(move || {
-                for req in rx {
+                for work in rx {
+                    let req = match work {
+                        Detached::Mark(req) => req,
+                        Detached::Flush(done) => {
+                            let _ = done.send(());
+                            continue;
+                        }
+                    };
                     let key = req.key.clone();
                     let marked = worker_shared.write("marking a dropped claim UNKNOWN", |t| {
                         t.mark_in_doubt(req.clone())
@@ -161,7 +213,7 @@ impl PgStore {
                 source,
             })?;
         let store = PgStore {
-            shared,
+            shared: Some(shared),
             remembered: Remembered::default(),
             closed: AtomicBool::new(false),
             detached: Mutex::new(Some(tx)),
@@ -176,13 +228,20 @@ impl PgStore {
     /// there (the full claim decides what it means).
     fn insert_claim(&self, req: &ClaimRequest) -> Result<Option<Claimed>> {
         let what = "claiming a key";
-        let s = &self.shared;
-        let mut conn = s.conn(what)?;
+        let s = self.shared()?;
+        // The token is drawn on the connection the insert then uses, so a
+        // connection that died with a server restart fails here, where
+        // nothing has been written, and another one is tried.
         let sql = format!("SELECT nextval('{}')", s.names.tokens);
-        let token = conn
-            .query_typed_one(&sql, &[])
-            .map_err(storage(what))?
-            .get::<_, i64>(0);
+        let mut left = s.pool.max_size();
+        let (mut conn, token) = loop {
+            let mut conn = s.conn(what)?;
+            match conn.query_typed_one(&sql, &[]) {
+                Ok(row) => break (conn, row.get::<_, i64>(0)),
+                Err(e) if shared::lost(&e) && left > 0 => left -= 1,
+                Err(e) => return Err(storage(what)(e)),
+            }
+        };
         self.insert_with_token(&mut conn, req, txn::sql_u64(token))
     }
 
@@ -192,7 +251,7 @@ impl PgStore {
     /// `insert_claim`.
     fn read_or_insert(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
         let what = "reading a record";
-        let s = &self.shared;
+        let s = self.shared()?;
         let mut conn = s.conn(what)?;
         // CASE evaluates only the branch it takes: a key with a record
         // draws no token.
@@ -223,6 +282,34 @@ impl PgStore {
         })
     }
 
+    /// Completes a claim this engine inserted in one statement (see
+    /// `in_place.rs`); `false`: nothing was written, take the full path.
+    fn complete_in_place(
+        &self,
+        req: &CompleteRequest,
+        remembered: (Record, Vec<u8>),
+    ) -> Result<bool> {
+        let what = "storing an outcome";
+        let s = self.shared()?;
+        let mut conn = s.conn(what)?;
+        let done = in_place::complete(
+            &mut conn,
+            &s.names,
+            s.cfg,
+            s.clock.now_ms(),
+            req,
+            remembered,
+        )
+        .map_err(|e| Error::Storage {
+            context: "storing an outcome on PostgreSQL (the outcome is unknown)",
+            source: Box::new(e),
+        })?;
+        if done {
+            tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
+        }
+        Ok(done)
+    }
+
     /// Inserts a PROCESSING record for `req` with `token`, autocommitted;
     /// `None` when the key has a row.
     fn insert_with_token(
@@ -231,7 +318,7 @@ impl PgStore {
         req: &ClaimRequest,
         token: u64,
     ) -> Result<Option<Claimed>> {
-        let s = &self.shared;
+        let s = self.shared()?;
         let now = s.clock.now_ms();
         let reference = reference(&req.key.to_record_key(), token);
         let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
@@ -292,6 +379,10 @@ impl PgStore {
         }))
     }
 
+    fn shared(&self) -> Result<&Shared> {
+        self.shared.as_deref().ok_or(Error::Closed)
+    }
+
     fn open_check(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             Err(Error::Closed)
@@ -300,13 +391,13 @@ impl PgStore {
         }
     }
 
-    fn write<T>(
+    fn write<T: Send>(
         &self,
         context: &'static str,
-        op: impl FnMut(&mut txn::PgTxn<'_, '_>) -> crate::store::ops::OpResult<T, txn::Fault>,
+        op: impl FnMut(&mut txn::PgTxn<'_, '_>) -> crate::store::ops::OpResult<T, txn::Fault> + Send,
     ) -> Result<T> {
         self.open_check()?;
-        self.shared.write(context, op)
+        guard(context, || self.shared()?.write(context, op))
     }
 }
 
@@ -317,52 +408,62 @@ impl Backend for PgStore {
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         self.open_check()?;
-        self.shared.record(key)
+        guard("reading a record", || self.shared()?.record(key))
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         self.open_check()?;
-        self.shared.in_doubt(limit, now_ms)
+        guard("reading the recovery queue", || {
+            self.shared()?.in_doubt(limit, now_ms)
+        })
     }
 
-    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         self.open_check()?;
-        self.shared.scan(visit)
+        guard("listing records", || self.shared()?.scan(visit))
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
         self.open_check()?;
-        self.shared.oldest_in_doubt_ms(now_ms)
+        guard("reading the recovery queue", || {
+            self.shared()?.oldest_in_doubt_ms(now_ms)
+        })
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
         self.open_check()?;
-        self.shared.sweep_due(now_ms)
+        // The sweeper asks this every tick, busy or idle: a good moment to
+        // measure the database clock again.
+        guard("checking for sweep work", || {
+            let shared = self.shared()?;
+            shared.sync_clock();
+            shared.sweep_due(now_ms)
+        })
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
         self.open_check()?;
-        self.shared.outbox(limit)
+        guard("reading the outbox", || self.shared()?.outbox(limit))
     }
 
     fn outbox_len(&self) -> Result<u64> {
         self.open_check()?;
-        self.shared.outbox_len()
+        guard("counting the outbox", || self.shared()?.outbox_len())
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         self.open_check()?;
-        self.shared.entity(entity)
+        guard("reading an entity", || self.shared()?.entity(entity))
     }
 
     fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
         self.open_check()?;
-        self.read_or_insert(req)
+        guard("reading a record", || self.read_or_insert(req))
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
         self.open_check()?;
-        if let Some(claimed) = self.insert_claim(&req)? {
+        if let Some(claimed) = guard("claiming a key", || self.insert_claim(&req))? {
             return Ok(ClaimResult::Claimed(claimed));
         }
         self.write("claiming a key", |t| t.claim(&req))
@@ -371,23 +472,9 @@ impl Backend for PgStore {
     fn complete(&self, req: CompleteRequest) -> Result<()> {
         self.open_check()?;
         if let Some(remembered) = self.remembered.take(&req.key, req.token) {
-            let what = "storing an outcome";
-            let s = &self.shared;
-            let mut conn = s.conn(what)?;
-            let done = in_place::complete(
-                &mut conn,
-                &s.names,
-                s.cfg,
-                s.clock.now_ms(),
-                &req,
-                remembered,
-            )
-            .map_err(|e| Error::Storage {
-                context: "storing an outcome on PostgreSQL (the outcome is unknown)",
-                source: Box::new(e),
-            })?;
-            if done {
-                tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
+            if guard("storing an outcome", || {
+                self.complete_in_place(&req, remembered)
+            })? {
                 return Ok(());
             }
         }
@@ -411,7 +498,7 @@ impl Backend for PgStore {
         if let Some(tx) = self.detached.lock().as_ref() {
             // Never blocks; when the queue is full the lease running out
             // has the same effect, later.
-            let _ = tx.try_send(req);
+            let _ = tx.try_send(Detached::Mark(req));
         }
     }
 
@@ -435,7 +522,10 @@ impl Backend for PgStore {
 
     fn sweep(&self, limit: usize) -> Result<SweepCounts> {
         self.open_check()?;
-        self.shared.sync_clock();
+        guard("reading the database clock", || {
+            self.shared()?.sync_clock();
+            Ok(())
+        })?;
         self.write("sweeping", |t| t.sweep(limit))
     }
 
@@ -454,18 +544,27 @@ impl Backend for PgStore {
     }
 
     fn flush(&self) -> Result<()> {
-        // Every write is committed before it returns.
-        self.open_check()
+        // Every write is committed before it returns, except the notices
+        // of dropped claims: wait for those queued so far.
+        self.open_check()?;
+        let queue = self.detached.lock().clone();
+        if let Some(queue) = queue {
+            let (done, finished) = crossbeam_channel::bounded(1);
+            if queue.send(Detached::Flush(done)).is_ok() {
+                let _ = finished.recv();
+            }
+        }
+        Ok(())
     }
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
         self.open_check()?;
-        self.shared.local(write)
+        guard("running a local write", || self.shared()?.local(write))
     }
 
     fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
         self.open_check()?;
-        self.shared.verify()
+        guard("verifying the database", || self.shared()?.verify())
     }
 
     fn close(&self) {
@@ -483,5 +582,53 @@ impl Backend for PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         self.close();
+        // The client runs a runtime of its own, which may not be dropped
+        // on an async runtime's thread (an app dropping its last engine
+        // handle in an async task): drop the pool on a thread of ours.
+        if let Some(shared) = self.shared.take() {
+            let dropped = std::thread::Builder::new()
+                .name("idempotency-pg-close".into())
+                .spawn(move || drop(shared));
+            if let Ok(thread) = dropped {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// Runs a call into the PostgreSQL client. The synchronous client blocks
+/// on a runtime of its own, which tokio forbids on an async runtime's
+/// thread (it panics, and a second panic in the client's destructor aborts
+/// the process): there, the call runs on a thread of its own and the
+/// caller blocks for it, as it would on redb. A panic inside the client is
+/// turned into `Error::Storage`.
+fn guard<T: Send>(context: &'static str, call: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return contain(context, call);
+    }
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("idempotency-pg-call".into())
+            .spawn_scoped(scope, || contain(context, call))
+            .map_err(|e| Error::Storage {
+                context,
+                source: Box::new(e),
+            })?
+            .join()
+            .unwrap_or_else(|panic| Err(panicked(context, panic.as_ref())))
+    })
+}
+
+fn contain<T>(context: &'static str, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .unwrap_or_else(|panic| Err(panicked(context, panic.as_ref())))
+}
+
+fn panicked(context: &'static str, panic: &(dyn std::any::Any + Send)) -> Error {
+    let message = crate::store::panic_message(panic);
+    tracing::error!(%message, context, "the PostgreSQL client panicked");
+    Error::Storage {
+        context,
+        source: format!("the PostgreSQL client panicked: {message}").into(),
     }
 }

@@ -10,7 +10,7 @@ use crate::store::codec;
 use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
-use super::shared::{storage, Shared};
+use super::shared::Shared;
 use super::txn::{sql_i64, sql_u64};
 
 /// Rows per page of a full scan.
@@ -30,13 +30,12 @@ impl Shared {
             "SELECT record FROM {} WHERE scope = $1 AND key = $2",
             self.names.records
         );
-        let row = self
-            .conn(what)?
-            .query_typed_opt(
+        let row = self.read(what, |conn| {
+            conn.query_typed_opt(
                 &sql,
                 &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
             )
-            .map_err(storage(what))?;
+        })?;
         row.map(|row| decode(key, row.get::<_, &[u8]>(0)))
             .transpose()
     }
@@ -50,22 +49,30 @@ impl Shared {
     ) -> Result<Vec<(IdempotencyKey, Record)>> {
         let what = "reading the recovery queue";
         let r = &self.names.records;
+        // The same order as the redb backend's: by the instant each came
+        // into doubt, UNKNOWN before lease-expired at the same instant, then
+        // by record key (scope length, scope bytes, key bytes).
         let sql = format!(
-            "(SELECT scope, key, record, unknown_since_ms AS since FROM {r}
-                  WHERE state = 3 ORDER BY unknown_since_ms LIMIT $2)
-             UNION ALL
-             (SELECT scope, key, record, lease_until_ms AS since FROM {r}
-                  WHERE state = 0 AND lease_until_ms <= $1 ORDER BY lease_until_ms LIMIT $2)
-             ORDER BY since LIMIT $2"
+            "SELECT scope, key, record FROM (
+                 (SELECT scope, key, record, unknown_since_ms AS since, 0 AS kind,
+                         octet_length(scope) AS scope_len FROM {r}
+                      WHERE state = 3
+                      ORDER BY unknown_since_ms, octet_length(scope), scope, key LIMIT $2)
+                 UNION ALL
+                 (SELECT scope, key, record, lease_until_ms AS since, 1 AS kind,
+                         octet_length(scope) AS scope_len FROM {r}
+                      WHERE state = 0 AND lease_until_ms <= $1
+                      ORDER BY lease_until_ms, octet_length(scope), scope, key LIMIT $2)
+             ) AS in_doubt
+             ORDER BY since, kind, scope_len, scope, key LIMIT $2"
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self
-            .conn(what)?
-            .query_typed(
+        let rows = self.read(what, |conn| {
+            conn.query_typed(
                 &sql,
                 &[(&sql_i64(now_ms), Type::INT8), (&limit, Type::INT8)],
             )
-            .map_err(storage(what))?;
+        })?;
         let mut found = Vec::with_capacity(rows.len());
         for row in rows {
             let Ok(key) = IdempotencyKey::parse_any(row.get(0), row.get(1)) else {
@@ -81,7 +88,7 @@ impl Shared {
 
     /// Every record in key order (byte order of scope, then key), a page at
     /// a time, until `visit` returns false.
-    pub(super) fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+    pub(super) fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         let what = "listing records";
         let r = &self.names.records;
         let first = format!("SELECT scope, key, record FROM {r} ORDER BY scope, key LIMIT $1");
@@ -89,10 +96,9 @@ impl Shared {
             "SELECT scope, key, record FROM {r} WHERE (scope, key) > ($2, $3)
              ORDER BY scope, key LIMIT $1"
         );
-        let mut conn = self.conn(what)?;
         let mut after: Option<(String, String)> = None;
         loop {
-            let rows = match &after {
+            let rows = self.read(what, |conn| match &after {
                 None => conn.query_typed(&first, &[(&SCAN_PAGE, Type::INT8)]),
                 Some((scope, key)) => conn.query_typed(
                     &next,
@@ -102,8 +108,7 @@ impl Shared {
                         (key, Type::TEXT),
                     ],
                 ),
-            }
-            .map_err(storage(what))?;
+            })?;
             let full = rows.len() == usize::try_from(SCAN_PAGE).unwrap_or(usize::MAX);
             for row in &rows {
                 let scope: String = row.get(0);
@@ -129,10 +134,9 @@ impl Shared {
                  (SELECT min(unknown_since_ms) FROM {r} WHERE state = 3),
                  (SELECT min(lease_until_ms) FROM {r} WHERE state = 0 AND lease_until_ms <= $1))"
         );
-        let row = self
-            .conn(what)?
-            .query_typed_one(&sql, &[(&sql_i64(now_ms), Type::INT8)])
-            .map_err(storage(what))?;
+        let row = self.read(what, |conn| {
+            conn.query_typed_one(&sql, &[(&sql_i64(now_ms), Type::INT8)])
+        })?;
         Ok(row.get::<_, Option<i64>>(0).map(sql_u64))
     }
 
@@ -143,10 +147,9 @@ impl Shared {
             "SELECT EXISTS (SELECT 1 FROM {r} WHERE state = 0 AND lease_until_ms <= $1)
                  OR EXISTS (SELECT 1 FROM {r} WHERE state IN (1, 2, 4) AND expires_at_ms <= $1)"
         );
-        let row = self
-            .conn(what)?
-            .query_typed_one(&sql, &[(&sql_i64(now_ms), Type::INT8)])
-            .map_err(storage(what))?;
+        let row = self.read(what, |conn| {
+            conn.query_typed_one(&sql, &[(&sql_i64(now_ms), Type::INT8)])
+        })?;
         Ok(row.get(0))
     }
 
@@ -157,10 +160,7 @@ impl Shared {
             self.names.outbox
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self
-            .conn(what)?
-            .query_typed(&sql, &[(&limit, Type::INT8)])
-            .map_err(storage(what))?;
+        let rows = self.read(what, |conn| conn.query_typed(&sql, &[(&limit, Type::INT8)]))?;
         Ok(rows
             .iter()
             .map(|row| OutboxEntry {
@@ -176,10 +176,7 @@ impl Shared {
     pub(super) fn outbox_len(&self) -> Result<u64> {
         let what = "counting the outbox";
         let sql = format!("SELECT count(*) FROM {}", self.names.outbox);
-        let row = self
-            .conn(what)?
-            .query_typed_one(&sql, &[])
-            .map_err(storage(what))?;
+        let row = self.read(what, |conn| conn.query_typed_one(&sql, &[]))?;
         Ok(sql_u64(row.get(0)))
     }
 
@@ -189,10 +186,9 @@ impl Shared {
             "SELECT state, version, updated_at_ms FROM {} WHERE entity = $1",
             self.names.entities
         );
-        let row = self
-            .conn(what)?
-            .query_typed_opt(&sql, &[(&entity, Type::TEXT)])
-            .map_err(storage(what))?;
+        let row = self.read(what, |conn| {
+            conn.query_typed_opt(&sql, &[(&entity, Type::TEXT)])
+        })?;
         Ok(row.map(|row| EntityState {
             state: row.get(0),
             version: sql_u64(row.get(1)),

@@ -104,6 +104,8 @@ pub(super) struct Shared {
     /// `database_clock`) or the builder's clock as is.
     pub(super) clock: Arc<dyn Clock>,
     pub(super) database_clock: Option<Arc<DatabaseClock>>,
+    /// How long a call waits for a connection.
+    pub(super) connect_timeout: std::time::Duration,
 }
 
 /// Why one attempt at a transaction failed.
@@ -116,6 +118,23 @@ enum Attempt {
     Commit(postgres::Error),
 }
 
+/// Whether `e` says the connection is gone (closed, or the server is
+/// shutting down or restarting and ended the session): the statement did
+/// nothing, and another connection may work.
+pub(super) fn lost(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.is_closed()
+        || e.code().is_some_and(|code| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::CONNECTION_FAILURE,
+            ]
+            .contains(code)
+        })
+}
+
 pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> Error {
     move |e| Error::Storage {
         context,
@@ -125,10 +144,54 @@ pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> 
 
 impl Shared {
     pub(super) fn conn(&self, context: &'static str) -> Result<Conn> {
-        self.pool.get().map_err(|e| Error::Storage {
-            context,
-            source: Box::new(e),
-        })
+        self.pool
+            .get_timeout(self.connect_timeout)
+            .map_err(|e| Error::Storage {
+                context,
+                source: Box::new(e),
+            })
+    }
+
+    /// How many broken connections one call may meet before it gives up:
+    /// after a server restart every pooled connection is dead, and each is
+    /// noticed (and dropped by the pool) only when a statement fails on it.
+    fn reconnects(&self) -> usize {
+        usize::try_from(self.pool.max_size())
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+    }
+
+    /// A pooled connection that has just answered a round trip (for calls
+    /// that cannot simply be repeated on another connection halfway).
+    pub(super) fn live_conn(&self, context: &'static str) -> Result<Conn> {
+        let mut left = self.reconnects();
+        loop {
+            let mut conn = self.conn(context)?;
+            match conn.batch_execute("") {
+                Ok(()) => return Ok(conn),
+                Err(e) if lost(&e) && left > 0 => left -= 1,
+                Err(e) => return Err(storage(context)(e)),
+            }
+        }
+    }
+
+    /// Runs one read (statements that write nothing) on a pooled
+    /// connection, again on another one while the connection turns out to
+    /// be broken.
+    pub(super) fn read<T>(
+        &self,
+        context: &'static str,
+        mut read: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<T> {
+        let mut left = self.reconnects();
+        loop {
+            let mut conn = self.conn(context)?;
+            match read(&mut conn) {
+                Ok(value) => return Ok(value),
+                Err(e) if lost(&e) && left > 0 => left -= 1,
+                Err(e) => return Err(storage(context)(e)),
+            }
+        }
     }
 
     /// Runs `op` in one transaction and commits it. A lost insert race is
@@ -141,16 +204,17 @@ impl Shared {
         context: &'static str,
         mut op: impl FnMut(&mut PgTxn<'_, '_>) -> OpResult<T, Fault>,
     ) -> Result<T> {
-        let mut reconnected = false;
-        for _ in 0..RACE_RETRIES {
+        let mut reconnects = self.reconnects();
+        let mut races = RACE_RETRIES;
+        while races > 0 {
             let mut conn = self.conn(context)?;
             match self.attempt(&mut conn, &mut op) {
                 Ok(value) => return Ok(value),
                 Err(Attempt::Refused(e)) => return Err(e),
-                Err(Attempt::Race) => {}
-                Err(Attempt::Before(e)) if e.is_closed() && !reconnected => {
-                    tracing::warn!(error = %e, context, "PostgreSQL connection lost; retrying once on a new one");
-                    reconnected = true;
+                Err(Attempt::Race) => races -= 1,
+                Err(Attempt::Before(e)) if lost(&e) && reconnects > 0 => {
+                    tracing::warn!(error = %e, context, "PostgreSQL connection lost; retrying on another one");
+                    reconnects -= 1;
                 }
                 Err(Attempt::Before(e)) => return Err(storage(context)(e)),
                 Err(Attempt::Commit(e)) => {
@@ -194,7 +258,7 @@ impl Shared {
 
     /// Measures the database clock's offset again (when it is in use).
     pub(super) fn sync_clock(&self) {
-        let Some(clock) = &self.database_clock else {
+        let Some(clock) = self.database_clock.as_ref().filter(|c| c.due()) else {
             return;
         };
         let synced = self

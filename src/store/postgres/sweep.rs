@@ -36,21 +36,27 @@ impl PgTxn<'_, '_> {
                 .tx
                 .query_typed(&sql, &[(&now, Type::INT8), (&batch, Type::INT8)])
                 .map_err(|e| crate::store::ops::OpError::Fatal(Fault::Db(e)))?;
-            let mut handled = 0;
+            let full = rows.len() == limit;
             for row in rows {
                 let (scope, key): (&str, &str) = (row.get(0), row.get(1));
-                let Ok(key) = IdempotencyKey::parse_any(scope, key) else {
-                    tracing::error!(scope, key, "sweep skipped a row whose key is not valid");
-                    continue;
-                };
-                let rec = match codec::decode(row.get::<_, &[u8]>(2)) {
-                    Ok(rec) => rec,
-                    Err(e) => {
-                        tracing::error!(%key, error = %e, "sweep skipped a corrupt record");
+                let parsed = IdempotencyKey::parse_any(scope, key)
+                    .map_err(|e| e.to_string())
+                    .and_then(|k| {
+                        codec::decode(row.get::<_, &[u8]>(2))
+                            .map(|rec| (k, rec))
+                            .map_err(|e| e.to_string())
+                    });
+                let (key, rec) = match parsed {
+                    Ok(parsed) => parsed,
+                    Err(error) => {
+                        // Out of the sweep's way (its bytes stay for an
+                        // operator: `verify` lists it, `purge` with force
+                        // removes it), so it cannot stall later sweeps.
+                        tracing::error!(scope, key, %error, "sweep set aside a record it cannot read");
+                        self.quarantine(scope, key)?;
                         continue;
                     }
                 };
-                handled += 1;
                 match self.sweep_record(&key, &rec)? {
                     Some(Swept::MovedToUnknown) => counts.moved_to_unknown += 1,
                     Some(Swept::Tombstoned) => counts.tombstoned += 1,
@@ -58,8 +64,21 @@ impl PgTxn<'_, '_> {
                     None => {}
                 }
             }
-            counts.more |= handled == limit;
+            counts.more |= full;
         }
         Ok(counts)
+    }
+
+    /// Takes a row out of every partial index (state -1, which no index
+    /// and no state means); its record bytes are left as they are.
+    fn quarantine(&mut self, scope: &str, key: &str) -> OpResult<(), Fault> {
+        let sql = format!(
+            "UPDATE {} SET state = -1 WHERE scope = $1 AND key = $2",
+            self.names.records
+        );
+        self.tx
+            .execute_typed(&sql, &[(&scope, Type::TEXT), (&key, Type::TEXT)])
+            .map_err(|e| crate::store::ops::OpError::Fatal(Fault::Db(e)))?;
+        Ok(())
     }
 }

@@ -9,7 +9,7 @@ use crate::store::record::{hex, Record, RecordState};
 use crate::verify::Problem;
 
 use super::read::record_key;
-use super::shared::{storage, Shared};
+use super::shared::Shared;
 use super::txn::{sql_i64, state_code};
 
 /// The index a sound record is found through, and the instant it is
@@ -30,8 +30,7 @@ impl Shared {
              FROM {} ORDER BY scope, key",
             self.names.records
         );
-        let mut conn = self.conn(what)?;
-        let rows = conn.query(&sql, &[]).map_err(storage(what))?;
+        let rows = self.read(what, |conn| conn.query(&sql, &[]))?;
         let mut problems = Vec::new();
         let mut checked = 0;
         for row in rows {

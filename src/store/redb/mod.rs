@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use redb::Database;
 
 use crate::clock::Clock;
@@ -84,52 +84,77 @@ pub(crate) fn open_contained<T>(
     })
 }
 
-/// The redb backend.
-pub(crate) struct RedbStore {
-    /// `None` only while being dropped (see `Drop`).
+/// Opens the database again after a storage failure: the same file, or a
+/// backend over the same storage.
+pub(crate) type Reopen = Arc<dyn Fn() -> Result<Database, OpenError> + Send + Sync>;
+
+/// Tells whether storage takes writes again (before a reopen is tried).
+pub(crate) type Probe = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+
+/// Shortest time between two reopen attempts, in ms of the engine's clock.
+const REOPEN_BACKOFF_MS: u64 = 1_000;
+
+/// What a writer thread needs, kept to start another one after a reopen.
+struct WriterSettings {
+    cfg: StoreConfig,
+    clock: Arc<dyn Clock>,
+    max_batch: usize,
+    queue_capacity: usize,
+}
+
+/// The database and its writer thread, replaced as a whole when the
+/// backend reopens after a storage failure.
+struct Live {
+    /// `None` only while being dropped, or after a reopen attempt failed
+    /// once the old database was closed.
     db: Option<Arc<Database>>,
     tx: Sender<Msg>,
     poison: Arc<Poison>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+/// The redb backend.
+///
+/// A storage failure poisons it: writes are refused (replays, which only
+/// read, go on). When it was opened from a path (or a backend factory), a
+/// later write, or [`Backend::check`], reopens the database at most once a
+/// second, once a probe says storage takes writes again (for a path: a
+/// small file written and synced next to it): redb recovers the file to
+/// its last commit, a new writer starts, and write service is back, with
+/// every acknowledged write kept.
+pub(crate) struct RedbStore {
+    live: RwLock<Live>,
+    settings: WriterSettings,
+    /// How to reopen, and how to tell that storage works again first.
+    reopen: Option<(Reopen, Probe)>,
+    /// Clock reading (ms) of the last reopen attempt.
+    last_reopen: Mutex<Option<u64>>,
 }
 
 impl RedbStore {
     /// Starts the writer thread on a prepared database (see [`prepare`]).
+    /// `reopen` opens it again after a storage failure, once its probe
+    /// says storage takes writes again.
     pub(crate) fn start(
         db: Database,
         cfg: StoreConfig,
         clock: Arc<dyn Clock>,
         max_batch: usize,
         queue_capacity: usize,
+        reopen: Option<(Reopen, Probe)>,
     ) -> Result<RedbStore, OpenError> {
-        let seq = writer::read_sequences(&db).map_err(|e| OpenError::Storage {
-            context: "reading the engine's counters",
-            source: Box::new(e),
-        })?;
-        let db = Arc::new(db);
-        let (tx, rx) = crossbeam_channel::bounded(queue_capacity.max(1));
-        let poison = Arc::new(Poison::default());
-        let writer = Writer {
-            db: db.clone(),
-            rx,
-            clock,
+        let settings = WriterSettings {
             cfg,
-            poison: poison.clone(),
+            clock,
             max_batch: max_batch.max(1),
-            seq,
+            queue_capacity: queue_capacity.max(1),
         };
-        let writer = std::thread::Builder::new()
-            .name("idempotency-writer".into())
-            .spawn(move || writer.run())
-            .map_err(|source| OpenError::ThreadStart {
-                thread: "writer",
-                source,
-            })?;
+        let live = spawn_writer(db, &settings)?;
         Ok(RedbStore {
-            db: Some(db),
-            tx,
-            poison,
-            writer: Mutex::new(Some(writer)),
+            live: RwLock::new(live),
+            settings,
+            reopen,
+            last_reopen: Mutex::new(None),
         })
     }
 
@@ -142,73 +167,232 @@ impl RedbStore {
     }
 
     fn submit<T: Send + 'static>(&self, op: writer::Op<T>, isolated: bool) -> Result<T> {
-        self.poison.check()?;
-        if writer::on_writer_of(&self.poison) {
-            return Err(Error::Reentrant);
-        }
+        let (tx, poison) = self.writer()?;
         let (reply, answer) = crossbeam_channel::bounded(1);
         let job = Call::new(op, isolated, Some(reply));
-        if self.tx.send(Msg::Job(Box::new(job))).is_err() {
-            return Err(self.closed());
+        if tx.send(Msg::Job(Box::new(job))).is_err() {
+            return Err(closed(&poison));
         }
-        answer.recv().unwrap_or_else(|_| Err(self.closed()))
+        answer.recv().unwrap_or_else(|_| Err(closed(&poison)))
     }
 
-    /// The database, for reads.
-    fn db(&self) -> Result<&Database> {
-        self.db.as_deref().ok_or(Error::Closed)
+    /// The writer's queue, reopening the database first if the backend is
+    /// poisoned and a reopen is due.
+    fn writer(&self) -> Result<(Sender<Msg>, Arc<Poison>)> {
+        let (tx, poison) = {
+            let live = self.live.read_recursive();
+            (live.tx.clone(), live.poison.clone())
+        };
+        // An app's local write runs on the writer thread: a write from it
+        // would wait for itself (and a reopen from it would join itself).
+        if writer::on_writer_of(&poison) {
+            return Err(Error::Reentrant);
+        }
+        if poison.cause().is_none() {
+            return Ok((tx, poison));
+        }
+        self.try_reopen()?;
+        let live = self.live.read_recursive();
+        live.poison.check()?;
+        Ok((live.tx.clone(), live.poison.clone()))
     }
 
-    /// Why a call could not reach the writer.
-    fn closed(&self) -> Error {
-        match self.poison.cause() {
-            Some(cause) => Error::Poisoned { cause },
-            None => Error::Closed,
+    /// Reopens a poisoned backend when that is possible and due; otherwise
+    /// (or when it fails) returns the poison.
+    fn try_reopen(&self) -> Result<()> {
+        let poisoned = || self.live.read_recursive().poison.check();
+        let Some((reopen, probe)) = &self.reopen else {
+            return poisoned();
+        };
+        {
+            // One attempt at a time, at most one per backoff.
+            let Some(mut last) = self.last_reopen.try_lock() else {
+                return poisoned();
+            };
+            let now = self.settings.clock.now_ms();
+            if last.is_some_and(|at| now >= at && now - at < REOPEN_BACKOFF_MS) {
+                return poisoned();
+            }
+            *last = Some(now);
+        }
+        if let Err(e) = probe() {
+            tracing::warn!(error = %e, "storage still failing; not reopening yet");
+            return poisoned();
+        }
+        let mut live = self.live.write();
+        let Some(cause) = live.poison.cause() else {
+            return Ok(());
+        };
+        // Stop the old writer; it drops its handle of the database.
+        let _ = live.tx.send(Msg::Shutdown);
+        if let Some(writer) = live.writer.take() {
+            if writer.join().is_err() {
+                tracing::error!("writer thread panicked");
+            }
+        }
+        // Reads hold the database only while they run; wait for them so the
+        // old handle is closed before the file is opened again.
+        if let Some(old) = live.db.take() {
+            match wait_unique(old) {
+                Ok(old) => close_database(old),
+                Err(old) => {
+                    live.db = Some(old);
+                    return poisoned();
+                }
+            }
+        }
+        let reopened = open_contained(std::path::Path::new("<reopen>"), || {
+            let db = reopen()?;
+            prepare(&db, self.settings.cfg, false)?;
+            spawn_writer(db, &self.settings)
+        });
+        match reopened {
+            Ok(fresh) => {
+                tracing::warn!(%cause, "database reopened after a storage failure; writes work again");
+                metrics::counter!("idempotency_reopened_total").increment(1);
+                *live = fresh;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, %cause, "reopening the database failed; writes stay refused");
+                Err(Error::Poisoned {
+                    cause: format!("{cause}; reopening failed: {e}").into(),
+                })
+            }
+        }
+    }
+
+    /// The database, for reads. After a failed reopen there is none until
+    /// a later attempt succeeds.
+    fn db(&self) -> Result<Arc<Database>> {
+        if let Some(db) = self.live.read_recursive().db.clone() {
+            return Ok(db);
+        }
+        self.try_reopen()?;
+        let live = self.live.read_recursive();
+        match (&live.db, live.poison.cause()) {
+            (Some(db), _) => Ok(db.clone()),
+            (None, Some(cause)) => Err(Error::Poisoned { cause }),
+            (None, None) => Err(Error::Closed),
         }
     }
 }
 
+/// Why a call could not reach the writer.
+fn closed(poison: &Poison) -> Error {
+    match poison.cause() {
+        Some(cause) => Error::Poisoned { cause },
+        None => Error::Closed,
+    }
+}
+
+/// Starts a writer thread on a prepared database.
+fn spawn_writer(db: Database, s: &WriterSettings) -> Result<Live, OpenError> {
+    let seq = writer::read_sequences(&db).map_err(|e| OpenError::Storage {
+        context: "reading the engine's counters",
+        source: Box::new(e),
+    })?;
+    let db = Arc::new(db);
+    let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
+    let poison = Arc::new(Poison::default());
+    let writer = Writer {
+        db: db.clone(),
+        rx,
+        clock: s.clock.clone(),
+        cfg: s.cfg,
+        poison: poison.clone(),
+        max_batch: s.max_batch,
+        seq,
+    };
+    let writer = std::thread::Builder::new()
+        .name("idempotency-writer".into())
+        .spawn(move || writer.run())
+        .map_err(|source| OpenError::ThreadStart {
+            thread: "writer",
+            source,
+        })?;
+    Ok(Live {
+        db: Some(db),
+        tx,
+        poison,
+        writer: Some(writer),
+    })
+}
+
+/// The only handle of `db`, once the reads using it are done (up to about
+/// a second); the handle back if reads still hold it.
+fn wait_unique(mut db: Arc<Database>) -> std::result::Result<Database, Arc<Database>> {
+    for _ in 0..1_000 {
+        match Arc::try_unwrap(db) {
+            Ok(db) => return Ok(db),
+            Err(shared) => db = shared,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Err(db)
+}
+
+/// Closes a database; after a panic inside redb its `Drop` may panic on
+/// poisoned locks: contain that.
+fn close_database(db: Database) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+}
+
+/// Writes, syncs and removes a small file: whether the file system takes
+/// writes again (a full disk has space).
+pub(crate) fn probe_write(path: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let result = std::fs::File::create(path).and_then(|mut f| {
+        f.write_all(&vec![0_u8; 64 * 1024])?;
+        f.sync_data()
+    });
+    let _ = std::fs::remove_file(path);
+    result
+}
+
 impl Backend for RedbStore {
     fn check(&self) -> Result<()> {
-        self.poison.check()
+        self.writer().map(|_| ())
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        contained("reading the database", || read::record(self.db()?, key))
+        contained("reading the database", || read::record(&*self.db()?, key))
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         contained("reading the database", || {
-            read::in_doubt(self.db()?, limit, now_ms)
+            read::in_doubt(&*self.db()?, limit, now_ms)
         })
     }
 
-    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
-        contained("reading the database", || read::scan(self.db()?, visit))
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
+        contained("reading the database", || read::scan(&*self.db()?, visit))
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
         contained("reading the database", || {
-            read::oldest_in_doubt(self.db()?, now_ms)
+            read::oldest_in_doubt(&*self.db()?, now_ms)
         })
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
         contained("reading the database", || {
-            read::sweep_due(self.db()?, now_ms)
+            read::sweep_due(&*self.db()?, now_ms)
         })
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        contained("reading the database", || read::outbox(self.db()?, limit))
+        contained("reading the database", || read::outbox(&*self.db()?, limit))
     }
 
     fn outbox_len(&self) -> Result<u64> {
-        contained("reading the database", || read::outbox_len(self.db()?))
+        contained("reading the database", || read::outbox_len(&*self.db()?))
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        contained("reading the database", || read::entity(self.db()?, entity))
+        contained("reading the database", || {
+            read::entity(&*self.db()?, entity)
+        })
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
@@ -228,7 +412,11 @@ impl Backend for RedbStore {
     }
 
     fn mark_in_doubt_detached(&self, req: InDoubtRequest) {
-        if self.poison.check().is_err() {
+        let (tx, poison) = {
+            let live = self.live.read_recursive();
+            (live.tx.clone(), live.poison.clone())
+        };
+        if poison.check().is_err() {
             return;
         }
         let job = Call::new(
@@ -238,7 +426,7 @@ impl Backend for RedbStore {
         );
         // Never blocks: it may run in `Drop` on an async worker or inside a
         // local write on the writer thread itself.
-        let _ = self.tx.try_send(Msg::Job(Box::new(job)));
+        let _ = tx.try_send(Msg::Job(Box::new(job)));
     }
 
     fn extend(&self, key: IdempotencyKey, token: u64, lease_ms: u64) -> Result<u64> {
@@ -282,17 +470,22 @@ impl Backend for RedbStore {
     }
 
     fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
-        contained("verifying the database", || verify::verify(self.db()?))
+        contained("verifying the database", || verify::verify(&*self.db()?))
     }
 
     fn close(&self) {
-        let _ = self.tx.send(Msg::Shutdown);
+        let (tx, poison) = {
+            let live = self.live.read_recursive();
+            (live.tx.clone(), live.poison.clone())
+        };
+        let _ = tx.send(Msg::Shutdown);
         // The writer cannot wait for itself (the last handle can drop inside
         // a local write); it exits once it reads the shutdown.
-        if writer::on_writer_of(&self.poison) {
+        if writer::on_writer_of(&poison) {
             return;
         }
-        if let Some(writer) = self.writer.lock().take() {
+        let writer = self.live.write().writer.take();
+        if let Some(writer) = writer {
             if writer.join().is_err() {
                 tracing::error!("writer thread panicked");
             }
@@ -303,9 +496,7 @@ impl Backend for RedbStore {
 impl Drop for RedbStore {
     fn drop(&mut self) {
         self.close();
-        // After a panic inside redb its own locks may be poisoned, and its
-        // `Drop` panics on them: contain that too.
-        if let Some(db) = self.db.take() {
+        if let Some(db) = self.live.get_mut().db.take() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
         }
     }

@@ -98,7 +98,7 @@ impl Backend for RedbReader {
         })
     }
 
-    fn scan(&self, visit: &mut dyn FnMut(Scanned) -> bool) -> Result<()> {
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         contained("reading the database", || read::scan(&self.db, visit))
     }
 

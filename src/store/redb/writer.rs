@@ -263,14 +263,7 @@ impl Writer {
     }
 }
 
-/// The text of a caught panic's payload.
-pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
-}
+pub(super) use crate::store::panic_message;
 
 /// The counters stored in the meta table (1 for a new database).
 pub(super) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {

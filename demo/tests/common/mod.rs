@@ -1,0 +1,34 @@
+//! Running the demo binary and checking its audit, for every store.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs `payments demo` with `args` and checks that it succeeded, that its
+/// audit of the provider's ledger found 0 double and 0 lost charges, and
+/// that it took under two minutes.
+pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
+    // Cargo builds the binary, in this test's profile, before the test.
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_payments"))
+        .arg("demo")
+        .args(args)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "demo failed with {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("0 charged twice, 0 lost"),
+        "no clean audit line:\n{stdout}"
+    );
+    assert!(stdout.contains("OK: every payment"), "{stdout}");
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the demo took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! One test body, every backend: a [`Harness`] opens (and reopens) an engine
+//! on redb (a fresh file in a temp dir) or on PostgreSQL (the server in
+//! `IDEMPOTENCY_TEST_PG`, a table prefix of the test's own), and
+//! [`both_backends!`] turns one body into a `redb` and a `postgres` test.
+//!
+//! Without `IDEMPOTENCY_TEST_PG` the PostgreSQL variants are skipped with a
+//! message, or fail when `CI=true` (CI must not skip them silently): run
+//! them through `scripts/with-postgres`.
+
+#![allow(dead_code, unused_macros)] // each test file uses some of these
+
+use std::error::Error;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idempotency::{BoxError, Engine, EngineBuilder, LocalTx, OpenError};
+
+/// What every suite test returns.
+pub type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
+
+/// Where an engine keeps its records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A redb file.
+    Redb,
+    /// Tables in a PostgreSQL database.
+    Postgres,
+}
+
+/// The environment variable with the test server's connection string.
+pub const PG_ENV: &str = "IDEMPOTENCY_TEST_PG";
+
+/// The PostgreSQL test server, if there is one. Unset: `None` with a
+/// message, or a panic when `CI=true`.
+pub fn pg_url() -> Option<String> {
+    match std::env::var(PG_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
+            "{PG_ENV} not set and CI=true: the PostgreSQL tests must run, not be skipped \
+             (run them through scripts/with-postgres)"
+        ),
+        _ => {
+            eprintln!("skipped: {PG_ENV} not set (run through scripts/with-postgres)");
+            None
+        }
+    }
+}
+
+/// A table prefix no other test (in this process or another) uses.
+fn unique_prefix() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "t{}_{}_{}_",
+        std::process::id(),
+        secs % 1_000_000,
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+enum Store {
+    Redb {
+        // Kept for its Drop: the directory goes with the harness.
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+    },
+    Postgres {
+        url: String,
+        prefix: String,
+    },
+}
+
+/// One store on one backend; every `open` opens the same store again.
+pub struct Harness {
+    backend: Backend,
+    store: Store,
+    database_clock: bool,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.store {
+            Store::Redb { path, .. } => write!(f, "redb {}", path.display()),
+            Store::Postgres { prefix, .. } => write!(f, "postgres prefix {prefix}"),
+        }
+    }
+}
+
+impl Harness {
+    /// A fresh, empty store on `backend`; `None` when PostgreSQL is skipped
+    /// (see [`pg_url`]).
+    ///
+    /// # Panics
+    ///
+    /// If a temp dir cannot be made, or without a PostgreSQL server under
+    /// `CI=true`.
+    pub fn new(backend: Backend) -> Option<Harness> {
+        let store = match backend {
+            Backend::Redb => {
+                let dir = tempfile::tempdir().expect("a temp dir for the redb file");
+                let path = dir.path().join("idem.redb");
+                Store::Redb { _dir: dir, path }
+            }
+            Backend::Postgres => Store::Postgres {
+                url: pg_url()?,
+                prefix: unique_prefix(),
+            },
+        };
+        Some(Harness {
+            backend,
+            store,
+            database_clock: false,
+        })
+    }
+
+    /// Another fresh store on the same backend.
+    pub fn another(&self) -> Harness {
+        let mut h = Harness::new(self.backend).expect("the backend was available a moment ago");
+        h.database_clock = self.database_clock;
+        h
+    }
+
+    /// Whether a PostgreSQL engine takes time from the database
+    /// (`EngineBuilder::database_clock`); off by default, since the suite
+    /// moves time with a `ManualClock`. No effect on redb.
+    pub fn database_clock(mut self, on: bool) -> Harness {
+        self.database_clock = on;
+        self
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
+    /// The connection string and table prefix (PostgreSQL only).
+    pub fn postgres_store(&self) -> Option<(&str, &str)> {
+        match &self.store {
+            Store::Postgres { url, prefix } => Some((url, prefix)),
+            Store::Redb { .. } => None,
+        }
+    }
+
+    /// The suite's builder: no background sweeper (sweeps are explicit),
+    /// and on PostgreSQL a small pool, since many engines run at once.
+    pub fn builder(&self) -> EngineBuilder {
+        let b = Engine::builder().sweep_interval(None);
+        match self.backend {
+            Backend::Redb => b,
+            Backend::Postgres => b.pool_size(4),
+        }
+    }
+
+    /// Opens this harness's store with the suite's builder.
+    pub fn engine(&self) -> Result<Engine, OpenError> {
+        self.open(self.builder())
+    }
+
+    /// Opens this harness's store (the same file, or the same prefix) with
+    /// `builder`: the first open creates it, later ones reopen it. On
+    /// redb, drop the previous engine first (the file is locked).
+    pub fn open(&self, builder: EngineBuilder) -> Result<Engine, OpenError> {
+        match &self.store {
+            Store::Redb { path, .. } => builder.open(path),
+            Store::Postgres { url, prefix } => builder
+                .table_prefix(prefix.as_str())
+                .database_clock(self.database_clock)
+                .open_postgres(url.as_str()),
+        }
+    }
+
+    /// A client of the test server (PostgreSQL only).
+    pub fn pg_client(&self) -> Result<idempotency::postgres::Client, BoxError> {
+        let (url, _) = self.postgres_store().ok_or("not a PostgreSQL harness")?;
+        Ok(idempotency::postgres::Client::connect(
+            url,
+            idempotency::postgres::NoTls,
+        )?)
+    }
+
+    /// The app's own ledger table, beside the engine's tables: created
+    /// here on PostgreSQL; on redb the first write creates it in the
+    /// engine's file.
+    pub fn ledger(&self) -> Result<Ledger, BoxError> {
+        match &self.store {
+            Store::Redb { .. } => Ok(Ledger {
+                backend: Backend::Redb,
+                table: "ledger".to_owned(),
+            }),
+            Store::Postgres { prefix, .. } => {
+                let table = format!("{prefix}app_ledger");
+                self.pg_client()?.batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)"
+                ))?;
+                Ok(Ledger {
+                    backend: Backend::Postgres,
+                    table,
+                })
+            }
+        }
+    }
+
+    /// The ledger's rows, sorted by id. On redb the engine must be dropped
+    /// first (the file is locked while it is open).
+    pub fn ledger_rows(&self, ledger: &Ledger) -> Result<Vec<(String, u64)>, BoxError> {
+        match &self.store {
+            Store::Redb { path, .. } => {
+                use redb::{ReadableDatabase, ReadableTable};
+                let db = redb::Database::open(path)?;
+                let txn = db.begin_read()?;
+                let table = match txn.open_table(ledger.redb_table()) {
+                    Ok(t) => t,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut rows = Vec::new();
+                for row in table.iter()? {
+                    let (id, amount) = row?;
+                    rows.push((id.value().to_owned(), amount.value()));
+                }
+                Ok(rows)
+            }
+            Store::Postgres { .. } => {
+                let rows = self.pg_client()?.query(
+                    &format!("SELECT id, amount FROM {} ORDER BY id", ledger.table),
+                    &[],
+                )?;
+                rows.iter()
+                    .map(|r| {
+                        let amount: i64 = r.try_get(1)?;
+                        Ok((r.try_get(0)?, u64::try_from(amount)?))
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The app's ledger table; [`Ledger::insert`] writes a row inside a local
+/// write's transaction (`LocalTx::redb` or `LocalTx::postgres`).
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    backend: Backend,
+    table: String,
+}
+
+impl Ledger {
+    fn redb_table(&self) -> redb::TableDefinition<'_, &'static str, u64> {
+        redb::TableDefinition::new(&self.table)
+    }
+
+    /// Inserts row `id` in the local write's transaction. A second row
+    /// with the same id is an error on both backends: a double execution
+    /// shows up as a failed write, not as an overwrite.
+    pub fn insert(&self, tx: &mut LocalTx<'_>, id: &str, amount: u64) -> Result<(), BoxError> {
+        match self.backend {
+            Backend::Redb => {
+                let txn = tx.redb().ok_or("LocalTx::redb() is None on redb")?;
+                let mut table = txn.open_table(self.redb_table())?;
+                if table.insert(id, amount)?.is_some() {
+                    return Err(format!("ledger row {id} written twice").into());
+                }
+                Ok(())
+            }
+            Backend::Postgres => {
+                let txn = tx
+                    .postgres()
+                    .ok_or("LocalTx::postgres() is None on PostgreSQL")?;
+                let amount = i64::try_from(amount)?;
+                txn.execute(
+                    &format!("INSERT INTO {} (id, amount) VALUES ($1, $2)", self.table),
+                    &[&id, &amount],
+                )?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs `body` on a fresh store of `backend`; a skipped PostgreSQL run
+/// passes.
+pub fn run(backend: Backend, body: fn(&Harness) -> TestResult) -> TestResult {
+    match Harness::new(backend) {
+        Some(h) => body(&h),
+        None => Ok(()),
+    }
+}
+
+/// `fn name(h: &Harness) -> TestResult { .. }` becomes a module `name` with
+/// the tests `name::redb` and `name::postgres`, both running the same body.
+macro_rules! both_backends {
+    ($(#[$meta:meta])* fn $name:ident($h:ident: &Harness) -> TestResult $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($h: &Harness) -> TestResult $body
+
+            #[test]
+            fn redb() -> TestResult {
+                run(Backend::Redb, body)
+            }
+
+            #[test]
+            fn postgres() -> TestResult {
+                run(Backend::Postgres, body)
+            }
+        }
+    };
+}
