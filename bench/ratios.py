@@ -5,7 +5,8 @@ Usage: cargo bench -p idempotency-bench 2>&1 | tee bench.log
        python3 bench/ratios.py bench.log
 Reads criterion's "thrpt: [low mid high]" lines (mid = the estimate), the
 benches' own LATENCY / PEAK_RSS / SWEEP lines, and the PAIRED lines (the
-interleaved measurements the target table is built from).
+interleaved measurements the target table is built from) with their
+ROUNDS lines (the per-round ratios, printed by the postgres bench).
 """
 import re
 import sys
@@ -24,7 +25,8 @@ def parse(path):
         elif line and not line[0].isspace() and not re.match(
                 r"^(Benchmarking|Found|Warning|Gnuplot|LATENCY|RATIO|PRELOAD|"
                 r"PEAK_RSS|SWEEP|LAYOUT|bench databases|preloaded|Running|"
-                r"Compiling|Finished|Executable)", line):
+                r"Compiling|Finished|Executable|PAIRED|ROUNDS|PG server|with-postgres|"
+                r"postgres bench skipped)", line):
             name = line.strip()
         m = re.search(r"thrpt:\s+\[\S+\s+\S+\s+(\S+)\s+(\S+)\s+\S+\s+\S+\]", line)
         if m and name and "%" not in line:
@@ -32,7 +34,7 @@ def parse(path):
         m = re.match(r"^LATENCY (.*): n=(\d+) p50=([\d.]+)us p99=([\d.]+)us", line)
         if m:
             lat[m.group(1)] = (float(m.group(3)), float(m.group(4)))
-        if re.match(r"^(PEAK_RSS|SWEEP|PRELOAD|LAYOUT)", line):
+        if re.match(r"^(PEAK_RSS|SWEEP|PRELOAD|LAYOUT|PG server)", line):
             notes.append(line)
     return thrpt, lat, notes
 
@@ -44,8 +46,11 @@ def find(d, *parts):
 
 def main():
     thrpt, lat, notes = parse(sys.argv[1])
-    paired = {}
+    paired, rounds = {}, {}
     for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+        m = re.match(r"^ROUNDS (.*): ratios ([\d. ]+) \|", line)
+        if m:
+            rounds[m.group(1)] = m.group(2).split()
         m = re.match(r"^PAIRED (.*): ours ([\d.]+) (\S+), baseline ([\d.]+) \S+, "
                      r"ratio median ([\d.]+) \(min ([\d.]+), max ([\d.]+), (\d+) rounds\)", line)
         if m:
@@ -74,6 +79,8 @@ def main():
         (("fingerprint 10KiB",), ">=", 0.5),
         (("records vs 10000 records",), ">=", 0.8),
         (("while sweeping",), "<=", 2),
+        (("postgres", "engine (pool 64) vs hand-written baseline"), ">=", 0.8),
+        (("postgres", "redb engine vs hand-written postgres baseline"), "info", 0),
     ]
     for parts, op, goal in targets:
         key = [k for k in paired if all(p in k for p in parts)]
@@ -89,6 +96,10 @@ def main():
             result, tgt = ("met" if ok else "MISSED"), f"{'≥' if op == '>=' else '≤'} {goal}×"
         print(f"| {key[0]} | {float(ours):,.1f} {unit} | {float(base):,.1f} {unit} | "
               f"{r:.2f}× [{float(lo):.2f}, {float(hi):.2f}] ({n} rounds) | {tgt} | {result} |")
+    if rounds:
+        print("\n## Per-round ratios (in measurement order)\n")
+        for k, v in rounds.items():
+            print(f"- {k}: {', '.join(x + '×' for x in v)}")
 
 
 main()

@@ -23,7 +23,7 @@ use crate::store::classify::{classify, Class};
 use crate::store::record::RecordState;
 use crate::store::{
     Abandon, Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Completion, Found, Held,
-    InDoubtRequest, Record, SettleRequest, Settled, Settlement, StoredResponse,
+    InDoubtRequest, ReadOrClaim, Record, SettleRequest, Settled, Settlement, StoredResponse,
 };
 
 /// One counter since the engine was opened, also exported through the
@@ -117,7 +117,13 @@ impl Core {
         for _ in 0..4 {
             // A snapshot read answers most repeats without the writer.
             let now_ms = self.clock.now_ms();
-            let seen = self.store.record(key)?.and_then(|record| {
+            let read = match self.store.read_or_claim(&claim)? {
+                ReadOrClaim::Claimed(claimed) => {
+                    return Ok(Begin::Claimed(self.claim(key, claimed)))
+                }
+                ReadOrClaim::Read(read) => read,
+            };
+            let seen = read.and_then(|record| {
                 match classify(&record, &fingerprint, now_ms, self.cfg.store.expiry) {
                     Class::Held(held) => Some(Found {
                         record,

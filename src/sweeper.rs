@@ -43,8 +43,11 @@ fn run(core: &Core, interval: Duration, stopped: &Receiver<()>) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
         }
+        // A poisoned engine refuses writes until it has reopened its
+        // database; asking is one of the moments it tries. Skip this tick
+        // and keep going: the sweeper must run again after the reopen.
         if core.store.check().is_err() {
-            return;
+            continue;
         }
         match core.sweep_pass(&|| !stopped.is_empty()) {
             Ok(c) if c.moved_to_unknown + c.deleted + c.tombstoned > 0 => tracing::info!(

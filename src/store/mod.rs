@@ -64,6 +64,14 @@ pub(crate) enum ClaimResult {
     Held(Box<Found>),
 }
 
+/// What `begin`'s first step found (see `Backend::read_or_claim`).
+pub(crate) enum ReadOrClaim {
+    /// The key had no record and is now claimed.
+    Claimed(Claimed),
+    /// The key's record as a read saw it; `begin` decides from there.
+    Read(Option<Record>),
+}
+
 /// A claim attempt.
 #[derive(Clone, Debug)]
 pub(crate) struct ClaimRequest {
@@ -174,6 +182,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>>;
     fn outbox_len(&self) -> Result<u64>;
     fn entity(&self, entity: &str) -> Result<Option<EntityState>>;
+
+    /// The read `begin` starts with. A backend whose every read is a
+    /// network round trip may, when the key has no record, claim it in the
+    /// same step (durably, as `claim` does); the default only reads.
+    fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
+        Ok(ReadOrClaim::Read(self.record(&req.key)?))
+    }
 
     // Writes, durable before they return.
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult>;

@@ -3,6 +3,7 @@
 //! plain-redb and SQLite baselines that run beside the engine.
 #![allow(dead_code)] // each bench binary uses a different subset
 
+pub mod pg;
 pub mod redb_plain;
 pub mod sqlite;
 
@@ -207,11 +208,17 @@ pub struct Rounds {
     pub slice: Duration,
 }
 
-/// 5 rounds of 1.5 s slices under `cargo bench`; one 50 ms round in test mode.
+/// 5 rounds of 1.5 s slices under `cargo bench` (`IDEMPOTENCY_BENCH_ROUNDS`
+/// sets the number of rounds); one 50 ms round in test mode.
 pub fn rounds() -> Rounds {
     if measuring() {
+        let rounds = std::env::var("IDEMPOTENCY_BENCH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(5);
         Rounds {
-            rounds: 5,
+            rounds,
             slice: Duration::from_millis(1500),
         }
     } else {
@@ -278,5 +285,23 @@ pub fn report_paired(name: &str, unit: &str, ours: &[f64], base: &[f64]) {
         ratios[0],
         ratios[ratios.len() - 1],
         ratios.len()
+    );
+}
+
+/// Prints a `ROUNDS` line: the per-round ratios `ours[i] / base[i]` in
+/// measurement order, with both series (the `PAIRED` line has only their
+/// medians).
+pub fn report_rounds(name: &str, ours: &[f64], base: &[f64]) {
+    let list = |v: Vec<String>| v.join(" ");
+    println!(
+        "ROUNDS {name}: ratios {} | ours {} | baseline {}",
+        list(
+            ours.iter()
+                .zip(base)
+                .map(|(o, b)| format!("{:.2}", o / b))
+                .collect()
+        ),
+        list(ours.iter().map(|o| format!("{o:.0}")).collect()),
+        list(base.iter().map(|b| format!("{b:.0}")).collect()),
     );
 }

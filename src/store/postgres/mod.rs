@@ -17,6 +17,7 @@
 //! and the next call may well succeed on a fresh connection.
 
 mod clock;
+mod in_place;
 mod local;
 mod read;
 mod schema;
@@ -47,13 +48,14 @@ use crate::store::ops::Ops;
 use crate::store::record::{EntityState, Record};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
+    LocalWrite, ReadOrClaim, Scanned, SettleRequest, Settled, TransitionRequest,
 };
 use crate::transition::Transition;
 
 pub(crate) use self::clock::DatabaseClock;
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
+use self::in_place::Remembered;
 use self::shared::{storage, Shared};
 use self::txn::{sql_i64, state_code};
 
@@ -82,6 +84,8 @@ pub(crate) struct PgOptions {
 pub(crate) struct PgStore {
     /// `None` only while being dropped.
     shared: Option<Arc<Shared>>,
+    /// Claims this engine inserted, for completing them in place.
+    remembered: Remembered,
     closed: AtomicBool,
     /// Dropped claims: `mark_in_doubt_detached` must never block, so a
     /// thread of its own does the write.
@@ -151,6 +155,11 @@ impl PgStore {
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
         // write is retried once on a fresh one (see `Shared::write`).
+        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let manager = shared::Manager {
+            inner: manager,
+            generation: generation.clone(),
+        };
         let pool = r2d2::Pool::builder()
             .max_size(opts.pool_size.max(1))
             .min_idle(Some(1))
@@ -180,6 +189,7 @@ impl PgStore {
             clock: clock.clone(),
             database_clock,
             connect_timeout: opts.connect_timeout,
+            generation,
         });
         let (tx, rx) = crossbeam_channel::bounded::<Detached>(DETACHED_QUEUE);
         let worker_shared = shared.clone();
@@ -209,6 +219,7 @@ impl PgStore {
             })?;
         let store = PgStore {
             shared: Some(shared),
+            remembered: Remembered::default(),
             closed: AtomicBool::new(false),
             detached: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
@@ -232,11 +243,102 @@ impl PgStore {
             let mut conn = s.conn(what)?;
             match conn.query_typed_one(&sql, &[]) {
                 Ok(row) => break (conn, row.get::<_, i64>(0)),
-                Err(e) if shared::lost(&e) && left > 0 => left -= 1,
+                Err(e) if shared::lost(&e) && left > 0 => {
+                    s.suspect();
+                    left -= 1;
+                }
                 Err(e) => return Err(storage(what)(e)),
             }
         };
-        let token = txn::sql_u64(token);
+        self.insert_with_token(&mut conn, req, txn::sql_u64(token))
+    }
+
+    /// `begin`'s first step in one round trip when the key has a record
+    /// (the record, as a plain read sees it) and in two when it has none:
+    /// the same statement draws a token, then the claim is inserted as in
+    /// `insert_claim`.
+    fn read_or_insert(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
+        let what = "reading a record";
+        let s = self.shared()?;
+        // CASE evaluates only the branch it takes: a key with a record
+        // draws no token.
+        let sql = format!(
+            "SELECT r.record, CASE WHEN r.record IS NULL THEN nextval('{}') END
+             FROM (SELECT (SELECT record FROM {} WHERE scope = $1 AND key = $2) AS record) r",
+            s.names.tokens, s.names.records
+        );
+        // This statement writes nothing (a drawn token may go unused), so
+        // a connection found dead is replaced and the statement repeated.
+        let mut left = s.pool.max_size();
+        let (mut conn, row) = loop {
+            let mut conn = s.conn(what)?;
+            let row = conn
+                .prepared(&sql, &[Type::TEXT, Type::TEXT])
+                .and_then(|statement| {
+                    conn.query_one(&statement, &[&req.key.scope(), &req.key.key()])
+                });
+            match row {
+                Ok(row) => break (conn, row),
+                Err(e) if shared::lost(&e) && left > 0 => {
+                    s.suspect();
+                    left -= 1;
+                }
+                Err(e) => return Err(storage(what)(e)),
+            }
+        };
+        if let Some(bytes) = row.get::<_, Option<&[u8]>>(0) {
+            let record = crate::store::codec::decode(bytes).map_err(|e| Error::CorruptRecord {
+                key: req.key.clone(),
+                reason: e.to_string(),
+            })?;
+            return Ok(ReadOrClaim::Read(Some(record)));
+        }
+        let token = txn::sql_u64(row.get::<_, i64>(1));
+        // Lost to a concurrent insert: `begin` goes on as after a read that
+        // found nothing, and its claim decides.
+        Ok(match self.insert_with_token(&mut conn, req, token)? {
+            Some(claimed) => ReadOrClaim::Claimed(claimed),
+            None => ReadOrClaim::Read(None),
+        })
+    }
+
+    /// Completes a claim this engine inserted in one statement (see
+    /// `in_place.rs`); `false`: nothing was written, take the full path.
+    fn complete_in_place(
+        &self,
+        req: &CompleteRequest,
+        remembered: (Record, Vec<u8>),
+    ) -> Result<bool> {
+        let what = "storing an outcome";
+        let s = self.shared()?;
+        let mut conn = s.conn(what)?;
+        let done = in_place::complete(
+            &mut conn,
+            &s.names,
+            s.cfg,
+            s.clock.now_ms(),
+            req,
+            remembered,
+        )
+        .map_err(|e| Error::Storage {
+            context: "storing an outcome on PostgreSQL (the outcome is unknown)",
+            source: Box::new(e),
+        })?;
+        if done {
+            tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
+        }
+        Ok(done)
+    }
+
+    /// Inserts a PROCESSING record for `req` with `token`, autocommitted;
+    /// `None` when the key has a row.
+    fn insert_with_token(
+        &self,
+        conn: &mut shared::Conn,
+        req: &ClaimRequest,
+        token: u64,
+    ) -> Result<Option<Claimed>> {
+        let s = self.shared()?;
         let (rec, claimed) = crate::store::ops::fresh_claim(req, token, s.clock.now_ms());
         let bytes = crate::store::codec::encode(&rec);
         let sql = format!(
@@ -246,16 +348,29 @@ impl PgStore {
              ON CONFLICT (scope, key) DO NOTHING",
             s.names.records
         );
-        let inserted = conn
-            .execute_typed(
+        let statement = conn
+            .prepared(
                 &sql,
                 &[
-                    (&req.key.scope(), Type::TEXT),
-                    (&req.key.key(), Type::TEXT),
-                    (&state_code(rec.state), Type::INT2),
-                    (&sql_i64(token), Type::INT8),
-                    (&sql_i64(rec.lease_until_ms), Type::INT8),
-                    (&bytes, Type::BYTEA),
+                    Type::TEXT,
+                    Type::TEXT,
+                    Type::INT2,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::BYTEA,
+                ],
+            )
+            .map_err(storage("claiming a key"))?;
+        let inserted = conn
+            .execute(
+                &statement,
+                &[
+                    &req.key.scope(),
+                    &req.key.key(),
+                    &state_code(rec.state),
+                    &sql_i64(token),
+                    &sql_i64(rec.lease_until_ms),
+                    &bytes,
                 ],
             )
             .map_err(|e| Error::Storage {
@@ -265,6 +380,7 @@ impl PgStore {
         if inserted == 0 {
             return Ok(None);
         }
+        self.remembered.insert(&req.key, rec, bytes);
         tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
         Ok(Some(claimed))
     }
@@ -346,6 +462,11 @@ impl Backend for PgStore {
         guard("reading an entity", || self.shared()?.entity(entity))
     }
 
+    fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
+        self.open_check()?;
+        guard("reading a record", || self.read_or_insert(req))
+    }
+
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
         self.open_check()?;
         if let Some(claimed) = guard("claiming a key", || self.insert_claim(&req))? {
@@ -355,20 +476,31 @@ impl Backend for PgStore {
     }
 
     fn complete(&self, req: CompleteRequest) -> Result<()> {
+        self.open_check()?;
+        if let Some(remembered) = self.remembered.take(&req.key, req.token) {
+            if guard("storing an outcome", || {
+                self.complete_in_place(&req, remembered)
+            })? {
+                return Ok(());
+            }
+        }
         // A retry (a connection found broken before the commit) needs the
         // request again.
         self.write("storing an outcome", |t| t.complete(req.clone()))
     }
 
     fn release(&self, key: IdempotencyKey, token: u64) -> Result<()> {
+        self.remembered.forget(&key);
         self.write("releasing a claim", |t| t.release(&key, token))
     }
 
     fn mark_in_doubt(&self, req: InDoubtRequest) -> Result<()> {
+        self.remembered.forget(&req.key);
         self.write("marking a claim UNKNOWN", |t| t.mark_in_doubt(req.clone()))
     }
 
     fn mark_in_doubt_detached(&self, req: InDoubtRequest) {
+        self.remembered.forget(&req.key);
         if let Some(tx) = self.detached.lock().as_ref() {
             // Never blocks; when the queue is full the lease running out
             // has the same effect, later.

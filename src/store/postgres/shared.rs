@@ -2,7 +2,13 @@
 //! the settings and the clock; and the runner that applies one operation
 //! in one transaction.
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use postgres::types::Type;
+use postgres::{Client, Statement};
 
 use r2d2_postgres::postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
@@ -16,8 +22,84 @@ use super::clock::DatabaseClock;
 use super::schema::Names;
 use super::txn::{Fault, PgTxn};
 
-pub(super) type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
-pub(super) type Conn = r2d2::PooledConnection<PostgresConnectionManager<NoTls>>;
+pub(super) type Pool = r2d2::Pool<Manager>;
+pub(super) type Conn = r2d2::PooledConnection<Manager>;
+
+/// Statements prepared per connection at most; beyond this, statements are
+/// prepared for one use (the hot path has a handful).
+const PREPARED: usize = 64;
+
+/// A pooled connection and the statements prepared on it. Parsing and
+/// planning a statement on every call (an unnamed statement, as
+/// `query_typed` sends) was over 40% of the server's CPU per request.
+pub(super) struct PgConn {
+    client: Client,
+    prepared: HashMap<String, Statement>,
+    /// The pool's generation when this connection was last known good
+    /// (see `Shared::conn`).
+    generation: u64,
+}
+
+impl Deref for PgConn {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for PgConn {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl PgConn {
+    /// `sql`, prepared with parameter `types` on this connection once.
+    pub(super) fn prepared(
+        &mut self,
+        sql: &str,
+        types: &[Type],
+    ) -> std::result::Result<Statement, postgres::Error> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare_typed(sql, types)?;
+        if self.prepared.len() < PREPARED {
+            self.prepared.insert(sql.to_owned(), statement.clone());
+        }
+        Ok(statement)
+    }
+}
+
+/// r2d2's PostgreSQL manager, with a statement cache per connection and
+/// the pool's generation (raised whenever a call finds a connection lost).
+#[derive(Debug)]
+pub(super) struct Manager {
+    pub(super) inner: PostgresConnectionManager<NoTls>,
+    pub(super) generation: Arc<AtomicU64>,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = PgConn;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> std::result::Result<PgConn, postgres::Error> {
+        Ok(PgConn {
+            client: self.inner.connect()?,
+            prepared: HashMap::new(),
+            generation: self.generation.load(Ordering::Acquire),
+        })
+    }
+
+    fn is_valid(&self, conn: &mut PgConn) -> std::result::Result<(), postgres::Error> {
+        self.inner.is_valid(&mut conn.client)
+    }
+
+    fn has_broken(&self, conn: &mut PgConn) -> bool {
+        self.inner.has_broken(&mut conn.client)
+    }
+}
 
 /// How often a transaction that lost an insert race is retried. Each
 /// retry sees the winner's row, so one retry is the norm.
@@ -33,6 +115,9 @@ pub(super) struct Shared {
     pub(super) database_clock: Option<Arc<DatabaseClock>>,
     /// How long a call waits for a connection.
     pub(super) connect_timeout: std::time::Duration,
+    /// Raised when a call finds a connection lost (a server restart kills
+    /// them all): older pooled connections are probed before use.
+    pub(super) generation: Arc<AtomicU64>,
 }
 
 /// Why one attempt at a transaction failed.
@@ -70,13 +155,42 @@ pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> 
 }
 
 impl Shared {
+    /// A pooled connection. After a call has found a connection lost, the
+    /// connections pooled before are probed with an empty query before use
+    /// (a dead one is dropped and the next tried), so a statement whose
+    /// outcome could not be told on a broken connection (an autocommitted
+    /// write) rarely meets one.
     pub(super) fn conn(&self, context: &'static str) -> Result<Conn> {
-        self.pool
-            .get_timeout(self.connect_timeout)
-            .map_err(|e| Error::Storage {
-                context,
-                source: Box::new(e),
-            })
+        let mut left = self.reconnects();
+        loop {
+            let mut conn =
+                self.pool
+                    .get_timeout(self.connect_timeout)
+                    .map_err(|e| Error::Storage {
+                        context,
+                        source: Box::new(e),
+                    })?;
+            let current = self.generation.load(Ordering::Acquire);
+            if conn.generation >= current {
+                return Ok(conn);
+            }
+            match conn.client.batch_execute("") {
+                Ok(()) => {
+                    conn.generation = current;
+                    return Ok(conn);
+                }
+                Err(e) if left > 0 => {
+                    tracing::debug!(error = %e, context, "dropping a pooled connection that did not answer");
+                    left -= 1;
+                }
+                Err(e) => return Err(storage(context)(e)),
+            }
+        }
+    }
+
+    /// A call found a connection lost: probe the older ones before use.
+    pub(super) fn suspect(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// How many broken connections one call may meet before it gives up:
@@ -96,7 +210,10 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match conn.batch_execute("") {
                 Ok(()) => return Ok(conn),
-                Err(e) if lost(&e) && left > 0 => left -= 1,
+                Err(e) if lost(&e) && left > 0 => {
+                    self.suspect();
+                    left -= 1;
+                }
                 Err(e) => return Err(storage(context)(e)),
             }
         }
@@ -115,7 +232,10 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match read(&mut conn) {
                 Ok(value) => return Ok(value),
-                Err(e) if lost(&e) && left > 0 => left -= 1,
+                Err(e) if lost(&e) && left > 0 => {
+                    self.suspect();
+                    left -= 1;
+                }
                 Err(e) => return Err(storage(context)(e)),
             }
         }
@@ -140,6 +260,7 @@ impl Shared {
                 Err(Attempt::Refused(e)) => return Err(e),
                 Err(Attempt::Race) => races -= 1,
                 Err(Attempt::Before(e)) if lost(&e) && reconnects > 0 => {
+                    self.suspect();
                     tracing::warn!(error = %e, context, "PostgreSQL connection lost; retrying on another one");
                     reconnects -= 1;
                 }
