@@ -132,6 +132,25 @@ pub enum OpenError {
         supported: i64,
     },
 
+    /// Another engine on these PostgreSQL tables expires records by a
+    /// different policy. Engines sharing a table prefix must use one
+    /// policy: one that forgets would delete the tombstones another keeps,
+    /// which would then run a key's work again. Nothing was changed. To
+    /// change the policy, stop every engine on the prefix, delete the row
+    /// `tombstone_keep_ms` from `<prefix>meta`, and open them again with the
+    /// new policy (or open with
+    /// [`crate::EngineBuilder::expiry_settings_from_database`] to follow
+    /// the stored one).
+    #[error("the PostgreSQL tables under prefix {prefix:?} are used with expiry policy {stored:?}, not {requested:?}; engines sharing a prefix must use one policy (to change it, stop them all and delete the row 'tombstone_keep_ms' from the meta table)")]
+    ExpiryPolicyConflict {
+        /// The table prefix.
+        prefix: String,
+        /// The policy stored by the engines already using the tables.
+        stored: crate::config::ExpiryPolicy,
+        /// The policy this engine was built with.
+        requested: crate::config::ExpiryPolicy,
+    },
+
     /// The engine could not start one of its threads.
     #[error("cannot start the {thread} thread: {source}")]
     ThreadStart {
@@ -316,9 +335,10 @@ pub enum Error {
     },
 
     /// A write was called from inside an app's local write closure (see
-    /// `Engine::complete_local`) on the same engine. The closure runs on the
-    /// engine's writer thread, so the call would wait for itself forever.
-    /// Reads (`record`, `records`, ...) are fine there.
+    /// `Engine::complete_local`) on the same engine. On redb the closure
+    /// runs on the engine's writer thread, and on PostgreSQL it holds the
+    /// key's row lock, so the call would wait for itself forever. Reads
+    /// (`record`, `records`, ...) are fine there.
     #[error("engine write called from inside a local write closure of the same engine (it would deadlock); do the write after the closure returns")]
     Reentrant,
 

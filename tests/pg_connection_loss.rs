@@ -46,6 +46,9 @@ struct ProxyShared {
     /// the server is dropped (until restored): the server acts on the
     /// request, the client never hears the answer.
     trigger: Mutex<Option<Vec<Vec<u8>>>>,
+    /// The trigger was seen in a statement being prepared (a Parse without
+    /// an Execute): the next chunk that executes a statement is the one.
+    prepared: AtomicBool,
     swallowing: AtomicBool,
     /// Both ends of every live connection, to shut them down on a cut.
     live: Mutex<Vec<TcpStream>>,
@@ -80,6 +83,7 @@ impl Proxy {
             cut: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             trigger: Mutex::new(None),
+            prepared: AtomicBool::new(false),
             swallowing: AtomicBool::new(false),
             live: Mutex::new(Vec::new()),
         });
@@ -120,6 +124,7 @@ impl Proxy {
     /// Accepts and forwards connections again (and forwards replies again).
     fn restore(&self) {
         *self.shared.lock_trigger() = None;
+        self.shared.prepared.store(false, Ordering::SeqCst);
         self.shared.swallowing.store(false, Ordering::SeqCst);
         self.shared.cut.store(false, Ordering::SeqCst);
     }
@@ -162,10 +167,36 @@ impl ProxyShared {
             return;
         };
         let holds = |p: &Vec<u8>| chunk.windows(p.len()).any(|w| w == p.as_slice());
+        let executes = message_types(chunk).contains(&b'E');
         if parts.iter().all(holds) {
+            // An unnamed statement is parsed and executed in one go; a
+            // prepared one (the engine caches its hot statements) is
+            // executed by a later Bind/Execute that names it.
+            if executes {
+                self.swallowing.store(true, Ordering::SeqCst);
+            } else {
+                self.prepared.store(true, Ordering::SeqCst);
+            }
+        } else if executes && self.prepared.load(Ordering::SeqCst) {
             self.swallowing.store(true, Ordering::SeqCst);
         }
     }
+}
+
+/// The frontend message types in `chunk` (each message: a type byte and a
+/// big-endian length that counts itself), as far as they parse.
+fn message_types(chunk: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    let mut rest = chunk;
+    while let [kind, a, b, c, d, ..] = rest {
+        let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+        types.push(*kind);
+        match rest.get(1 + len..) {
+            Some(next) if len >= 4 => rest = next,
+            _ => break,
+        }
+    }
+    types
 }
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<ProxyShared>) {

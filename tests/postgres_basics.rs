@@ -242,3 +242,86 @@ fn calls_on_an_async_runtime_thread_work() -> TestResult {
         Ok(())
     })
 }
+
+/// Two engines on one prefix with different expiry policies (a rolling
+/// deploy that switches `Tombstone` to `Forget`, or two services sharing
+/// the tables): the Forget engine's sweeper would delete the tombstone the
+/// other promised to keep, and that one would then claim the key again.
+/// The second open is refused; one that follows the stored settings works
+/// and keeps the tombstone.
+#[test]
+fn engines_with_different_expiry_policies_on_one_prefix_never_execute_twice() -> TestResult {
+    use idempotency::{ExpiryPolicy, ManualClock};
+    let Some(url) = server() else { return Ok(()) };
+    let p = prefix();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let builder = || {
+        Engine::builder()
+            .table_prefix(p.clone())
+            .database_clock(false)
+            .clock(clock.clone())
+            .sweep_interval(None)
+            .ttl(Duration::from_secs(10))
+    };
+    let tomb = builder()
+        .expiry_policy(ExpiryPolicy::Tombstone {
+            keep: Duration::from_secs(3600),
+        })
+        .open_postgres(&url)?;
+    let Begin::Claimed(claim) = tomb.begin(&key("pay"), fp("{}"))? else {
+        panic!("a fresh key must be claimed");
+    };
+    tomb.complete(claim, Envelope::new(1, 201, b"charged".to_vec()))?;
+    match builder().open_postgres(&url) {
+        Err(OpenError::ExpiryPolicyConflict { .. }) => {}
+        other => panic!("a second expiry policy on one prefix: {other:?}"),
+    }
+    let forget = builder()
+        .expiry_settings_from_database()
+        .open_postgres(&url)?;
+    clock.advance(Duration::from_secs(20));
+    assert!(matches!(
+        tomb.begin(&key("pay"), fp("{}"))?,
+        Begin::Tombstoned { .. }
+    ));
+    forget.sweep_now()?;
+    match tomb.begin(&key("pay"), fp("{}"))? {
+        Begin::Tombstoned { .. } => Ok(()),
+        other => panic!("the Tombstone engine would charge again: {other:?}"),
+    }
+}
+
+/// A local write whose closure calls the engine on its own key: the inner
+/// claim would wait for the row lock of the outer transaction, which waits
+/// for the closure. As on redb, the inner write is refused with
+/// `Error::Reentrant` instead, and the outer write completes.
+#[test]
+fn a_local_write_calling_the_engine_on_its_own_key_does_not_hang() -> TestResult {
+    use std::sync::Arc;
+    let Some(url) = server() else { return Ok(()) };
+    let engine = Arc::new(
+        Engine::builder()
+            .table_prefix(prefix())
+            .sweep_interval(None)
+            .open_postgres(&url)?,
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let outer = engine.clone();
+    std::thread::spawn(move || {
+        let inner = outer.clone();
+        let run = outer.execute_local(&key("self"), fp("{}"), move |_tx| {
+            match inner.begin(&key("self"), fp("{}")) {
+                Err(idempotency::Error::Reentrant) => Ok(Envelope::new(1, 200, b"ok".to_vec())),
+                other => Err(format!("inner begin: {other:?}").into()),
+            }
+        });
+        let _ = tx.send(run.map(|_| ()).map_err(|e| e.to_string()));
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => {
+            Err("execute_local still blocked after 20 s (self-deadlock on the key's row)".into())
+        }
+    }
+}

@@ -551,3 +551,38 @@ fn a_growing_commit_syncs_inside_the_transaction() -> TestResult {
     assert!(syncs > 1, "{syncs} syncs");
     Ok(())
 }
+
+/// The background sweeper survives a poisoning the engine recovers from:
+/// ticks while the disk is full are skipped, not the end of the sweeper
+/// (it used to stop for good, so after the reopen nothing swept any more).
+#[test]
+fn the_sweeper_keeps_running_after_the_engine_reopens_itself() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let backend = FailingBackend::new();
+    let faults = backend.faults();
+    let health = faults.clone();
+    let engine = Engine::builder()
+        .clock(clock.clone())
+        .sweep_interval(Some(Duration::from_millis(20)))
+        .ttl(Duration::from_secs(1))
+        .lease(Duration::from_secs(60))
+        .open_with_backend_factory(move || Ok(backend.clone()), move || health.healthy())?;
+    complete_ok(&engine, "before")?;
+    faults.disk_full();
+    assert!(engine.begin(&key("during"), fingerprint()).is_err());
+    // A few sweeper ticks while the disk is still full.
+    std::thread::sleep(Duration::from_millis(300));
+    faults.heal();
+    clock.advance(Duration::from_secs(2));
+    assert!(engine.poisoned().is_none(), "the engine did not reopen");
+    // "before" expired a second ago; a live sweeper deletes it within a
+    // few ticks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while engine.stats()?.expired_deleted == 0 {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("no sweep after the reopen: {:?}", engine.stats()?).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}

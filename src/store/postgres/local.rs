@@ -13,6 +13,34 @@ use super::txn::{Fault, PgTxn};
 
 const WHAT: &str = "running a local write";
 
+thread_local! {
+    /// While an app's local write closure runs on this thread: the address
+    /// of the backend (its `Shared`) whose transaction it holds.
+    static INSIDE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the current thread runs a local write closure of `shared`: a
+/// write from it would wait for the row lock its own transaction holds.
+pub(super) fn inside(shared: &Shared) -> bool {
+    INSIDE.with(|c| c.get() == std::ptr::from_ref(shared) as usize)
+}
+
+/// Marks the thread as inside a local write of `shared` until dropped.
+struct Inside(usize);
+
+impl Inside {
+    fn enter(shared: &Shared) -> Inside {
+        let previous = INSIDE.with(|c| c.replace(std::ptr::from_ref(shared) as usize));
+        Inside(previous)
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.with(|c| c.set(self.0));
+    }
+}
+
 fn refused(e: OpError<Fault>) -> Error {
     match e {
         OpError::Refused(e) => e,
@@ -63,7 +91,10 @@ impl Shared {
         };
         let mut ltx = LocalTx::on_postgres(tx);
         // On an error, dropping the transaction rolls the app's writes back.
-        let envelope = run_local(run, &mut ltx, &key, self.cfg.max_response_bytes)?;
+        let envelope = {
+            let _inside = Inside::enter(self);
+            run_local(run, &mut ltx, &key, self.cfg.max_response_bytes)?
+        };
         let Some((mut tx, messages)) = ltx.into_postgres() else {
             return Err(Error::Storage {
                 context: WHAT,

@@ -397,12 +397,22 @@ impl PgStore {
         }
     }
 
+    /// `Error::Reentrant` for a write from inside a local write closure of
+    /// this engine (it would wait for its own transaction's row lock).
+    fn write_check(&self) -> Result<()> {
+        self.open_check()?;
+        match self.shared() {
+            Ok(shared) if local::inside(shared) => Err(Error::Reentrant),
+            _ => Ok(()),
+        }
+    }
+
     fn write<T: Send>(
         &self,
         context: &'static str,
         op: impl FnMut(&mut txn::PgTxn<'_, '_>) -> crate::store::ops::OpResult<T, txn::Fault> + Send,
     ) -> Result<T> {
-        self.open_check()?;
+        self.write_check()?;
         guard(context, || self.shared()?.write(context, op))
     }
 }
@@ -463,12 +473,15 @@ impl Backend for PgStore {
     }
 
     fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
-        self.open_check()?;
+        if self.write_check().is_err() {
+            // Only read; the claim that follows is refused.
+            return self.record(&req.key).map(ReadOrClaim::Read);
+        }
         guard("reading a record", || self.read_or_insert(req))
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
-        self.open_check()?;
+        self.write_check()?;
         if let Some(claimed) = guard("claiming a key", || self.insert_claim(&req))? {
             return Ok(ClaimResult::Claimed(claimed));
         }
@@ -564,7 +577,7 @@ impl Backend for PgStore {
     }
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
-        self.open_check()?;
+        self.write_check()?;
         guard("running a local write", || self.shared()?.local(write))
     }
 

@@ -196,18 +196,33 @@ pub(super) fn prepare(
         }
         if let (Some(ttl_ms), Some(keep)) = (ttl, keep) {
             cfg.ttl_ms = ttl_ms;
-            cfg.expiry = match u64::try_from(keep) {
-                Ok(keep_ms) => ExpiryPolicy::Tombstone {
-                    keep: std::time::Duration::from_millis(keep_ms),
-                },
-                Err(_) => ExpiryPolicy::Forget,
-            };
+            cfg.expiry = policy_of(keep);
         }
     } else {
         let keep = cfg
             .expiry
             .keep_ms()
             .map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
+        // Every engine on one prefix must expire by the same policy: one
+        // that forgets would delete the tombstones another one promised to
+        // keep, and that one would then run a key's work again.
+        let stored: Option<i64> = tx
+            .query_opt(
+                &format!(
+                    "SELECT value FROM {} WHERE name = 'tombstone_keep_ms'",
+                    names.meta
+                ),
+                &[],
+            )
+            .map_err(storage("reading the stored expiry policy"))?
+            .map(|row| row.get(0));
+        if let Some(stored) = stored.filter(|&stored| stored != keep) {
+            return Err(OpenError::ExpiryPolicyConflict {
+                prefix: names.prefix.clone(),
+                stored: policy_of(stored),
+                requested: cfg.expiry,
+            });
+        }
         let ttl = i64::try_from(cfg.ttl_ms).unwrap_or(i64::MAX);
         tx.execute(&set, &[&"ttl_ms", &ttl])
             .map_err(storage("storing the TTL"))?;
@@ -216,6 +231,16 @@ pub(super) fn prepare(
     }
     tx.commit().map_err(storage("committing the schema"))?;
     Ok(cfg)
+}
+
+/// The expiry policy stored as `tombstone_keep_ms` (-1: forget).
+fn policy_of(keep_ms: i64) -> ExpiryPolicy {
+    match u64::try_from(keep_ms) {
+        Ok(keep_ms) => ExpiryPolicy::Tombstone {
+            keep: std::time::Duration::from_millis(keep_ms),
+        },
+        Err(_) => ExpiryPolicy::Forget,
+    }
 }
 
 #[cfg(test)]
