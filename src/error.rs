@@ -314,10 +314,12 @@ pub enum Error {
         source: StorageError,
     },
 
-    /// An earlier commit or I/O failure poisoned the engine. Nothing is
-    /// written after the disk has said no: drop the engine and reopen the
-    /// file.
-    #[error("engine is poisoned by an earlier failure ({cause}); drop it and reopen the database")]
+    /// An earlier commit or I/O failure poisoned the engine: nothing is
+    /// written after the disk has said no. An engine opened from a file
+    /// reopens it by itself once the disk takes writes again (see
+    /// [`crate::Engine::poisoned`]); one opened with `open_with_backend`
+    /// must be dropped and opened again.
+    #[error("writes refused: the engine is poisoned by an earlier storage failure ({cause}); it reopens the database once storage takes writes again")]
     Poisoned {
         /// The failure that poisoned the engine.
         cause: Arc<str>,

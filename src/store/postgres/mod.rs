@@ -59,6 +59,10 @@ use self::in_place::Remembered;
 use self::shared::{storage, Shared};
 use self::txn::{sql_i64, state_code};
 
+/// Keepalive idle time and TCP user timeout of every connection, unless the
+/// connection string sets them.
+const TCP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Dropped claims waiting to be marked UNKNOWN by the background thread.
 const DETACHED_QUEUE: usize = 1_024;
 
@@ -150,6 +154,16 @@ impl PgStore {
         let mut config = config;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.connect_timeout);
+        }
+        // A peer that vanished (a dead host, a partition) fails a call
+        // within about 30 s instead of never: keepalives on idle pooled
+        // connections, and a limit on unacknowledged data, unless the
+        // connection string chose.
+        if !config.get_keepalives() || config.get_keepalives_idle() > TCP_TIMEOUT {
+            config.keepalives(true).keepalives_idle(TCP_TIMEOUT);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_TIMEOUT);
         }
         let manager = PostgresConnectionManager::new(config, NoTls);
         // Connections are checked by use, not by a probe per checkout: a
