@@ -586,3 +586,66 @@ fn the_sweeper_keeps_running_after_the_engine_reopens_itself() -> TestResult {
     }
     Ok(())
 }
+
+/// After a write failed inside redb, redb refuses reads of pages it has not
+/// cached (`PreviousIo`): replays of older keys on the poisoned engine are
+/// storage errors (found on a real full disk: thousands of keys). The
+/// contract kept: never a wrong answer (a replay is the stored bytes or a
+/// storage error, never a claim or a mismatch), and once storage works the
+/// engine reopens and every key replays its exact bytes.
+#[test]
+fn cold_replays_after_a_failed_write_are_errors_then_come_back() -> TestResult {
+    let clock = ManualClock::new(T0);
+    let backend = FailingBackend::new();
+    let faults = backend.faults();
+    let names: Vec<String> = (0..300).map(|i| format!("before-{i}")).collect();
+    let stored = |name: &str| {
+        let mut bytes = body(name);
+        bytes.resize(4000, b'.');
+        bytes
+    };
+    {
+        let engine = open(&clock, backend.clone())?;
+        for name in &names {
+            let Begin::Claimed(claim) = engine.begin(&key(name), fingerprint())? else {
+                return Err("expected a claim".into());
+            };
+            engine.complete(claim, Envelope::new(1, 201, stored(name)))?;
+        }
+    }
+    // Opened again, so most of those records' pages are not cached.
+    let make = backend.clone();
+    let health = faults.clone();
+    let engine = Engine::builder()
+        .clock(clock.clone())
+        .sweep_interval(None)
+        .lease(Duration::from_secs(60))
+        .open_with_backend_factory(move || Ok(make.clone()), move || health.healthy())?;
+    faults.disk_full();
+    faults.fail_write(1);
+    assert!(engine.begin(&key("during"), fingerprint()).is_err());
+    let mut errors = 0;
+    for name in &names {
+        match engine.begin(&key(name), fingerprint()) {
+            Ok(Begin::Replay(r)) if r.envelope.body == stored(name) => {}
+            Err(idempotency::Error::Storage { .. } | idempotency::Error::Poisoned { .. }) => {
+                errors += 1;
+            }
+            other => return Err(format!("{name}: a wrong answer while poisoned: {other:?}").into()),
+        }
+    }
+    eprintln!(
+        "{errors} of {} cold replays were storage errors while poisoned",
+        names.len()
+    );
+    faults.heal();
+    clock.advance(Duration::from_secs(2));
+    assert!(engine.poisoned().is_none(), "the engine did not reopen");
+    for name in &names {
+        match engine.begin(&key(name), fingerprint())? {
+            Begin::Replay(r) if r.envelope.body == stored(name) => {}
+            other => return Err(format!("{name} after the reopen: {other:?}").into()),
+        }
+    }
+    Ok(())
+}
