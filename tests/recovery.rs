@@ -520,7 +520,7 @@ fn lease_ended_claim_is_in_doubt_in_every_view_before_any_sweep() -> TestResult 
     assert_eq!(keys, [a.clone(), b.clone()]);
     assert_eq!(listed[0].unknown_since_ms, T0 + LEASE_MS);
     assert!(
-        listed[0].reason.contains("lease ran out"),
+        listed[0].reason.contains("ran out without an outcome"),
         "{}",
         listed[0].reason
     );

@@ -30,7 +30,7 @@ fn sweep_moves_stale_claims_to_unknown() -> TestResult {
     assert_eq!(out, "moved to UNKNOWN: 1, deleted: 0, tombstoned: 0\n");
     let out = idem_ok(["unknown".as_ref(), db.as_os_str()])?;
     assert!(
-        out.contains("stale") && out.contains("lease ran out"),
+        out.contains("stale") && out.contains("ran out without an outcome"),
         "{out}"
     );
     Ok(())
