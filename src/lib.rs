@@ -2,8 +2,10 @@
 //!
 //! Clients retry: timeouts, gateways, at-least-once queues, impatient users.
 //! This crate remembers what an idempotency key *meant* (a fingerprint of the
-//! request's business fields) and how far its work got, in one embedded
-//! [redb](https://docs.rs/redb) file:
+//! request's business fields) and how far its work got: in one embedded
+//! [redb](https://docs.rs/redb) file, or (feature `postgres`) in PostgreSQL
+//! tables that several app servers share, with the same API and the same
+//! rules:
 //!
 //! - **Atomic claim.** [`Engine::begin`] inserts a PROCESSING record in one
 //!   durable write transaction *before* the work runs; a concurrent twin can
@@ -19,9 +21,15 @@
 //! - **Expiry** by TTL, decided at read time and cleaned up by a background
 //!   sweeper, with an optional tombstone policy ([`ExpiryPolicy`]).
 //!
-//! What it is not: a distributed lock service or a cache shared between
-//! machines. One process owns the database file (redb locks it). Keys and
-//! scopes are at most 255 bytes; responses are limited by
+//! Features: `http` adds a tower layer for the IETF `Idempotency-Key`
+//! header draft (`idempotency::http`); `postgres` adds
+//! `EngineBuilder::open_postgres` (see the README's "Many servers:
+//! PostgreSQL").
+//!
+//! What it is not: a distributed lock service or a general cache. On redb,
+//! one process owns the database file (redb locks it); apps that outgrow one
+//! machine share a PostgreSQL database instead. Keys and scopes are at most
+//! 255 bytes; responses are limited by
 //! [`EngineBuilder::max_response_bytes`] (1 MiB by default).
 //!
 //! # Example

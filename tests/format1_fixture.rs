@@ -80,7 +80,11 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     assert_eq!(u.reason, "provider timed out");
     // A claim whose holder vanished: its lease ran out long ago.
     let u = unknown(engine.begin(&key("crashed")?, fp(40)?)?)?;
-    assert!(u.reason.contains("ran out without an outcome"), "{}", u.reason);
+    assert!(
+        u.reason.contains("ran out without an outcome"),
+        "{}",
+        u.reason
+    );
 
     assert!(matches!(
         engine.begin(&key("expired")?, fp(50)?)?,

@@ -325,3 +325,24 @@ fn a_local_write_calling_the_engine_on_its_own_key_does_not_hang() -> TestResult
         }
     }
 }
+
+/// A wrong database name fails the open with what the server said (the
+/// first connection is made outside the pool, which would retry until its
+/// timeout and then report only "timed out waiting for connection: db
+/// error").
+#[test]
+fn a_wrong_database_is_a_clear_error_at_once() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let wrong = format!("{url} dbname=no_such_database_here");
+    match Engine::builder().open_postgres(&wrong) {
+        Err(e @ OpenError::Storage { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("no_such_database_here") || text.contains("3D000"),
+                "{text}"
+            );
+        }
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    Ok(())
+}

@@ -165,6 +165,26 @@ impl PgStore {
         if config.get_tcp_user_timeout().is_none() {
             config.tcp_user_timeout(TCP_TIMEOUT);
         }
+        // One connection first, outside the pool: a wrong database, user or
+        // password, or a refused port, fails the open at once with what the
+        // server or the socket said (the pool would retry until its timeout
+        // and keep only "db error"). It prepares the schema.
+        let mut first = config.connect(NoTls).map_err(|e| OpenError::Storage {
+            context: "connecting to PostgreSQL",
+            source: Box::new(shared::Described(e)),
+        })?;
+        let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
+        let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
+            let clock = Arc::new(DatabaseClock::new(local_clock));
+            clock.sync(&mut first).map_err(|e| OpenError::Storage {
+                context: "reading the database clock",
+                source: Box::new(shared::Described(e)),
+            })?;
+            (clock.clone(), Some(clock))
+        } else {
+            (local_clock, None)
+        };
+        drop(first);
         let manager = PostgresConnectionManager::new(config, NoTls);
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
@@ -181,21 +201,6 @@ impl PgStore {
             .connection_timeout(opts.connect_timeout.saturating_mul(5))
             .build(manager)
             .map_err(open_storage("connecting to PostgreSQL"))?;
-
-        let mut conn = pool
-            .get()
-            .map_err(open_storage("connecting to PostgreSQL"))?;
-        let cfg = schema::prepare(&mut conn, &names, cfg, stored_expiry)?;
-        let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
-            let clock = Arc::new(DatabaseClock::new(local_clock));
-            clock
-                .sync(&mut conn)
-                .map_err(open_storage("reading the database clock"))?;
-            (clock.clone(), Some(clock))
-        } else {
-            (local_clock, None)
-        };
-        drop(conn);
         let shared = Arc::new(Shared {
             pool,
             names,

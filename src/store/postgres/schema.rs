@@ -117,7 +117,7 @@ impl Names {
 fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> OpenError {
     move |e| OpenError::Storage {
         context,
-        source: Box::new(e),
+        source: Box::new(super::shared::Described(e)),
     }
 }
 
