@@ -56,8 +56,8 @@ pub(crate) use self::clock::DatabaseClock;
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
 use self::in_place::Remembered;
-use self::shared::{storage, Shared};
-use self::txn::{sql_i64, state_code};
+use self::shared::Shared;
+use self::txn::sql_i64;
 
 /// Keepalive idle time and TCP user timeout of every connection, unless the
 /// connection string sets them.
@@ -246,79 +246,102 @@ impl PgStore {
         Ok((store, clock, cfg))
     }
 
-    /// A key with no row is claimed by one autocommitted `INSERT … ON
-    /// CONFLICT DO NOTHING` (after drawing a token): the common first
-    /// request costs two round trips and one commit. `None` when a row is
-    /// there (the full claim decides what it means).
-    fn insert_claim(&self, req: &ClaimRequest) -> Result<Option<Claimed>> {
+    /// `begin`'s first step, and a claim's fast path, in one round trip:
+    /// one autocommitted statement reads the key's row and, only when
+    /// there is none, inserts the claim's PROCESSING record with a token
+    /// drawn in the same statement (`INSERT … SELECT … nextval … WHERE NOT
+    /// EXISTS … ON CONFLICT DO NOTHING RETURNING token`). The record's bytes
+    /// are written before the token is known, so they carry token 0 and no
+    /// reference: every read of a row takes the token from its column and
+    /// derives the reference from it (`txn::with_token`).
+    ///
+    /// A connection found dead is replaced and the statement sent again:
+    /// if the first one did insert (its answer lost), the second finds that
+    /// record and answers it as held (PROCESSING, then UNKNOWN once its
+    /// lease ends), never as a second claim.
+    fn claim_or_read(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
         let what = "claiming a key";
         let s = self.shared()?;
-        // The token is drawn on the connection the insert then uses, so a
-        // connection that died with a server restart fails here, where
-        // nothing has been written, and another one is tried.
-        let sql = format!("SELECT nextval('{}')", s.names.tokens);
-        let mut left = s.pool.max_size();
-        let (mut conn, token) = loop {
-            let mut conn = s.conn(what)?;
-            match conn.query_typed_one(&sql, &[]) {
-                Ok(row) => break (conn, row.get::<_, i64>(0)),
-                Err(e) if shared::lost(&e) && left > 0 => {
-                    s.suspect();
-                    left -= 1;
-                }
-                Err(e) => return Err(storage(what)(e)),
-            }
-        };
-        self.insert_with_token(&mut conn, req, txn::sql_u64(token))
-    }
-
-    /// `begin`'s first step in one round trip when the key has a record
-    /// (the record, as a plain read sees it) and in two when it has none:
-    /// the same statement draws a token, then the claim is inserted as in
-    /// `insert_claim`.
-    fn read_or_insert(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
-        let what = "reading a record";
-        let s = self.shared()?;
-        // CASE evaluates only the branch it takes: a key with a record
-        // draws no token.
+        let r = &s.names.records;
         let sql = format!(
-            "SELECT r.record, CASE WHEN r.record IS NULL THEN nextval('{}') END
-             FROM (SELECT (SELECT record FROM {} WHERE scope = $1 AND key = $2) AS record) r",
-            s.names.tokens, s.names.records
+            "WITH existing AS (
+                 SELECT token, record FROM {r} WHERE scope = $1 AND key = $2
+             ), inserted AS (
+                 INSERT INTO {r}
+                     (scope, key, state, token, lease_until_ms, unknown_since_ms, expires_at_ms, record)
+                 SELECT $1, $2, 0, nextval('{}'), $3, 0, 0, $4
+                 WHERE NOT EXISTS (SELECT 1 FROM existing)
+                 ON CONFLICT (scope, key) DO NOTHING
+                 RETURNING token
+             )
+             SELECT (SELECT token FROM inserted), (SELECT token FROM existing),
+                    (SELECT record FROM existing)",
+            s.names.tokens
         );
-        // This statement writes nothing (a drawn token may go unused), so
-        // a connection found dead is replaced and the statement repeated.
+        let now = s.clock.now_ms();
+        let (rec, _) = crate::store::ops::fresh_claim(req, 0, now);
+        let rec = Record {
+            reference: String::new(),
+            ..rec
+        };
+        let bytes = crate::store::codec::encode(&rec);
         let mut left = s.pool.max_size();
-        let (mut conn, row) = loop {
+        let row = loop {
             let mut conn = s.conn(what)?;
             let row = conn
-                .prepared(&sql, &[Type::TEXT, Type::TEXT])
+                .prepared(&sql, &[Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA])
                 .and_then(|statement| {
-                    conn.query_one(&statement, &[&req.key.scope(), &req.key.key()])
+                    conn.query_one(
+                        &statement,
+                        &[
+                            &req.key.scope(),
+                            &req.key.key(),
+                            &sql_i64(rec.lease_until_ms),
+                            &bytes,
+                        ],
+                    )
                 });
             match row {
-                Ok(row) => break (conn, row),
+                Ok(row) => break row,
                 Err(e) if shared::lost(&e) && left > 0 => {
                     s.suspect();
                     left -= 1;
                 }
-                Err(e) => return Err(storage(what)(e)),
+                Err(e) => {
+                    return Err(Error::Storage {
+                        context: "claiming a key on PostgreSQL (the outcome is unknown)",
+                        source: Box::new(shared::Described(e)),
+                    })
+                }
             }
         };
-        if let Some(bytes) = row.get::<_, Option<&[u8]>>(0) {
-            let record = crate::store::codec::decode(bytes).map_err(|e| Error::CorruptRecord {
-                key: req.key.clone(),
-                reason: e.to_string(),
-            })?;
-            return Ok(ReadOrClaim::Read(Some(record)));
+        if let Some(token) = row.get::<_, Option<i64>>(0) {
+            let token = txn::sql_u64(token);
+            let record = txn::with_token(rec, token, &req.key);
+            let claimed = Claimed {
+                token,
+                reference: record.reference.clone(),
+                claimed_at_ms: now,
+                lease_until_ms: record.lease_until_ms,
+            };
+            self.remembered.insert(&req.key, record, bytes);
+            tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
+            return Ok(ReadOrClaim::Claimed(claimed));
         }
-        let token = txn::sql_u64(row.get::<_, i64>(1));
-        // Lost to a concurrent insert: `begin` goes on as after a read that
-        // found nothing, and its claim decides.
-        Ok(match self.insert_with_token(&mut conn, req, token)? {
-            Some(claimed) => ReadOrClaim::Claimed(claimed),
-            None => ReadOrClaim::Read(None),
-        })
+        match (row.get::<_, Option<i64>>(1), row.get::<_, Option<&[u8]>>(2)) {
+            (Some(token), Some(bytes)) => {
+                let record = crate::store::codec::decode(bytes)
+                    .map(|rec| txn::with_token(rec, txn::sql_u64(token), &req.key))
+                    .map_err(|e| Error::CorruptRecord {
+                        key: req.key.clone(),
+                        reason: e.to_string(),
+                    })?;
+                Ok(ReadOrClaim::Read(Some(record)))
+            }
+            // Another transaction inserted the key after this statement's
+            // snapshot: the full claim decides.
+            _ => Ok(ReadOrClaim::Read(None)),
+        }
     }
 
     /// Completes a claim this engine inserted in one statement (see
@@ -347,61 +370,6 @@ impl PgStore {
             tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
         }
         Ok(done)
-    }
-
-    /// Inserts a PROCESSING record for `req` with `token`, autocommitted;
-    /// `None` when the key has a row.
-    fn insert_with_token(
-        &self,
-        conn: &mut shared::Conn,
-        req: &ClaimRequest,
-        token: u64,
-    ) -> Result<Option<Claimed>> {
-        let s = self.shared()?;
-        let (rec, claimed) = crate::store::ops::fresh_claim(req, token, s.clock.now_ms());
-        let bytes = crate::store::codec::encode(&rec);
-        let sql = format!(
-            "INSERT INTO {}
-                 (scope, key, state, token, lease_until_ms, unknown_since_ms, expires_at_ms, record)
-             VALUES ($1, $2, $3, $4, $5, 0, 0, $6)
-             ON CONFLICT (scope, key) DO NOTHING",
-            s.names.records
-        );
-        let statement = conn
-            .prepared(
-                &sql,
-                &[
-                    Type::TEXT,
-                    Type::TEXT,
-                    Type::INT2,
-                    Type::INT8,
-                    Type::INT8,
-                    Type::BYTEA,
-                ],
-            )
-            .map_err(storage("claiming a key"))?;
-        let inserted = conn
-            .execute(
-                &statement,
-                &[
-                    &req.key.scope(),
-                    &req.key.key(),
-                    &state_code(rec.state),
-                    &sql_i64(token),
-                    &sql_i64(rec.lease_until_ms),
-                    &bytes,
-                ],
-            )
-            .map_err(|e| Error::Storage {
-                context: "claiming a key on PostgreSQL (the outcome is unknown)",
-                source: Box::new(e),
-            })?;
-        if inserted == 0 {
-            return Ok(None);
-        }
-        self.remembered.insert(&req.key, rec, bytes);
-        tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
-        Ok(Some(claimed))
     }
 
     fn shared(&self) -> Result<&Shared> {
@@ -496,12 +464,13 @@ impl Backend for PgStore {
             // Only read; the claim that follows is refused.
             return self.record(&req.key).map(ReadOrClaim::Read);
         }
-        guard("reading a record", || self.read_or_insert(req))
+        guard("claiming a key", || self.claim_or_read(req))
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
         self.write_check()?;
-        if let Some(claimed) = guard("claiming a key", || self.insert_claim(&req))? {
+        if let ReadOrClaim::Claimed(claimed) = guard("claiming a key", || self.claim_or_read(&req))?
+        {
             return Ok(ClaimResult::Claimed(claimed));
         }
         self.write("claiming a key", |t| t.claim(&req))

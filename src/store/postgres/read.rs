@@ -11,23 +11,25 @@ use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
 use super::shared::Shared;
-use super::txn::{sql_i64, sql_u64};
+use super::txn::{sql_i64, sql_u64, with_token};
 
 /// Rows per page of a full scan.
 const SCAN_PAGE: i64 = 1_000;
 
-fn decode(key: &IdempotencyKey, bytes: &[u8]) -> Result<Record> {
-    codec::decode(bytes).map_err(|e| Error::CorruptRecord {
-        key: key.clone(),
-        reason: e.to_string(),
-    })
+fn decode(key: &IdempotencyKey, bytes: &[u8], token: i64) -> Result<Record> {
+    codec::decode(bytes)
+        .map(|rec| with_token(rec, sql_u64(token), key))
+        .map_err(|e| Error::CorruptRecord {
+            key: key.clone(),
+            reason: e.to_string(),
+        })
 }
 
 impl Shared {
     pub(super) fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         let what = "reading a record";
         let sql = format!(
-            "SELECT record FROM {} WHERE scope = $1 AND key = $2",
+            "SELECT record, token FROM {} WHERE scope = $1 AND key = $2",
             self.names.records
         );
         let row = self.read(what, |conn| {
@@ -36,7 +38,7 @@ impl Shared {
                 &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
             )
         })?;
-        row.map(|row| decode(key, row.get::<_, &[u8]>(0)))
+        row.map(|row| decode(key, row.get::<_, &[u8]>(0), row.get(1)))
             .transpose()
     }
 
@@ -53,13 +55,13 @@ impl Shared {
         // into doubt, UNKNOWN before lease-expired at the same instant, then
         // by record key (scope length, scope bytes, key bytes).
         let sql = format!(
-            "SELECT scope, key, record FROM (
-                 (SELECT scope, key, record, unknown_since_ms AS since, 0 AS kind,
+            "SELECT scope, key, record, token FROM (
+                 (SELECT scope, key, record, token, unknown_since_ms AS since, 0 AS kind,
                          octet_length(scope) AS scope_len FROM {r}
                       WHERE state = 3
                       ORDER BY unknown_since_ms, octet_length(scope), scope, key LIMIT $2)
                  UNION ALL
-                 (SELECT scope, key, record, lease_until_ms AS since, 1 AS kind,
+                 (SELECT scope, key, record, token, lease_until_ms AS since, 1 AS kind,
                          octet_length(scope) AS scope_len FROM {r}
                       WHERE state = 0 AND lease_until_ms <= $1
                       ORDER BY lease_until_ms, octet_length(scope), scope, key LIMIT $2)
@@ -78,7 +80,7 @@ impl Shared {
             let Ok(key) = IdempotencyKey::parse_any(row.get(0), row.get(1)) else {
                 continue;
             };
-            match decode(&key, row.get::<_, &[u8]>(2)) {
+            match decode(&key, row.get::<_, &[u8]>(2), row.get(3)) {
                 Ok(rec) => found.push((key, rec)),
                 Err(e) => tracing::error!(error = %e, "skipping a corrupt in-doubt record"),
             }
@@ -91,9 +93,10 @@ impl Shared {
     pub(super) fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         let what = "listing records";
         let r = &self.names.records;
-        let first = format!("SELECT scope, key, record FROM {r} ORDER BY scope, key LIMIT $1");
+        let first =
+            format!("SELECT scope, key, record, token FROM {r} ORDER BY scope, key LIMIT $1");
         let next = format!(
-            "SELECT scope, key, record FROM {r} WHERE (scope, key) > ($2, $3)
+            "SELECT scope, key, record, token FROM {r} WHERE (scope, key) > ($2, $3)
              ORDER BY scope, key LIMIT $1"
         );
         let mut after: Option<(String, String)> = None;
@@ -115,7 +118,12 @@ impl Shared {
                 let key_text: String = row.get(1);
                 let key = IdempotencyKey::parse_any(&scope, &key_text)
                     .map_err(|_| record_key(&scope, &key_text));
-                if !visit((key, codec::decode(row.get::<_, &[u8]>(2)))) {
+                let token = sql_u64(row.get(3));
+                let value = codec::decode(row.get::<_, &[u8]>(2)).map(|rec| match &key {
+                    Ok(key) => with_token(rec, token, key),
+                    Err(_) => rec,
+                });
+                if !visit((key, value)) {
                     return Ok(());
                 }
                 after = Some((scope, key_text));

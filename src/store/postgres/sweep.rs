@@ -10,7 +10,7 @@ use crate::report::SweepCounts;
 use crate::store::codec;
 use crate::store::ops::{OpResult, Ops, Swept};
 
-use super::txn::{sql_i64, Fault, PgTxn};
+use super::txn::{sql_i64, sql_u64, with_token, Fault, PgTxn};
 
 impl PgTxn<'_, '_> {
     pub(super) fn sweep(&mut self, limit: usize) -> OpResult<SweepCounts, Fault> {
@@ -19,12 +19,12 @@ impl PgTxn<'_, '_> {
             // Stale PROCESSING → UNKNOWN (a lease ending at `now` has run
             // out).
             format!(
-                "SELECT scope, key, record FROM {r} WHERE state = 0 AND lease_until_ms <= $1
+                "SELECT scope, key, record, token FROM {r} WHERE state = 0 AND lease_until_ms <= $1
                  ORDER BY lease_until_ms LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
             // Expired COMPLETED / FINAL_FAILURE / TOMBSTONE.
             format!(
-                "SELECT scope, key, record FROM {r} WHERE state IN (1, 2, 4) AND expires_at_ms <= $1
+                "SELECT scope, key, record, token FROM {r} WHERE state IN (1, 2, 4) AND expires_at_ms <= $1
                  ORDER BY expires_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
         ];
@@ -43,7 +43,10 @@ impl PgTxn<'_, '_> {
                     .map_err(|e| e.to_string())
                     .and_then(|k| {
                         codec::decode(row.get::<_, &[u8]>(2))
-                            .map(|rec| (k, rec))
+                            .map(|rec| {
+                                let rec = with_token(rec, sql_u64(row.get(3)), &k);
+                                (k, rec)
+                            })
                             .map_err(|e| e.to_string())
                     });
                 let (key, rec) = match parsed {

@@ -43,6 +43,19 @@ pub(super) fn sql_u64(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// A record read from a row, with the row's `token` column: a claim made
+/// by the one-statement fast path (`PgStore::claim_or_read`) stores its
+/// record with token 0, since the token is drawn in the same statement;
+/// its token is the column's and its reference derives from it, as every
+/// claim's does (`record::reference`).
+pub(super) fn with_token(mut rec: Record, token: u64, key: &IdempotencyKey) -> Record {
+    if rec.token == 0 {
+        rec.token = token;
+        rec.reference = crate::store::record::reference(&key.to_record_key(), token);
+    }
+    rec
+}
+
 pub(super) fn state_code(state: RecordState) -> i16 {
     state as i16
 }
@@ -67,14 +80,17 @@ impl Txn for PgTxn<'_, '_> {
 
     fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, Fault> {
         let sql = format!(
-            "SELECT record FROM {} WHERE scope = $1 AND key = $2 FOR UPDATE",
+            "SELECT record, token FROM {} WHERE scope = $1 AND key = $2 FOR UPDATE",
             self.names.records
         );
         let row = self.tx.query_typed_opt(
             &sql,
             &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
         )?;
-        Ok(row.map(|row| codec::decode(row.get::<_, &[u8]>(0))))
+        Ok(row.map(|row| {
+            codec::decode(row.get::<_, &[u8]>(0))
+                .map(|rec| with_token(rec, sql_u64(row.get(1)), key))
+        }))
     }
 
     fn store(

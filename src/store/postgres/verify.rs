@@ -10,7 +10,7 @@ use crate::verify::Problem;
 
 use super::read::record_key;
 use super::shared::Shared;
-use super::txn::{sql_i64, state_code};
+use super::txn::{sql_i64, sql_u64, state_code, with_token};
 
 /// The index a sound record is found through, and the instant it is
 /// ordered by there.
@@ -42,8 +42,13 @@ impl Shared {
                     key_hex: key_hex.clone(),
                 });
             }
-            let rec = match codec::decode(row.get::<_, &[u8]>(7)) {
-                Ok(rec) => rec,
+            let token = sql_u64(row.get::<_, i64>(3));
+            let decoded = codec::decode(row.get::<_, &[u8]>(7));
+            let rec = match decoded {
+                Ok(rec) => match IdempotencyKey::parse_any(scope, key) {
+                    Ok(k) => with_token(rec, token, &k),
+                    Err(_) => rec,
+                },
                 Err(e) => {
                     problems.push(Problem::Undecodable {
                         key_hex,
