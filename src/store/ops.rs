@@ -137,25 +137,11 @@ pub(crate) trait Ops: Txn + Sized {
         old: Option<&Record>,
         req: &ClaimRequest,
     ) -> OpResult<Claimed, Self::Fatal> {
-        let now = self.now();
         let token = self.next_token().map_err(OpError::Fatal)?;
-        let reference = reference(&req.key.to_record_key(), token);
-        let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
-        let rec = Record::processing(
-            req.fingerprint,
-            token,
-            reference.clone(),
-            now,
-            lease_until_ms,
-        );
+        let (rec, claimed) = fresh_claim(req, token, self.now());
         self.put(&req.key, old, &rec)?;
-        tracing::debug!(key = %req.key, token, %reference, "claimed");
-        Ok(Claimed {
-            token,
-            reference,
-            claimed_at_ms: now,
-            lease_until_ms,
-        })
+        tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
+        Ok(claimed)
     }
 
     /// Stores a claim's outcome, with any outbox messages it carries.
