@@ -111,13 +111,7 @@ impl IdempotencyKey {
     /// The record-table key: `[scope length: u8][scope][key]`. Sorting by it
     /// groups records by scope.
     pub(crate) fn to_record_key(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + self.scope.len() + self.key.len());
-        // Validation bounds the scope to 255 bytes, so the length fits a u8.
-        #[allow(clippy::cast_possible_truncation)]
-        out.push(self.scope.len() as u8);
-        out.extend_from_slice(self.scope.as_bytes());
-        out.extend_from_slice(self.key.as_bytes());
-        out
+        record_key(&self.scope, &self.key)
     }
 
     /// Inverse of [`IdempotencyKey::to_record_key`]; `None` for bytes no
@@ -171,6 +165,18 @@ impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "IdempotencyKey({self})")
     }
+}
+
+/// The record-table key of a scope and a key: `[scope length: u8][scope]
+/// [key]`. Also for stored parts that no longer form a valid key (listings
+/// and `verify` show them by these bytes); a scope over 255 bytes, which
+/// validation never lets through, has its length byte saturate at 255.
+pub(crate) fn record_key(scope: &str, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + scope.len() + key.len());
+    out.push(u8::try_from(scope.len()).unwrap_or(u8::MAX));
+    out.extend_from_slice(scope.as_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out
 }
 
 #[cfg(test)]

@@ -207,6 +207,17 @@ impl Record {
             && now < self.lease_until_ms
     }
 
+    /// The index a sound record is found through (`"leases"`,
+    /// `"recovery"` or `"expiry"`), and the instant (ms) it is ordered by
+    /// there: what sweeps and the recovery queue look it up by.
+    pub(crate) fn index(&self) -> (&'static str, u64) {
+        match self.state {
+            RecordState::Processing => ("leases", self.lease_until_ms),
+            RecordState::Unknown => ("recovery", self.unknown_since_ms),
+            _ => ("expiry", self.expires_at_ms),
+        }
+    }
+
     /// Why a PROCESSING record whose lease ran out is in doubt. The
     /// instant is not repeated here: the record keeps it (`lease_until_ms`,
     /// shown as a date by `idem show`).

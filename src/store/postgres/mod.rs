@@ -285,36 +285,26 @@ impl PgStore {
             ..rec
         };
         let bytes = crate::store::codec::encode(&rec);
-        let mut left = s.pool.max_size();
-        let row = loop {
-            let mut conn = s.conn(what)?;
-            let row = conn
-                .prepared(&sql, &[Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA])
-                .and_then(|statement| {
-                    conn.query_one(
-                        &statement,
-                        &[
-                            &req.key.scope(),
-                            &req.key.key(),
-                            &sql_i64(rec.lease_until_ms),
-                            &bytes,
-                        ],
-                    )
-                });
-            match row {
-                Ok(row) => break row,
-                Err(e) if shared::lost(&e) && left > 0 => {
-                    s.suspect();
-                    left -= 1;
-                }
-                Err(e) => {
-                    return Err(Error::Storage {
-                        context: "claiming a key on PostgreSQL (the outcome is unknown)",
-                        source: Box::new(shared::Described(e)),
-                    })
-                }
-            }
-        };
+        let (_, row) = s.on_live_conn(
+            what,
+            |conn| {
+                let statement =
+                    conn.prepared(&sql, &[Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA])?;
+                conn.query_one(
+                    &statement,
+                    &[
+                        &req.key.scope(),
+                        &req.key.key(),
+                        &sql_i64(rec.lease_until_ms),
+                        &bytes,
+                    ],
+                )
+            },
+            |e| Error::Storage {
+                context: "claiming a key on PostgreSQL (the outcome is unknown)",
+                source: Box::new(shared::Described(e)),
+            },
+        )?;
         if let Some(token) = row.get::<_, Option<i64>>(0) {
             let token = txn::sql_u64(token);
             let record = txn::with_token(rec, token, &req.key);

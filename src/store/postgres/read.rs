@@ -117,7 +117,7 @@ impl Shared {
                 let scope: String = row.get(0);
                 let key_text: String = row.get(1);
                 let key = IdempotencyKey::parse_any(&scope, &key_text)
-                    .map_err(|_| record_key(&scope, &key_text));
+                    .map_err(|_| crate::key::record_key(&scope, &key_text));
                 let token = sql_u64(row.get(3));
                 let value = codec::decode(row.get::<_, &[u8]>(2)).map(|rec| match &key {
                     Ok(key) => with_token(rec, token, key),
@@ -203,14 +203,4 @@ impl Shared {
             updated_at_ms: sql_u64(row.get(2)),
         }))
     }
-}
-
-/// The record key bytes of a scope and key that do not form a valid
-/// idempotency key (for listings and `verify`).
-pub(super) fn record_key(scope: &str, key: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + scope.len() + key.len());
-    out.push(u8::try_from(scope.len()).unwrap_or(u8::MAX));
-    out.extend_from_slice(scope.as_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out
 }

@@ -224,7 +224,7 @@ impl Shared {
     /// How many broken connections one call may meet before it gives up:
     /// after a server restart every pooled connection is dead, and each is
     /// noticed (and dropped by the pool) only when a statement fails on it.
-    fn reconnects(&self) -> usize {
+    pub(super) fn reconnects(&self) -> usize {
         usize::try_from(self.pool.max_size())
             .unwrap_or(usize::MAX)
             .saturating_add(1)
@@ -233,18 +233,8 @@ impl Shared {
     /// A pooled connection that has just answered a round trip (for calls
     /// that cannot simply be repeated on another connection halfway).
     pub(super) fn live_conn(&self, context: &'static str) -> Result<Conn> {
-        let mut left = self.reconnects();
-        loop {
-            let mut conn = self.conn(context)?;
-            match conn.batch_execute("") {
-                Ok(()) => return Ok(conn),
-                Err(e) if lost(&e) && left > 0 => {
-                    self.suspect();
-                    left -= 1;
-                }
-                Err(e) => return Err(storage(context)(e)),
-            }
-        }
+        self.on_live_conn(context, |conn| conn.batch_execute(""), storage(context))
+            .map(|(conn, ())| conn)
     }
 
     /// Runs one read (statements that write nothing) on a pooled
@@ -253,18 +243,32 @@ impl Shared {
     pub(super) fn read<T>(
         &self,
         context: &'static str,
-        mut read: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
+        read: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
     ) -> Result<T> {
+        self.on_live_conn(context, read, storage(context))
+            .map(|(_, value)| value)
+    }
+
+    /// Runs `f` on a pooled connection, and again on another one while
+    /// the connection turns out to be lost (at most `pool_size + 1` times),
+    /// for statements that are safe to send again; returns the connection
+    /// it worked on. Any other error is mapped with `fail`.
+    pub(super) fn on_live_conn<T>(
+        &self,
+        context: &'static str,
+        mut f: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
+        fail: impl FnOnce(postgres::Error) -> Error,
+    ) -> Result<(Conn, T)> {
         let mut left = self.reconnects();
         loop {
             let mut conn = self.conn(context)?;
-            match read(&mut conn) {
-                Ok(value) => return Ok(value),
+            match f(&mut conn) {
+                Ok(value) => return Ok((conn, value)),
                 Err(e) if lost(&e) && left > 0 => {
                     self.suspect();
                     left -= 1;
                 }
-                Err(e) => return Err(storage(context)(e)),
+                Err(e) => return Err(fail(e)),
             }
         }
     }

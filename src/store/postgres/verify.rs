@@ -5,22 +5,12 @@
 use crate::error::Result;
 use crate::key::IdempotencyKey;
 use crate::store::codec;
-use crate::store::record::{hex, Record, RecordState};
+use crate::store::record::hex;
 use crate::verify::Problem;
 
-use super::read::record_key;
 use super::shared::Shared;
 use super::txn::{sql_i64, sql_u64, state_code, with_token};
-
-/// The index a sound record is found through, and the instant it is
-/// ordered by there.
-fn index_of(rec: &Record) -> (&'static str, u64) {
-    match rec.state {
-        RecordState::Processing => ("leases", rec.lease_until_ms),
-        RecordState::Unknown => ("recovery", rec.unknown_since_ms),
-        _ => ("expiry", rec.expires_at_ms),
-    }
-}
+use crate::key::record_key;
 
 impl Shared {
     pub(super) fn verify(&self) -> Result<(Vec<Problem>, u64)> {
@@ -72,7 +62,7 @@ impl Shared {
                 sql_i64(rec.expires_at_ms),
             );
             if columns != expected {
-                let (index, at_ms) = index_of(&rec);
+                let (index, at_ms) = rec.index();
                 problems.push(Problem::MissingIndexEntry {
                     index,
                     at_ms,

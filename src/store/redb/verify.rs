@@ -9,19 +9,10 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
 use crate::store::codec;
-use crate::store::record::{hex, Record, RecordState};
+use crate::store::record::hex;
 use crate::verify::Problem;
 
 use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
-
-/// Which index a record belongs in, and at which instant.
-fn index_of(rec: &Record) -> (&'static str, u64) {
-    match rec.state {
-        RecordState::Processing => ("leases", rec.lease_until_ms),
-        RecordState::Unknown => ("recovery", rec.unknown_since_ms),
-        _ => ("expiry", rec.expires_at_ms),
-    }
-}
 
 /// Scrubs the whole database in one read snapshot; returns every problem
 /// found (none: the file is sound as far as the engine can tell) and how
@@ -47,7 +38,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         }
         match codec::decode(v.value()) {
             Ok(rec) => {
-                let (index, at) = index_of(&rec);
+                let (index, at) = rec.index();
                 expected.insert((index, at, rkey));
             }
             Err(e) => {
