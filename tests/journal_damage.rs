@@ -77,9 +77,16 @@ fn run_child(dir: &Path) -> std::io::Result<Output> {
         .output()
 }
 
-/// Runs the child; returns the journal's bytes and its frames' offsets
-/// and lengths (header, payload and padding).
-fn crashed_journal(dir: &Path) -> Result<(PathBuf, Vec<u8>, Vec<(usize, usize)>), Box<dyn Error>> {
+/// A journal left by the crashed child.
+struct Crashed {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    /// Each frame's offset and length (header, payload and padding).
+    frames: Vec<(usize, usize)>,
+}
+
+/// Runs the child; returns the journal it left.
+fn crashed_journal(dir: &Path) -> Result<Crashed, Box<dyn Error>> {
     let out = run_child(dir)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if out.status.signal() != Some(SIGABRT) || !stdout.contains("ALL COMPLETED\n") {
@@ -109,13 +116,21 @@ fn crashed_journal(dir: &Path) -> Result<(PathBuf, Vec<u8>, Vec<(usize, usize)>)
     if frames.len() != 2 * KEYS {
         return Err(format!("expected {} frames, found {}", 2 * KEYS, frames.len()).into());
     }
-    Ok((path, bytes, frames))
+    Ok(Crashed {
+        path,
+        bytes,
+        frames,
+    })
 }
 
 #[test]
 fn a_torn_last_frame_is_the_end_of_the_log() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (path, mut bytes, frames) = crashed_journal(dir.path())?;
+    let Crashed {
+        path,
+        mut bytes,
+        frames,
+    } = crashed_journal(dir.path())?;
     // The last frame (the last key's completion) lost its final bytes.
     let (at, len) = frames[frames.len() - 1];
     for b in &mut bytes[at + len - 8..at + len] {
@@ -142,7 +157,11 @@ fn a_torn_last_frame_is_the_end_of_the_log() -> TestResult {
 #[test]
 fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (path, mut bytes, frames) = crashed_journal(dir.path())?;
+    let Crashed {
+        path,
+        mut bytes,
+        frames,
+    } = crashed_journal(dir.path())?;
     let (at, _) = frames[3];
     bytes[at + 40] ^= 0x01;
     std::fs::write(&path, &bytes)?;

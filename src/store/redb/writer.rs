@@ -169,6 +169,7 @@ impl Writer {
         // nobody is answered before a commit, and the poison stops the rest.
         let _guard = PoisonOnPanic(self.poison.clone());
         WRITER_OF.with(|w| w.set(Arc::as_ptr(&self.poison) as usize));
+        let notifier = Notifier::start();
         let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(self.max_batch);
         let mut shutdown = false;
         while !shutdown {
@@ -199,12 +200,14 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.process(std::mem::take(&mut batch));
+            self.process(std::mem::take(&mut batch), &notifier);
         }
         // Everything in redb, so the journal holds nothing to apply.
         if self.journal.as_ref().is_some_and(Journal::dirty) {
             self.checkpoint();
         }
+        // Every committed answer is out before the engine counts as closed.
+        notifier.finish();
         // Callers still queued after shutdown hear that the engine closed.
         while let Ok(msg) = self.rx.try_recv() {
             if let Msg::Job(job) = msg {
@@ -220,7 +223,7 @@ impl Writer {
     /// Commits one batch in groups: a run of shared jobs is one
     /// transaction; an isolated job is a transaction of its own. Arrival
     /// order is kept.
-    fn process(&mut self, batch: Vec<Box<dyn Job>>) {
+    fn process(&mut self, batch: Vec<Box<dyn Job>>, notifier: &Notifier) {
         let mut jobs = batch.into_iter().peekable();
         while let Some(first) = jobs.next() {
             let isolated = first.isolated();
@@ -238,14 +241,14 @@ impl Writer {
                 }
                 continue;
             }
-            self.commit(group, isolated);
+            self.commit(group, isolated, notifier);
         }
     }
 
     /// Applies `group` in one transaction and commits it, then answers.
     /// On a storage error or a panic the backend is poisoned first, then
     /// every caller of the group hears it.
-    fn commit(&mut self, mut group: Vec<Box<dyn Job>>, isolated: bool) {
+    fn commit(&mut self, mut group: Vec<Box<dyn Job>>, isolated: bool, notifier: &Notifier) {
         let started = std::time::Instant::now();
         let attempt = catch_unwind(AssertUnwindSafe(|| self.try_commit(&mut group, isolated)));
         let failure = match attempt {
@@ -255,9 +258,7 @@ impl Writer {
                 metrics::histogram!("idempotency_group_commit_seconds")
                     .record(started.elapsed().as_secs_f64());
                 self.seq = seq;
-                for job in group {
-                    job.deliver();
-                }
+                notifier.deliver(group);
                 if self
                     .journal
                     .as_ref()
@@ -396,6 +397,69 @@ impl Writer {
 }
 
 pub(super) use crate::store::panic_message;
+
+/// Wakes the callers of committed groups on a thread of its own, so the
+/// writer goes on to the next group at once: waking 64 parked threads costs
+/// the writer more CPU than the commit it answers (see BENCHMARKS.md). Only
+/// committed (durable) answers go through it; failures are sent by the
+/// writer itself. Without the thread (it could not start), the writer
+/// delivers inline.
+struct Notifier {
+    tx: Option<crossbeam_channel::Sender<Vec<Box<dyn Job>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Notifier {
+    fn start() -> Notifier {
+        let (tx, rx) = crossbeam_channel::unbounded::<Vec<Box<dyn Job>>>();
+        let thread = std::thread::Builder::new()
+            .name("idempotency-notify".into())
+            .spawn(move || {
+                for group in rx {
+                    for job in group {
+                        job.deliver();
+                    }
+                }
+            });
+        match thread {
+            Ok(thread) => Notifier {
+                tx: Some(tx),
+                thread: Some(thread),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "no notifier thread; the writer answers callers itself");
+                Notifier {
+                    tx: None,
+                    thread: None,
+                }
+            }
+        }
+    }
+
+    /// Answers every job of a committed group.
+    fn deliver(&self, group: Vec<Box<dyn Job>>) {
+        let group = match &self.tx {
+            Some(tx) => match tx.send(group) {
+                Ok(()) => return,
+                Err(crossbeam_channel::SendError(group)) => group,
+            },
+            None => group,
+        };
+        for job in group {
+            job.deliver();
+        }
+    }
+
+    /// Waits until every handed-over answer is delivered.
+    fn finish(mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("notifier thread panicked");
+            }
+        }
+    }
+}
 
 /// The counters stored in the meta table (1 for a new database).
 pub(super) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {
