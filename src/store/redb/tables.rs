@@ -132,7 +132,10 @@ impl<'t> Tables<'t> {
         rkey: &[u8],
     ) -> std::result::Result<Option<std::result::Result<Record, DecodeError>>, redb::StorageError>
     {
-        Ok(self.records.get(rkey)?.map(|v| codec::decode(v.value())))
+        Ok(self
+            .records
+            .get(rkey)?
+            .map(|v| codec::decode(rkey, v.value())))
     }
 
     /// Writes `new` over `old`, moving the record between index tables.
@@ -146,7 +149,8 @@ impl<'t> Tables<'t> {
             self.unindex(rkey, old)?;
         }
         self.index(rkey, new)?;
-        self.records.insert(rkey, codec::encode(new).as_slice())?;
+        self.records
+            .insert(rkey, codec::encode(rkey, new).as_slice())?;
         Ok(())
     }
 
@@ -242,8 +246,10 @@ impl Txn for Tables<'_> {
             payload: message.payload,
             created_at_ms: self.now,
         };
-        self.outbox
-            .insert(entry.seq, codec::encode_outbox(&entry).as_slice())?;
+        self.outbox.insert(
+            entry.seq,
+            codec::encode_outbox(entry.seq, &entry).as_slice(),
+        )?;
         self.seq.outbox += 1;
         Ok(())
     }
@@ -259,7 +265,7 @@ impl Txn for Tables<'_> {
         Ok(self
             .entities
             .get(entity)?
-            .map(|v| codec::decode_entity(v.value())))
+            .map(|v| codec::decode_entity(entity, v.value())))
     }
 
     fn store_entity(
@@ -268,7 +274,7 @@ impl Txn for Tables<'_> {
         state: &EntityState,
     ) -> std::result::Result<(), redb::Error> {
         self.entities
-            .insert(entity, codec::encode_entity(state).as_slice())?;
+            .insert(entity, codec::encode_entity(entity, state).as_slice())?;
         Ok(())
     }
 }

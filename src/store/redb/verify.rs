@@ -36,7 +36,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
                 key_hex: hex(&rkey),
             });
         }
-        match codec::decode(v.value()) {
+        match codec::decode(&rkey, v.value()) {
             Ok(rec) => {
                 let (index, at) = rec.index();
                 expected.insert((index, at, rkey));
@@ -84,7 +84,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     let outbox = txn.open_table(OUTBOX).context(what)?;
     for entry in outbox.iter().context(what)? {
         let (seq, v) = entry.context(what)?;
-        if let Err(e) = codec::decode_outbox(v.value()) {
+        if let Err(e) = codec::decode_outbox(seq.value(), v.value()) {
             problems.push(Problem::UndecodableOutboxMessage {
                 seq: seq.value(),
                 reason: e.to_string(),
@@ -94,7 +94,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     let entities = txn.open_table(ENTITIES).context(what)?;
     for entry in entities.iter().context(what)? {
         let (id, v) = entry.context(what)?;
-        if let Err(e) = codec::decode_entity(v.value()) {
+        if let Err(e) = codec::decode_entity(id.value(), v.value()) {
             problems.push(Problem::UndecodableEntity {
                 entity: id.value().to_string(),
                 reason: e.to_string(),
