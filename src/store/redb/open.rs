@@ -107,6 +107,7 @@ pub(crate) fn prepare(
 mod migrate;
 
 fn init_format(db: &Database) -> Result<(), OpenError> {
+    super::read::probe_tables(db)?;
     // The version and all tables are created in one transaction, so a
     // version present means every table is.
     if let Some(v) = stored_format(db)? {

@@ -5,14 +5,14 @@ use redb::{
     ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::codec;
 use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
-use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
+use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 /// One engine table in a fresh read transaction.
 fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
     db: &impl ReadableDatabase,
@@ -21,6 +21,39 @@ fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
 ) -> Result<ReadOnlyTable<K, V>> {
     let txn = db.begin_read().context(what)?;
     txn.open_table(table).context(what)
+}
+
+/// Opens each engine table once, alone, in a read transaction: a damaged
+/// table definition makes redb panic in `open_table`, and here that panic
+/// is contained by the open (`OpenError::Corrupt`). In a write transaction
+/// the same panic poisons the transaction's table lock, and a table still
+/// open from that transaction then panics again in its `Drop` while
+/// unwinding, which aborts the process. Tables that do not exist yet are
+/// fine (a new file).
+pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<(), OpenError> {
+    fn probe<K: redb::Key + 'static, V: redb::Value + 'static>(
+        txn: &redb::ReadTransaction,
+        def: TableDefinition<K, V>,
+    ) -> std::result::Result<(), OpenError> {
+        match txn.open_table(def) {
+            Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => Ok(()),
+            Err(e) => Err(OpenError::Storage {
+                context: "checking the engine's tables",
+                source: Box::new(redb::Error::from(e)),
+            }),
+        }
+    }
+    let txn = db.begin_read().map_err(|e| OpenError::Storage {
+        context: "checking the engine's tables",
+        source: Box::new(redb::Error::from(e)),
+    })?;
+    probe(&txn, META)?;
+    probe(&txn, RECORDS)?;
+    probe(&txn, LEASES)?;
+    probe(&txn, RECOVERY)?;
+    probe(&txn, EXPIRY)?;
+    probe(&txn, OUTBOX)?;
+    probe(&txn, ENTITIES)
 }
 
 pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
