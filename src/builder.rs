@@ -206,14 +206,14 @@ impl EngineBuilder {
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
         let path = path.as_ref().to_path_buf();
         redb_store::open_contained(&path, || {
-            let db = redb_store::open_path(&path)?;
+            let opened = redb_store::Opened::path(&path)?;
             let again = path.clone();
-            let reopen: redb_store::Reopen = Arc::new(move || redb_store::open_path(&again));
+            let reopen: redb_store::Reopen = Arc::new(move || redb_store::Opened::path(&again));
             let mut probe_path = path.clone().into_os_string();
             probe_path.push(".write-probe");
             let probe_path = std::path::PathBuf::from(probe_path);
             let probe: redb_store::Probe = Arc::new(move || redb_store::probe_write(&probe_path));
-            self.start(db, Some((reopen, probe)))
+            self.start(opened, Some((reopen, probe)))
         })
     }
 
@@ -285,7 +285,7 @@ impl EngineBuilder {
     ) -> Result<Engine, OpenError> {
         redb_store::open_contained(Path::new("<backend>"), || {
             let db = redb_store::open_backend(backend)?;
-            self.start(db, None)
+            self.start(redb_store::Opened::plain(db), None)
         })
     }
 
@@ -314,16 +314,16 @@ impl EngineBuilder {
         H: Fn() -> std::io::Result<()> + Send + Sync + 'static,
     {
         let make = Arc::new(make);
-        let open = move || -> Result<redb::Database, OpenError> {
+        let open = move || -> Result<redb_store::Opened, OpenError> {
             let backend = make().map_err(|e| OpenError::Storage {
                 context: "creating the storage backend",
                 source: Box::new(e),
             })?;
-            redb_store::open_backend(backend)
+            redb_store::open_backend(backend).map(redb_store::Opened::plain)
         };
         redb_store::open_contained(Path::new("<backend>"), || {
-            let db = open()?;
-            self.start(db, Some((Arc::new(open), Arc::new(healthy))))
+            let opened = open()?;
+            self.start(opened, Some((Arc::new(open), Arc::new(healthy))))
         })
     }
 
@@ -421,12 +421,12 @@ impl EngineBuilder {
 
     fn start(
         mut self,
-        db: redb::Database,
+        opened: redb_store::Opened,
         reopen: Option<(redb_store::Reopen, redb_store::Probe)>,
     ) -> Result<Engine, OpenError> {
-        self.cfg.store = redb_store::prepare(&db, self.cfg.store, self.stored_expiry)?;
+        self.cfg.store = redb_store::prepare(&opened.db, self.cfg.store, self.stored_expiry)?;
         let store = RedbStore::start(
-            db,
+            opened,
             self.cfg.store,
             self.clock.clone(),
             self.cfg.max_batch,

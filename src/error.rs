@@ -84,6 +84,19 @@ pub enum OpenError {
         path: PathBuf,
     },
 
+    /// The database's write-ahead journal (`<database file>.journal`,
+    /// format 2) cannot be used: damaged before its end (the detail names
+    /// the byte offset), not a journal, or another database's. Nothing was
+    /// applied from it; the database file is as its last checkpoint left it.
+    /// Keep both files for inspection; a journal is never skipped silently.
+    #[error("{path}: the journal cannot be used: {detail}")]
+    Journal {
+        /// The journal file.
+        path: PathBuf,
+        /// What is wrong, with the byte offset where it applies.
+        detail: String,
+    },
+
     /// A read-only open found a redb database without the engine's tables
     /// (another program's file, or one no engine has opened yet). Nothing
     /// was written to it.

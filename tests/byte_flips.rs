@@ -21,6 +21,9 @@
 //! (one during unwinding aborts the process) or a hang is reported with the
 //! seed, the flipped offsets and the panic's stack, and fails the test.
 //!
+//! Bytes are flipped in the `.redb` file only: after a clean close the
+//! journal beside it holds nothing the file does not.
+//!
 //! `IDEMPOTENCY_FLIP_TRIALS` sets the number of trials (default 100) and
 //! `IDEMPOTENCY_FLIP_SEED` the seed (default: fixed, so the default run is
 //! the same every time); the summary line is printed (`--nocapture`).
@@ -430,9 +433,18 @@ impl Sound {
         Ok(sound)
     }
 
-    /// Runs a trial on `bytes` as the database file.
+    /// Runs a trial on `bytes` as the database file. Only the `.redb` file
+    /// is copied: a clean close leaves everything in it, and the engine
+    /// creates a missing journal (`<file>.journal`) on open. The previous
+    /// trial's journal is removed first: it carries the same journal id
+    /// (copied in the file's meta table), so its frames would be applied.
     fn run(&self, bytes: &[u8]) -> Result<Outcome, Box<dyn Error>> {
         let path = self.dir.path().join("trial.redb");
+        let journal = self.dir.path().join("trial.redb.journal");
+        match std::fs::remove_file(&journal) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         std::fs::write(&path, bytes)?;
         run_child(&path, self.dir.path())
     }

@@ -226,6 +226,10 @@ fn a_read_only_open_of_a_format1_database_answers_and_writes_nothing() -> TestRe
         std::fs::read(&path)? == before,
         "a read-only open changed the format-1 file"
     );
+    let entries: Vec<_> = std::fs::read_dir(dir.path())?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(entries, ["format1.redb"], "a read-only open wrote a file");
     assert_eq!(stored_formats(&path)?.0, [1]);
     Ok(())
 }

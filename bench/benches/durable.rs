@@ -13,8 +13,12 @@
 //! beside a raw loop of 4 KiB write + fdatasync in the same directory.
 //! Percentiles are printed as `LATENCY …` lines (criterion reports means).
 //!
-//! After the criterion benches, the target ratios at 64 threads are measured
-//! again interleaved (`PAIRED …` lines; see `common::Rounds`).
+//! After the criterion benches, the targets are measured again interleaved
+//! (`PAIRED …` lines; see `common::Rounds` and `paired`): throughput at 64
+//! threads against the three baselines and at 8 threads against SQLite
+//! batched 512, the bytes written to disk per request (Linux task I/O
+//! accounting, see `common::DiskWrites`), and `begin` p50/p99 at 64 threads
+//! against a raw fsync loop.
 
 mod common;
 
@@ -23,7 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use common::{redb_plain, redb_plain::PlainRedb, sqlite, Latencies};
+use common::{redb_plain, redb_plain::PlainRedb, sqlite, DiskWrites, Latencies};
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use idempotency::Engine;
 
@@ -145,46 +149,169 @@ fn latency(c: &mut Criterion) {
     let fsync = syncs.report("raw 4KiB write+fdatasync, 1 thread");
     if let (Some((_, e99)), Some((_, f99))) = (engine, fsync) {
         println!(
-            "RATIO begin p99 / fsync p99 = {:.2} (target <= 5)",
+            "RATIO begin p99 / fsync p99 = {:.2} (target <= 10)",
             e99 / f99
         );
     }
 }
 
-/// The target ratios, interleaved (see `common::Rounds`): 64 client
-/// threads, each system for one slice per round.
+/// Name prefix of the engine's own threads (`idempotency-writer`,
+/// `idempotency-sweeper`). A thread the engine adds must be named under it
+/// for its writes to count as the engine's wherever they fall (see
+/// `bytes_per_request`); an unnamed one would be charged to whichever slice
+/// it writes in. redb itself starts no threads.
+const ENGINE_THREADS: &str = "idempotency";
+
+/// One slice of an interleaved round: one system, one client-thread count.
+struct Slice {
+    /// An engine slice (see `bytes_per_request`).
+    engine: bool,
+    requests: u64,
+    rate: f64,
+    /// Growth of the disk-write counters over the slice; `None` when they
+    /// cannot be read.
+    io: Option<DiskWrites>,
+}
+
+/// Runs `op` on `threads` client threads for one slice. `io` holds the
+/// counters read at the end of the previous slice (so consecutive slices
+/// split the time between them with no gap) and is moved on to this
+/// slice's end.
+fn slice<F>(
+    engine: bool,
+    threads: usize,
+    r: &common::Rounds,
+    io: &mut Option<DiskWrites>,
+    op: F,
+) -> Slice
+where
+    F: Fn(usize) + Sync,
+{
+    let (requests, elapsed) = common::calls_for(threads, r.slice, op);
+    let before = io.take();
+    let mut delta = None;
+    if let Some(before) = before {
+        match DiskWrites::read(ENGINE_THREADS) {
+            Ok(now) => {
+                delta = Some(now.since(before));
+                *io = Some(now);
+            }
+            Err(e) => println!("IO_BYTES skipped from here on: /proc/self/io unreadable ({e})"),
+        }
+    }
+    Slice {
+        engine,
+        requests,
+        rate: requests as f64 / elapsed.as_secs_f64(),
+        io: delta,
+    }
+}
+
+/// Bytes written per request for each slice of one round (in time order),
+/// `None` if a slice has no counters.
+///
+/// The counters are per process, so they are split by thread and time:
+/// - a slice keeps what every thread other than the engine's wrote during
+///   it: its client threads (plain redb and SQLite 1 txn/op write on them),
+///   SQLite's batching writer thread (it is idle once the slice's last
+///   client has its answer), and SQLite's WAL checkpoints, which run inside
+///   a commit;
+/// - the engine's threads' writes go to the engine slice that last started,
+///   wherever they fall: its group commits, and any work its requests leave
+///   behind for later (a journal checkpoint, a sweep) even when that runs
+///   during a baseline's slice. A round starts with an engine slice, so work
+///   left over from the previous round lands on the first engine slice of
+///   the next; what the engine writes after the last slice of the last
+///   round is not counted.
+///
+/// The engine's threads live through all rounds, so their per-thread
+/// counters only grow. Opening the databases and creating their tables is
+/// outside the rounds.
+fn bytes_per_request(slices: &[Slice]) -> Option<Vec<f64>> {
+    let mut bytes = vec![0i64; slices.len()];
+    let mut last_engine = None;
+    for (i, s) in slices.iter().enumerate() {
+        let io = s.io?;
+        if s.engine {
+            last_engine = Some(i);
+        }
+        bytes[i] += io.process - io.named;
+        bytes[last_engine.unwrap_or(i)] += io.named;
+    }
+    Some(
+        bytes
+            .iter()
+            .zip(slices)
+            .map(|(&b, s)| b.max(0) as f64 / s.requests.max(1) as f64)
+            .collect(),
+    )
+}
+
+/// The targets, interleaved (see `common::Rounds`): each round runs, in
+/// this order, one slice each of the engine, plain redb 1 txn/op, SQLite
+/// 1 txn/op and SQLite batched 512 at 64 client threads, then the engine
+/// and SQLite batched 512 at 8 client threads. Every system keeps one
+/// database, opened by path before the first round, for all rounds. Over
+/// each slice it also counts the bytes written to disk per request
+/// (`DiskWrites`, `bytes_per_request`); then the `begin` latency rounds.
 fn paired() {
     let r = common::rounds();
     let dir = common::bench_dir();
     let body = vec![b'x'; common::RESPONSE_BYTES];
     let fp = [7u8; 32];
+    // By path, as users open it (a path open is also what gets the
+    // engine's files next to the database, such as its journal).
     let engine = Engine::builder()
         .open(dir.path().join("engine.redb"))
         .expect("open engine");
     let redb = PlainRedb::create(&dir.path().join("plain.redb"));
     let per_op = sqlite::PerOp::create(&dir.path().join("per_op.sqlite"));
     let batched = sqlite::Batched::create(&dir.path().join("batched.sqlite"), 512, 4096);
-    let (mut ours, mut plain, mut lite, mut lite_b) = (vec![], vec![], vec![], vec![]);
+    let engine_op = |_: usize| {
+        common::engine_request(&engine, &common::random_key());
+    };
+    let batched_op = |_: usize| {
+        let key = sqlite_key();
+        assert!(batched.begin(&key, fp));
+        batched.complete(&key, &body);
+    };
+    let mut io = match DiskWrites::read(ENGINE_THREADS) {
+        Ok(now) => Some(now),
+        Err(e) => {
+            println!("IO_BYTES skipped: /proc/self/io unreadable ({e})");
+            None
+        }
+    };
+    // Per round, in slice order: engine 64, redb, sqlite 1 txn/op,
+    // sqlite batched 64, engine 8, sqlite batched 8.
+    let mut rounds: Vec<Vec<Slice>> = Vec::new();
     for _ in 0..r.rounds {
-        ours.push(common::rate_for(64, r.slice, |_| {
-            common::engine_request(&engine, &common::random_key());
-        }));
-        plain.push(common::rate_for(64, r.slice, |_| {
+        let mut round = Vec::new();
+        round.push(slice(true, 64, &r, &mut io, engine_op));
+        round.push(slice(false, 64, &r, &mut io, |_| {
             let key = redb_plain::record_key(common::SCOPE, &uuid::Uuid::new_v4().to_string());
             assert!(redb.begin(&key, &fp));
             redb.complete(&key, &fp, &body);
         }));
-        lite.push(common::rate_for(64, r.slice, |_| {
+        round.push(slice(false, 64, &r, &mut io, |_| {
             let key = sqlite_key();
             assert!(per_op.begin(&key, &fp));
             per_op.complete(&key, &body);
         }));
-        lite_b.push(common::rate_for(64, r.slice, |_| {
-            let key = sqlite_key();
-            assert!(batched.begin(&key, fp));
-            batched.complete(&key, &body);
-        }));
+        round.push(slice(false, 64, &r, &mut io, batched_op));
+        round.push(slice(true, 8, &r, &mut io, engine_op));
+        round.push(slice(false, 8, &r, &mut io, batched_op));
+        rounds.push(round);
     }
+    let series = |i: usize| -> Vec<f64> { rounds.iter().map(|round| round[i].rate).collect() };
+    let (ours, plain, lite, lite_b, ours8, lite_b8) = (
+        series(0),
+        series(1),
+        series(2),
+        series(3),
+        series(4),
+        series(5),
+    );
     let name = "durable req/s, 64 threads";
     common::report_paired(
         &format!("{name}: engine vs redb 1 txn/op"),
@@ -204,6 +331,36 @@ fn paired() {
         &ours,
         &lite_b,
     );
+    common::report_paired(
+        "durable req/s, 8 threads: engine vs sqlite batched 512",
+        "req/s",
+        &ours8,
+        &lite_b8,
+    );
+
+    // Bytes written per request, only if every slice of every round had
+    // its counters.
+    let bytes: Option<Vec<Vec<f64>>> = rounds
+        .iter()
+        .map(|round| bytes_per_request(round))
+        .collect();
+    if let Some(bytes) = bytes {
+        let series = |i: usize| -> Vec<f64> { bytes.iter().map(|round| round[i]).collect() };
+        let name = "disk bytes written per request";
+        for (threads, ours, base, what) in [
+            (64, 0, 3, "sqlite batched 512"),
+            (64, 0, 1, "redb 1 txn/op"),
+            (64, 0, 2, "sqlite 1 txn/op"),
+            (8, 4, 5, "sqlite batched 512"),
+        ] {
+            common::report_paired(
+                &format!("{name}, {threads} threads: engine vs {what}"),
+                "B/req",
+                &series(ours),
+                &series(base),
+            );
+        }
+    }
 
     // begin latency under load vs raw fsync latency, alternating.
     let file = fsync_file(&dir.path().join("fsync.bin"));

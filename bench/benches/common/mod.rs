@@ -245,6 +245,16 @@ pub fn rate_for<F>(threads: usize, slice: Duration, op: F) -> f64
 where
     F: Fn(usize) + Sync,
 {
+    let (calls, elapsed) = calls_for(threads, slice, op);
+    calls as f64 / elapsed.as_secs_f64()
+}
+
+/// [`rate_for`], returning the number of completed calls and the wall time
+/// from the start signal until the last thread finished its last call.
+pub fn calls_for<F>(threads: usize, slice: Duration, op: F) -> (u64, Duration)
+where
+    F: Fn(usize) + Sync,
+{
     let count = std::sync::atomic::AtomicU64::new(0);
     let barrier = Barrier::new(threads + 1);
     let start = std::thread::scope(|s| {
@@ -264,7 +274,8 @@ where
         barrier.wait();
         Instant::now()
     });
-    count.into_inner() as f64 / start.elapsed().as_secs_f64()
+    let elapsed = start.elapsed();
+    (count.into_inner(), elapsed)
 }
 
 /// The value at quantile `q` of `v` (sorted in place).
@@ -304,4 +315,75 @@ pub fn report_rounds(name: &str, ours: &[f64], base: &[f64]) {
         list(ours.iter().map(|o| format!("{o:.0}")).collect()),
         list(base.iter().map(|b| format!("{b:.0}")).collect()),
     );
+}
+
+/// A reading of Linux's per-task I/O accounting: bytes this process sent
+/// toward the disk (`write_bytes` minus `cancelled_write_bytes`), in all and
+/// for its live threads whose name starts with a prefix.
+///
+/// What the kernel counts (`Documentation/filesystems/proc.rst`, "io"):
+/// a buffered write is charged when it dirties a page, to the thread that
+/// dirties it, one whole page (4 KiB) per page dirtied, whether writeback
+/// happens now, at the next fsync or after the measurement. So no flush is
+/// needed to see a slice's writes, and a page dirtied again before it is
+/// written back counts once (it is written once). Pages dirtied through a
+/// shared mapping (SQLite's `-shm` file) count the same way. `O_DIRECT`
+/// writes are charged when submitted. `cancelled_write_bytes` are dirty
+/// pages dropped by a truncate or unlink before writeback, so never written.
+/// Not counted: the filesystem's own journal and metadata blocks (ext4's
+/// jbd2 thread writes them), the device's internal write amplification,
+/// and anything other processes write. Threads that have exited stay in the
+/// process total (`/proc/self/io`); the per-thread figures
+/// (`/proc/self/task/<tid>/io`) cover live threads only.
+#[derive(Clone, Copy, Debug)]
+pub struct DiskWrites {
+    /// The whole process, exited threads included.
+    pub process: i64,
+    /// The live threads whose name starts with the prefix given.
+    pub named: i64,
+}
+
+impl DiskWrites {
+    /// Reads the counters now; `named` sums the live threads whose name
+    /// (`comm`, at most 15 bytes) starts with `prefix`. An error if
+    /// `/proc/self/io` cannot be read (no procfs, no task I/O accounting);
+    /// a thread that exits while the list is read is skipped.
+    pub fn read(prefix: &str) -> std::io::Result<DiskWrites> {
+        let process = io_written(&std::fs::read_to_string("/proc/self/io")?)
+            .ok_or_else(|| std::io::Error::other("no write_bytes line in /proc/self/io"))?;
+        let mut named = 0;
+        for task in std::fs::read_dir("/proc/self/task")? {
+            let dir = task?.path();
+            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                continue;
+            };
+            if comm.trim_end().starts_with(prefix) {
+                let io = std::fs::read_to_string(dir.join("io")).unwrap_or_default();
+                named += io_written(&io).unwrap_or(0);
+            }
+        }
+        Ok(DiskWrites { process, named })
+    }
+
+    /// The counters' growth since `earlier`.
+    pub fn since(self, earlier: DiskWrites) -> DiskWrites {
+        DiskWrites {
+            process: self.process - earlier.process,
+            named: self.named - earlier.named,
+        }
+    }
+}
+
+/// `write_bytes - cancelled_write_bytes` from the text of an `io` file.
+fn io_written(text: &str) -> Option<i64> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(':')?
+                .trim()
+                .parse::<i64>()
+                .ok()
+        })
+    };
+    Some(field("write_bytes")? - field("cancelled_write_bytes").unwrap_or(0))
 }

@@ -1,10 +1,12 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
+mod journal;
 mod local;
 mod open;
 mod read;
 mod read_only;
+mod recover;
 mod sweep;
 mod tables;
 mod verify;
@@ -36,6 +38,7 @@ use crate::transition::Transition;
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
 
+use self::journal::JournalStorage;
 use self::tables::{OpError, Tables};
 use self::writer::{Call, Msg, Writer};
 
@@ -84,9 +87,31 @@ pub(crate) fn open_contained<T>(
     })
 }
 
+/// An opened database, and where its journal lives (`None`: no journal,
+/// every commit is durable in redb; for backends without a path).
+pub(crate) struct Opened {
+    pub(crate) db: Database,
+    pub(crate) journal: Option<std::path::PathBuf>,
+}
+
+impl Opened {
+    /// A database without a journal.
+    pub(crate) fn plain(db: Database) -> Opened {
+        Opened { db, journal: None }
+    }
+
+    /// The database file at `path`, with its journal beside it.
+    pub(crate) fn path(path: &std::path::Path) -> Result<Opened, OpenError> {
+        Ok(Opened {
+            db: open_path(path)?,
+            journal: Some(JournalStorage::path_of(path)),
+        })
+    }
+}
+
 /// Opens the database again after a storage failure: the same file, or a
 /// backend over the same storage.
-pub(crate) type Reopen = Arc<dyn Fn() -> Result<Database, OpenError> + Send + Sync>;
+pub(crate) type Reopen = Arc<dyn Fn() -> Result<Opened, OpenError> + Send + Sync>;
 
 /// Tells whether storage takes writes again (before a reopen is tried).
 pub(crate) type Probe = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
@@ -136,7 +161,7 @@ impl RedbStore {
     /// `reopen` opens it again after a storage failure, once its probe
     /// says storage takes writes again.
     pub(crate) fn start(
-        db: Database,
+        opened: Opened,
         cfg: StoreConfig,
         clock: Arc<dyn Clock>,
         max_batch: usize,
@@ -149,7 +174,7 @@ impl RedbStore {
             max_batch: max_batch.max(1),
             queue_capacity: queue_capacity.max(1),
         };
-        let live = spawn_writer(db, &settings)?;
+        let live = spawn_writer(opened, &settings)?;
         Ok(RedbStore {
             live: RwLock::new(live),
             settings,
@@ -242,9 +267,9 @@ impl RedbStore {
             }
         }
         let reopened = open_contained(std::path::Path::new("<reopen>"), || {
-            let db = reopen()?;
-            prepare(&db, self.settings.cfg, false)?;
-            spawn_writer(db, &self.settings)
+            let opened = reopen()?;
+            prepare(&opened.db, self.settings.cfg, false)?;
+            spawn_writer(opened, &self.settings)
         });
         match reopened {
             Ok(fresh) => {
@@ -286,8 +311,20 @@ fn closed(poison: &Poison) -> Error {
     }
 }
 
-/// Starts a writer thread on a prepared database.
-fn spawn_writer(db: Database, s: &WriterSettings) -> Result<Live, OpenError> {
+/// Starts a writer thread on a prepared database, after applying what its
+/// journal holds beyond the last checkpoint.
+fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
+    let Opened { db, journal } = opened;
+    let journal = match journal {
+        Some(path) => {
+            let storage = JournalStorage::beside_path(&path).map_err(|e| OpenError::Storage {
+                context: "opening the journal",
+                source: Box::new(e),
+            })?;
+            Some(recover::open_journal(&db, storage)?)
+        }
+        None => None,
+    };
     let seq = writer::read_sequences(&db).map_err(|e| OpenError::Storage {
         context: "reading the engine's counters",
         source: Box::new(e),
@@ -303,6 +340,7 @@ fn spawn_writer(db: Database, s: &WriterSettings) -> Result<Live, OpenError> {
         poison: poison.clone(),
         max_batch: s.max_batch,
         seq,
+        journal,
     };
     let writer = std::thread::Builder::new()
         .name("idempotency-writer".into())

@@ -68,6 +68,13 @@ impl RedbReader {
             });
         }
         check_version(stored_format(&db)?)?;
+        // Frames the journal holds beyond the last checkpoint are not in
+        // the file yet: a view without them would show an older state.
+        if super::recover::pending_frames(&db, path)? > 0 {
+            return Err(OpenError::NeedsRecovery {
+                path: path.to_path_buf(),
+            });
+        }
         Ok(RedbReader { db })
     }
 }

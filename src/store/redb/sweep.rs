@@ -10,6 +10,7 @@ use crate::report::SweepCounts;
 use crate::store::ops::{Ops, Swept};
 use crate::store::record::RecordState;
 
+use super::journal::IndexTable;
 use super::tables::{OpError, Tables};
 
 impl Tables<'_> {
@@ -40,7 +41,7 @@ impl Tables<'_> {
                 // An index entry that does not match its record: drop it so
                 // the sweep cannot spin on it.
                 None => {
-                    self.leases.remove((at, rkey.as_slice()))?;
+                    self.del_index(IndexTable::Leases, at, &rkey)?;
                 }
             }
         }
@@ -64,7 +65,7 @@ impl Tables<'_> {
                 Some(Swept::Tombstoned) => counts.tombstoned += 1,
                 Some(Swept::Deleted) => counts.deleted += 1,
                 Some(Swept::MovedToUnknown) | None => {
-                    self.expiry.remove((at, rkey.as_slice()))?;
+                    self.del_index(IndexTable::Expiry, at, &rkey)?;
                 }
             }
         }

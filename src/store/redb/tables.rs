@@ -21,7 +21,9 @@ use crate::key::IdempotencyKey;
 use crate::message::{OutboxEntry, OutgoingMessage};
 use crate::store::codec::{self, DecodeError};
 use crate::store::ops::{Loaded, Txn};
-use crate::store::record::{EntityState, Record, RecordState};
+use crate::store::record::{EntityState, Record};
+
+use super::journal::{Change, IndexTable};
 
 /// Format version, counters and the last app's expiry settings.
 pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
@@ -53,6 +55,12 @@ pub(super) const META_TTL_MS: &str = "ttl_ms";
 /// `META` key holding that app's expiry policy: `[0]` forget, or `[1]`
 /// followed by the tombstone duration (u64 little-endian ms).
 pub(super) const META_EXPIRY_POLICY: &str = "expiry_policy";
+/// `META` key holding the id (16 bytes) of the database's journal: a
+/// journal file carrying another id belongs to another database.
+pub(super) const META_JOURNAL_ID: &str = "journal_id";
+/// `META` key holding the LSN (u64 little-endian) of the last journal frame
+/// the database's state includes.
+pub(super) const META_JOURNAL_LSN: &str = "journal_lsn";
 /// `META` key holding the next outbox sequence number (u64 little-endian).
 pub(super) const META_NEXT_OUTBOX: &str = "next_outbox_seq";
 
@@ -104,6 +112,8 @@ pub(crate) struct Tables<'t> {
     /// The batch's one reading of the clock, in ms.
     pub(super) now: u64,
     pub(super) cfg: StoreConfig,
+    /// Every change made, in order, for the journal (`None`: not kept).
+    pub(super) changes: Option<Vec<Change>>,
 }
 
 impl<'t> Tables<'t> {
@@ -124,7 +134,78 @@ impl<'t> Tables<'t> {
             seq,
             now,
             cfg,
+            changes: None,
         })
+    }
+
+    /// Keeps every change from now on, for the journal.
+    pub(super) fn keep_changes(&mut self) {
+        self.changes = Some(Vec::new());
+    }
+
+    fn log(&mut self, change: impl FnOnce() -> Change) {
+        if let Some(changes) = &mut self.changes {
+            changes.push(change());
+        }
+    }
+
+    fn index_table(&mut self, which: IndexTable) -> &mut Table<'t, (u64, &'static [u8]), ()> {
+        match which {
+            IndexTable::Leases => &mut self.leases,
+            IndexTable::Recovery => &mut self.recovery,
+            IndexTable::Expiry => &mut self.expiry,
+        }
+    }
+
+    /// Adds an index entry.
+    pub(super) fn put_index(
+        &mut self,
+        which: IndexTable,
+        at: u64,
+        rkey: &[u8],
+    ) -> std::result::Result<(), redb::StorageError> {
+        self.index_table(which).insert((at, rkey), ())?;
+        self.log(|| Change::PutIndex {
+            index: which,
+            at,
+            key: rkey.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// Removes an index entry.
+    pub(super) fn del_index(
+        &mut self,
+        which: IndexTable,
+        at: u64,
+        rkey: &[u8],
+    ) -> std::result::Result<(), redb::StorageError> {
+        self.index_table(which).remove((at, rkey))?;
+        self.log(|| Change::DelIndex {
+            index: which,
+            at,
+            key: rkey.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn put_record(
+        &mut self,
+        rkey: &[u8],
+        value: Vec<u8>,
+    ) -> std::result::Result<(), redb::StorageError> {
+        self.records.insert(rkey, value.as_slice())?;
+        self.log(|| Change::PutRecord {
+            key: rkey.to_vec(),
+            value,
+        });
+        Ok(())
+    }
+
+    fn del_record(&mut self, rkey: &[u8]) -> std::result::Result<(), redb::StorageError> {
+        self.records.remove(rkey)?;
+        self.log(|| Change::DelRecord { key: rkey.to_vec() });
+        Ok(())
     }
 
     pub(super) fn raw(
@@ -149,9 +230,7 @@ impl<'t> Tables<'t> {
             self.unindex(rkey, old)?;
         }
         self.index(rkey, new)?;
-        self.records
-            .insert(rkey, codec::encode(rkey, new).as_slice())?;
-        Ok(())
+        self.put_record(rkey, codec::encode(rkey, new))
     }
 
     pub(super) fn delete_raw(
@@ -160,17 +239,12 @@ impl<'t> Tables<'t> {
         old: &Record,
     ) -> std::result::Result<(), redb::StorageError> {
         self.unindex(rkey, old)?;
-        self.records.remove(rkey)?;
-        Ok(())
+        self.del_record(rkey)
     }
 
     fn index(&mut self, rkey: &[u8], rec: &Record) -> std::result::Result<(), redb::StorageError> {
-        match rec.state {
-            RecordState::Processing => self.leases.insert((rec.lease_until_ms, rkey), ())?,
-            RecordState::Unknown => self.recovery.insert((rec.unknown_since_ms, rkey), ())?,
-            _ => self.expiry.insert((rec.expires_at_ms, rkey), ())?,
-        };
-        Ok(())
+        let (which, at) = index_of(rec);
+        self.put_index(which, at, rkey)
     }
 
     fn unindex(
@@ -178,12 +252,8 @@ impl<'t> Tables<'t> {
         rkey: &[u8],
         rec: &Record,
     ) -> std::result::Result<(), redb::StorageError> {
-        match rec.state {
-            RecordState::Processing => self.leases.remove((rec.lease_until_ms, rkey))?,
-            RecordState::Unknown => self.recovery.remove((rec.unknown_since_ms, rkey))?,
-            _ => self.expiry.remove((rec.expires_at_ms, rkey))?,
-        };
-        Ok(())
+        let (which, at) = index_of(rec);
+        self.del_index(which, at, rkey)
     }
 }
 
@@ -221,9 +291,7 @@ impl Txn for Tables<'_> {
             Some(old) => self.delete_raw(&rkey, old)?,
             // Its index entries are dropped by the next sweep that meets
             // them.
-            None => {
-                self.records.remove(rkey.as_slice())?;
-            }
+            None => self.del_record(&rkey)?,
         }
         Ok(())
     }
@@ -246,16 +314,22 @@ impl Txn for Tables<'_> {
             payload: message.payload,
             created_at_ms: self.now,
         };
-        self.outbox.insert(
-            entry.seq,
-            codec::encode_outbox(entry.seq, &entry).as_slice(),
-        )?;
+        let value = codec::encode_outbox(entry.seq, &entry);
+        self.outbox.insert(entry.seq, value.as_slice())?;
+        self.log(|| Change::PutOutbox {
+            seq: entry.seq,
+            value,
+        });
         self.seq.outbox += 1;
         Ok(())
     }
 
     fn remove_outbox(&mut self, seq: u64) -> std::result::Result<bool, redb::Error> {
-        Ok(self.outbox.remove(seq)?.is_some())
+        let removed = self.outbox.remove(seq)?.is_some();
+        if removed {
+            self.log(|| Change::DelOutbox { seq });
+        }
+        Ok(removed)
     }
 
     fn load_entity(
@@ -273,8 +347,24 @@ impl Txn for Tables<'_> {
         entity: &str,
         state: &EntityState,
     ) -> std::result::Result<(), redb::Error> {
-        self.entities
-            .insert(entity, codec::encode_entity(entity, state).as_slice())?;
+        let value = codec::encode_entity(entity, state);
+        self.entities.insert(entity, value.as_slice())?;
+        self.log(|| Change::PutEntity {
+            id: entity.to_string(),
+            value,
+        });
         Ok(())
     }
+}
+
+/// The index a record sits in, and at which instant (ms): the one rule,
+/// [`Record::index`].
+fn index_of(rec: &Record) -> (IndexTable, u64) {
+    let (name, at) = rec.index();
+    let which = match name {
+        "leases" => IndexTable::Leases,
+        "recovery" => IndexTable::Recovery,
+        _ => IndexTable::Expiry,
+    };
+    (which, at)
 }

@@ -10,6 +10,13 @@
 //! hears "claimed" or "completed" before its data is durable, and one fsync
 //! serves the whole batch.
 //!
+//! With a journal (a database opened from a path), the batch's changes are
+//! appended to the journal as one frame with one `fdatasync` before redb
+//! commits them with `Durability::None`; a checkpoint (a redb commit with
+//! `Durability::Immediate`) every [`CHECKPOINT_BYTES`] of journal, after
+//! [`IDLE_CHECKPOINT`] without work, before an isolated job and at shutdown
+//! lets the journal start over. See `journal.rs`.
+//!
 //! A refused op (fencing, bad state) fails alone. A job that is *isolated*
 //! (an app's local write) gets a transaction of its own, rolled back when
 //! refused. A storage error or a failed commit fails the whole batch and
@@ -26,7 +33,15 @@ use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::store::poison::Poison;
 
-use super::tables::{OpError, Sequences, Tables, META, META_NEXT_OUTBOX, META_NEXT_TOKEN};
+use super::journal::{Frame, Journal, JournalError};
+use super::tables::{
+    OpError, Sequences, Tables, META, META_JOURNAL_LSN, META_NEXT_OUTBOX, META_NEXT_TOKEN,
+};
+
+/// Journal bytes after which the writer checkpoints.
+pub(super) const CHECKPOINT_BYTES: u64 = 32 << 20;
+/// Time without work after which the writer checkpoints a dirty journal.
+pub(super) const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A message to the writer.
 pub(super) enum Msg {
@@ -113,6 +128,7 @@ impl<T: Send + 'static> Job for Call<T> {
 /// Why a batch could not commit.
 enum CommitError {
     Storage(redb::Error),
+    Journal(JournalError),
     /// The storage library (or the engine) panicked; the message.
     Panic(String),
 }
@@ -121,8 +137,15 @@ impl std::fmt::Display for CommitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CommitError::Storage(e) => e.fmt(f),
+            CommitError::Journal(e) => e.fmt(f),
             CommitError::Panic(message) => write!(f, "the storage library panicked: {message}"),
         }
+    }
+}
+
+impl<E: Into<redb::Error>> From<E> for CommitError {
+    fn from(e: E) -> CommitError {
+        CommitError::Storage(e.into())
     }
 }
 
@@ -135,6 +158,8 @@ pub(super) struct Writer {
     pub(super) poison: Arc<Poison>,
     pub(super) max_batch: usize,
     pub(super) seq: Sequences,
+    /// The write-ahead journal (`None`: every commit is durable in redb).
+    pub(super) journal: Option<Journal>,
 }
 
 impl Writer {
@@ -146,9 +171,22 @@ impl Writer {
         let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(self.max_batch);
         let mut shutdown = false;
         while !shutdown {
-            match self.rx.recv() {
+            let dirty = self.journal.as_ref().is_some_and(Journal::dirty);
+            let msg = if dirty {
+                match self.rx.recv_timeout(IDLE_CHECKPOINT) {
+                    Ok(msg) => Ok(msg),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        self.checkpoint();
+                        continue;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(()),
+                }
+            } else {
+                self.rx.recv().map_err(|_| ())
+            };
+            match msg {
                 Ok(Msg::Job(job)) => batch.push(job),
-                Ok(Msg::Shutdown) | Err(_) => break,
+                Ok(Msg::Shutdown) | Err(()) => break,
             }
             while batch.len() < self.max_batch {
                 match self.rx.try_recv() {
@@ -161,6 +199,10 @@ impl Writer {
                 }
             }
             self.process(std::mem::take(&mut batch));
+        }
+        // Everything in redb, so the journal holds nothing to apply.
+        if self.journal.as_ref().is_some_and(Journal::dirty) {
+            self.checkpoint();
         }
         // Callers still queued after shutdown hear that the engine closed.
         while let Ok(msg) = self.rx.try_recv() {
@@ -215,15 +257,19 @@ impl Writer {
                 for job in group {
                     job.deliver();
                 }
+                if self
+                    .journal
+                    .as_ref()
+                    .is_some_and(|j| j.since_checkpoint() >= CHECKPOINT_BYTES)
+                {
+                    self.checkpoint();
+                }
                 return;
             }
-            Ok(Err(e)) => CommitError::Storage(e),
+            Ok(Err(e)) => e,
             Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
         };
-        let cause: Arc<str> = format!("group commit failed: {failure}").into();
-        tracing::error!(%cause, "engine poisoned");
-        metrics::counter!("idempotency_poisoned_total").increment(1);
-        self.poison.set(cause.to_string());
+        let cause = self.poison_with("group commit failed", &failure);
         for job in group {
             job.fail(Error::Poisoned {
                 cause: cause.clone(),
@@ -231,35 +277,120 @@ impl Writer {
         }
     }
 
+    /// Poisons the backend with `what: failure`; returns the cause.
+    fn poison_with(&self, what: &str, failure: &CommitError) -> Arc<str> {
+        let cause: Arc<str> = format!("{what}: {failure}").into();
+        tracing::error!(%cause, "engine poisoned");
+        metrics::counter!("idempotency_poisoned_total").increment(1);
+        self.poison.set(cause.to_string());
+        cause
+    }
+
     /// Returns the counters after the commit (unchanged if an isolated job
     /// was refused and rolled back).
+    ///
+    /// With a journal, a shared group's changes become one frame, appended
+    /// and synced before redb commits them without a sync; an isolated job
+    /// (whose closure may write the app's own tables, which the journal
+    /// does not know) commits durably in redb instead, which is also a
+    /// checkpoint.
     fn try_commit(
-        &self,
+        &mut self,
         group: &mut [Box<dyn Job>],
         isolated: bool,
-    ) -> Result<Sequences, redb::Error> {
+    ) -> Result<Sequences, CommitError> {
+        let journaled = self.journal.is_some() && !isolated;
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
-        let after = {
+        txn.set_durability(if journaled {
+            Durability::None
+        } else {
+            Durability::Immediate
+        })?;
+        let (after, changes) = {
             let mut tables = Tables::open(&txn, self.seq, self.clock.now_ms(), self.cfg)?;
+            if journaled {
+                tables.keep_changes();
+            }
             for job in group.iter_mut() {
                 if let Some(e) = job.apply(&mut tables) {
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
-            tables.seq
+            (tables.seq, tables.changes.take().unwrap_or_default())
         };
         if isolated && group.iter().any(|job| job.refused()) {
             txn.abort()?;
             return Ok(self.seq);
         }
-        if after != self.seq {
+        if journaled && changes.is_empty() && after == self.seq {
+            // Nothing changed: nothing to make durable.
+            txn.abort()?;
+            return Ok(after);
+        }
+        {
             let mut meta = txn.open_table(META)?;
-            meta.insert(META_NEXT_TOKEN, after.token.to_le_bytes().as_slice())?;
-            meta.insert(META_NEXT_OUTBOX, after.outbox.to_le_bytes().as_slice())?;
+            if after != self.seq {
+                meta.insert(META_NEXT_TOKEN, after.token.to_le_bytes().as_slice())?;
+                meta.insert(META_NEXT_OUTBOX, after.outbox.to_le_bytes().as_slice())?;
+            }
+            if let Some(journal) = &mut self.journal {
+                let lsn = if journaled {
+                    let frame = Frame {
+                        next_token: after.token,
+                        next_outbox: after.outbox,
+                        changes,
+                    };
+                    journal.append(&frame).map_err(CommitError::Journal)?
+                } else {
+                    journal.last_lsn()
+                };
+                meta.insert(META_JOURNAL_LSN, lsn.to_le_bytes().as_slice())?;
+            }
         }
         txn.commit()?;
+        if !journaled {
+            if let Some(journal) = &mut self.journal {
+                journal.checkpointed();
+            }
+        }
         Ok(after)
+    }
+
+    /// Makes every commit so far durable in redb, so the journal can start
+    /// over. A failure poisons the backend (the journal still holds
+    /// everything, and a reopen applies it).
+    fn checkpoint(&mut self) {
+        if self.poison.cause().is_some() {
+            return;
+        }
+        let attempt = catch_unwind(AssertUnwindSafe(|| self.checkpoint_now()));
+        let failure = match attempt {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
+        };
+        self.poison_with("checkpoint failed", &failure);
+    }
+
+    fn checkpoint_now(&mut self) -> Result<(), CommitError> {
+        let Some(journal) = &mut self.journal else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(
+                META_JOURNAL_LSN,
+                journal.last_lsn().to_le_bytes().as_slice(),
+            )?;
+        }
+        txn.commit()?;
+        journal.checkpointed();
+        metrics::histogram!("idempotency_checkpoint_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(())
     }
 }
 

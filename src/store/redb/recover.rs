@@ -1,0 +1,195 @@
+//! Opening the journal of a redb database: frames written after the last
+//! checkpoint are applied again (in one durable transaction), then the
+//! journal starts over.
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, WriteTransaction};
+
+use crate::error::OpenError;
+
+use super::journal::{Change, IndexTable, Journal, JournalError, JournalStorage};
+use super::tables::{
+    ENTITIES, EXPIRY, LEASES, META, META_JOURNAL_ID, META_JOURNAL_LSN, META_NEXT_OUTBOX,
+    META_NEXT_TOKEN, OUTBOX, RECORDS, RECOVERY,
+};
+
+/// The journal id and the LSN the database durably holds (`None`: the
+/// database has never had a journal).
+pub(super) fn stored_journal(
+    db: &impl ReadableDatabase,
+) -> Result<Option<([u8; 16], u64)>, redb::Error> {
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let id = meta
+        .get(META_JOURNAL_ID)?
+        .and_then(|v| <[u8; 16]>::try_from(v.value()).ok());
+    let lsn = meta
+        .get(META_JOURNAL_LSN)?
+        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map_or(0, u64::from_le_bytes);
+    Ok(id.map(|id| (id, lsn)))
+}
+
+/// Opens the journal in `storage` for `db`, applying the frames the database
+/// does not hold yet. A database without a journal id gets one, and any
+/// bytes already in `storage` are discarded (they cannot be its journal).
+pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Journal, OpenError> {
+    let what = "opening the journal";
+    let name = storage.name.clone();
+    let journal_error = |e: JournalError| OpenError::Journal {
+        path: name.clone().into(),
+        detail: e.to_string(),
+    };
+    let storage_error = |e: redb::Error| OpenError::Storage {
+        context: what,
+        source: Box::new(e),
+    };
+    let (id, lsn) = match stored_journal(db).map_err(storage_error)? {
+        Some(stored) => stored,
+        None => (give_journal(db, &storage)?, 0),
+    };
+    let recovered = Journal::recover(storage, id, lsn).map_err(journal_error)?;
+    let mut journal = recovered.journal;
+    if let Some((last, _)) = recovered.frames.last() {
+        let last = *last;
+        let count = recovered.frames.len();
+        let mut txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| storage_error(e.into()))?;
+        for (_, frame) in &recovered.frames {
+            apply(&txn, frame).map_err(storage_error)?;
+        }
+        {
+            let mut meta = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
+            meta.insert(META_JOURNAL_LSN, last.to_le_bytes().as_slice())
+                .map_err(|e| storage_error(e.into()))?;
+        }
+        txn.commit().map_err(|e| storage_error(e.into()))?;
+        tracing::info!(
+            frames = count,
+            last_lsn = last,
+            journal = %name,
+            "applied journal frames written after the last checkpoint"
+        );
+    }
+    journal.checkpointed();
+    Ok(journal)
+}
+
+/// Gives a database its first journal: a fresh id, stored durably, and an
+/// emptied journal file (bytes already there cannot be this database's).
+fn give_journal(db: &Database, storage: &JournalStorage) -> Result<[u8; 16], OpenError> {
+    let what = "giving the database a journal";
+    let storage_error = |e: redb::Error| OpenError::Storage {
+        context: what,
+        source: Box::new(e),
+    };
+    let id = super::journal::new_id(storage.name.as_bytes());
+    storage
+        .backend
+        .set_len(0)
+        .map_err(|source| OpenError::Storage {
+            context: what,
+            source: Box::new(source),
+        })?;
+    let mut txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| storage_error(e.into()))?;
+    {
+        let mut meta = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
+        meta.insert(META_JOURNAL_ID, id.as_slice())
+            .map_err(|e| storage_error(e.into()))?;
+        meta.insert(META_JOURNAL_LSN, 0_u64.to_le_bytes().as_slice())
+            .map_err(|e| storage_error(e.into()))?;
+    }
+    txn.commit().map_err(|e| storage_error(e.into()))?;
+    Ok(id)
+}
+
+/// How many frames the journal beside `path` holds that the database does
+/// not (for a read-only open, which cannot apply them). Writes nothing.
+pub(crate) fn pending_frames(
+    db: &impl ReadableDatabase,
+    path: &std::path::Path,
+) -> Result<usize, OpenError> {
+    let Some((id, lsn)) = stored_journal(db).map_err(|e| OpenError::Storage {
+        context: "reading the journal position",
+        source: Box::new(e),
+    })?
+    else {
+        return Ok(0);
+    };
+    let journal_path = JournalStorage::path_of(path);
+    let file = match std::fs::File::open(&journal_path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            return Err(OpenError::Storage {
+                context: "opening the journal",
+                source: Box::new(e),
+            })
+        }
+    };
+    let storage = JournalStorage::read_only(file, &journal_path);
+    Journal::scan(&storage, id, lsn)
+        .map(|frames| frames.len())
+        .map_err(|e| OpenError::Journal {
+            path: journal_path,
+            detail: e.to_string(),
+        })
+}
+
+/// Applies one frame's changes, and its counters.
+fn apply(txn: &WriteTransaction, frame: &super::journal::Frame) -> Result<(), redb::Error> {
+    let mut records = txn.open_table(RECORDS)?;
+    let mut leases = txn.open_table(LEASES)?;
+    let mut recovery = txn.open_table(RECOVERY)?;
+    let mut expiry = txn.open_table(EXPIRY)?;
+    let mut outbox = txn.open_table(OUTBOX)?;
+    let mut entities = txn.open_table(ENTITIES)?;
+    let mut meta = txn.open_table(META)?;
+    for change in &frame.changes {
+        match change {
+            Change::PutRecord { key, value } => {
+                records.insert(key.as_slice(), value.as_slice())?;
+            }
+            Change::DelRecord { key } => {
+                records.remove(key.as_slice())?;
+            }
+            Change::PutIndex { index, at, key } => {
+                let table = match index {
+                    IndexTable::Leases => &mut leases,
+                    IndexTable::Recovery => &mut recovery,
+                    IndexTable::Expiry => &mut expiry,
+                };
+                table.insert((*at, key.as_slice()), ())?;
+            }
+            Change::DelIndex { index, at, key } => {
+                let table = match index {
+                    IndexTable::Leases => &mut leases,
+                    IndexTable::Recovery => &mut recovery,
+                    IndexTable::Expiry => &mut expiry,
+                };
+                table.remove((*at, key.as_slice()))?;
+            }
+            Change::PutOutbox { seq, value } => {
+                outbox.insert(*seq, value.as_slice())?;
+            }
+            Change::DelOutbox { seq } => {
+                outbox.remove(*seq)?;
+            }
+            Change::PutEntity { id, value } => {
+                entities.insert(id.as_str(), value.as_slice())?;
+            }
+        }
+    }
+    // Counters never go back (a frame holds them after its batch).
+    let stored = |v: Option<redb::AccessGuard<'_, &[u8]>>| {
+        v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    let token = stored(meta.get(META_NEXT_TOKEN)?).max(frame.next_token);
+    let next_outbox = stored(meta.get(META_NEXT_OUTBOX)?).max(frame.next_outbox);
+    meta.insert(META_NEXT_TOKEN, token.to_le_bytes().as_slice())?;
+    meta.insert(META_NEXT_OUTBOX, next_outbox.to_le_bytes().as_slice())?;
+    Ok(())
+}
