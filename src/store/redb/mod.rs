@@ -7,6 +7,7 @@ mod open;
 mod read;
 mod read_only;
 mod recover;
+mod reply;
 mod sweep;
 mod tables;
 mod verify;
@@ -193,12 +194,12 @@ impl RedbStore {
 
     fn submit<T: Send + 'static>(&self, op: writer::Op<T>, isolated: bool) -> Result<T> {
         let (tx, poison) = self.writer()?;
-        let (reply, answer) = crossbeam_channel::bounded(1);
+        let (reply, answer) = reply::reply();
         let job = Call::new(op, isolated, Some(reply));
         if tx.send(Msg::Job(Box::new(job))).is_err() {
             return Err(closed(&poison));
         }
-        answer.recv().unwrap_or_else(|_| Err(closed(&poison)))
+        answer.recv().unwrap_or_else(|| Err(closed(&poison)))
     }
 
     /// The writer's queue, reopening the database first if the backend is

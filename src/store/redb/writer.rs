@@ -25,7 +25,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use redb::{Database, Durability, ReadableDatabase};
 
 use crate::clock::Clock;
@@ -34,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::store::poison::Poison;
 
 use super::journal::{Frame, Journal, JournalError};
+use super::reply::ReplyTx;
 use super::tables::{
     OpError, Sequences, Tables, META, META_JOURNAL_LSN, META_NEXT_OUTBOX, META_NEXT_TOKEN,
 };
@@ -78,12 +79,12 @@ pub(super) type Op<T> = Box<dyn FnOnce(&mut Tables<'_>) -> Result<T, OpError> + 
 pub(super) struct Call<T> {
     op: Option<Op<T>>,
     isolated: bool,
-    reply: Option<Sender<Result<T>>>,
+    reply: Option<ReplyTx<Result<T>>>,
     result: Option<Result<T>>,
 }
 
 impl<T> Call<T> {
-    pub(super) fn new(op: Op<T>, isolated: bool, reply: Option<Sender<Result<T>>>) -> Call<T> {
+    pub(super) fn new(op: Op<T>, isolated: bool, reply: Option<ReplyTx<Result<T>>>) -> Call<T> {
         Call {
             op: Some(op),
             isolated,
@@ -114,13 +115,13 @@ impl<T: Send + 'static> Job for Call<T> {
 
     fn deliver(self: Box<Self>) {
         if let (Some(to), Some(result)) = (self.reply, self.result) {
-            let _ = to.send(result);
+            to.send(result);
         }
     }
 
     fn fail(self: Box<Self>, error: Error) {
         if let Some(to) = self.reply {
-            let _ = to.send(Err(error));
+            to.send(Err(error));
         }
     }
 }

@@ -1,0 +1,166 @@
+//! The write-ahead journal after a real crash: a child process completes a
+//! few keys and aborts before any checkpoint, so its work lives only in
+//! `<db>.journal`. The parent then damages the journal the way a torn write
+//! or a bad sector would, and opens the database again.
+//!
+//! - A damaged LAST frame is a torn write: the end of the log. Everything
+//!   before it is applied.
+//! - A damaged frame with valid frames after it is corruption: opening
+//!   fails with `OpenError::Journal` naming the file and the byte offset.
+//!   Nothing is skipped silently.
+
+use std::error::Error;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+const ROLE_VAR: &str = "IDEMPOTENCY_JOURNAL_CHILD";
+const DIR_VAR: &str = "IDEMPOTENCY_JOURNAL_DIR";
+const KEYS: usize = 5;
+const SIGABRT: i32 = 6;
+
+fn key(i: usize) -> Result<IdempotencyKey, idempotency::Error> {
+    IdempotencyKey::new("journal", format!("key-{i}"))
+}
+
+fn fingerprint(i: usize) -> Result<Fingerprint, idempotency::FingerprintError> {
+    Fingerprint::of_json(format!(r#"{{"n":{i}}}"#).as_bytes(), &[])
+}
+
+fn body(i: usize) -> String {
+    format!(r#"{{"receipt":{i},"pad":"{}"}}"#, "x".repeat(100 + i))
+}
+
+fn open(dir: &Path) -> Result<Engine, OpenError> {
+    Engine::builder()
+        .lease(Duration::from_secs(3600))
+        .sweep_interval(None)
+        .open(dir.join("idem.redb"))
+}
+
+/// Entry point of the child process; a no-op in the normal test run.
+#[test]
+fn child_entry() -> TestResult {
+    if std::env::var(ROLE_VAR).is_err() {
+        return Ok(());
+    }
+    let dir = PathBuf::from(std::env::var(DIR_VAR)?);
+    let engine = open(&dir)?;
+    for i in 0..KEYS {
+        let Begin::Claimed(claim) = engine.begin(&key(i)?, fingerprint(i)?)? else {
+            return Err(format!("child: key {i} not claimed").into());
+        };
+        engine.complete(claim, Envelope::new(1, 201, body(i)))?;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\nALL COMPLETED")?;
+    out.flush()?;
+    // No clean close: no checkpoint, the journal holds everything.
+    std::process::abort()
+}
+
+fn run_child(dir: &Path) -> std::io::Result<Output> {
+    Command::new("/bin/sh")
+        .arg("-c")
+        .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
+        .arg(std::env::current_exe()?)
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env(ROLE_VAR, "write")
+        .env(DIR_VAR, dir)
+        .stdin(Stdio::null())
+        .output()
+}
+
+/// Runs the child; returns the journal's bytes and its frames' offsets
+/// and lengths (header, payload and padding).
+fn crashed_journal(dir: &Path) -> Result<(PathBuf, Vec<u8>, Vec<(usize, usize)>), Box<dyn Error>> {
+    let out = run_child(dir)?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.signal() != Some(SIGABRT) || !stdout.contains("ALL COMPLETED\n") {
+        return Err(format!(
+            "child did not complete and abort: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let path = dir.join("idem.redb.journal");
+    let bytes = std::fs::read(&path)?;
+    // Frames follow the 4096-byte header: length u32, 0u32, LSN u64,
+    // 16-byte checksum, payload, padding to 8 (see src/store/redb/journal.rs).
+    let mut frames = Vec::new();
+    let mut pos = 4096;
+    while let Some(head) = bytes.get(pos..pos + 32) {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if len == 0 {
+            break;
+        }
+        let total = (32 + len).div_ceil(8) * 8;
+        frames.push((pos, total));
+        pos += total;
+    }
+    // One frame per claim and one per completion.
+    if frames.len() != 2 * KEYS {
+        return Err(format!("expected {} frames, found {}", 2 * KEYS, frames.len()).into());
+    }
+    Ok((path, bytes, frames))
+}
+
+#[test]
+fn a_torn_last_frame_is_the_end_of_the_log() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (path, mut bytes, frames) = crashed_journal(dir.path())?;
+    // The last frame (the last key's completion) lost its final bytes.
+    let (at, len) = frames[frames.len() - 1];
+    for b in &mut bytes[at + len - 8..at + len] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &bytes)?;
+    let engine = open(dir.path())?;
+    for i in 0..KEYS - 1 {
+        match engine.begin(&key(i)?, fingerprint(i)?)? {
+            Begin::Replay(r) => assert_eq!(r.envelope.body, body(i).as_bytes()),
+            other => return Err(format!("key {i}: expected a replay, got {other:?}").into()),
+        }
+    }
+    // Its claim survived; its completion did not: still in progress, never
+    // claimable again.
+    match engine.begin(&key(KEYS - 1)?, fingerprint(KEYS - 1)?)? {
+        Begin::Processing { .. } => {}
+        other => return Err(format!("last key: expected Processing, got {other:?}").into()),
+    }
+    assert!(engine.verify()?.is_sound());
+    Ok(())
+}
+
+#[test]
+fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (path, mut bytes, frames) = crashed_journal(dir.path())?;
+    let (at, _) = frames[3];
+    bytes[at + 40] ^= 0x01;
+    std::fs::write(&path, &bytes)?;
+    match open(dir.path()) {
+        Err(OpenError::Journal {
+            path: named,
+            detail,
+        }) => {
+            assert_eq!(named, path);
+            assert!(
+                detail.contains(&format!("offset {at}")),
+                "detail does not name offset {at}: {detail}"
+            );
+        }
+        Err(other) => return Err(format!("expected OpenError::Journal, got {other}").into()),
+        Ok(_) => return Err("a damaged journal opened: frames were skipped".into()),
+    }
+    // Nothing was applied or rewritten: the same error again.
+    assert!(matches!(open(dir.path()), Err(OpenError::Journal { .. })));
+    Ok(())
+}
