@@ -192,7 +192,9 @@ impl EngineBuilder {
     }
 
     /// Opens the database at `path`, creating the file if it does not exist
-    /// (or is empty).
+    /// (or is empty). A file of record format 1 (written by an older build)
+    /// is migrated to format 2 first, in one durable transaction: every
+    /// stored value is rewritten with its checksum.
     ///
     /// # Errors
     ///

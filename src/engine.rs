@@ -397,14 +397,18 @@ impl Engine {
     }
 
     /// Scrubs the whole database in one read snapshot: every record, outbox
-    /// message and entity decodes, every record key is a valid key, and
-    /// every index entry (lease, recovery, expiry) matches its record and
-    /// back, so a record whose key bytes were damaged shows up as an index
-    /// entry without its record. A full scan: for operators (`idem
-    /// verify`), not hot paths. Works on a read-only engine.
+    /// message and entity decodes and passes its checksum (over its key
+    /// and its bytes), every record key is a valid key, every record (and
+    /// entity) is found by a lookup of its own key, and every index entry
+    /// (lease, recovery, expiry) matches its record and back. So a record
+    /// whose key bytes were damaged, which requests can no longer reach
+    /// (they would run its work again), shows up here: as a value failing
+    /// its checksum and an index entry without its record. A full scan: for
+    /// operators (`idem verify`), not hot paths. Works on a read-only
+    /// engine. The README's "Damaged files" says what is detected when.
     ///
-    /// Record format 1 carries no checksums, so a flipped byte inside a
-    /// value that still decodes is not found here; see the README.
+    /// Values of record format 1 (no checksum: PostgreSQL rows written by
+    /// an older build) are checked only for decoding.
     ///
     /// # Errors
     ///

@@ -54,8 +54,9 @@ pub enum OpenError {
     },
 
     /// The database holds idempotency records in a format version this build
-    /// does not know. Nothing was written to it.
-    #[error("record format version {found} is not supported by this build (it reads version {supported}); use a newer version of the crate")]
+    /// does not know (it reads versions 1 to `supported`; a writable open
+    /// migrates version 1 to the newest). Nothing was written to it.
+    #[error("record format version {found} is not supported by this build (it reads versions 1 to {supported}); use a newer version of the crate")]
     UnsupportedFormat {
         /// The version found in the database.
         found: u8,
@@ -268,8 +269,10 @@ pub enum Error {
         state: crate::State,
     },
 
-    /// A stored record could not be decoded. The record is left as is; other
-    /// keys keep working.
+    /// A stored record could not be decoded, or its checksum does not match
+    /// its bytes and key (the file was damaged). The record is left as is;
+    /// it is never replayed, never treated as absent, and other keys keep
+    /// working.
     #[error("record for {key} is corrupt: {reason}")]
     CorruptRecord {
         /// The key whose record failed to decode.
@@ -288,7 +291,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// A stored outbox message could not be decoded.
+    /// A stored outbox message could not be decoded, or its checksum does
+    /// not match its bytes and sequence number.
     #[error("outbox message #{seq} is corrupt: {reason}")]
     CorruptOutboxMessage {
         /// The message's outbox sequence number.
@@ -297,7 +301,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// A stored entity state could not be decoded.
+    /// A stored entity state could not be decoded, or its checksum does not
+    /// match its bytes and id.
     #[error("entity {entity:?} is corrupt: {reason}")]
     CorruptEntity {
         /// The entity id.

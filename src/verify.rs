@@ -31,7 +31,10 @@ pub enum Problem {
         /// The stored key bytes, in hex.
         key_hex: String,
     },
-    /// A record's value does not decode.
+    /// A record's value does not decode, or fails its checksum: its bytes
+    /// or its key bytes were damaged (the reason says which check failed).
+    /// A request for its key gets an error naming the key
+    /// ([`crate::Error::CorruptRecord`]), never a replay.
     Undecodable {
         /// The stored key bytes, in hex.
         key_hex: String,
@@ -60,19 +63,33 @@ pub enum Problem {
         /// The record's key, in hex.
         key_hex: String,
     },
-    /// An outbox message does not decode.
+    /// A record a walk of the records table meets is not found by a lookup
+    /// of its key: a page of the table's tree is damaged, so a request for
+    /// this key (and maybe for others near it) would find no record and
+    /// run the work again. Restore the file from a backup.
+    UnreachableRecord {
+        /// The stored key bytes, in hex.
+        key_hex: String,
+    },
+    /// An outbox message does not decode or fails its checksum.
     UndecodableOutboxMessage {
         /// Its sequence number.
         seq: u64,
         /// What the decoder found.
         reason: String,
     },
-    /// An entity's state does not decode.
+    /// An entity's state does not decode or fails its checksum.
     UndecodableEntity {
         /// The entity id.
         entity: String,
         /// What the decoder found.
         reason: String,
+    },
+    /// An entity a walk of the entities table meets is not found by a
+    /// lookup of its id (a damaged page of the table's tree).
+    UnreachableEntity {
+        /// The entity id.
+        entity: String,
     },
 }
 
@@ -119,6 +136,15 @@ impl fmt::Display for Problem {
                 f,
                 "record {} is missing from the {index} index (expected at {at_ms} ms)",
                 shown(key_hex)
+            ),
+            Problem::UnreachableRecord { key_hex } => write!(
+                f,
+                "record {} is stored but a lookup of its key does not find it (a damaged page of the records table)",
+                shown(key_hex)
+            ),
+            Problem::UnreachableEntity { entity } => write!(
+                f,
+                "entity {entity:?} is stored but a lookup of its id does not find it (a damaged page of the entities table)"
             ),
             Problem::UndecodableOutboxMessage { seq, reason } => {
                 write!(f, "outbox message #{seq} does not decode: {reason}")

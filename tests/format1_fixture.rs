@@ -5,6 +5,10 @@
 //! inbox mark. Every later build must open it and answer exactly as the
 //! build that wrote it would.
 //!
+//! A writable open migrates it to format 2 (every value re-encoded with
+//! its checksum, in one transaction); a read-only open reads it as it is
+//! and leaves the file byte-identical.
+//!
 //! The fixture is committed; `write_format1_fixture` (ignored) is how it was
 //! made: `cargo test --release --test format1_fixture -- --ignored
 //! write_format1_fixture`. Never regenerate it with a newer format.
@@ -20,6 +24,7 @@ use idempotency::{
     Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
     ManualClock, OutgoingMessage, Receive, ReplayKind,
 };
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -51,15 +56,41 @@ fn fp(amount: u32) -> Result<Fingerprint, idempotency::FingerprintError> {
     )
 }
 
-#[test]
-fn a_format1_database_opens_and_answers_as_written() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("format1.redb");
+/// A fresh copy of the fixture in `dir`.
+fn copy_of_fixture(dir: &Path) -> Result<PathBuf, Box<dyn Error>> {
+    let path = dir.join("format1.redb");
     std::fs::copy(fixture(), &path)?;
-    let clock = ManualClock::new(T0);
-    clock.advance(DAY);
-    let engine = builder(&clock).open(&path)?;
+    Ok(path)
+}
 
+/// The engine's meta table (see `src/store/redb/tables.rs`).
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
+/// The engine's records table: record key → encoded record.
+const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
+
+/// The file's `format_version`, and the first byte (the value's format
+/// version) of every stored record, read without the engine.
+fn stored_formats(path: &Path) -> Result<(Vec<u8>, Vec<u8>), Box<dyn Error>> {
+    let db = redb::Builder::new().open_read_only(path)?;
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let version = meta
+        .get("format_version")?
+        .ok_or("no format_version")?
+        .value()
+        .to_vec();
+    let mut values = Vec::new();
+    for entry in txn.open_table(RECORDS)?.iter()? {
+        let (_, v) = entry?;
+        values.push(*v.value().first().ok_or("empty record")?);
+    }
+    Ok((version, values))
+}
+
+/// Every read answer the fixture was written to give, a day after it was
+/// written. Writes nothing (but the move of a stale claim to UNKNOWN), so
+/// it holds on a read-only engine too.
+fn assert_answers_as_written(engine: &Engine) -> TestResult {
     let r = replay(engine.begin(&key("completed")?, fp(10)?)?)?;
     assert_eq!(r.envelope.status, 201);
     assert_eq!(r.envelope.body, br#"{"payment":"pay_1","amount":10}"#);
@@ -79,12 +110,26 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     let u = unknown(engine.begin(&key("timed-out")?, fp(30)?)?)?;
     assert_eq!(u.reason, "provider timed out");
     // A claim whose holder vanished: its lease ran out long ago.
-    let u = unknown(engine.begin(&key("crashed")?, fp(40)?)?)?;
-    assert!(
-        u.reason.contains("ran out without an outcome"),
-        "{}",
-        u.reason
-    );
+    match engine.begin(&key("crashed")?, fp(40)?) {
+        Ok(b) => {
+            let u = unknown(b)?;
+            assert!(
+                u.reason.contains("ran out without an outcome"),
+                "{}",
+                u.reason
+            );
+        }
+        // A read-only engine refuses `begin` here (moving the stale claim
+        // to UNKNOWN is a write); the record is still the lapsed claim.
+        Err(idempotency::Error::ReadOnly { .. }) => {
+            let info = engine.record(&key("crashed")?)?.ok_or("crashed is gone")?;
+            assert_eq!(info.state, idempotency::State::Processing);
+            assert!(info
+                .lease_until_ms
+                .is_some_and(|end| end <= T0 + 1_000 * DAY.as_secs()));
+        }
+        Err(e) => return Err(e.into()),
+    }
 
     assert!(matches!(
         engine.begin(&key("expired")?, fp(50)?)?,
@@ -111,6 +156,24 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     );
     let inbox = engine.inbox("mailer")?;
     assert!(matches!(inbox.receive("msg-1")?, Receive::Duplicate));
+    Ok(())
+}
+
+#[test]
+fn a_format1_database_opens_and_answers_as_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = copy_of_fixture(dir.path())?;
+    let (version, values) = stored_formats(&path)?;
+    assert_eq!((version.as_slice(), values.len()), (&[1u8][..], 7));
+    assert!(values.iter().all(|&v| v == 1), "{values:?}");
+
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let engine = builder(&clock).open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.problems);
+    assert_eq!(report.records, 7);
 
     // Fencing tokens keep growing past every stored one.
     let max_stored = engine
@@ -124,6 +187,50 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     let fresh = claimed(engine.begin(&key("new")?, fp(60)?)?)?;
     assert!(fresh.fencing_token() > max_stored);
     engine.complete(fresh, Envelope::new(1, 201, "ok"))?;
+    drop(engine);
+
+    // The writable open migrated the file: format 2, every record
+    // re-encoded (with its checksum), and it still answers as written.
+    let (version, values) = stored_formats(&path)?;
+    assert_eq!(version, [2]);
+    assert_eq!(values.len(), 8);
+    assert!(values.iter().all(|&v| v == 2), "{values:?}");
+    let engine = builder(&clock).open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let r = replay(engine.begin(&key("new")?, fp(60)?)?)?;
+    assert_eq!(r.envelope.body, b"ok");
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.problems);
+    assert_eq!(report.records, 8);
+    drop(engine);
+    let engine = builder(&clock).open_read_only(&path)?;
+    assert_answers_as_written(&engine)?;
+    assert!(engine.verify()?.is_sound());
+    Ok(())
+}
+
+#[test]
+fn a_read_only_open_of_a_format1_database_answers_and_writes_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = copy_of_fixture(dir.path())?;
+    let before = std::fs::read(&path)?;
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let engine = builder(&clock).open_read_only(&path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.problems);
+    assert_eq!(report.records, 7);
+    drop(engine);
+    assert!(
+        std::fs::read(&path)? == before,
+        "a read-only open changed the format-1 file"
+    );
+    let entries: Vec<_> = std::fs::read_dir(dir.path())?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(entries, ["format1.redb"], "a read-only open wrote a file");
+    assert_eq!(stored_formats(&path)?.0, [1]);
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! The PostgreSQL backend's own rules, beyond the behaviour it shares with
 //! redb (tests/backends.rs): the schema is versioned and a newer one is
 //! refused untouched, table prefixes are checked, two engines on one
-//! database race for a key and exactly one wins, and leases follow the
-//! database's clock whatever the app servers' clocks say.
+//! database race for a key and exactly one wins, leases follow the
+//! database's clock whatever the app servers' clocks say, and a changed
+//! byte in a stored record is caught by its checksum.
 //!
 //! Needs a server: `IDEMPOTENCY_TEST_PG` (set by `scripts/with-postgres`).
 //! Without it the tests are skipped, except under `CI=true`, where they fail.
@@ -344,5 +345,66 @@ fn a_wrong_database_is_a_clear_error_at_once() -> TestResult {
         }
         other => panic!("expected a storage error, got {other:?}"),
     }
+    Ok(())
+}
+
+/// Stored record bytes are checked against their checksum (record format
+/// 2): a byte changed in a row's `record` is an error naming the key for
+/// `begin` (never a replay of the changed bytes, never a fresh claim) and a
+/// problem for `verify`, while other keys still answer; a row as a format-1
+/// build wrote it (no checksum) still replays.
+#[test]
+fn a_changed_record_byte_is_an_error_and_a_format1_row_still_reads() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let p = prefix();
+    let engine = Engine::builder()
+        .table_prefix(p.clone())
+        .sweep_interval(None)
+        .open_postgres(&url)?;
+    for k in ["damaged", "legacy", "good"] {
+        let Begin::Claimed(claim) = engine.begin(&key(k), fp("{}"))? else {
+            panic!("a fresh key must be claimed");
+        };
+        engine.complete(claim, Envelope::new(1, 201, b"amount=122".to_vec()))?;
+    }
+    let mut client = idempotency::postgres::Client::connect(&url, idempotency::postgres::NoTls)?;
+    let records = format!("{p}records");
+    // 122 → 102 inside the stored body.
+    client.execute(
+        &format!(
+            "UPDATE {records} SET record = overlay(record placing '\\x30'::bytea
+                 from position('\\x616d6f756e743d313232'::bytea in record) + 8 for 1)
+             WHERE key = 'damaged'"
+        ),
+        &[],
+    )?;
+    // Format 1: version byte 1, the same fields, no checksum.
+    client.execute(
+        &format!(
+            "UPDATE {records} SET record = '\\x01'::bytea || substring(record from 2 for length(record) - 9)
+             WHERE key = 'legacy'"
+        ),
+        &[],
+    )?;
+    match engine.begin(&key("damaged"), fp("{}")) {
+        Err(idempotency::Error::CorruptRecord { key: k, reason }) => {
+            assert_eq!(k, key("damaged"));
+            assert!(reason.contains("checksum does not match"), "{reason}");
+        }
+        other => panic!("expected CorruptRecord, got {other:?}"),
+    }
+    for k in ["legacy", "good"] {
+        match engine.begin(&key(k), fp("{}"))? {
+            Begin::Replay(replay) => assert_eq!(replay.envelope.body, b"amount=122"),
+            other => panic!("{k}: expected a replay, got {other:?}"),
+        }
+    }
+    let report = engine.verify()?;
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    let text = report.problems[0].to_string();
+    assert!(
+        text.contains("pg-basics/damaged") && text.contains("checksum does not match"),
+        "{text}"
+    );
     Ok(())
 }

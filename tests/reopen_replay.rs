@@ -264,7 +264,7 @@ fn unknown_format_version_is_refused_without_writing() -> TestResult {
                 err,
                 idempotency::OpenError::UnsupportedFormat {
                     found: 99,
-                    supported: 1
+                    supported: 2
                 }
             ),
             "{err:?}"

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use idempotency::Envelope;
-use redb::TableDefinition;
+use redb::{ReadableTable, TableDefinition};
 use serde_json::Value;
 
 /// The engine's records table (see `src/store/redb/tables.rs`): record key → encoding.
@@ -132,8 +132,9 @@ fn a_corrupt_record_is_purged_only_with_force() -> TestResult {
 
 /// `idem verify` proves a sound file sound, and on a damaged one lists what
 /// is wrong and exits 1: a value that does not decode, and a record whose
-/// key bytes changed (its lease/expiry index entry then names a record that
-/// is not there, and the moved record is missing from its index).
+/// key bytes changed (its expiry index entry then names a record that is
+/// not there, and the moved record fails its checksum, which covers its key
+/// bytes).
 #[test]
 fn verify_finds_undecodable_records_and_moved_keys() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -170,12 +171,90 @@ fn verify_finds_undecodable_records_and_moved_keys() -> TestResult {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.trim_end(), "idem: 3 problems found in 2 records");
     let listed = String::from_utf8(out.stdout)?;
-    assert!(listed.contains("does not decode"), "{listed}");
-    assert!(listed.contains("names record"), "{listed}");
     assert!(
-        listed.contains("is missing from the expiry index"),
+        listed.contains("record shop/broken does not decode"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("names record shop/good, which is missing"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("record shop/goad does not decode: the stored checksum does not match"),
         "{listed}"
     );
     assert!(std::fs::read(&db)? == before, "verify changed the file");
+    Ok(())
+}
+
+/// One flipped byte inside a stored record (its response body here): the
+/// record fails its checksum, so `idem show` is an error naming the key
+/// (never the altered body), a request for the key is an error (never a
+/// replay of the altered bytes, never a fresh claim), the other keys still
+/// answer, and `idem verify` lists it and exits 1.
+#[test]
+fn a_flipped_byte_in_a_value_is_an_error_naming_the_key() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    {
+        let engine = engine(&db)?;
+        for (k, body) in [("good", "amount=122"), ("flipped", "amount=122")] {
+            let c = claim(&engine, &key("shop", k)?, fp("{}")?)?;
+            engine.complete(c, Envelope::new(1, 201, body))?;
+        }
+    }
+    {
+        let raw = redb::Database::open(&db)?;
+        let txn = raw.begin_write()?;
+        {
+            let mut records = txn.open_table(RECORDS)?;
+            let rkey = [&[4u8][..], b"shop", b"flipped"].concat();
+            let mut value = records
+                .get(rkey.as_slice())?
+                .map(|v| v.value().to_vec())
+                .ok_or("no record")?;
+            let at = value
+                .windows(10)
+                .position(|w| w == b"amount=122")
+                .ok_or("body not found")?;
+            value[at + 8] = b'0'; // 122 → 102
+            records.insert(rkey.as_slice(), value.as_slice())?;
+        }
+        txn.commit()?;
+    }
+    let err = idem_err([
+        "show".as_ref(),
+        db.as_os_str(),
+        "shop".as_ref(),
+        "flipped".as_ref(),
+    ])?;
+    assert!(
+        err.starts_with(
+            "idem: record for shop/flipped is corrupt: the stored checksum does not match"
+        ),
+        "{err}"
+    );
+    let out = idem(["verify".as_ref(), db.as_os_str()])?;
+    assert_eq!(out.status.code(), Some(1));
+    let listed = String::from_utf8(out.stdout)?;
+    assert!(
+        listed.contains("record shop/flipped does not decode: the stored checksum does not match"),
+        "{listed}"
+    );
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+
+    let engine = engine(&db)?;
+    let err = engine
+        .begin(&key("shop", "flipped")?, fp("{}")?)
+        .err()
+        .ok_or("a damaged record answered")?;
+    assert!(
+        matches!(&err, idempotency::Error::CorruptRecord { key, .. } if key.key() == "flipped"),
+        "{err:?}"
+    );
+    assert!(matches!(
+        engine.begin(&key("shop", "good")?, fp("{}")?)?,
+        idempotency::Begin::Replay(_)
+    ));
     Ok(())
 }

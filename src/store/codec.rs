@@ -1,21 +1,50 @@
-//! The on-disk record format: the only place that knows how records are laid
-//! out in bytes.
+//! The on-disk value format: the only place that knows how stored values
+//! are laid out in bytes. This comment is the format's specification.
 //!
-//! Layout of a value in the `idempotency.records` table:
+//! # Format 2 (written by this build)
+//!
+//! Every value in the `idempotency.records`, `idempotency.outbox` and
+//! `idempotency.entities` tables (and the `record` column of PostgreSQL's
+//! records table) is framed the same way:
 //!
 //! ```text
-//! byte 0      format version (FORMAT_VERSION = 1)
-//! bytes 1..   postcard encoding of `RecordV1` (field order below is the format;
-//!             integers are varints, strings and byte strings length-prefixed)
+//! byte 0           format version (FORMAT_VERSION = 2)
+//! bytes 1..n-8     postcard encoding of the value (`Record`, `OutboxEntry`,
+//!                  `EntityState`; field order is the format; integers are
+//!                  varints, strings and byte strings length-prefixed)
+//! bytes n-8..n     checksum: the first 8 bytes of
+//!                  BLAKE3(domain tag ‖ key length as u64 LE ‖ key bytes ‖ bytes 0..n-8)
 //! ```
 //!
-//! The outbox (`idempotency.outbox`, u64 sequence → value) and entity
-//! (`idempotency.entities`, entity id → value) tables use the same framing:
-//! a format-version byte, then postcard of `OutboxEntry` / `EntityState`.
+//! The domain tag names the table (`b"idempotency.record\0"`,
+//! `b"idempotency.outbox\0"`, `b"idempotency.entity\0"`), so a value copied
+//! into another table does not verify. The key bytes are the value's key as
+//! stored: the record key `[scope length: u8][scope][key]` (see
+//! `key::record_key`, the same bytes on redb and PostgreSQL), the outbox
+//! sequence number as u64 little-endian, the entity id's UTF-8 bytes. So a
+//! value whose bytes changed, or that sits under key bytes it was not
+//! written for (a damaged key), fails with [`DecodeError::ChecksumMismatch`]
+//! before its fields are decoded.
+//!
+//! The checksum catches damage; it is not a signature (anyone who can
+//! write the file can compute it).
+//!
+//! # Format 1 (read, never written)
+//!
+//! `[1][postcard T]`: the same postcard encoding, no checksum. Values of
+//! format 1 still decode, for the migration of a format-1 redb file
+//! (`redb/migrate.rs`), read-only views of such files, and PostgreSQL rows
+//! written by a format-1 build. A format-2 value whose version byte flipped
+//! to 1 does not pass for one: its checksum is 8 trailing bytes.
+//!
+//! # Around the values
 //!
 //! Keys of the records table are `[scope length: u8][scope][key]` (see
-//! `IdempotencyKey::to_record_key`). Index tables hold `(instant ms, record key)`
-//! tuples; see `redb/tables.rs`. All instants are milliseconds since the Unix epoch.
+//! `IdempotencyKey::to_record_key`). Index tables hold `(instant ms, record
+//! key)` tuples; see `redb/tables.rs`. The meta table's `format_version`
+//! holds the format of the whole file (one byte). All instants are
+//! milliseconds since the Unix epoch; all fixed-width integers are
+//! little-endian.
 //!
 //! A value that does not decode is reported with its key, never a panic; a
 //! value with trailing bytes is corrupt too.
@@ -26,8 +55,19 @@ use crate::message::OutboxEntry;
 
 use super::record::{EntityState, Record};
 
-/// The record format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// The format this build writes (and the newest it reads).
+pub(crate) const FORMAT_VERSION: u8 = 2;
+
+/// The format without checksums, still read.
+pub(crate) const FORMAT_VERSION_1: u8 = 1;
+
+/// Bytes of the checksum at the end of a format-2 value.
+const CHECKSUM_BYTES: usize = 8;
+
+/// Domain tags: which table a checksummed value belongs to.
+const RECORD_TAG: &[u8] = b"idempotency.record\0";
+const OUTBOX_TAG: &[u8] = b"idempotency.outbox\0";
+const ENTITY_TAG: &[u8] = b"idempotency.entity\0";
 
 /// `Vec<u8>` as a serde byte string. postcard writes exactly the bytes a
 /// sequence of `u8` gets (varint length, then the raw bytes), so the format
@@ -73,6 +113,10 @@ pub(super) mod byte_buf {
 pub(crate) enum DecodeError {
     Empty,
     UnknownVersion(u8),
+    /// A format-2 value too short to hold its checksum.
+    Truncated(usize),
+    /// The stored checksum does not match the value and its key.
+    ChecksumMismatch,
     Malformed(String),
     TrailingBytes(usize),
 }
@@ -83,7 +127,14 @@ impl std::fmt::Display for DecodeError {
             DecodeError::Empty => f.write_str("empty value"),
             DecodeError::UnknownVersion(v) => write!(
                 f,
-                "unknown record format version {v} (this build reads {FORMAT_VERSION})"
+                "unknown record format version {v} (this build reads versions {FORMAT_VERSION_1} and {FORMAT_VERSION})"
+            ),
+            DecodeError::Truncated(n) => write!(
+                f,
+                "a format-{FORMAT_VERSION} value of {n} bytes is too short to hold its checksum"
+            ),
+            DecodeError::ChecksumMismatch => f.write_str(
+                "the stored checksum does not match: the value or its key was damaged",
             ),
             DecodeError::Malformed(e) => write!(f, "malformed record: {e}"),
             DecodeError::TrailingBytes(n) => write!(f, "{n} trailing bytes after the record"),
@@ -91,64 +142,116 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-pub(crate) fn encode(record: &Record) -> Vec<u8> {
-    encode_versioned(record)
+/// A record stored under `rkey` (its record key, `key::record_key`).
+pub(crate) fn encode(rkey: &[u8], record: &Record) -> Vec<u8> {
+    encode_checked(RECORD_TAG, rkey, record)
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
-    decode_versioned(bytes)
+/// The record stored under `rkey`; the checksum is verified on `bytes` as
+/// stored, before anything is decoded.
+pub(crate) fn decode(rkey: &[u8], bytes: &[u8]) -> Result<Record, DecodeError> {
+    decode_checked(RECORD_TAG, rkey, bytes)
 }
 
-/// Outbox table values: `[FORMAT_VERSION][postcard OutboxEntry]`.
-pub(crate) fn encode_outbox(entry: &OutboxEntry) -> Vec<u8> {
-    encode_versioned(entry)
+/// The outbox message with sequence number `seq`.
+pub(crate) fn encode_outbox(seq: u64, entry: &OutboxEntry) -> Vec<u8> {
+    encode_checked(OUTBOX_TAG, &seq.to_le_bytes(), entry)
 }
 
-pub(crate) fn decode_outbox(bytes: &[u8]) -> Result<OutboxEntry, DecodeError> {
-    decode_versioned(bytes)
+/// The outbox message stored under sequence number `seq`.
+pub(crate) fn decode_outbox(seq: u64, bytes: &[u8]) -> Result<OutboxEntry, DecodeError> {
+    decode_checked(OUTBOX_TAG, &seq.to_le_bytes(), bytes)
 }
 
-/// Entity table values: `[FORMAT_VERSION][postcard EntityState]`.
-pub(crate) fn encode_entity(entity: &EntityState) -> Vec<u8> {
-    encode_versioned(entity)
+/// The state of entity `id`.
+pub(crate) fn encode_entity(id: &str, entity: &EntityState) -> Vec<u8> {
+    encode_checked(ENTITY_TAG, id.as_bytes(), entity)
 }
 
-pub(crate) fn decode_entity(bytes: &[u8]) -> Result<EntityState, DecodeError> {
-    decode_versioned(bytes)
+/// The entity state stored under `id`.
+pub(crate) fn decode_entity(id: &str, bytes: &[u8]) -> Result<EntityState, DecodeError> {
+    decode_checked(ENTITY_TAG, id.as_bytes(), bytes)
 }
 
-fn encode_versioned<T: Serialize>(value: &T) -> Vec<u8> {
-    let out = vec![FORMAT_VERSION];
+/// The checksum of the framed bytes `[version][postcard]` stored under
+/// `key` in the table `tag` names.
+fn checksum(tag: &[u8], key: &[u8], framed: &[u8]) -> [u8; CHECKSUM_BYTES] {
+    let mut h = blake3::Hasher::new();
+    h.update(tag);
+    h.update(&u64::try_from(key.len()).unwrap_or(u64::MAX).to_le_bytes());
+    h.update(key);
+    h.update(framed);
+    let mut out = [0; CHECKSUM_BYTES];
+    out.copy_from_slice(&h.finalize().as_bytes()[..CHECKSUM_BYTES]);
+    out
+}
+
+fn encode_checked<T: Serialize>(tag: &[u8], key: &[u8], value: &T) -> Vec<u8> {
     // postcard serializes these plain structs infallibly into a Vec; the
     // fallback (a bare version byte, which fails to decode) keeps the
     // function total without an unwrap.
-    match postcard::to_extend(value, out) {
-        Ok(v) => v,
-        Err(_) => vec![FORMAT_VERSION],
+    let Ok(mut out) = postcard::to_extend(value, vec![FORMAT_VERSION]) else {
+        return vec![FORMAT_VERSION];
+    };
+    let sum = checksum(tag, key, &out);
+    out.extend_from_slice(&sum);
+    out
+}
+
+fn decode_checked<T: for<'de> Deserialize<'de>>(
+    tag: &[u8],
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<T, DecodeError> {
+    match bytes.first() {
+        None => Err(DecodeError::Empty),
+        Some(&FORMAT_VERSION) => {
+            let framed_len = bytes
+                .len()
+                .checked_sub(CHECKSUM_BYTES)
+                .filter(|&n| n > 0)
+                .ok_or(DecodeError::Truncated(bytes.len()))?;
+            let (framed, stored) = bytes.split_at(framed_len);
+            if checksum(tag, key, framed) != stored {
+                return Err(DecodeError::ChecksumMismatch);
+            }
+            decode_postcard(&framed[1..])
+        }
+        Some(&FORMAT_VERSION_1) => decode_postcard(&bytes[1..]),
+        Some(&v) => Err(DecodeError::UnknownVersion(v)),
     }
 }
 
-fn decode_versioned<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let (&version, rest) = bytes.split_first().ok_or(DecodeError::Empty)?;
-    if version != FORMAT_VERSION {
-        return Err(DecodeError::UnknownVersion(version));
-    }
+fn decode_postcard<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
     let (value, tail): (T, &[u8]) =
-        postcard::take_from_bytes(rest).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        postcard::take_from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if !tail.is_empty() {
         return Err(DecodeError::TrailingBytes(tail.len()));
     }
     Ok(value)
 }
 
-/// Feeds `bytes` to every decoder (record, outbox, entity); returns whether
-/// they decoded as a record. For the `record_decode` fuzz target: no input
-/// may panic.
+/// A value in format 1 (`[1][postcard T]`, no checksum), as a format-1
+/// build wrote it: for tests of the legacy decode and the migration.
+#[cfg(test)]
+pub(crate) fn encode_v1<T: Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_extend(value, vec![FORMAT_VERSION_1]).unwrap_or_default()
+}
+
+/// The record key, outbox sequence number and entity id `decode_all`
+/// checks values against.
+#[cfg(any(test, fuzzing))]
+pub(crate) const FUZZ_KEY: (&[u8], u64, &str) = (b"\x04fuzzkey", 0, "fuzz");
+
+/// Feeds `bytes` to every decoder (record, outbox, entity, under
+/// [`FUZZ_KEY`]); returns whether they decoded as a record. For the
+/// `record_decode` fuzz target: no input may panic.
 #[cfg(any(test, fuzzing))]
 pub(crate) fn decode_all(bytes: &[u8]) -> bool {
-    let _ = decode_outbox(bytes);
-    let _ = decode_entity(bytes);
-    decode(bytes).is_ok()
+    let (rkey, seq, id) = FUZZ_KEY;
+    let _ = decode_outbox(seq, bytes);
+    let _ = decode_entity(id, bytes);
+    decode(rkey, bytes).is_ok()
 }
 
 #[cfg(test)]
@@ -191,24 +294,150 @@ mod tests {
         }
     }
 
+    const RKEY: &[u8] = b"\x04shoppay-1";
+
     #[test]
     fn round_trips() {
         let r = sample();
-        assert_eq!(decode(&encode(&r)), Ok(r));
+        let bytes = encode(RKEY, &r);
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        assert_eq!(decode(RKEY, &bytes), Ok(r));
+        let entry = OutboxEntry {
+            seq: 7,
+            id: "shop/pay-1/0".into(),
+            topic: "email".into(),
+            payload: b"receipt".to_vec(),
+            created_at_ms: 5,
+        };
+        assert_eq!(
+            decode_outbox(7, &encode_outbox(7, &entry)),
+            Ok(entry.clone())
+        );
+        let entity = EntityState {
+            state: "paid".into(),
+            version: 2,
+            updated_at_ms: 9,
+        };
+        assert_eq!(
+            decode_entity("order-1", &encode_entity("order-1", &entity)),
+            Ok(entity)
+        );
+    }
+
+    #[test]
+    fn format_1_values_still_decode() {
+        let r = sample();
+        let v1 = encode_v1(&r);
+        assert_eq!(v1[0], FORMAT_VERSION_1);
+        // Format 2 is format 1 with a new version byte and a checksum.
+        let v2 = encode(RKEY, &r);
+        assert_eq!(&v2[1..v2.len() - CHECKSUM_BYTES], &v1[1..]);
+        assert_eq!(decode(RKEY, &v1), Ok(r.clone()));
+        // A format-1 value carries no checksum: any key reads it.
+        assert_eq!(decode(b"\x01ab", &v1), Ok(r));
+        // A format-2 value whose version byte says 1 is not one.
+        let mut downgraded = v2.clone();
+        downgraded[0] = FORMAT_VERSION_1;
+        assert_eq!(
+            decode(RKEY, &downgraded),
+            Err(DecodeError::TrailingBytes(CHECKSUM_BYTES))
+        );
+    }
+
+    #[test]
+    fn a_value_under_other_key_bytes_or_in_another_table_fails_its_checksum() {
+        let bytes = encode(RKEY, &sample());
+        assert_eq!(
+            decode(b"\x04shoppay-2", &bytes),
+            Err(DecodeError::ChecksumMismatch)
+        );
+        // The length prefix separates scope from key in the hash too.
+        assert_eq!(decode(b"", &bytes), Err(DecodeError::ChecksumMismatch));
+        let entity = EntityState {
+            state: "paid".into(),
+            version: 2,
+            updated_at_ms: 9,
+        };
+        let stored = encode_entity("order-1", &entity);
+        assert_eq!(
+            decode_entity("order-2", &stored),
+            Err(DecodeError::ChecksumMismatch)
+        );
+        // The same bytes and key in another table.
+        let as_record = encode_checked(RECORD_TAG, b"order-1", &entity);
+        assert_eq!(
+            decode_entity("order-1", &as_record),
+            Err(DecodeError::ChecksumMismatch)
+        );
+        let entry = OutboxEntry {
+            seq: 1,
+            id: "x".into(),
+            topic: "t".into(),
+            payload: vec![],
+            created_at_ms: 0,
+        };
+        assert_eq!(
+            decode_outbox(2, &encode_outbox(1, &entry)),
+            Err(DecodeError::ChecksumMismatch)
+        );
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_refused() {
+        let good = encode(RKEY, &sample());
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.clone();
+                bad[i] ^= 1 << bit;
+                assert!(
+                    decode(RKEY, &bad).is_err(),
+                    "flip of bit {bit} of byte {i} decoded"
+                );
+            }
+        }
+        for i in 0..RKEY.len() {
+            let mut key = RKEY.to_vec();
+            key[i] ^= 0x20;
+            assert_eq!(decode(&key, &good), Err(DecodeError::ChecksumMismatch));
+        }
     }
 
     #[test]
     fn rejects_garbage_without_panicking() {
-        let good = encode(&sample());
-        assert_eq!(decode(&[]), Err(DecodeError::Empty));
-        assert_eq!(decode(&[9, 0]), Err(DecodeError::UnknownVersion(9)));
+        let good = encode(RKEY, &sample());
+        assert_eq!(decode(RKEY, &[]), Err(DecodeError::Empty));
+        assert_eq!(decode(RKEY, &[9, 0]), Err(DecodeError::UnknownVersion(9)));
+        assert_eq!(decode(RKEY, &[2; 8]), Err(DecodeError::Truncated(8)));
+        assert_eq!(
+            decode(RKEY, &[FORMAT_VERSION]),
+            Err(DecodeError::Truncated(1))
+        );
         let mut trailing = good.clone();
         trailing.push(0);
-        assert_eq!(decode(&trailing), Err(DecodeError::TrailingBytes(1)));
+        assert_eq!(decode(RKEY, &trailing), Err(DecodeError::ChecksumMismatch));
         for cut in 1..good.len() {
-            assert!(decode(&good[..cut]).is_err(), "prefix {cut} decoded");
+            assert!(decode(RKEY, &good[..cut]).is_err(), "prefix {cut} decoded");
         }
+        // Format 1 has no checksum: its own checks still hold.
+        let mut trailing = encode_v1(&sample());
+        trailing.push(0);
+        assert_eq!(decode(RKEY, &trailing), Err(DecodeError::TrailingBytes(1)));
         // The state discriminant is the first field: 9 is no state.
-        assert!(matches!(decode(&[1, 9]), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode(RKEY, &[1, 9]),
+            Err(DecodeError::Malformed(_))
+        ));
+        // A well-framed format-2 value whose fields are garbage.
+        let framed = [FORMAT_VERSION, 9];
+        let mut bad = framed.to_vec();
+        bad.extend_from_slice(&checksum(RECORD_TAG, RKEY, &framed));
+        assert!(matches!(decode(RKEY, &bad), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn checksum_mismatch_says_what_it_means() {
+        let text = DecodeError::ChecksumMismatch.to_string();
+        assert!(text.contains("checksum does not match"), "{text}");
+        assert!(text.contains("damaged"), "{text}");
     }
 }

@@ -1,14 +1,17 @@
 //! Property tests of the record decoder, on arbitrary bytes and on
 //! mutations of valid records in every state: it never panics,
 //! refuses garbage, and accepts exactly the valid records (not their
-//! truncations, extensions or other format versions). They mirror the
-//! `record_decode` fuzz target in `fuzz/`.
+//! truncations, extensions or other format versions), and never accepts a
+//! format-2 value with a damaged byte. They mirror the `record_decode` fuzz
+//! target in `fuzz/`.
 
 use std::path::Path;
 
 use proptest::prelude::*;
 
-use super::codec::{decode, decode_all, encode};
+use super::codec::{
+    decode, decode_all, encode, encode_v1, FORMAT_VERSION, FORMAT_VERSION_1, FUZZ_KEY,
+};
 use super::record::{reference, Completion, Record, StoredResponse};
 use crate::envelope::Envelope;
 use crate::fingerprint::Fingerprint;
@@ -19,10 +22,9 @@ proptest! {
     #[test]
     fn record_decoder_never_panics_on_arbitrary_bytes(input in proptest::collection::vec(any::<u8>(), 0..256)) {
         let accepted = decode_all(&input);
-        if accepted {
-            prop_assert_eq!(input.first(), Some(&1u8));
-        }
-        if input.first() != Some(&1) {
+        // Random bytes never carry a matching checksum: only a format-1
+        // value can pass.
+        if input.first() != Some(&FORMAT_VERSION_1) {
             prop_assert!(!accepted, "accepted a value of another format version");
         }
     }
@@ -30,10 +32,12 @@ proptest! {
     #[test]
     fn record_decoder_never_panics_on_mutated_records(
         which in any::<prop::sample::Index>(),
+        format_1 in any::<bool>(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..5),
     ) {
-        let records = valid_records();
-        let mut bytes = which.get(records).clone();
+        let records = if format_1 { valid_v1_records() } else { valid_records() };
+        let original = which.get(records).clone();
+        let mut bytes = original.clone();
         for (at, byte, kind) in edits {
             let i = at.index(bytes.len() + 1);
             match kind {
@@ -43,7 +47,12 @@ proptest! {
                 _ => bytes.insert(i, byte),
             }
         }
-        let _ = decode_all(&bytes);
+        let accepted = decode_all(&bytes);
+        // A damaged format-2 value never decodes (a checksum collision,
+        // 2^-64, aside).
+        if bytes != original && bytes.first() == Some(&FORMAT_VERSION) {
+            prop_assert!(!accepted, "accepted a damaged format-2 value");
+        }
     }
 }
 
@@ -54,7 +63,7 @@ proptest! {
 /// Records in every state: PROCESSING, COMPLETED (headers, resource),
 /// FINAL_FAILURE, UNKNOWN (with a reason), TOMBSTONE, and COMPLETED with an
 /// empty response; in the order of their names in `write_record_seeds`.
-fn make_records() -> Vec<Vec<u8>> {
+fn make_records() -> Vec<Record> {
     let t0 = 1_700_000_000_000;
     let ttl_ms = 60_000;
     let fp = Fingerprint::from_bytes([7; 32]);
@@ -93,15 +102,24 @@ fn make_records() -> Vec<Vec<u8>> {
         )
         .tombstone(t0 + ttl_ms + 600_000, t0 + ttl_ms + 1);
     let unknown = claim(b"unknown", 4).in_doubt("provider timed out".into(), t0 + 5, t0 + 5);
-    [completed, empty, failed, processing, tombstone, unknown]
-        .iter()
-        .map(encode)
-        .collect()
+    vec![completed, empty, failed, processing, tombstone, unknown]
 }
 
+/// The records above in format 2, stored under `FUZZ_KEY`'s record key.
 fn valid_records() -> &'static Vec<Vec<u8>> {
     static RECORDS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
-    RECORDS.get_or_init(make_records)
+    RECORDS.get_or_init(|| {
+        make_records()
+            .iter()
+            .map(|r| encode(FUZZ_KEY.0, r))
+            .collect()
+    })
+}
+
+/// The records above in format 1 (no checksum).
+fn valid_v1_records() -> &'static Vec<Vec<u8>> {
+    static RECORDS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    RECORDS.get_or_init(|| make_records().iter().map(encode_v1).collect())
 }
 
 #[test]
@@ -110,23 +128,35 @@ fn valid_records_decode_and_their_truncations_do_not() -> TestResult {
     assert_eq!(records.len(), 6);
     for record in records {
         assert!(decode_all(record));
-        let decoded = decode(record).map_err(|e| e.to_string())?;
-        assert_eq!(&encode(&decoded), record, "re-encoding changes the bytes");
+        let decoded = decode(FUZZ_KEY.0, record).map_err(|e| e.to_string())?;
+        assert_eq!(
+            &encode(FUZZ_KEY.0, &decoded),
+            record,
+            "re-encoding changes the bytes"
+        );
+        // Its format-1 form decodes to the same record.
+        let v1 = encode_v1(&decoded);
+        assert!(decode_all(&v1));
+        assert_eq!(decode(FUZZ_KEY.0, &v1).map_err(|e| e.to_string())?, decoded);
         for cut in 0..record.len() {
             assert!(!decode_all(&record[..cut]), "prefix {cut}");
         }
         let mut longer = record.clone();
         longer.push(0);
         assert!(!decode_all(&longer));
-        let mut other_version = record.clone();
-        other_version[0] = 2;
-        assert!(!decode_all(&other_version));
+        for version in [0, FORMAT_VERSION_1, FORMAT_VERSION + 1, u8::MAX] {
+            let mut other_version = record.clone();
+            other_version[0] = version;
+            assert!(!decode_all(&other_version), "as version {version}");
+        }
     }
     Ok(())
 }
 
-/// Writes the records above as seeds for the `record_decode` fuzz target:
-/// `cargo test --release --lib -- --ignored write_record_seeds`.
+/// Writes the records above as seeds for the `record_decode` fuzz target,
+/// in format 2 (`<state>.bin`, under `FUZZ_KEY`) and format 1
+/// (`<state>.v1.bin`): `cargo test --release --lib -- --ignored
+/// write_record_seeds`.
 #[test]
 #[ignore = "writes fuzz/corpus/record_decode; run by hand"]
 fn write_record_seeds() -> TestResult {
@@ -140,10 +170,11 @@ fn write_record_seeds() -> TestResult {
         "tombstone",
         "unknown",
     ];
-    let records = valid_records();
-    assert_eq!(records.len(), names.len());
-    for (name, record) in names.iter().zip(records) {
-        std::fs::write(dir.join(format!("{name}.bin")), record)?;
+    let (v2, v1) = (valid_records(), valid_v1_records());
+    assert_eq!(v2.len(), names.len());
+    for ((name, v2), v1) in names.iter().zip(v2).zip(v1) {
+        std::fs::write(dir.join(format!("{name}.bin")), v2)?;
+        std::fs::write(dir.join(format!("{name}.v1.bin")), v1)?;
     }
     Ok(())
 }

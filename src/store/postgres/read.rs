@@ -16,8 +16,11 @@ use super::txn::{sql_i64, sql_u64, with_token};
 /// Rows per page of a full scan.
 const SCAN_PAGE: i64 = 1_000;
 
+/// `key`'s record from its stored bytes and its row's token column. The
+/// checksum is verified on the bytes as stored, before `with_token` patches
+/// in the token.
 fn decode(key: &IdempotencyKey, bytes: &[u8], token: i64) -> Result<Record> {
-    codec::decode(bytes)
+    codec::decode(&key.to_record_key(), bytes)
         .map(|rec| with_token(rec, sql_u64(token), key))
         .map_err(|e| Error::CorruptRecord {
             key: key.clone(),
@@ -119,7 +122,8 @@ impl Shared {
                 let key = IdempotencyKey::parse_any(&scope, &key_text)
                     .map_err(|_| crate::key::record_key(&scope, &key_text));
                 let token = sql_u64(row.get(3));
-                let value = codec::decode(row.get::<_, &[u8]>(2)).map(|rec| match &key {
+                let rkey = crate::key::record_key(&scope, &key_text);
+                let value = codec::decode(&rkey, row.get::<_, &[u8]>(2)).map(|rec| match &key {
                     Ok(key) => with_token(rec, token, key),
                     Err(_) => rec,
                 });

@@ -88,7 +88,7 @@ impl Txn for PgTxn<'_, '_> {
             &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
         )?;
         Ok(row.map(|row| {
-            codec::decode(row.get::<_, &[u8]>(0))
+            codec::decode(&key.to_record_key(), row.get::<_, &[u8]>(0))
                 .map(|rec| with_token(rec, sql_u64(row.get(1)), key))
         }))
     }
@@ -99,7 +99,7 @@ impl Txn for PgTxn<'_, '_> {
         old: Option<&Record>,
         new: &Record,
     ) -> Result<(), Fault> {
-        let bytes = codec::encode(new);
+        let bytes = codec::encode(&key.to_record_key(), new);
         let params: [(&(dyn postgres::types::ToSql + Sync), Type); 8] = [
             (&key.scope(), Type::TEXT),
             (&key.key(), Type::TEXT),

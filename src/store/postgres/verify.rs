@@ -33,7 +33,7 @@ impl Shared {
                 });
             }
             let token = sql_u64(row.get::<_, i64>(3));
-            let decoded = codec::decode(row.get::<_, &[u8]>(7));
+            let decoded = codec::decode(&record_key(scope, key), row.get::<_, &[u8]>(7));
             let rec = match decoded {
                 Ok(rec) => match IdempotencyKey::parse_any(scope, key) {
                     Ok(k) => with_token(rec, token, &k),

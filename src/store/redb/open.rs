@@ -7,7 +7,7 @@ use redb::{Database, DatabaseError, Durability, ReadableDatabase, TableError};
 
 use crate::config::{ExpiryPolicy, StoreConfig};
 use crate::error::OpenError;
-use crate::store::codec::FORMAT_VERSION;
+use crate::store::codec::{FORMAT_VERSION, FORMAT_VERSION_1};
 
 use super::tables::{
     ENTITIES, EXPIRY, LEASES, META, META_EXPIRY_POLICY, META_FORMAT_VERSION, META_TTL_MS, OUTBOX,
@@ -101,11 +101,21 @@ pub(crate) fn prepare(
     Ok(cfg)
 }
 
+// The migration is a file of its own beside this one; it is declared here
+// so that `redb/mod.rs` need not change for it.
+#[path = "migrate.rs"]
+mod migrate;
+
 fn init_format(db: &Database) -> Result<(), OpenError> {
+    super::read::probe_tables(db)?;
     // The version and all tables are created in one transaction, so a
     // version present means every table is.
     if let Some(v) = stored_format(db)? {
-        return check_version(Some(v));
+        check_version(Some(v))?;
+        if v == FORMAT_VERSION_1 {
+            migrate::from_format_1(db)?;
+        }
+        return Ok(());
     }
     let what = "creating the engine's tables";
     let mut txn = db.begin_write().open_context(what)?;
@@ -195,13 +205,16 @@ fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), 
     txn.commit().open_context(what)
 }
 
-/// Refuses a format version this build does not read.
+/// Refuses a format version this build does not read (it reads 1, which a
+/// writable open migrates, and 2).
 pub(super) fn check_version(found: Option<u8>) -> Result<(), OpenError> {
     match found {
-        Some(v) if v != FORMAT_VERSION => Err(OpenError::UnsupportedFormat {
-            found: v,
-            supported: FORMAT_VERSION,
-        }),
+        Some(v) if !(FORMAT_VERSION_1..=FORMAT_VERSION).contains(&v) => {
+            Err(OpenError::UnsupportedFormat {
+                found: v,
+                supported: FORMAT_VERSION,
+            })
+        }
         _ => Ok(()),
     }
 }

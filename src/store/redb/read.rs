@@ -5,14 +5,14 @@ use redb::{
     ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::codec;
 use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
-use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
+use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 /// One engine table in a fresh read transaction.
 fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
     db: &impl ReadableDatabase,
@@ -23,11 +23,47 @@ fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
     txn.open_table(table).context(what)
 }
 
+/// Opens each engine table once, alone, in a read transaction: a damaged
+/// table definition makes redb panic in `open_table`, and here that panic
+/// is contained by the open (`OpenError::Corrupt`). In a write transaction
+/// the same panic poisons the transaction's table lock, and a table still
+/// open from that transaction then panics again in its `Drop` while
+/// unwinding, which aborts the process. Tables that do not exist yet are
+/// fine (a new file).
+pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<(), OpenError> {
+    fn probe<K: redb::Key + 'static, V: redb::Value + 'static>(
+        txn: &redb::ReadTransaction,
+        def: TableDefinition<K, V>,
+    ) -> std::result::Result<(), OpenError> {
+        match txn.open_table(def) {
+            Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => Ok(()),
+            Err(e) => Err(OpenError::Storage {
+                context: "checking the engine's tables",
+                source: Box::new(redb::Error::from(e)),
+            }),
+        }
+    }
+    let txn = db.begin_read().map_err(|e| OpenError::Storage {
+        context: "checking the engine's tables",
+        source: Box::new(redb::Error::from(e)),
+    })?;
+    probe(&txn, META)?;
+    probe(&txn, RECORDS)?;
+    probe(&txn, LEASES)?;
+    probe(&txn, RECOVERY)?;
+    probe(&txn, EXPIRY)?;
+    probe(&txn, OUTBOX)?;
+    probe(&txn, ENTITIES)
+}
+
 pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
     let what = "reading a record";
     let table = table(db, RECORDS, what)?;
-    let value = table.get(key.to_record_key().as_slice()).context(what)?;
-    value.map(|v| decode_record(key, v.value())).transpose()
+    let rkey = key.to_record_key();
+    let value = table.get(rkey.as_slice()).context(what)?;
+    value
+        .map(|v| decode_record(key, &rkey, v.value()))
+        .transpose()
 }
 
 /// UNKNOWN records and PROCESSING records whose lease ended at or
@@ -64,7 +100,7 @@ pub(super) fn in_doubt(
             };
             // One corrupt record must not hide the rest of the queue;
             // listings show it with its error.
-            match decode_record(&key, v.value()) {
+            match decode_record(&key, rkey, v.value()) {
                 Ok(rec) if in_doubt || rec.lease_until_ms <= now_ms => {
                     taken += 1;
                     found.push((since, key, rec));
@@ -88,7 +124,7 @@ pub(super) fn scan(
     for entry in table.iter().context(what)? {
         let (k, v) = entry.context(what)?;
         let key = IdempotencyKey::from_record_key(k.value()).ok_or_else(|| k.value().to_vec());
-        if !visit((key, codec::decode(v.value()))) {
+        if !visit((key, codec::decode(k.value(), v.value()))) {
             break;
         }
     }
@@ -130,11 +166,12 @@ pub(super) fn outbox(db: &impl ReadableDatabase, limit: usize) -> Result<Vec<Out
     let mut out = Vec::new();
     for entry in table.iter().context(what)?.take(limit) {
         let (seq, bytes) = entry.context(what)?;
-        let entry =
-            codec::decode_outbox(bytes.value()).map_err(|e| Error::CorruptOutboxMessage {
+        let entry = codec::decode_outbox(seq.value(), bytes.value()).map_err(|e| {
+            Error::CorruptOutboxMessage {
                 seq: seq.value(),
                 reason: e.to_string(),
-            })?;
+            }
+        })?;
         out.push(entry);
     }
     Ok(out)
@@ -151,7 +188,7 @@ pub(super) fn entity(db: &impl ReadableDatabase, entity: &str) -> Result<Option<
     let Some(v) = table.get(entity).context(what)? else {
         return Ok(None);
     };
-    codec::decode_entity(v.value())
+    codec::decode_entity(entity, v.value())
         .map(Some)
         .map_err(|e| Error::CorruptEntity {
             entity: entity.to_owned(),
@@ -159,8 +196,10 @@ pub(super) fn entity(db: &impl ReadableDatabase, entity: &str) -> Result<Option<
         })
 }
 
-fn decode_record(key: &IdempotencyKey, bytes: &[u8]) -> Result<Record> {
-    codec::decode(bytes).map_err(|e| Error::CorruptRecord {
+/// The record stored under `rkey` (`key`'s record key); a value that does
+/// not decode or fails its checksum is `Error::CorruptRecord` naming `key`.
+fn decode_record(key: &IdempotencyKey, rkey: &[u8], bytes: &[u8]) -> Result<Record> {
+    codec::decode(rkey, bytes).map_err(|e| Error::CorruptRecord {
         key: key.clone(),
         reason: e.to_string(),
     })

@@ -213,7 +213,10 @@ impl<'t> Tables<'t> {
         rkey: &[u8],
     ) -> std::result::Result<Option<std::result::Result<Record, DecodeError>>, redb::StorageError>
     {
-        Ok(self.records.get(rkey)?.map(|v| codec::decode(v.value())))
+        Ok(self
+            .records
+            .get(rkey)?
+            .map(|v| codec::decode(rkey, v.value())))
     }
 
     /// Writes `new` over `old`, moving the record between index tables.
@@ -227,7 +230,7 @@ impl<'t> Tables<'t> {
             self.unindex(rkey, old)?;
         }
         self.index(rkey, new)?;
-        self.put_record(rkey, codec::encode(new))
+        self.put_record(rkey, codec::encode(rkey, new))
     }
 
     pub(super) fn delete_raw(
@@ -311,7 +314,7 @@ impl Txn for Tables<'_> {
             payload: message.payload,
             created_at_ms: self.now,
         };
-        let value = codec::encode_outbox(&entry);
+        let value = codec::encode_outbox(entry.seq, &entry);
         self.outbox.insert(entry.seq, value.as_slice())?;
         self.log(|| Change::PutOutbox {
             seq: entry.seq,
@@ -336,7 +339,7 @@ impl Txn for Tables<'_> {
         Ok(self
             .entities
             .get(entity)?
-            .map(|v| codec::decode_entity(v.value())))
+            .map(|v| codec::decode_entity(entity, v.value())))
     }
 
     fn store_entity(
@@ -344,7 +347,7 @@ impl Txn for Tables<'_> {
         entity: &str,
         state: &EntityState,
     ) -> std::result::Result<(), redb::Error> {
-        let value = codec::encode_entity(state);
+        let value = codec::encode_entity(entity, state);
         self.entities.insert(entity, value.as_slice())?;
         self.log(|| Change::PutEntity {
             id: entity.to_string(),

@@ -1,6 +1,9 @@
-//! The scrub behind `Engine::verify`: every stored value decodes, every
-//! record key is a valid key, and every index entry matches its record and
-//! back (each record sits in exactly the index its state names, at the
+//! The scrub behind `Engine::verify`: every stored value decodes and
+//! passes its checksum (`store/codec.rs`), every record key is a valid key,
+//! every record and entity a walk of its table meets is also found by a
+//! lookup of its key (a damaged tree page can send a lookup astray while a
+//! walk still meets every entry), and every index entry matches its record
+//! and back (each record sits in exactly the index its state names, at the
 //! instant it names).
 
 use std::collections::BTreeSet;
@@ -36,7 +39,15 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
                 key_hex: hex(&rkey),
             });
         }
-        match codec::decode(v.value()) {
+        // A lookup must find what the walk met: a request only ever looks
+        // its key up.
+        let found = records.get(rkey.as_slice()).context(what)?;
+        if found.is_none_or(|f| f.value() != v.value()) {
+            problems.push(Problem::UnreachableRecord {
+                key_hex: hex(&rkey),
+            });
+        }
+        match codec::decode(&rkey, v.value()) {
             Ok(rec) => {
                 let (index, at) = rec.index();
                 expected.insert((index, at, rkey));
@@ -84,7 +95,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     let outbox = txn.open_table(OUTBOX).context(what)?;
     for entry in outbox.iter().context(what)? {
         let (seq, v) = entry.context(what)?;
-        if let Err(e) = codec::decode_outbox(v.value()) {
+        if let Err(e) = codec::decode_outbox(seq.value(), v.value()) {
             problems.push(Problem::UndecodableOutboxMessage {
                 seq: seq.value(),
                 reason: e.to_string(),
@@ -94,7 +105,13 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     let entities = txn.open_table(ENTITIES).context(what)?;
     for entry in entities.iter().context(what)? {
         let (id, v) = entry.context(what)?;
-        if let Err(e) = codec::decode_entity(v.value()) {
+        let found = entities.get(id.value()).context(what)?;
+        if found.is_none_or(|f| f.value() != v.value()) {
+            problems.push(Problem::UnreachableEntity {
+                entity: id.value().to_string(),
+            });
+        }
+        if let Err(e) = codec::decode_entity(id.value(), v.value()) {
             problems.push(Problem::UndecodableEntity {
                 entity: id.value().to_string(),
                 reason: e.to_string(),
