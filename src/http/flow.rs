@@ -230,6 +230,20 @@ fn engine_problem(e: &dyn std::fmt::Display) -> Problem {
     .retry_after(1)
 }
 
+/// A 500 for a key whose stored record is damaged (issue 14: a damaged
+/// record is an error, never a replay of wrong bytes and never a fresh
+/// run): nothing was run, and retrying does not help until an operator
+/// repairs the record (`idem verify` lists it). No `Retry-After`.
+fn corrupt_problem() -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "stored-record-corrupt",
+        "Stored record damaged",
+        "the stored record for this Idempotency-Key is damaged; the request was not run; \
+         an operator must repair the record before this key can be used",
+    )
+}
+
 /// The handler answered but its outcome could not be recorded.
 fn not_recorded(cfg: &Config) -> Problem {
     Problem::new(
@@ -329,6 +343,10 @@ async fn begin_blocking(
             };
             match begun {
                 Ok(begin) => Ok((begin, fingerprinted)),
+                Err(e @ crate::Error::CorruptRecord { .. }) => {
+                    tracing::error!(%key, error = %e, "stored record is damaged");
+                    Err(corrupt_problem())
+                }
                 Err(e) => {
                     tracing::error!(%key, error = %e, "begin failed");
                     Err(engine_problem(&e))
