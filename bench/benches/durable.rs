@@ -345,6 +345,25 @@ fn paired() {
         .map(|round| bytes_per_request(round))
         .collect();
     if let Some(bytes) = bytes {
+        // The whole run too: per-round figures swing with the slice a
+        // checkpoint lands in; the sum does not.
+        for (i, what) in [
+            (0, "engine, 64 threads"),
+            (3, "sqlite batched 512, 64 threads"),
+            (4, "engine, 8 threads"),
+            (5, "sqlite batched 512, 8 threads"),
+        ] {
+            let total_bytes: f64 = bytes
+                .iter()
+                .zip(&rounds)
+                .map(|(b, round)| b[i] * round[i].requests as f64)
+                .sum();
+            let total_requests: u64 = rounds.iter().map(|round| round[i].requests).sum();
+            println!(
+                "BYTES over all rounds, {what}: {:.0} B/req ({total_requests} requests)",
+                total_bytes / total_requests.max(1) as f64
+            );
+        }
         let series = |i: usize| -> Vec<f64> { bytes.iter().map(|round| round[i]).collect() };
         let name = "disk bytes written per request";
         for (threads, ours, base, what) in [
