@@ -126,17 +126,13 @@ fn crashed_journal(dir: &Path) -> Result<Crashed, Box<dyn Error>> {
 #[test]
 fn a_torn_last_frame_is_the_end_of_the_log() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let Crashed {
-        path,
-        mut bytes,
-        frames,
-    } = crashed_journal(dir.path())?;
+    let mut crashed = crashed_journal(dir.path())?;
     // The last frame (the last key's completion) lost its final bytes.
-    let (at, len) = frames[frames.len() - 1];
-    for b in &mut bytes[at + len - 8..at + len] {
+    let (at, len) = crashed.frames[crashed.frames.len() - 1];
+    for b in &mut crashed.bytes[at + len - 8..at + len] {
         *b ^= 0x5A;
     }
-    std::fs::write(&path, &bytes)?;
+    std::fs::write(&crashed.path, &crashed.bytes)?;
     let engine = open(dir.path())?;
     for i in 0..KEYS - 1 {
         match engine.begin(&key(i)?, fingerprint(i)?)? {
@@ -157,14 +153,11 @@ fn a_torn_last_frame_is_the_end_of_the_log() -> TestResult {
 #[test]
 fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let Crashed {
-        path,
-        mut bytes,
-        frames,
-    } = crashed_journal(dir.path())?;
-    let (at, _) = frames[3];
-    bytes[at + 40] ^= 0x01;
-    std::fs::write(&path, &bytes)?;
+    let mut crashed = crashed_journal(dir.path())?;
+    let (at, _) = crashed.frames[3];
+    crashed.bytes[at + 40] ^= 0x01;
+    std::fs::write(&crashed.path, &crashed.bytes)?;
+    let path = crashed.path;
     match open(dir.path()) {
         Err(OpenError::Journal {
             path: named,

@@ -193,7 +193,7 @@ where
     if let Some(before) = before {
         match DiskWrites::read(ENGINE_THREADS) {
             Ok(now) => {
-                delta = Some(now.since(before));
+                delta = Some(now.since(&before));
                 *io = Some(now);
             }
             Err(e) => println!("IO_BYTES skipped from here on: /proc/self/io unreadable ({e})"),
@@ -231,7 +231,7 @@ fn bytes_per_request(slices: &[Slice]) -> Option<Vec<f64>> {
     let mut bytes = vec![0i64; slices.len()];
     let mut last_engine = None;
     for (i, s) in slices.iter().enumerate() {
-        let io = s.io?;
+        let io = s.io.as_ref()?;
         if s.engine {
             last_engine = Some(i);
         }

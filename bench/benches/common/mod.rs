@@ -335,12 +335,16 @@ pub fn report_rounds(name: &str, ours: &[f64], base: &[f64]) {
 /// and anything other processes write. Threads that have exited stay in the
 /// process total (`/proc/self/io`); the per-thread figures
 /// (`/proc/self/task/<tid>/io`) cover live threads only.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct DiskWrites {
     /// The whole process, exited threads included.
     pub process: i64,
-    /// The live threads whose name starts with the prefix given.
+    /// The live threads whose name starts with the prefix given: their
+    /// growth since the reading this was taken against (see `since`), or
+    /// their totals in a raw reading.
     pub named: i64,
+    /// Each named live thread's total, by thread id, for the next `since`.
+    per_thread: std::collections::HashMap<u64, i64>,
 }
 
 impl DiskWrites {
@@ -351,25 +355,43 @@ impl DiskWrites {
     pub fn read(prefix: &str) -> std::io::Result<DiskWrites> {
         let process = io_written(&std::fs::read_to_string("/proc/self/io")?)
             .ok_or_else(|| std::io::Error::other("no write_bytes line in /proc/self/io"))?;
-        let mut named = 0;
+        let mut per_thread = std::collections::HashMap::new();
         for task in std::fs::read_dir("/proc/self/task")? {
             let dir = task?.path();
             let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
                 continue;
             };
-            if comm.trim_end().starts_with(prefix) {
+            let tid = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse::<u64>().ok());
+            if let (Some(tid), true) = (tid, comm.trim_end().starts_with(prefix)) {
                 let io = std::fs::read_to_string(dir.join("io")).unwrap_or_default();
-                named += io_written(&io).unwrap_or(0);
+                per_thread.insert(tid, io_written(&io).unwrap_or(0));
             }
         }
-        Ok(DiskWrites { process, named })
+        Ok(DiskWrites {
+            process,
+            named: per_thread.values().sum(),
+            per_thread,
+        })
     }
 
-    /// The counters' growth since `earlier`.
-    pub fn since(self, earlier: DiskWrites) -> DiskWrites {
+    /// The counters' growth since `earlier`. A named thread's growth counts
+    /// only while it lives in both readings (a new one counts from 0); an
+    /// engine thread that exited in between (an engine dropped) would
+    /// otherwise take its whole lifetime's writes out of `named` and leave
+    /// them in `process`, charged to the wrong slice.
+    pub fn since(&self, earlier: &DiskWrites) -> DiskWrites {
+        let named = self
+            .per_thread
+            .iter()
+            .map(|(tid, now)| now - earlier.per_thread.get(tid).copied().unwrap_or(0))
+            .sum();
         DiskWrites {
             process: self.process - earlier.process,
-            named: self.named - earlier.named,
+            named,
+            per_thread: std::collections::HashMap::new(),
         }
     }
 }
