@@ -8,6 +8,10 @@
 //! - A damaged frame with valid frames after it is corruption: opening
 //!   fails with `OpenError::Journal` naming the file and the byte offset.
 //!   Nothing is skipped silently.
+//! - A journal deleted, emptied or cut to its header after a crash is
+//!   refused too (it lost acknowledged writes); after a clean close the
+//!   database file alone is enough. Another name for the file (a symbolic
+//!   link) finds the same journal.
 
 use std::error::Error;
 use std::io::Write;
@@ -112,10 +116,12 @@ fn crashed_journal(dir: &Path) -> Result<Crashed, Box<dyn Error>> {
         frames.push((pos, total));
         pos += total;
     }
-    // One frame per claim and one per completion.
-    if frames.len() != 2 * KEYS {
-        return Err(format!("expected {} frames, found {}", 2 * KEYS, frames.len()).into());
+    // The anchor written at open (the empty frame of the checkpoint), then
+    // one frame per claim and one per completion.
+    if frames.len() != 2 * KEYS + 1 {
+        return Err(format!("expected {} frames, found {}", 2 * KEYS + 1, frames.len()).into());
     }
+    frames.remove(0);
     Ok(Crashed {
         path,
         bytes,
@@ -174,5 +180,69 @@ fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult
     }
     // Nothing was applied or rewritten: the same error again.
     assert!(matches!(open(dir.path()), Err(OpenError::Journal { .. })));
+    Ok(())
+}
+
+#[test]
+fn a_lost_journal_after_a_crash_is_refused_not_skipped() -> TestResult {
+    for lose in ["delete", "empty", "header only"] {
+        let dir = tempfile::tempdir()?;
+        let crashed = crashed_journal(dir.path())?;
+        match lose {
+            "delete" => std::fs::remove_file(&crashed.path)?,
+            "empty" => std::fs::write(&crashed.path, b"")?,
+            _ => std::fs::write(&crashed.path, &crashed.bytes[..4096])?,
+        }
+        match open(dir.path()) {
+            Err(OpenError::Journal { detail, .. }) => {
+                assert!(detail.contains("not closed cleanly"), "{lose}: {detail}");
+            }
+            Err(other) => return Err(format!("{lose}: wrong error: {other}").into()),
+            Ok(_) => return Err(format!("{lose}: opened without its journal").into()),
+        }
+        // Read-only views refuse it too, instead of showing an old state.
+        assert!(
+            Engine::builder()
+                .open_read_only(dir.path().join("idem.redb"))
+                .is_err(),
+            "{lose}: a read-only open showed the state without the journal"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn after_a_clean_close_the_database_file_alone_is_enough() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let engine = open(dir.path())?;
+        let Begin::Claimed(claim) = engine.begin(&key(0)?, fingerprint(0)?)? else {
+            return Err("not claimed".into());
+        };
+        engine.complete(claim, Envelope::new(1, 201, body(0)))?;
+    }
+    std::fs::remove_file(dir.path().join("idem.redb.journal"))?;
+    let engine = open(dir.path())?;
+    match engine.begin(&key(0)?, fingerprint(0)?)? {
+        Begin::Replay(r) => assert_eq!(r.envelope.body, body(0).as_bytes()),
+        other => return Err(format!("expected a replay, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn another_name_for_the_file_finds_the_same_journal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    crashed_journal(dir.path())?;
+    let alias = dir.path().join("alias.redb");
+    std::os::unix::fs::symlink(dir.path().join("idem.redb"), &alias)?;
+    let engine = Engine::builder().sweep_interval(None).open(&alias)?;
+    for i in 0..KEYS {
+        match engine.begin(&key(i)?, fingerprint(i)?)? {
+            Begin::Replay(r) => assert_eq!(r.envelope.body, body(i).as_bytes()),
+            other => return Err(format!("key {i}: expected a replay, got {other:?}").into()),
+        }
+    }
+    assert!(!dir.path().join("alias.redb.journal").exists());
     Ok(())
 }

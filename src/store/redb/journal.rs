@@ -56,8 +56,13 @@ const VERSION: u32 = 1;
 const FRAME_HEADER: usize = 32;
 /// The file grows by at least this much (zeros) when a frame needs room.
 const GROW_BYTES: u64 = 4 << 20;
-/// Largest payload a frame may claim; a larger length is damage.
-const MAX_PAYLOAD: u64 = 1 << 31;
+/// Largest payload a frame may claim (its length field is a u32); the
+/// writer refuses a larger frame, so the reader never meets a valid one.
+const MAX_PAYLOAD: u64 = u32::MAX as u64;
+/// A journal file larger than this is damage, not a journal: the writer
+/// starts over after every checkpoint (32 MiB), and one frame holds at
+/// most one batch.
+const MAX_FILE: u64 = 16 << 30;
 
 /// One change to an engine table, as a frame records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,12 +199,19 @@ impl JournalStorage {
     /// The journal file at `path` (see [`JournalStorage::path_of`]),
     /// created if missing.
     pub(crate) fn beside_path(path: &std::path::Path) -> io::Result<JournalStorage> {
+        let existed = path.exists();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)?;
+        if !existed {
+            // The new name must survive a power loss too.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+        }
         Ok(JournalStorage {
             backend: Box::new(PlainFile(file)),
             name: path.display().to_string(),
@@ -214,9 +226,11 @@ impl JournalStorage {
         }
     }
 
-    /// The journal path of the database file `db`.
+    /// The journal path of the database file `db`: beside the file itself
+    /// (links resolved), so every name of one file finds one journal.
     pub(crate) fn path_of(db: &std::path::Path) -> std::path::PathBuf {
-        let mut name = db.as_os_str().to_owned();
+        let real = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+        let mut name = real.into_os_string();
         name.push(".journal");
         std::path::PathBuf::from(name)
     }
@@ -303,14 +317,16 @@ impl Reader<'_> {
     }
 
     /// The chain of frames from the first one; those above the checkpoint.
-    fn read_frames(&self, bytes: &[u8]) -> Result<Vec<(u64, Frame)>, JournalError> {
+    fn read_frames(&self, bytes: &[u8]) -> Result<Scanned, JournalError> {
         let mut out = Vec::new();
+        let mut anchored = false;
         let mut pos = HEADER_LEN;
         let mut prev: Option<u64> = None;
         while let Some((lsn, payload, next)) = self.frame_at(bytes, pos) {
             if prev.is_some_and(|p| lsn != p + 1) {
                 break;
             }
+            anchored |= lsn == self.checkpointed_lsn;
             if lsn > self.checkpointed_lsn {
                 let expected = out
                     .last()
@@ -363,7 +379,10 @@ impl Reader<'_> {
             }
             probe += 8;
         }
-        Ok(out)
+        Ok(Scanned {
+            frames: out,
+            anchored,
+        })
     }
 
     /// The valid frame at `pos`: its LSN, payload and the next frame's
@@ -373,7 +392,7 @@ impl Reader<'_> {
         let head = bytes.get(start..start.checked_add(FRAME_HEADER)?)?;
         let len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
         let lsn = u64::from_le_bytes(head[8..16].try_into().ok()?);
-        if len > MAX_PAYLOAD || lsn == 0 || head[4..8] != [0; 4] {
+        if len > MAX_PAYLOAD || head[4..8] != [0; 4] {
             return None;
         }
         let body_start = start + FRAME_HEADER;
@@ -389,6 +408,17 @@ impl Reader<'_> {
 pub(super) struct Recovered {
     pub(super) journal: Journal,
     pub(super) frames: Vec<(u64, Frame)>,
+    /// Whether the log holds the frame of the database's checkpoint (the
+    /// anchor written after every checkpoint): without it, frames after
+    /// the checkpoint may have been lost (a journal deleted, emptied or
+    /// replaced by an older copy).
+    pub(super) anchored: bool,
+}
+
+/// What a scan of the log found.
+pub(super) struct Scanned {
+    pub(super) frames: Vec<(u64, Frame)>,
+    pub(super) anchored: bool,
 }
 
 impl Journal {
@@ -426,13 +456,18 @@ impl Journal {
             return Ok(Recovered {
                 journal,
                 frames: Vec::new(),
+                anchored: false,
             });
         }
-        let frames = journal.read_all()?;
+        let Scanned { frames, anchored } = journal.read_all()?;
         if let Some((lsn, _)) = frames.last() {
             journal.last_lsn = *lsn;
         }
-        Ok(Recovered { journal, frames })
+        Ok(Recovered {
+            journal,
+            frames,
+            anchored,
+        })
     }
 
     /// The frames above `checkpointed_lsn` in `storage`, without writing
@@ -441,14 +476,24 @@ impl Journal {
         storage: &JournalStorage,
         id: [u8; 16],
         checkpointed_lsn: u64,
-    ) -> Result<Vec<(u64, Frame)>, JournalError> {
+    ) -> Result<Scanned, JournalError> {
         let io_err = |source| JournalError::Io {
             file: storage.name.clone(),
             source,
         };
         let len = storage.backend.len().map_err(io_err)?;
         if len < HEADER_LEN {
-            return Ok(Vec::new());
+            return Ok(Scanned {
+                frames: Vec::new(),
+                anchored: false,
+            });
+        }
+        if len > MAX_FILE {
+            return Err(JournalError::Corrupt {
+                file: storage.name.clone(),
+                offset: len,
+                detail: format!("{len} bytes is larger than any journal this engine writes"),
+            });
         }
         // A view over the same storage, borrowed: reuse the reader.
         let reader = Reader {
@@ -456,13 +501,21 @@ impl Journal {
             id,
             checkpointed_lsn,
         };
-        let mut bytes = vec![0_u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        let mut bytes = Vec::new();
+        let size = usize::try_from(len).unwrap_or(usize::MAX);
+        bytes.try_reserve_exact(size).map_err(|_| {
+            io_err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("no memory to read {len} bytes of journal"),
+            ))
+        })?;
+        bytes.resize(size, 0);
         storage.backend.read(0, &mut bytes).map_err(io_err)?;
         reader.check_header(&bytes)?;
         reader.read_frames(&bytes)
     }
 
-    fn read_all(&self) -> Result<Vec<(u64, Frame)>, JournalError> {
+    fn read_all(&self) -> Result<Scanned, JournalError> {
         Journal::scan(&self.storage, self.id, self.checkpointed_lsn)
     }
 
@@ -484,12 +537,19 @@ impl Journal {
     /// Appends `frame` and syncs it; returns its LSN. After an error the
     /// journal refuses every later append (the file's state is unknown).
     pub(super) fn append(&mut self, frame: &Frame) -> Result<u64, JournalError> {
+        let lsn = self.last_lsn + 1;
+        self.write_frame(lsn, frame)?;
+        self.last_lsn = lsn;
+        Ok(lsn)
+    }
+
+    /// Writes `frame` as `lsn` at the write position and syncs it.
+    fn write_frame(&mut self, lsn: u64, frame: &Frame) -> Result<(), JournalError> {
         if self.broken {
             return Err(self.io_error(io::Error::other(
-                "an earlier append failed; the journal must be reopened",
+                "an earlier write failed; the journal must be reopened",
             )));
         }
-        let lsn = self.last_lsn + 1;
         self.buf.clear();
         self.buf.resize(FRAME_HEADER, 0);
         let encoded = postcard::to_extend(frame, std::mem::take(&mut self.buf));
@@ -500,7 +560,11 @@ impl Journal {
         let len = (self.buf.len() - FRAME_HEADER) as u64;
         let sum = checksum(&self.id, lsn, &self.buf[FRAME_HEADER..]);
         let Ok(len32) = u32::try_from(len) else {
-            return Err(self.io_error(io::Error::other("a frame over 4 GiB")));
+            // Refused before anything is written: the batch fails, the
+            // journal stays usable.
+            return Err(self.io_error(io::Error::other(format!(
+                "a batch of {len} bytes is larger than a journal frame holds (4 GiB)"
+            ))));
         };
         self.buf[0..4].copy_from_slice(&len32.to_le_bytes());
         self.buf[8..16].copy_from_slice(&lsn.to_le_bytes());
@@ -514,8 +578,7 @@ impl Journal {
             return Err(self.io_error(e));
         }
         self.write_at += total;
-        self.last_lsn = lsn;
-        Ok(lsn)
+        Ok(())
     }
 
     fn write_and_sync(&mut self, total: u64) -> io::Result<()> {
@@ -534,10 +597,18 @@ impl Journal {
     }
 
     /// The database now durably holds everything up to [`Self::last_lsn`]:
-    /// the next frame goes to the start again.
-    pub(super) fn checkpointed(&mut self) {
+    /// the log starts again with an anchor, an empty frame carrying that
+    /// LSN, so a later open can tell this journal from one that lost frames
+    /// (see [`Recovered::anchored`]).
+    pub(super) fn checkpointed(&mut self) -> Result<(), JournalError> {
         self.checkpointed_lsn = self.last_lsn;
         self.write_at = HEADER_LEN;
+        let anchor = Frame {
+            next_token: 0,
+            next_outbox: 0,
+            changes: Vec::new(),
+        };
+        self.write_frame(self.checkpointed_lsn, &anchor)
     }
 
     fn write_header(&mut self) -> io::Result<()> {
@@ -705,12 +776,28 @@ mod tests {
     fn after_a_checkpoint_new_frames_overwrite_old_ones() {
         let (shared, _) = written(6);
         let mut r = Journal::recover(storage(&shared), ID, 6).unwrap();
-        r.journal.checkpointed();
+        r.journal.checkpointed().unwrap();
         r.journal.append(&frame(7)).unwrap();
         r.journal.append(&frame(8)).unwrap();
         // Frames 3..6 of the old cycle lie after 7 and 8: not followers.
         let r = Journal::recover(storage(&shared), ID, 6).unwrap();
         assert_eq!(lsns(&r), vec![7, 8]);
+    }
+
+    #[test]
+    fn only_a_log_holding_the_checkpoint_is_anchored() {
+        let (shared, _) = written(5);
+        assert!(Journal::recover(storage(&shared), ID, 3).unwrap().anchored);
+        // Frame 9 was never written here: frames after it may be lost.
+        assert!(!Journal::recover(storage(&shared), ID, 9).unwrap().anchored);
+        // After a checkpoint the log starts with its anchor.
+        let mut r = Journal::recover(storage(&shared), ID, 5).unwrap();
+        r.journal.checkpointed().unwrap();
+        let r = Journal::recover(storage(&shared), ID, 5).unwrap();
+        assert!(r.anchored && r.frames.is_empty());
+        // An empty journal holds nothing.
+        let empty = Shared(Arc::new(InMemoryBackend::new()));
+        assert!(!Journal::recover(storage(&empty), ID, 5).unwrap().anchored);
     }
 
     #[test]
@@ -728,7 +815,7 @@ mod tests {
         // The database says it holds up to 0, but the log starts after a
         // gap: pretend frame 1 was overwritten by a later cycle.
         let mut r = Journal::recover(storage(&shared), ID, 3).unwrap();
-        r.journal.checkpointed();
+        r.journal.checkpointed().unwrap();
         r.journal.append(&frame(4)).unwrap();
         assert!(matches!(
             Journal::recover(storage(&shared), ID, 1),

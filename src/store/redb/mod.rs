@@ -103,8 +103,9 @@ impl Opened {
 
     /// The database file at `path`, with its journal beside it.
     pub(crate) fn path(path: &std::path::Path) -> Result<Opened, OpenError> {
+        let db = open_path(path)?;
         Ok(Opened {
-            db: open_path(path)?,
+            db,
             journal: Some(JournalStorage::path_of(path)),
         })
     }

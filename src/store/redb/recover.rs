@@ -8,15 +8,25 @@ use crate::error::OpenError;
 
 use super::journal::{Change, IndexTable, Journal, JournalError, JournalStorage};
 use super::tables::{
-    ENTITIES, EXPIRY, LEASES, META, META_JOURNAL_ID, META_JOURNAL_LSN, META_NEXT_OUTBOX,
-    META_NEXT_TOKEN, OUTBOX, RECORDS, RECOVERY,
+    ENTITIES, EXPIRY, LEASES, META, META_JOURNAL_CLEAN, META_JOURNAL_ID, META_JOURNAL_LSN,
+    META_NEXT_OUTBOX, META_NEXT_TOKEN, OUTBOX, RECORDS, RECOVERY,
 };
 
-/// The journal id and the LSN the database durably holds (`None`: the
-/// database has never had a journal).
+/// What the meta table says about the journal.
+pub(super) struct StoredJournal {
+    pub(super) id: [u8; 16],
+    /// The LSN the database's state includes.
+    pub(super) lsn: u64,
+    /// The engine closed cleanly: everything is in the database file, and
+    /// the journal may be gone.
+    pub(super) clean: bool,
+}
+
+/// The journal the database was last used with (`None`: it has never had
+/// one).
 pub(super) fn stored_journal(
     db: &impl ReadableDatabase,
-) -> Result<Option<([u8; 16], u64)>, redb::Error> {
+) -> Result<Option<StoredJournal>, redb::Error> {
     let txn = db.begin_read()?;
     let meta = txn.open_table(META)?;
     let id = meta
@@ -26,7 +36,20 @@ pub(super) fn stored_journal(
         .get(META_JOURNAL_LSN)?
         .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
         .map_or(0, u64::from_le_bytes);
-    Ok(id.map(|id| (id, lsn)))
+    let clean = meta
+        .get(META_JOURNAL_CLEAN)?
+        .is_some_and(|v| v.value() == [1]);
+    Ok(id.map(|id| StoredJournal { id, lsn, clean }))
+}
+
+/// Why a journal without the checkpoint's frame cannot be used.
+fn unanchored(lsn: u64) -> String {
+    format!(
+        "the database was not closed cleanly, and this journal does not hold frame {lsn}, \
+         the database's last checkpoint: the journal was deleted, emptied, or replaced by \
+         another copy, so writes acknowledged after that checkpoint would be lost; put back \
+         the journal this database file was last used with"
+    )
 }
 
 /// Opens the journal in `storage` for `db`, applying the frames the database
@@ -43,11 +66,21 @@ pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Jou
         context: what,
         source: Box::new(e),
     };
-    let (id, lsn) = match stored_journal(db).map_err(storage_error)? {
+    let stored = match stored_journal(db).map_err(storage_error)? {
         Some(stored) => stored,
-        None => (give_journal(db, &storage)?, 0),
+        None => StoredJournal {
+            id: give_journal(db, &storage)?,
+            lsn: 0,
+            clean: true,
+        },
     };
-    let recovered = Journal::recover(storage, id, lsn).map_err(journal_error)?;
+    let recovered = Journal::recover(storage, stored.id, stored.lsn).map_err(journal_error)?;
+    if !stored.clean && !recovered.anchored {
+        return Err(OpenError::Journal {
+            path: name.clone().into(),
+            detail: unanchored(stored.lsn),
+        });
+    }
     let mut journal = recovered.journal;
     if let Some((last, _)) = recovered.frames.last() {
         let last = *last;
@@ -71,8 +104,24 @@ pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Jou
             "applied journal frames written after the last checkpoint"
         );
     }
-    journal.checkpointed();
+    // The anchor first, then "in use": a crash in between leaves a journal
+    // that holds the checkpoint's frame either way.
+    journal.checkpointed().map_err(journal_error)?;
+    set_clean(db, false).map_err(storage_error)?;
     Ok(journal)
+}
+
+/// Marks durably whether the engine closed cleanly (set by the last
+/// checkpoint of a shutdown, cleared when an engine opens the file).
+pub(super) fn set_clean(db: &Database, clean: bool) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)?;
+    {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(META_JOURNAL_CLEAN, [u8::from(clean)].as_slice())?;
+    }
+    txn.commit()?;
+    Ok(())
 }
 
 /// Gives a database its first journal: a fresh id, stored durably, and an
@@ -100,6 +149,10 @@ fn give_journal(db: &Database, storage: &JournalStorage) -> Result<[u8; 16], Ope
             .map_err(|e| storage_error(e.into()))?;
         meta.insert(META_JOURNAL_LSN, 0_u64.to_le_bytes().as_slice())
             .map_err(|e| storage_error(e.into()))?;
+        // Nothing is pending yet: a crash before the first anchor is
+        // written must not read as a lost journal.
+        meta.insert(META_JOURNAL_CLEAN, [1_u8].as_slice())
+            .map_err(|e| storage_error(e.into()))?;
     }
     txn.commit().map_err(|e| storage_error(e.into()))?;
     Ok(id)
@@ -111,17 +164,23 @@ pub(crate) fn pending_frames(
     db: &impl ReadableDatabase,
     path: &std::path::Path,
 ) -> Result<usize, OpenError> {
-    let Some((id, lsn)) = stored_journal(db).map_err(|e| OpenError::Storage {
+    let stored = stored_journal(db).map_err(|e| OpenError::Storage {
         context: "reading the journal position",
         source: Box::new(e),
-    })?
-    else {
+    })?;
+    let Some(stored) = stored.filter(|s| !s.clean) else {
         return Ok(0);
     };
     let journal_path = JournalStorage::path_of(path);
+    let journal_error = |detail| OpenError::Journal {
+        path: journal_path.clone(),
+        detail,
+    };
     let file = match std::fs::File::open(&journal_path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(journal_error(unanchored(stored.lsn)))
+        }
         Err(e) => {
             return Err(OpenError::Storage {
                 context: "opening the journal",
@@ -130,12 +189,12 @@ pub(crate) fn pending_frames(
         }
     };
     let storage = JournalStorage::read_only(file, &journal_path);
-    Journal::scan(&storage, id, lsn)
-        .map(|frames| frames.len())
-        .map_err(|e| OpenError::Journal {
-            path: journal_path,
-            detail: e.to_string(),
-        })
+    let scanned =
+        Journal::scan(&storage, stored.id, stored.lsn).map_err(|e| journal_error(e.to_string()))?;
+    if !scanned.anchored {
+        return Err(journal_error(unanchored(stored.lsn)));
+    }
+    Ok(scanned.frames.len())
 }
 
 /// Applies one frame's changes, and its counters.

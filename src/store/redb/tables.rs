@@ -61,6 +61,10 @@ pub(super) const META_JOURNAL_ID: &str = "journal_id";
 /// `META` key holding the LSN (u64 little-endian) of the last journal frame
 /// the database's state includes.
 pub(super) const META_JOURNAL_LSN: &str = "journal_lsn";
+/// `META` key holding `[1]` when the last engine closed cleanly (its last
+/// checkpoint holds everything; the journal may be gone), `[0]` while an
+/// engine has the file open.
+pub(super) const META_JOURNAL_CLEAN: &str = "journal_clean";
 /// `META` key holding the next outbox sequence number (u64 little-endian).
 pub(super) const META_NEXT_OUTBOX: &str = "next_outbox_seq";
 

@@ -36,7 +36,8 @@ use crate::store::poison::Poison;
 use super::journal::{Frame, Journal, JournalError};
 use super::reply::ReplyTx;
 use super::tables::{
-    OpError, Sequences, Tables, META, META_JOURNAL_LSN, META_NEXT_OUTBOX, META_NEXT_TOKEN,
+    OpError, Sequences, Tables, META, META_JOURNAL_CLEAN, META_JOURNAL_LSN, META_NEXT_OUTBOX,
+    META_NEXT_TOKEN,
 };
 
 /// Journal bytes after which the writer checkpoints. A checkpoint writes
@@ -181,7 +182,7 @@ impl Writer {
                 match self.rx.recv_timeout(IDLE_CHECKPOINT) {
                     Ok(msg) => Ok(msg),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                        self.checkpoint();
+                        self.checkpoint(false);
                         continue;
                     }
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(()),
@@ -205,9 +206,10 @@ impl Writer {
             }
             self.process(std::mem::take(&mut batch), &notifier);
         }
-        // Everything in redb, so the journal holds nothing to apply.
-        if self.journal.as_ref().is_some_and(Journal::dirty) {
-            self.checkpoint();
+        // Everything in redb, and the file marked cleanly closed: the
+        // journal holds nothing to apply.
+        if self.journal.is_some() {
+            self.checkpoint(true);
         }
         // Every committed answer is out before the engine counts as closed.
         notifier.finish();
@@ -267,7 +269,7 @@ impl Writer {
                     .as_ref()
                     .is_some_and(|j| j.since_checkpoint() >= CHECKPOINT_BYTES)
                 {
-                    self.checkpoint();
+                    self.checkpoint(false);
                 }
                 return;
             }
@@ -355,7 +357,7 @@ impl Writer {
         txn.commit()?;
         if !journaled {
             if let Some(journal) = &mut self.journal {
-                journal.checkpointed();
+                journal.checkpointed().map_err(CommitError::Journal)?;
             }
         }
         Ok(after)
@@ -364,11 +366,11 @@ impl Writer {
     /// Makes every commit so far durable in redb, so the journal can start
     /// over. A failure poisons the backend (the journal still holds
     /// everything, and a reopen applies it).
-    fn checkpoint(&mut self) {
+    fn checkpoint(&mut self, closing: bool) {
         if self.poison.cause().is_some() {
             return;
         }
-        let attempt = catch_unwind(AssertUnwindSafe(|| self.checkpoint_now()));
+        let attempt = catch_unwind(AssertUnwindSafe(|| self.checkpoint_now(closing)));
         let failure = match attempt {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
@@ -377,7 +379,9 @@ impl Writer {
         self.poison_with("checkpoint failed", &failure);
     }
 
-    fn checkpoint_now(&mut self) -> Result<(), CommitError> {
+    /// `closing`: the engine's last checkpoint, which also marks the file
+    /// cleanly closed (its journal is then not needed to open it).
+    fn checkpoint_now(&mut self, closing: bool) -> Result<(), CommitError> {
         let Some(journal) = &mut self.journal else {
             return Ok(());
         };
@@ -390,9 +394,12 @@ impl Writer {
                 META_JOURNAL_LSN,
                 journal.last_lsn().to_le_bytes().as_slice(),
             )?;
+            if closing {
+                meta.insert(META_JOURNAL_CLEAN, [1_u8].as_slice())?;
+            }
         }
         txn.commit()?;
-        journal.checkpointed();
+        journal.checkpointed().map_err(CommitError::Journal)?;
         metrics::histogram!("idempotency_checkpoint_seconds")
             .record(started.elapsed().as_secs_f64());
         Ok(())
