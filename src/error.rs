@@ -64,10 +64,11 @@ pub enum OpenError {
         supported: u8,
     },
 
-    /// The storage library panicked while opening the file: its bytes are
-    /// damaged in a way redb does not check, or the backend itself failed
-    /// by panicking.
-    #[error("{path}: the database file is corrupt (the storage library panicked while opening it: {detail})")]
+    /// The file is damaged: redb's integrity check (run on every writable
+    /// open from a path: every page's checksum) failed, or the storage
+    /// library panicked while opening it, or the backend itself failed by
+    /// panicking. Nothing was written to it.
+    #[error("{path}: the database file is corrupt: {detail}")]
     Corrupt {
         /// The database file.
         path: PathBuf,

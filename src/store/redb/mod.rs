@@ -83,7 +83,10 @@ pub(crate) fn open_contained<T>(
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|panic| {
         Err(OpenError::Corrupt {
             path: path.to_path_buf(),
-            detail: writer::panic_message(panic.as_ref()),
+            detail: format!(
+                "the storage library panicked while opening it: {}",
+                writer::panic_message(panic.as_ref())
+            ),
         })
     })
 }

@@ -41,7 +41,14 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
         if let Ok(ro) = builder.open_read_only(path) {
             check_version(stored_format(&ro)?)?;
         }
-        builder.open(path)
+        // Every page's checksum is verified before the file is trusted: a
+        // file damaged since redb wrote it is refused here, where a plain
+        // open can make redb panic later, sometimes twice and then abort
+        // the process (docs/upstream/redb-panics.md). It reads the whole
+        // file once per writable open.
+        let mut checked = redb::Builder::new();
+        checked.set_check_integrity_on_open(true);
+        checked.open(path)
     } else {
         builder.create(path)
     };
@@ -71,6 +78,10 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
                 source: Box::new(source),
             }
         }
+        DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => OpenError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        },
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),
             source,
