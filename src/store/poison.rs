@@ -13,6 +13,10 @@ use crate::error::{Error, Result};
 pub(crate) struct Poison {
     flag: AtomicBool,
     cause: Mutex<Option<Arc<str>>>,
+    /// Why the last attempt to reopen failed, if one did: said with the
+    /// cause, so nobody reads "it reopens once storage works" while a
+    /// reopen keeps failing.
+    reopen: Mutex<Option<String>>,
 }
 
 impl Poison {
@@ -25,11 +29,20 @@ impl Poison {
     }
 
     pub(crate) fn cause(&self) -> Option<Arc<str>> {
-        if self.flag.load(Ordering::SeqCst) {
-            self.cause.lock().clone()
-        } else {
-            None
+        if !self.flag.load(Ordering::SeqCst) {
+            return None;
         }
+        let cause = self.cause.lock().clone()?;
+        match &*self.reopen.lock() {
+            Some(failed) => Some(format!("{cause}; the last reopen attempt failed: {failed}").into()),
+            None => Some(cause),
+        }
+    }
+
+    /// Records why an attempt to reopen failed (replacing the previous
+    /// attempt's reason).
+    pub(crate) fn reopen_failed(&self, why: String) {
+        *self.reopen.lock() = Some(why);
     }
 
     pub(crate) fn check(&self) -> Result<()> {

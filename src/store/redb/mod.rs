@@ -285,9 +285,8 @@ impl RedbStore {
             }
             Err(e) => {
                 tracing::error!(error = %e, %cause, "reopening the database failed; writes stay refused");
-                Err(Error::Poisoned {
-                    cause: format!("{cause}; reopening failed: {e}").into(),
-                })
+                live.poison.reopen_failed(e.to_string());
+                live.poison.check()
             }
         }
     }
