@@ -22,23 +22,13 @@ use axum::Router;
 use idempotency::http::IdempotencyLayer;
 use idempotency::{Engine, OpenError};
 
+#[path = "common/backends.rs"]
+mod harness;
+
 type TestResult = Result<(), Box<dyn Error>>;
 
 /// A marker inside the stored response, to find the record's bytes.
 const MARKER: &str = "receipt-0123456789-marker";
-
-fn server() -> Option<String> {
-    match std::env::var("IDEMPOTENCY_TEST_PG") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IDEMPOTENCY_TEST_PG is not set: run the tests through scripts/with-postgres")
-        }
-        _ => {
-            eprintln!("skipped: IDEMPOTENCY_TEST_PG not set (run through scripts/with-postgres)");
-            None
-        }
-    }
-}
 
 async fn serve(engine: Engine) -> Result<(String, Arc<AtomicUsize>), Box<dyn Error>> {
     let runs = Arc::new(AtomicUsize::new(0));
@@ -73,7 +63,9 @@ async fn charge(base: &str, key: &str) -> Result<reqwest::Response, reqwest::Err
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_damaged_record_is_a_500_and_never_runs_again() -> TestResult {
-    let Some(url) = server() else { return Ok(()) };
+    let Some(url) = harness::pg_url() else {
+        return Ok(());
+    };
     static N: AtomicU64 = AtomicU64::new(0);
     let prefix = format!(
         "hc_{}_{}_",

@@ -34,7 +34,9 @@ impl Poison {
         }
         let cause = self.cause.lock().clone()?;
         match &*self.reopen.lock() {
-            Some(failed) => Some(format!("{cause}; the last reopen attempt failed: {failed}").into()),
+            Some(failed) => {
+                Some(format!("{cause}; the last reopen attempt failed: {failed}").into())
+            }
             None => Some(cause),
         }
     }
