@@ -196,10 +196,22 @@ impl EngineBuilder {
     /// is migrated to format 2 first, in one durable transaction: every
     /// stored value is rewritten with its checksum.
     ///
+    /// Every page's checksum is verified first (redb's integrity check; it
+    /// reads the whole file). The engine keeps a write-ahead journal beside
+    /// the file, `<path>.journal` (links in `path` resolved): group commits
+    /// are made durable there, and the database file catches up at
+    /// checkpoints (every 32 MiB of journal, after 5 s without work, and
+    /// when the engine is dropped). Frames written after the last checkpoint
+    /// (a crash) are applied here. Keep the two files together.
+    ///
     /// # Errors
     ///
     /// [`OpenError::NotADatabase`] if the file is not a redb database
-    /// (nothing is written to it); [`OpenError::UnsupportedFormat`] if it
+    /// (nothing is written to it); [`OpenError::Corrupt`] if the integrity
+    /// check finds damage (nothing is written); [`OpenError::Journal`] if
+    /// the journal is damaged before its end, belongs to another database,
+    /// or, after a crash, lacks the frame of the last checkpoint (deleted,
+    /// emptied or an older copy); [`OpenError::UnsupportedFormat`] if it
     /// holds records of an unknown format version;
     /// [`OpenError::AlreadyOpen`] if another handle holds it;
     /// [`OpenError::Storage`]; [`OpenError::ThreadStart`].
@@ -241,7 +253,10 @@ impl EngineBuilder {
     ///
     /// [`OpenError::MissingDatabase`], [`OpenError::EmptyFile`];
     /// [`OpenError::NeedsRecovery`] if the file was not closed cleanly
-    /// (recovery writes); [`OpenError::NoEngineTables`] for a redb file
+    /// (recovery writes), or its journal holds frames the file does not
+    /// (applying them writes); [`OpenError::Journal`] if, after a crash, the
+    /// journal is missing or lacks the last checkpoint's frame;
+    /// [`OpenError::NoEngineTables`] for a redb file
     /// without the engine's tables; [`OpenError::UnsupportedFormat`];
     /// [`OpenError::NotADatabase`]; [`OpenError::AlreadyOpen`].
     pub fn open_read_only(mut self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
