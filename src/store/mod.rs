@@ -64,7 +64,9 @@ pub(crate) enum ClaimResult {
     Held(Box<Found>),
 }
 
-/// What `begin`'s first step found (see `Backend::read_or_claim`).
+/// What `begin`'s first step found (see `Backend::read_or_claim`). Only the
+/// PostgreSQL backend claims in that step.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum ReadOrClaim {
     /// The key had no record and is now claimed.
     Claimed(Claimed),

@@ -215,20 +215,12 @@ fn apply(txn: &WriteTransaction, frame: &super::journal::Frame) -> Result<(), re
                 records.remove(key.as_slice())?;
             }
             Change::PutIndex { index, at, key } => {
-                let table = match index {
-                    IndexTable::Leases => &mut leases,
-                    IndexTable::Recovery => &mut recovery,
-                    IndexTable::Expiry => &mut expiry,
-                };
-                table.insert((*at, key.as_slice()), ())?;
+                let indexes = [&mut leases, &mut recovery, &mut expiry];
+                pick(indexes, *index).insert((*at, key.as_slice()), ())?;
             }
             Change::DelIndex { index, at, key } => {
-                let table = match index {
-                    IndexTable::Leases => &mut leases,
-                    IndexTable::Recovery => &mut recovery,
-                    IndexTable::Expiry => &mut expiry,
-                };
-                table.remove((*at, key.as_slice()))?;
+                let indexes = [&mut leases, &mut recovery, &mut expiry];
+                pick(indexes, *index).remove((*at, key.as_slice()))?;
             }
             Change::PutOutbox { seq, value } => {
                 outbox.insert(*seq, value.as_slice())?;
@@ -251,4 +243,13 @@ fn apply(txn: &WriteTransaction, frame: &super::journal::Frame) -> Result<(), re
     meta.insert(META_NEXT_TOKEN, token.to_le_bytes().as_slice())?;
     meta.insert(META_NEXT_OUTBOX, next_outbox.to_le_bytes().as_slice())?;
     Ok(())
+}
+
+/// The index table `which` names, out of (leases, recovery, expiry).
+fn pick<T>([leases, recovery, expiry]: [T; 3], which: IndexTable) -> T {
+    match which {
+        IndexTable::Leases => leases,
+        IndexTable::Recovery => recovery,
+        IndexTable::Expiry => expiry,
+    }
 }
