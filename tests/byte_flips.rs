@@ -580,7 +580,7 @@ fn a_damaged_key_in_the_records_tree_is_found_by_verify() -> TestResult {
     let sound = Sound::build()?;
     let mut failures = Vec::new();
     let mut misrouted_and_reported = 0;
-    let (mut attempts, mut refused_at_open) = (0, 0);
+    let (mut attempts, mut refused_at_open, mut no_effect) = (0, 0, 0);
     for i in 0..KEYS {
         let k = key(i)?;
         let rkey = [
@@ -617,6 +617,12 @@ fn a_damaged_key_in_the_records_tree_is_found_by_verify() -> TestResult {
             if !j.wrong.is_empty() {
                 failures.push(format!("key {i}, byte {at}: {}", j.wrong.join("; ")));
             }
+            if j.differ == 0 && j.request_errors == 0 && j.problems == 0 {
+                // A stale copy of the key in a page no tree uses any more
+                // (an older version of a leaf): nothing reads it.
+                no_effect += 1;
+                continue;
+            }
             let unreachable = problems
                 .iter()
                 .any(|p| p.contains("a lookup of its key does not find it"));
@@ -627,13 +633,15 @@ fn a_damaged_key_in_the_records_tree_is_found_by_verify() -> TestResult {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     // A writable open verifies every page's checksum first (redb's
-    // integrity check), so a damaged key is normally refused there; a file
-    // that opens must have its misrouted lookups reported by `verify`.
-    assert!(attempts > 0, "no stored key found in the file");
+    // integrity check), so a damaged key in a page in use is normally
+    // refused there; a file that opens must have its misrouted lookups
+    // reported by `verify`.
+    assert!(attempts > no_effect, "no stored key found in a page in use");
     assert!(
-        misrouted_and_reported > 0 || refused_at_open == attempts,
+        misrouted_and_reported > 0 || refused_at_open + no_effect == attempts,
         "a damaged key neither refused at open nor reported: {attempts} attempts, \
-         {refused_at_open} refused at open, {misrouted_and_reported} misrouted and reported"
+         {refused_at_open} refused at open, {no_effect} in unused pages, \
+         {misrouted_and_reported} misrouted and reported"
     );
     Ok(())
 }

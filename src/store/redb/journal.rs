@@ -183,7 +183,7 @@ impl std::error::Error for JournalError {
 
 /// Where the journal's bytes live, and its name for messages.
 pub(crate) struct JournalStorage {
-    pub(crate) backend: Box<dyn StorageBackend>,
+    pub(crate) backend: std::sync::Arc<dyn StorageBackend>,
     pub(crate) name: String,
 }
 
@@ -213,7 +213,7 @@ impl JournalStorage {
             }
         }
         Ok(JournalStorage {
-            backend: Box::new(PlainFile(file)),
+            backend: std::sync::Arc::new(PlainFile(file)),
             name: path.display().to_string(),
         })
     }
@@ -221,7 +221,7 @@ impl JournalStorage {
     /// A journal file opened for reading only.
     pub(crate) fn read_only(file: std::fs::File, path: &std::path::Path) -> JournalStorage {
         JournalStorage {
-            backend: Box::new(PlainFile(file)),
+            backend: std::sync::Arc::new(PlainFile(file)),
             name: path.display().to_string(),
         }
     }
@@ -277,6 +277,24 @@ pub(super) struct Journal {
     /// A failed append leaves the file in an unknown state: no more.
     broken: bool,
     buf: Vec<u8>,
+}
+
+/// The syncing side of a journal: `fdatasync` on its file, from the
+/// syncer thread, while the writer appends the next frames.
+#[derive(Clone)]
+pub(super) struct JournalSync {
+    backend: std::sync::Arc<dyn StorageBackend>,
+    name: String,
+}
+
+impl JournalSync {
+    /// Makes every frame appended before the call durable.
+    pub(super) fn sync(&self) -> Result<(), JournalError> {
+        self.backend.sync_data().map_err(|source| JournalError::Io {
+            file: self.name.clone(),
+            source,
+        })
+    }
 }
 
 /// Reads frames out of a journal's bytes.
@@ -536,15 +554,40 @@ impl Journal {
 
     /// Appends `frame` and syncs it; returns its LSN. After an error the
     /// journal refuses every later append (the file's state is unknown).
+    #[cfg(test)]
     pub(super) fn append(&mut self, frame: &Frame) -> Result<u64, JournalError> {
+        let lsn = self.append_unsynced(frame)?;
+        self.sync().map_err(|e| self.io_error(e))?;
+        Ok(lsn)
+    }
+
+    /// Appends `frame` without syncing it; returns its LSN. The frame is
+    /// durable once a later [`JournalSync::sync`] returns. After an error
+    /// the journal refuses every later append (the file's state is
+    /// unknown).
+    pub(super) fn append_unsynced(&mut self, frame: &Frame) -> Result<u64, JournalError> {
         let lsn = self.last_lsn + 1;
-        self.write_frame(lsn, frame)?;
+        self.write_frame(lsn, frame, false)?;
         self.last_lsn = lsn;
         Ok(lsn)
     }
 
-    /// Writes `frame` as `lsn` at the write position and syncs it.
-    fn write_frame(&mut self, lsn: u64, frame: &Frame) -> Result<(), JournalError> {
+    /// What the syncer thread calls to make appended frames durable.
+    pub(super) fn sync_handle(&self) -> JournalSync {
+        JournalSync {
+            backend: self.storage.backend.clone(),
+            name: self.storage.name.clone(),
+        }
+    }
+
+    #[cfg(test)]
+    fn sync(&self) -> io::Result<()> {
+        self.storage.backend.sync_data()
+    }
+
+    /// Writes `frame` as `lsn` at the write position, and syncs it if
+    /// `sync`.
+    fn write_frame(&mut self, lsn: u64, frame: &Frame, sync: bool) -> Result<(), JournalError> {
         if self.broken {
             return Err(self.io_error(io::Error::other(
                 "an earlier write failed; the journal must be reopened",
@@ -572,7 +615,7 @@ impl Journal {
         let total = frame_len(len);
         self.buf
             .resize(usize::try_from(total).unwrap_or(usize::MAX), 0);
-        let result = self.write_and_sync(total);
+        let result = self.write_at_end(total, sync);
         if let Err(e) = result {
             self.broken = true;
             return Err(self.io_error(e));
@@ -581,7 +624,7 @@ impl Journal {
         Ok(())
     }
 
-    fn write_and_sync(&mut self, total: u64) -> io::Result<()> {
+    fn write_at_end(&mut self, total: u64, sync: bool) -> io::Result<()> {
         let end = self.write_at + total;
         if end > self.len {
             // Grow with zeros written now, so later appends overwrite
@@ -593,7 +636,10 @@ impl Journal {
             self.len = new_len;
         }
         self.storage.backend.write(self.write_at, &self.buf)?;
-        self.storage.backend.sync_data()
+        if sync {
+            self.storage.backend.sync_data()?;
+        }
+        Ok(())
     }
 
     /// The database now durably holds everything up to [`Self::last_lsn`]:
@@ -608,7 +654,7 @@ impl Journal {
             next_outbox: 0,
             changes: Vec::new(),
         };
-        self.write_frame(self.checkpointed_lsn, &anchor)
+        self.write_frame(self.checkpointed_lsn, &anchor, true)
     }
 
     fn write_header(&mut self) -> io::Result<()> {
@@ -700,7 +746,7 @@ mod tests {
 
     fn storage(shared: &Shared) -> JournalStorage {
         JournalStorage {
-            backend: Box::new(shared.clone()),
+            backend: std::sync::Arc::new(shared.clone()),
             name: "test.journal".into(),
         }
     }

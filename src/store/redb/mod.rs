@@ -4,11 +4,13 @@
 mod journal;
 mod local;
 mod open;
+mod overlay;
 mod read;
 mod read_only;
 mod recover;
 mod reply;
 mod sweep;
+mod syncer;
 mod tables;
 mod verify;
 mod writer;
@@ -40,6 +42,7 @@ pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
 
 use self::journal::JournalStorage;
+use self::overlay::Overlay;
 use self::tables::{OpError, Tables};
 use self::writer::{Call, Msg, Writer};
 
@@ -141,6 +144,8 @@ struct Live {
     tx: Sender<Msg>,
     poison: Arc<Poison>,
     writer: Option<JoinHandle<()>>,
+    /// Acknowledged values redb has not committed yet (see `overlay.rs`).
+    overlay: Arc<Overlay>,
 }
 
 /// The redb backend.
@@ -291,19 +296,52 @@ impl RedbStore {
         }
     }
 
-    /// The database, for reads. After a failed reopen there is none until
-    /// a later attempt succeeds.
-    fn db(&self) -> Result<Arc<Database>> {
-        if let Some(db) = self.live.read_recursive().db.clone() {
-            return Ok(db);
+    /// The database, for reads, with the acknowledged values it has not
+    /// committed yet. After a failed reopen there is none until a later
+    /// attempt succeeds.
+    fn snapshot(&self) -> Result<(Arc<Database>, Arc<Overlay>)> {
+        {
+            let live = self.live.read_recursive();
+            if let Some(db) = live.db.clone() {
+                return Ok((db, live.overlay.clone()));
+            }
         }
         self.try_reopen()?;
         let live = self.live.read_recursive();
         match (&live.db, live.poison.cause()) {
-            (Some(db), _) => Ok(db.clone()),
+            (Some(db), _) => Ok((db.clone(), live.overlay.clone())),
             (None, Some(cause)) => Err(Error::Poisoned { cause }),
             (None, None) => Err(Error::Closed),
         }
+    }
+
+    /// The database, for a read over whole tables (lists, scans, counts):
+    /// first the writer commits what its open transaction holds, so the
+    /// read sees every write acknowledged before it. On a poisoned backend
+    /// the read sees the last commit (acknowledged writes after it come
+    /// back with the reopen that applies the journal).
+    fn db(&self) -> Result<Arc<Database>> {
+        let (db, overlay) = self.snapshot()?;
+        if overlay.held() {
+            self.settle_open()?;
+        }
+        Ok(db)
+    }
+
+    /// Asks the writer to commit its open transaction; waits for it.
+    fn settle_open(&self) -> Result<()> {
+        let (tx, poison) = {
+            let live = self.live.read_recursive();
+            (live.tx.clone(), live.poison.clone())
+        };
+        if poison.cause().is_some() || writer::on_writer_of(&poison) {
+            return Ok(());
+        }
+        let (reply, answer) = reply::reply();
+        if tx.send(Msg::Settle(reply)).is_err() {
+            return Err(closed(&poison));
+        }
+        answer.recv().unwrap_or_else(|| Err(closed(&poison)))
     }
 }
 
@@ -336,6 +374,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
+    let overlay = Arc::new(Overlay::default());
     let writer = Writer {
         db: db.clone(),
         rx,
@@ -345,6 +384,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         max_batch: s.max_batch,
         seq,
         journal,
+        overlay: overlay.clone(),
     };
     let writer = std::thread::Builder::new()
         .name("idempotency-writer".into())
@@ -358,6 +398,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         tx,
         poison,
         writer: Some(writer),
+        overlay,
     })
 }
 
@@ -398,7 +439,10 @@ impl Backend for RedbStore {
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        contained("reading the database", || read::record(&*self.db()?, key))
+        contained("reading the database", || {
+            let (db, overlay) = self.snapshot()?;
+            read::record_seen(&*db, &overlay, key)
+        })
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
@@ -433,7 +477,8 @@ impl Backend for RedbStore {
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         contained("reading the database", || {
-            read::entity(&*self.db()?, entity)
+            let (db, overlay) = self.snapshot()?;
+            read::entity_seen(&*db, &overlay, entity)
         })
     }
 
@@ -504,7 +549,12 @@ impl Backend for RedbStore {
     }
 
     fn flush(&self) -> Result<()> {
-        self.call(|_| Ok(()))
+        let (tx, poison) = self.writer()?;
+        let (reply, answer) = reply::reply();
+        if tx.send(Msg::Settle(reply)).is_err() {
+            return Err(closed(&poison));
+        }
+        answer.recv().unwrap_or_else(|| Err(closed(&poison)))
     }
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {

@@ -12,6 +12,7 @@ use crate::store::codec;
 use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
+use super::overlay::{Overlay, Seen};
 use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 /// One engine table in a fresh read transaction.
 fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
@@ -54,6 +55,35 @@ pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<()
     probe(&txn, EXPIRY)?;
     probe(&txn, OUTBOX)?;
     probe(&txn, ENTITIES)
+}
+
+/// `key`'s record as of the last commit, unless an acknowledged write not
+/// yet committed is in `overlay`.
+pub(super) fn record_seen(
+    db: &impl ReadableDatabase,
+    overlay: &Overlay,
+    key: &IdempotencyKey,
+) -> Result<Option<Record>> {
+    let rkey = key.to_record_key();
+    match overlay.record(&rkey) {
+        Seen::Absent => record(db, key),
+        Seen::Deleted => Ok(None),
+        Seen::Value(v) => decode_record(key, &rkey, &v).map(Some),
+    }
+}
+
+/// `entity`'s state as of the last commit, unless an acknowledged write
+/// not yet committed is in `overlay`.
+pub(super) fn entity_seen(
+    db: &impl ReadableDatabase,
+    overlay: &Overlay,
+    entity_id: &str,
+) -> Result<Option<EntityState>> {
+    match overlay.entity(entity_id) {
+        Seen::Absent => entity(db, entity_id),
+        Seen::Deleted => Ok(None),
+        Seen::Value(v) => decode_entity(entity_id, &v).map(Some),
+    }
 }
 
 pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
@@ -188,12 +218,16 @@ pub(super) fn entity(db: &impl ReadableDatabase, entity: &str) -> Result<Option<
     let Some(v) = table.get(entity).context(what)? else {
         return Ok(None);
     };
-    codec::decode_entity(entity, v.value())
-        .map(Some)
-        .map_err(|e| Error::CorruptEntity {
-            entity: entity.to_owned(),
-            reason: e.to_string(),
-        })
+    decode_entity(entity, v.value()).map(Some)
+}
+
+/// A stored entity state; one that does not decode or fails its checksum
+/// is `Error::CorruptEntity` naming the entity.
+fn decode_entity(entity: &str, bytes: &[u8]) -> Result<EntityState> {
+    codec::decode_entity(entity, bytes).map_err(|e| Error::CorruptEntity {
+        entity: entity.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 /// The record stored under `rkey` (`key`'s record key); a value that does

@@ -10,12 +10,25 @@
 //! hears "claimed" or "completed" before its data is durable, and one fsync
 //! serves the whole batch.
 //!
-//! With a journal (a database opened from a path), the batch's changes are
-//! appended to the journal as one frame with one `fdatasync` before redb
-//! commits them with `Durability::None`; a checkpoint (a redb commit with
-//! `Durability::Immediate`) every [`CHECKPOINT_BYTES`] of journal, after
-//! [`IDLE_CHECKPOINT`] without work, before an isolated job and at shutdown
-//! lets the journal start over. See `journal.rs`.
+//! With a journal (a database opened from a path) the work is pipelined:
+//! 1. the writer applies a group in a redb write transaction that stays
+//!    open across groups, appends the group's changes to the journal as
+//!    one frame (written, not synced), and hands the group to the syncer
+//!    thread (`syncer.rs`) at once, then goes on with the next group;
+//! 2. the syncer makes every frame handed so far durable with one
+//!    `fdatasync`, puts the groups' record and entity values in the
+//!    [`Overlay`] (what point reads see before redb commits them), and
+//!    only then answers their callers;
+//! 3. every [`GROUPS_PER_COMMIT`] groups (or [`COMMIT_IDLE`] without work,
+//!    or when a whole-table read asks: [`Msg::Settle`]) the writer waits
+//!    until the open transaction's frames are durable and commits it with
+//!    `Durability::None`, so nothing becomes visible in redb before it is
+//!    durable, and empties the overlay.
+//!
+//! A checkpoint (a redb commit with `Durability::Immediate`) every
+//! [`CHECKPOINT_BYTES`] of journal, after [`IDLE_CHECKPOINT`] without work,
+//! before an isolated job and at shutdown lets the journal start over. See
+//! `journal.rs`.
 //!
 //! A refused op (fencing, bad state) fails alone. A job that is *isolated*
 //! (an app's local write) gets a transaction of its own, rolled back when
@@ -26,15 +39,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
-use redb::{Database, Durability, ReadableDatabase};
+use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
 
 use crate::clock::Clock;
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::store::poison::Poison;
 
-use super::journal::{Frame, Journal, JournalError};
+use super::journal::{Change, Frame, Journal, JournalError};
+use super::overlay::Overlay;
 use super::reply::ReplyTx;
+use super::syncer::{Handed, Syncer};
 use super::tables::{
     OpError, Sequences, Tables, META, META_JOURNAL_CLEAN, META_JOURNAL_LSN, META_NEXT_OUTBOX,
     META_NEXT_TOKEN,
@@ -48,9 +63,22 @@ pub(super) const CHECKPOINT_BYTES: u64 = 32 << 20;
 /// (a short pause in traffic does not cost a checkpoint).
 pub(super) const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Group commits kept in one redb write transaction before it commits
+/// (with a journal): a redb commit costs more CPU than applying a group,
+/// and the journal already makes each group durable.
+const GROUPS_PER_COMMIT: usize = 16;
+/// Changes kept in one redb write transaction before it commits.
+const CHANGES_PER_COMMIT: usize = 16_384;
+/// Time without work after which the writer commits its open redb
+/// transaction.
+const COMMIT_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// A message to the writer.
 pub(super) enum Msg {
     Job(Box<dyn Job>),
+    /// Commit what the open transaction holds, so every read (lists and
+    /// scans too) sees every write acknowledged before this message.
+    Settle(ReplyTx<Result<()>>),
     /// Finish the queued work and exit.
     Shutdown,
 }
@@ -136,6 +164,8 @@ enum CommitError {
     Journal(JournalError),
     /// The storage library (or the engine) panicked; the message.
     Panic(String),
+    /// Syncing the journal failed (the syncer poisoned the backend).
+    Synced(Arc<str>),
 }
 
 impl std::fmt::Display for CommitError {
@@ -144,6 +174,7 @@ impl std::fmt::Display for CommitError {
             CommitError::Storage(e) => e.fmt(f),
             CommitError::Journal(e) => e.fmt(f),
             CommitError::Panic(message) => write!(f, "the storage library panicked: {message}"),
+            CommitError::Synced(cause) => cause.fmt(f),
         }
     }
 }
@@ -165,6 +196,24 @@ pub(super) struct Writer {
     pub(super) seq: Sequences,
     /// The write-ahead journal (`None`: every commit is durable in redb).
     pub(super) journal: Option<Journal>,
+    /// Synced, acknowledged values redb has not committed yet.
+    pub(super) overlay: Arc<Overlay>,
+}
+
+/// The redb write transaction kept open across group commits (with a
+/// journal only).
+struct OpenTxn {
+    txn: WriteTransaction,
+    /// Groups applied in it.
+    groups: usize,
+    /// Changes applied in it.
+    changes: usize,
+}
+
+/// What the writer holds while it runs.
+struct Running {
+    syncer: Syncer,
+    open: Option<OpenTxn>,
 }
 
 impl Writer {
@@ -173,50 +222,76 @@ impl Writer {
         // nobody is answered before a commit, and the poison stops the rest.
         let _guard = PoisonOnPanic(self.poison.clone());
         WRITER_OF.with(|w| w.set(Arc::as_ptr(&self.poison) as usize));
-        let notifier = Notifier::start();
+        let synced = self.journal.as_ref().map_or(0, Journal::last_lsn);
+        let mut state = Running {
+            syncer: Syncer::start(
+                self.journal.as_ref().map(Journal::sync_handle),
+                synced,
+                self.overlay.clone(),
+                self.poison.clone(),
+            ),
+            open: None,
+        };
         let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(self.max_batch);
+        let mut settles: Vec<ReplyTx<Result<()>>> = Vec::new();
         let mut shutdown = false;
         while !shutdown {
-            let dirty = self.journal.as_ref().is_some_and(Journal::dirty);
-            let msg = if dirty {
-                match self.rx.recv_timeout(IDLE_CHECKPOINT) {
-                    Ok(msg) => Ok(msg),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                        self.checkpoint(false);
-                        continue;
+            let msg = match self.wait(&state) {
+                Wait::Open => COMMIT_IDLE,
+                Wait::Dirty => IDLE_CHECKPOINT,
+                Wait::Forever => std::time::Duration::MAX,
+            };
+            let msg = match self.rx.recv_timeout(msg) {
+                Ok(msg) => Ok(msg),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if state.open.is_some() {
+                        let _ = self.commit_open(&mut state, None);
+                    } else {
+                        self.checkpoint(&mut state, false);
                     }
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(()),
+                    continue;
                 }
-            } else {
-                self.rx.recv().map_err(|_| ())
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(()),
             };
             match msg {
-                Ok(Msg::Job(job)) => batch.push(job),
-                Ok(Msg::Shutdown) | Err(()) => break,
+                Ok(msg) => shutdown = sort(msg, &mut batch, &mut settles),
+                Err(()) => break,
             }
-            while batch.len() < self.max_batch {
+            while !shutdown && batch.len() < self.max_batch {
                 match self.rx.try_recv() {
-                    Ok(Msg::Job(job)) => batch.push(job),
-                    Ok(Msg::Shutdown) => {
-                        shutdown = true;
-                        break;
-                    }
+                    Ok(msg) => shutdown = sort(msg, &mut batch, &mut settles),
                     Err(_) => break,
                 }
             }
-            self.process(std::mem::take(&mut batch), &notifier);
+            self.process(std::mem::take(&mut batch), &mut state);
+            if !settles.is_empty() {
+                let result = self.commit_open(&mut state, None);
+                for reply in settles.drain(..) {
+                    reply.send(match &result {
+                        Ok(()) => Ok(()),
+                        Err(_) => Err(self
+                            .poison
+                            .cause()
+                            .map_or(Error::Closed, |cause| Error::Poisoned { cause })),
+                    });
+                }
+            }
         }
         // Everything in redb, and the file marked cleanly closed: the
         // journal holds nothing to apply.
         if self.journal.is_some() {
-            self.checkpoint(true);
+            self.checkpoint(&mut state, true);
         }
         // Every committed answer is out before the engine counts as closed.
-        notifier.finish();
+        let Running { syncer, open } = state;
+        drop(open);
+        syncer.finish();
         // Callers still queued after shutdown hear that the engine closed.
         while let Ok(msg) = self.rx.try_recv() {
-            if let Msg::Job(job) = msg {
-                job.fail(Error::Closed);
+            match msg {
+                Msg::Job(job) => job.fail(Error::Closed),
+                Msg::Settle(reply) => reply.send(Err(Error::Closed)),
+                Msg::Shutdown => {}
             }
         }
         // After a panic inside redb, dropping the database can panic on
@@ -225,10 +300,22 @@ impl Writer {
         let _ = catch_unwind(AssertUnwindSafe(move || drop(db)));
     }
 
-    /// Commits one batch in groups: a run of shared jobs is one
-    /// transaction; an isolated job is a transaction of its own. Arrival
-    /// order is kept.
-    fn process(&mut self, batch: Vec<Box<dyn Job>>, notifier: &Notifier) {
+    /// How long the writer may wait for work before it has something to
+    /// do on its own.
+    fn wait(&self, state: &Running) -> Wait {
+        if self.poison.cause().is_some() {
+            return Wait::Forever;
+        }
+        match &self.journal {
+            Some(_) if state.open.is_some() => Wait::Open,
+            Some(journal) if journal.dirty() => Wait::Dirty,
+            _ => Wait::Forever,
+        }
+    }
+
+    /// Commits one batch in groups: a run of shared jobs is one group; an
+    /// isolated job is a transaction of its own. Arrival order is kept.
+    fn process(&mut self, batch: Vec<Box<dyn Job>>, state: &mut Running) {
         let mut jobs = batch.into_iter().peekable();
         while let Some(first) = jobs.next() {
             let isolated = first.isolated();
@@ -239,21 +326,194 @@ impl Writer {
                 }
             }
             if let Some(cause) = self.poison.cause() {
-                for job in group {
-                    job.fail(Error::Poisoned {
-                        cause: cause.clone(),
-                    });
-                }
+                fail_all(group, &cause);
                 continue;
             }
-            self.commit(group, isolated, notifier);
+            if self.journal.is_some() && !isolated {
+                self.journaled(group, state);
+            } else {
+                // An isolated job commits durably in redb, after everything
+                // the open transaction holds.
+                if isolated && self.commit_open(state, None).is_err() {
+                    let cause = self.poison.cause().unwrap_or_else(|| "closed".into());
+                    fail_all(group, &cause);
+                    continue;
+                }
+                self.commit(group, isolated, state);
+            }
         }
     }
 
-    /// Applies `group` in one transaction and commits it, then answers.
+    /// Applies a group in the open transaction and appends its frame; the
+    /// syncer answers it once the frame is durable.
+    fn journaled(&mut self, mut group: Vec<Box<dyn Job>>, state: &mut Running) {
+        let started = std::time::Instant::now();
+        let attempt = catch_unwind(AssertUnwindSafe(|| self.try_apply(&mut group, state)));
+        let failure = match attempt {
+            Ok(Ok((lsn, changes))) => {
+                #[allow(clippy::cast_precision_loss)] // batch sizes are small
+                metrics::histogram!("idempotency_group_commit_ops").record(group.len() as f64);
+                metrics::histogram!("idempotency_group_commit_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                state.syncer.hand(Handed {
+                    lsn,
+                    jobs: group,
+                    changes,
+                });
+                let full = state.open.as_ref().is_some_and(|o| {
+                    o.groups >= GROUPS_PER_COMMIT || o.changes >= CHANGES_PER_COMMIT
+                });
+                let checkpoint_due = self
+                    .journal
+                    .as_ref()
+                    .is_some_and(|j| j.since_checkpoint() >= CHECKPOINT_BYTES);
+                if checkpoint_due {
+                    self.checkpoint(state, false);
+                } else if full {
+                    let _ = self.commit_open(state, None);
+                }
+                return;
+            }
+            Ok(Err(e)) => e,
+            Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
+        };
+        // The open transaction is lost with everything in it; whatever of
+        // it was acknowledged is in the journal, which a reopen applies.
+        state.open = None;
+        let cause = self.poison_with("group commit failed", &failure);
+        fail_all(group, &cause);
+    }
+
+    /// Applies `group` in the open transaction (begun if needed) and
+    /// appends its frame, unsynced. Returns the frame's LSN (`None`: the
+    /// group changed nothing) and its changes.
+    fn try_apply(
+        &mut self,
+        group: &mut [Box<dyn Job>],
+        state: &mut Running,
+    ) -> Result<(Option<u64>, Vec<Change>), CommitError> {
+        if state.open.is_none() {
+            let mut txn = self.db.begin_write()?;
+            txn.set_durability(Durability::None)?;
+            state.open = Some(OpenTxn {
+                txn,
+                groups: 0,
+                changes: 0,
+            });
+        }
+        let Some(open) = state.open.as_mut() else {
+            return Err(CommitError::Panic("no open transaction".into()));
+        };
+        let (after, changes) = {
+            let mut tables = Tables::open(&open.txn, self.seq, self.clock.now_ms(), self.cfg)?;
+            tables.keep_changes();
+            for job in group.iter_mut() {
+                if let Some(e) = job.apply(&mut tables) {
+                    return Err(e.into());
+                }
+            }
+            (tables.seq, tables.changes.take().unwrap_or_default())
+        };
+        if changes.is_empty() && after == self.seq {
+            return Ok((None, changes));
+        }
+        let Some(journal) = self.journal.as_mut() else {
+            return Err(CommitError::Panic("no journal".into()));
+        };
+        let frame = Frame {
+            next_token: after.token,
+            next_outbox: after.outbox,
+            changes,
+        };
+        let lsn = journal
+            .append_unsynced(&frame)
+            .map_err(CommitError::Journal)?;
+        self.seq = after;
+        open.groups += 1;
+        open.changes += frame.changes.len();
+        Ok((Some(lsn), frame.changes))
+    }
+
+    /// Commits the open transaction once every frame in it is durable (a
+    /// commit makes its data visible to every read); `checkpoint`: durably,
+    /// as a checkpoint (`Some(true)`: the engine's last one, which also
+    /// marks the file cleanly closed). A failure poisons the backend (the
+    /// journal still holds every acknowledged group, and a reopen applies
+    /// it); the error is what callers waiting on it hear.
+    fn commit_open(&mut self, state: &mut Running, checkpoint: Option<bool>) -> Result<()> {
+        if let Some(cause) = self.poison.cause() {
+            state.open = None;
+            return Err(Error::Poisoned { cause });
+        }
+        let attempt = catch_unwind(AssertUnwindSafe(|| self.try_commit_open(state, checkpoint)));
+        let failure = match attempt {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e,
+            Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
+        };
+        state.open = None;
+        let what = if checkpoint.is_some() {
+            "checkpoint failed"
+        } else {
+            "group commit failed"
+        };
+        let cause = self.poison_with(what, &failure);
+        Err(Error::Poisoned { cause })
+    }
+
+    fn try_commit_open(
+        &mut self,
+        state: &mut Running,
+        checkpoint: Option<bool>,
+    ) -> Result<(), CommitError> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        let open = state.open.take();
+        if open.is_none() && checkpoint.is_none() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        state
+            .syncer
+            .wait_synced(journal.last_lsn())
+            .map_err(CommitError::Synced)?;
+        let txn = match open {
+            Some(open) => open.txn,
+            None => self.db.begin_write()?,
+        };
+        {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_NEXT_TOKEN, self.seq.token.to_le_bytes().as_slice())?;
+            meta.insert(META_NEXT_OUTBOX, self.seq.outbox.to_le_bytes().as_slice())?;
+            meta.insert(
+                META_JOURNAL_LSN,
+                journal.last_lsn().to_le_bytes().as_slice(),
+            )?;
+            if checkpoint == Some(true) {
+                meta.insert(META_JOURNAL_CLEAN, [1_u8].as_slice())?;
+            }
+        }
+        let mut txn = txn;
+        if checkpoint.is_some() {
+            txn.set_durability(Durability::Immediate)?;
+        }
+        txn.commit()?;
+        // Every value the overlay held is now in redb's last commit.
+        self.overlay.clear();
+        if checkpoint.is_some() {
+            journal.checkpointed().map_err(CommitError::Journal)?;
+            metrics::histogram!("idempotency_checkpoint_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// Applies `group` in a transaction of its own and commits it durably
+    /// in redb (no journal, or an isolated job), then answers.
     /// On a storage error or a panic the backend is poisoned first, then
     /// every caller of the group hears it.
-    fn commit(&mut self, mut group: Vec<Box<dyn Job>>, isolated: bool, notifier: &Notifier) {
+    fn commit(&mut self, mut group: Vec<Box<dyn Job>>, isolated: bool, state: &mut Running) {
         let started = std::time::Instant::now();
         let attempt = catch_unwind(AssertUnwindSafe(|| self.try_commit(&mut group, isolated)));
         let failure = match attempt {
@@ -263,29 +523,26 @@ impl Writer {
                 metrics::histogram!("idempotency_group_commit_seconds")
                     .record(started.elapsed().as_secs_f64());
                 self.seq = seq;
-                notifier.deliver(group);
-                if self
-                    .journal
-                    .as_ref()
-                    .is_some_and(|j| j.since_checkpoint() >= CHECKPOINT_BYTES)
-                {
-                    self.checkpoint(false);
-                }
+                state.syncer.hand(Handed {
+                    lsn: None,
+                    jobs: group,
+                    changes: Vec::new(),
+                });
                 return;
             }
             Ok(Err(e)) => e,
             Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
         };
         let cause = self.poison_with("group commit failed", &failure);
-        for job in group {
-            job.fail(Error::Poisoned {
-                cause: cause.clone(),
-            });
-        }
+        fail_all(group, &cause);
     }
 
     /// Poisons the backend with `what: failure`; returns the cause.
     fn poison_with(&self, what: &str, failure: &CommitError) -> Arc<str> {
+        if let CommitError::Synced(cause) = failure {
+            // The syncer has poisoned the backend already.
+            return cause.clone();
+        }
         let cause: Arc<str> = format!("{what}: {failure}").into();
         tracing::error!(%cause, "engine poisoned");
         metrics::counter!("idempotency_poisoned_total").increment(1);
@@ -294,45 +551,28 @@ impl Writer {
     }
 
     /// Returns the counters after the commit (unchanged if an isolated job
-    /// was refused and rolled back).
-    ///
-    /// With a journal, a shared group's changes become one frame, appended
-    /// and synced before redb commits them without a sync; an isolated job
-    /// (whose closure may write the app's own tables, which the journal
-    /// does not know) commits durably in redb instead, which is also a
-    /// checkpoint.
+    /// was refused and rolled back). The commit is durable in redb; with a
+    /// journal it is also a checkpoint (the app's closure may have written
+    /// its own tables, which the journal does not know).
     fn try_commit(
         &mut self,
         group: &mut [Box<dyn Job>],
         isolated: bool,
     ) -> Result<Sequences, CommitError> {
-        let journaled = self.journal.is_some() && !isolated;
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(if journaled {
-            Durability::None
-        } else {
-            Durability::Immediate
-        })?;
-        let (after, changes) = {
+        txn.set_durability(Durability::Immediate)?;
+        let after = {
             let mut tables = Tables::open(&txn, self.seq, self.clock.now_ms(), self.cfg)?;
-            if journaled {
-                tables.keep_changes();
-            }
             for job in group.iter_mut() {
                 if let Some(e) = job.apply(&mut tables) {
                     return Err(e.into());
                 }
             }
-            (tables.seq, tables.changes.take().unwrap_or_default())
+            tables.seq
         };
         if isolated && group.iter().any(|job| job.refused()) {
             txn.abort()?;
             return Ok(self.seq);
-        }
-        if journaled && changes.is_empty() && after == self.seq {
-            // Nothing changed: nothing to make durable.
-            txn.abort()?;
-            return Ok(after);
         }
         {
             let mut meta = txn.open_table(META)?;
@@ -340,136 +580,64 @@ impl Writer {
                 meta.insert(META_NEXT_TOKEN, after.token.to_le_bytes().as_slice())?;
                 meta.insert(META_NEXT_OUTBOX, after.outbox.to_le_bytes().as_slice())?;
             }
-            if let Some(journal) = &mut self.journal {
-                let lsn = if journaled {
-                    let frame = Frame {
-                        next_token: after.token,
-                        next_outbox: after.outbox,
-                        changes,
-                    };
-                    journal.append(&frame).map_err(CommitError::Journal)?
-                } else {
-                    journal.last_lsn()
-                };
-                meta.insert(META_JOURNAL_LSN, lsn.to_le_bytes().as_slice())?;
+            if let Some(journal) = &self.journal {
+                meta.insert(
+                    META_JOURNAL_LSN,
+                    journal.last_lsn().to_le_bytes().as_slice(),
+                )?;
             }
         }
         txn.commit()?;
-        if !journaled {
-            if let Some(journal) = &mut self.journal {
-                journal.checkpointed().map_err(CommitError::Journal)?;
-            }
+        if let Some(journal) = &mut self.journal {
+            journal.checkpointed().map_err(CommitError::Journal)?;
         }
         Ok(after)
     }
 
     /// Makes every commit so far durable in redb, so the journal can start
     /// over. A failure poisons the backend (the journal still holds
-    /// everything, and a reopen applies it).
-    fn checkpoint(&mut self, closing: bool) {
+    /// everything, and a reopen applies it). `closing`: the engine's last
+    /// checkpoint, which also marks the file cleanly closed (its journal
+    /// is then not needed to open it).
+    fn checkpoint(&mut self, state: &mut Running, closing: bool) {
         if self.poison.cause().is_some() {
             return;
         }
-        let attempt = catch_unwind(AssertUnwindSafe(|| self.checkpoint_now(closing)));
-        let failure = match attempt {
-            Ok(Ok(())) => return,
-            Ok(Err(e)) => e,
-            Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
-        };
-        self.poison_with("checkpoint failed", &failure);
+        let _ = self.commit_open(state, Some(closing));
     }
+}
 
-    /// `closing`: the engine's last checkpoint, which also marks the file
-    /// cleanly closed (its journal is then not needed to open it).
-    fn checkpoint_now(&mut self, closing: bool) -> Result<(), CommitError> {
-        let Some(journal) = &mut self.journal else {
-            return Ok(());
-        };
-        let started = std::time::Instant::now();
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
-        {
-            let mut meta = txn.open_table(META)?;
-            meta.insert(
-                META_JOURNAL_LSN,
-                journal.last_lsn().to_le_bytes().as_slice(),
-            )?;
-            if closing {
-                meta.insert(META_JOURNAL_CLEAN, [1_u8].as_slice())?;
-            }
-        }
-        txn.commit()?;
-        journal.checkpointed().map_err(CommitError::Journal)?;
-        metrics::histogram!("idempotency_checkpoint_seconds")
-            .record(started.elapsed().as_secs_f64());
-        Ok(())
+/// What the writer waits for when its queue is empty.
+enum Wait {
+    /// Acknowledged groups wait in the open transaction: commit them
+    /// after [`COMMIT_IDLE`] without work.
+    Open,
+    /// The journal holds frames since the last checkpoint: checkpoint
+    /// after [`IDLE_CHECKPOINT`].
+    Dirty,
+    Forever,
+}
+
+/// Puts a message where it belongs; whether it says to shut down.
+fn sort(msg: Msg, batch: &mut Vec<Box<dyn Job>>, settles: &mut Vec<ReplyTx<Result<()>>>) -> bool {
+    match msg {
+        Msg::Job(job) => batch.push(job),
+        Msg::Settle(reply) => settles.push(reply),
+        Msg::Shutdown => return true,
+    }
+    false
+}
+
+/// Answers every job of `group` with the poison `cause`.
+fn fail_all(group: Vec<Box<dyn Job>>, cause: &Arc<str>) {
+    for job in group {
+        job.fail(Error::Poisoned {
+            cause: cause.clone(),
+        });
     }
 }
 
 pub(super) use crate::store::panic_message;
-
-/// Wakes the callers of committed groups on a thread of its own, so the
-/// writer goes on to the next group at once: waking 64 parked threads costs
-/// the writer more CPU than the commit it answers (see BENCHMARKS.md). Only
-/// committed (durable) answers go through it; failures are sent by the
-/// writer itself. Without the thread (it could not start), the writer
-/// delivers inline.
-struct Notifier {
-    tx: Option<crossbeam_channel::Sender<Vec<Box<dyn Job>>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Notifier {
-    fn start() -> Notifier {
-        let (tx, rx) = crossbeam_channel::unbounded::<Vec<Box<dyn Job>>>();
-        let thread = std::thread::Builder::new()
-            .name("idempotency-notify".into())
-            .spawn(move || {
-                for group in rx {
-                    for job in group {
-                        job.deliver();
-                    }
-                }
-            });
-        match thread {
-            Ok(thread) => Notifier {
-                tx: Some(tx),
-                thread: Some(thread),
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "no notifier thread; the writer answers callers itself");
-                Notifier {
-                    tx: None,
-                    thread: None,
-                }
-            }
-        }
-    }
-
-    /// Answers every job of a committed group.
-    fn deliver(&self, group: Vec<Box<dyn Job>>) {
-        let group = match &self.tx {
-            Some(tx) => match tx.send(group) {
-                Ok(()) => return,
-                Err(crossbeam_channel::SendError(group)) => group,
-            },
-            None => group,
-        };
-        for job in group {
-            job.deliver();
-        }
-    }
-
-    /// Waits until every handed-over answer is delivered.
-    fn finish(mut self) {
-        drop(self.tx.take());
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("notifier thread panicked");
-            }
-        }
-    }
-}
 
 /// The counters stored in the meta table (1 for a new database).
 pub(super) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {

@@ -1,0 +1,174 @@
+//! What readers see of acknowledged writes that redb has not committed yet.
+//!
+//! With a journal, the writer keeps one redb write transaction open across
+//! several group commits (see `writer.rs`): a group is durable once its
+//! journal frame is synced, well before redb commits it. The syncer thread
+//! puts each synced group's record and entity values here *before* it
+//! answers the group's callers, and the writer empties the overlay right
+//! after the redb commit that holds them. A point read looks here first,
+//! then in redb's last commit, so it sees every write acknowledged before
+//! it started and nothing that is not yet durable. Reads over whole tables
+//! (lists, scans, counts) ask the writer to commit first instead (see
+//! `RedbStore::settle`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::journal::Change;
+
+/// One key's newest acknowledged value: `None` means deleted.
+type Value = Option<Arc<[u8]>>;
+
+/// The synced, not yet committed record and entity values.
+#[derive(Default)]
+pub(super) struct Overlay {
+    inner: Mutex<Maps>,
+    /// Whether acknowledged changes (of any table) wait for redb's commit;
+    /// read without the lock on the hot path.
+    held: AtomicBool,
+}
+
+#[derive(Default)]
+struct Maps {
+    /// Record key bytes → encoded record.
+    records: HashMap<Vec<u8>, Value>,
+    /// Entity id → encoded state.
+    entities: HashMap<String, Value>,
+}
+
+/// What a point read found in the overlay.
+pub(super) enum Seen {
+    /// Not held here: read redb.
+    Absent,
+    /// Deleted by an acknowledged write.
+    Deleted,
+    /// The newest acknowledged value (still in its stored framing).
+    Value(Arc<[u8]>),
+}
+
+impl From<Option<&Value>> for Seen {
+    fn from(found: Option<&Value>) -> Seen {
+        match found {
+            None => Seen::Absent,
+            Some(None) => Seen::Deleted,
+            Some(Some(v)) => Seen::Value(v.clone()),
+        }
+    }
+}
+
+impl Overlay {
+    /// Takes in one synced group's changes, in order (later ones win).
+    /// Index and outbox changes are not kept, only noted: whole-table
+    /// reads commit first.
+    pub(super) fn apply(&self, changes: Vec<Change>) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut maps = self.inner.lock();
+        for change in changes {
+            match change {
+                Change::PutRecord { key, value } => {
+                    maps.records.insert(key, Some(value.into()));
+                }
+                Change::DelRecord { key } => {
+                    maps.records.insert(key, None);
+                }
+                Change::PutEntity { id, value } => {
+                    maps.entities.insert(id, Some(value.into()));
+                }
+                Change::PutIndex { .. }
+                | Change::DelIndex { .. }
+                | Change::PutOutbox { .. }
+                | Change::DelOutbox { .. } => {}
+            }
+        }
+        // Index and outbox changes count too: whole-table reads must then
+        // ask for a commit (see `held`).
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Forgets everything: redb has committed it.
+    pub(super) fn clear(&self) {
+        let mut maps = self.inner.lock();
+        maps.records.clear();
+        maps.entities.clear();
+        self.held.store(false, Ordering::Release);
+    }
+
+    /// Whether acknowledged changes of any table wait for redb's commit.
+    pub(super) fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// The record stored under `rkey`, if an uncommitted write set it.
+    pub(super) fn record(&self, rkey: &[u8]) -> Seen {
+        if !self.held.load(Ordering::Acquire) {
+            return Seen::Absent;
+        }
+        Seen::from(self.inner.lock().records.get(rkey))
+    }
+
+    /// The state of `entity`, if an uncommitted write set it.
+    pub(super) fn entity(&self, entity: &str) -> Seen {
+        if !self.held.load(Ordering::Acquire) {
+            return Seen::Absent;
+        }
+        Seen::from(self.inner.lock().entities.get(entity))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(seen: Seen) -> Option<Option<Vec<u8>>> {
+        match seen {
+            Seen::Absent => None,
+            Seen::Deleted => Some(None),
+            Seen::Value(v) => Some(Some(v.to_vec())),
+        }
+    }
+
+    #[test]
+    fn the_last_change_of_a_key_wins_until_cleared() {
+        let o = Overlay::default();
+        assert!(value(o.record(b"k")).is_none());
+        o.apply(vec![
+            Change::PutRecord {
+                key: b"k".to_vec(),
+                value: vec![1],
+            },
+            Change::PutRecord {
+                key: b"k".to_vec(),
+                value: vec![2],
+            },
+        ]);
+        assert_eq!(value(o.record(b"k")), Some(Some(vec![2])));
+        o.apply(vec![Change::DelRecord { key: b"k".to_vec() }]);
+        assert_eq!(value(o.record(b"k")), Some(None));
+        o.apply(vec![Change::PutEntity {
+            id: "e".into(),
+            value: vec![3],
+        }]);
+        assert_eq!(value(o.entity("e")), Some(Some(vec![3])));
+        o.clear();
+        assert!(value(o.record(b"k")).is_none());
+        assert!(value(o.entity("e")).is_none());
+        assert!(!o.held());
+    }
+
+    #[test]
+    fn outbox_and_index_changes_count_as_held() {
+        let o = Overlay::default();
+        o.apply(Vec::new());
+        assert!(!o.held(), "an empty group changes nothing");
+        o.apply(vec![Change::DelOutbox { seq: 1 }]);
+        assert!(o.held(), "a whole-table read must ask for a commit");
+        assert!(value(o.record(b"k")).is_none());
+        o.clear();
+        assert!(!o.held());
+    }
+}
