@@ -118,6 +118,7 @@ impl Core {
             // A snapshot read answers most repeats without the writer.
             let now_ms = self.clock.now_ms();
             let read = match self.store.read_or_claim(&claim)? {
+                #[cfg(feature = "postgres")]
                 ReadOrClaim::Claimed(claimed) => {
                     return Ok(Begin::Claimed(self.claim(key, claimed)))
                 }

@@ -1,6 +1,8 @@
 //! The demo: runs the API as a child process on a loopback port, drives
-//! real HTTP traffic at it, crashes and restarts it, then audits the
-//! provider's ledger for double and lost charges.
+//! real HTTP traffic at it, crashes and restarts it; then serves the same
+//! API inside this process on engines of its own, one on a manual clock
+//! (expiry) and one on a disk that fills up; then audits the provider's
+//! ledger for double and lost charges.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -11,9 +13,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
-use crate::provider::{read_ledger, DECLINE_ABOVE};
+use crate::provider::{read_ledger, Charge, DECLINE_ABOVE};
 use crate::server::{provider_path, FAULT_HEADER};
 use crate::store::{Store, TABLE_PREFIX};
+
+mod in_process;
 
 type DemoResult<T> = Result<T, Box<dyn Error>>;
 
@@ -213,6 +217,103 @@ impl Audit {
     }
 }
 
+/// The provider's charges for the keys under one prefix, against what the
+/// client was told.
+struct Tally {
+    /// Keys the client saw succeed.
+    succeeded: usize,
+    charges: usize,
+    /// Keys charged more than once.
+    charged_twice: usize,
+    /// Keys the client saw succeed without a charge, or charged without
+    /// the client learning of it.
+    lost: usize,
+    /// Each problem, naming its key.
+    problems: Vec<String>,
+}
+
+impl Tally {
+    fn of(charges: &[Charge], prefix: &str, audit: &Audit) -> Tally {
+        let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for c in charges.iter().filter(|c| c.client_key.starts_with(prefix)) {
+            by_key.entry(&c.client_key).or_default().push(&c.id);
+        }
+        let told: BTreeMap<&str, &str> = audit
+            .succeeded
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, id)| (key.as_str(), id.as_str()))
+            .collect();
+        let mut tally = Tally {
+            succeeded: told.len(),
+            charges: by_key.values().map(Vec::len).sum(),
+            charged_twice: 0,
+            lost: 0,
+            problems: Vec::new(),
+        };
+        for (key, ids) in &by_key {
+            if ids.len() > 1 {
+                tally.charged_twice += 1;
+                tally
+                    .problems
+                    .push(format!("{key}: charged {} times: {ids:?}", ids.len()));
+            }
+        }
+        for (key, told) in &told {
+            match by_key.get(key).map(Vec::as_slice) {
+                Some([id]) if id == told => {}
+                Some(ids) => tally.problems.push(format!(
+                    "{key}: client was told {told}, provider has {ids:?}"
+                )),
+                None => {
+                    tally.lost += 1;
+                    tally.problems.push(format!(
+                        "{key}: client was told {told}, provider has no charge"
+                    ));
+                }
+            }
+        }
+        for key in by_key.keys() {
+            if !told.contains_key(key) {
+                tally.lost += 1;
+                tally.problems.push(format!(
+                    "{key}: charged, but the client never learned of it"
+                ));
+            }
+        }
+        for key in audit.refused.iter().filter(|k| k.starts_with(prefix)) {
+            if by_key.contains_key(key.as_str()) {
+                tally
+                    .problems
+                    .push(format!("{key}: refused to the client, yet charged"));
+            }
+        }
+        tally
+    }
+
+    /// A phase's own audit line (the final audit repeats every check).
+    fn print_phase(ledger: &Path, prefix: &str, audit: &Audit) -> DemoResult<()> {
+        let tally = Tally::of(&read_ledger(ledger)?.charges, prefix, audit);
+        println!(
+            "    audit: {} succeeded for the client, {}, {} charged twice, {} lost",
+            plural(tally.succeeded, "payment"),
+            plural(tally.charges, "charge"),
+            tally.charged_twice,
+            tally.lost
+        );
+        Ok(())
+    }
+}
+
+/// `1 payment`, `2 payments`.
+fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
 /// The rows' charges come from the provider's own ledger. The server may
 /// be appending while this reads, so a partial last line is not counted;
 /// a corrupt line is an error.
@@ -305,6 +406,12 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
     rows.push(row);
     restarted.stop().await?;
 
+    // Every child server has stopped: the phases below run the API in this
+    // process, each on an engine of its own, with the provider on the same
+    // ledger.
+    rows.push(in_process::expiry(&mut audit, &ledger, &run, tempdir.path()).await?);
+    rows.push(in_process::disk_full(&mut audit, &ledger, &run).await?);
+
     // The audit, from the provider's own ledger. Every server has stopped,
     // so the ledger must be whole: a torn or unparsable one fails the audit
     // (it could hide a charge).
@@ -324,57 +431,16 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
             contents.torn_tail_bytes
         ));
     }
-    let charges: Vec<_> = contents
-        .charges
-        .into_iter()
-        .filter(|c| c.client_key.starts_with(&run))
-        .collect();
-    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for c in &charges {
-        by_key.entry(&c.client_key).or_default().push(&c.id);
-    }
-    let mut charged_twice = 0;
-    let mut lost = 0;
-    for (key, ids) in &by_key {
-        if ids.len() > 1 {
-            charged_twice += 1;
-            audit.fail(format!("{key}: charged {} times: {ids:?}", ids.len()));
-        }
-    }
-    for (key, told) in &audit.succeeded.clone() {
-        match by_key.get(key.as_str()).map(Vec::as_slice) {
-            Some([id]) if id == told => {}
-            Some(ids) => audit.fail(format!(
-                "{key}: client was told {told}, provider has {ids:?}"
-            )),
-            None => {
-                lost += 1;
-                audit.fail(format!(
-                    "{key}: client was told {told}, provider has no charge"
-                ));
-            }
-        }
-    }
-    for key in by_key.keys() {
-        if !audit.succeeded.contains_key(*key) {
-            lost += 1;
-            audit.fail(format!(
-                "{key}: charged, but the client never learned of it"
-            ));
-        }
-    }
-    for key in &audit.refused.clone() {
-        if by_key.contains_key(key.as_str()) {
-            audit.fail(format!("{key}: refused to the client, yet charged"));
-        }
+    let tally = Tally::of(&contents.charges, &run, &audit);
+    for problem in &tally.problems {
+        audit.fail(problem.clone());
     }
 
     print_table(&rows);
     println!(
         "\naudit of the provider ledger: {} payments succeeded for the client, {} charges, \
-         {charged_twice} charged twice, {lost} lost",
-        audit.succeeded.len(),
-        charges.len(),
+         {} charged twice, {} lost",
+        tally.succeeded, tally.charges, tally.charged_twice, tally.lost,
     );
     println!("finished in {:.1} s", started.elapsed().as_secs_f64());
     if audit.failures.is_empty() {

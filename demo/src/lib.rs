@@ -4,6 +4,7 @@
 //! `Cargo.toml`), which cargo allows only for a package with a library.
 
 pub mod demo;
+pub mod disk;
 pub mod provider;
 pub mod server;
 pub mod store;

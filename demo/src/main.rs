@@ -14,11 +14,17 @@
 //! and drives real HTTP traffic at it: 20 concurrent duplicates, lost
 //! responses retried, a tampered retry, a declined card, a provider timeout
 //! after the charge, and a server crash (abort) between the provider's
-//! charge and the recorded outcome, followed by a restart and a retry. It
-//! then audits the provider's ledger and exits 1 if any payment was charged
+//! charge and the recorded outcome, followed by a restart and a retry.
+//! Then it serves the same API inside its own process on two engines of
+//! its own: one on a manual clock, where a payment's key expires (TTL,
+//! sweep, a tombstone answered 409, never charged again), and one on an
+//! in-memory disk that fills up (503s, writes refused, space freed, the
+//! database reopened, retries replayed, never charged twice). It then
+//! audits the provider's ledger and exits 1 if any payment was charged
 //! twice or lost, or if the ledger is torn or unreadable. Its files go to a
 //! fresh temporary directory unless `--store` names a redb file or a
-//! PostgreSQL database (then only the provider's ledger is a temporary file).
+//! PostgreSQL database (then only the provider's ledger is a temporary file);
+//! the expiry phase's engine file is always a temporary one.
 //!
 //! `serve` keeps the API up for curl; README.md ("The payments example") has
 //! the curl lines.
@@ -45,7 +51,8 @@ dbname=D'; needs a build with --features postgres). On PostgreSQL the records
 live in the tables payments_demo_* (created on first use). The demo does not
 clear them: its keys are new on every run, so earlier runs' records never
 meet this run's. Without --store, demo uses a redb file in a fresh temporary
-directory.
+directory. demo's expiry and full-disk phases run in its own process on
+engines of their own (a manual clock; an in-memory disk), whatever STORE is.
 serve defaults: --addr 127.0.0.1:8080 --store payments.redb --lease-ms 10000
   --ttl 24h --expiry tombstone:30d --header-read-timeout 10s
 DURATION is a whole number with a unit: 500ms, 30s, 10m, 24h, 7d.

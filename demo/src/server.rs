@@ -17,7 +17,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
-use idempotency::{Engine, Envelope, ExpiryPolicy, InDoubt, Resolution};
+use idempotency::{Engine, EngineBuilder, Envelope, ExpiryPolicy, InDoubt, Resolution};
 use serde::Deserialize;
 
 use crate::provider::{Charge, ChargeError, Fault, Provider};
@@ -102,12 +102,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             Provider::open(&opts.ledger)
                 .map_err(|e| format!("cannot open the provider ledger: {e}"))?,
         );
-        let for_resolver = provider.clone();
-        let builder = Engine::builder()
-            .lease(opts.lease)
-            .ttl(opts.ttl)
-            .expiry_policy(opts.expiry)
-            .resolver(move |pending: &InDoubt| resolve(&for_resolver, pending));
+        let builder = with_resolver(
+            Engine::builder()
+                .lease(opts.lease)
+                .ttl(opts.ttl)
+                .expiry_policy(opts.expiry),
+            provider.clone(),
+        );
         // Engine calls block the calling thread; on PostgreSQL, opening
         // (and closing) one on a runtime thread even panics, because the
         // synchronous client runs a runtime of its own. So both happen on
@@ -121,23 +122,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         (provider, Arc::new(engine))
     };
 
-    let layer = IdempotencyLayer::new(engine.clone())
-        .route(Route::new("/payments").require_key().json_pointers([
-            "/amount",
-            "/currency",
-            "/customer",
-        ]))
-        .tenant_header(header::HeaderName::from_static("x-merchant-id"))
-        .max_body_bytes(16 * 1024);
-    let state = AppState {
-        provider: provider.clone(),
-        crash_after_charge: opts.crash_after_charge,
-    };
-    let app = Router::new()
-        .route("/payments", post(create_payment))
-        .route("/payments/{id}", get(get_payment))
-        .layer(layer)
-        .with_state(state);
+    let app = app(engine.clone(), provider.clone(), opts.crash_after_charge);
 
     // The demo reads this line to learn the port.
     println!("listening on http://{}", listener.local_addr()?);
@@ -208,6 +193,76 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let _ = watcher.await;
     let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     Ok(())
+}
+
+/// The engine settings of `builder`, plus the resolver that asks `provider`
+/// what happened to an UNKNOWN payment.
+pub fn with_resolver(builder: EngineBuilder, provider: Arc<Provider>) -> EngineBuilder {
+    builder.resolver(move |pending: &InDoubt| resolve(&provider, pending))
+}
+
+/// The API: `POST /payments` behind the idempotency layer (key required;
+/// amount, currency and customer fingerprinted; the tenant from
+/// `X-Merchant-Id`) and `GET /payments/{id}`, charging through `provider`.
+/// `crash_after_charge` aborts the process after the first charge.
+pub fn app(engine: Arc<Engine>, provider: Arc<Provider>, crash_after_charge: bool) -> Router {
+    let layer = IdempotencyLayer::new(engine)
+        .route(Route::new("/payments").require_key().json_pointers([
+            "/amount",
+            "/currency",
+            "/customer",
+        ]))
+        .tenant_header(header::HeaderName::from_static("x-merchant-id"))
+        .max_body_bytes(16 * 1024);
+    let state = AppState {
+        provider,
+        crash_after_charge,
+    };
+    Router::new()
+        .route("/payments", post(create_payment))
+        .route("/payments/{id}", get(get_payment))
+        .layer(layer)
+        .with_state(state)
+}
+
+/// The API served inside this process, on a loopback port (the demo's
+/// phases that need to hold the engine: its clock, its disk).
+pub struct InProcess {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Serves [`app`] on an ephemeral loopback port until [`Self::stop`].
+    ///
+    /// # Errors
+    ///
+    /// When no loopback port can be bound.
+    pub async fn start(engine: Arc<Engine>, provider: Arc<Provider>) -> std::io::Result<InProcess> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let app = app(engine, provider, false);
+        let task = tokio::spawn(serve_http1(
+            listener,
+            app,
+            Duration::from_secs(10),
+            shutdown,
+        ));
+        Ok(InProcess { base, stop, task })
+    }
+
+    /// Stops accepting, lets in-flight requests finish, and waits for the
+    /// connections to close (so the engine's handles in the API are gone).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
 }
 
 /// Serves HTTP/1.1 connections until `shutdown` resolves, then lets

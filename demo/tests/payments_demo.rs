@@ -2,8 +2,9 @@
 //! as its own child, drives HTTP traffic, crashes it between a provider
 //! charge and the recorded outcome, restarts it, and audits the provider's
 //! ledger. Guards against any payment being charged twice or lost across
-//! duplicates, timeouts and a process crash, and against a torn or
-//! unparsable ledger: the demo exits non-zero if one was found.
+//! duplicates, timeouts, a process crash, an expired key and a full disk,
+//! and against a torn or unparsable ledger: the demo exits non-zero if one
+//! was found.
 
 mod common;
 

@@ -66,9 +66,9 @@ pub(crate) enum ClaimResult {
 
 /// What `begin`'s first step found (see `Backend::read_or_claim`). Only the
 /// PostgreSQL backend claims in that step.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum ReadOrClaim {
     /// The key had no record and is now claimed.
+    #[cfg(feature = "postgres")]
     Claimed(Claimed),
     /// The key's record as a read saw it; `begin` decides from there.
     Read(Option<Record>),

@@ -25,6 +25,21 @@ pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error:
         "no clean audit line:\n{stdout}"
     );
     assert!(stdout.contains("OK: every payment"), "{stdout}");
+    // The expiry and full-disk phases each end in an audit line of their own.
+    for phase in ["== key expired, retried", "== disk full, space freed"] {
+        assert!(stdout.contains(phase), "no phase {phase:?}:\n{stdout}");
+    }
+    let phase_audits: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.trim_start().starts_with("audit: "))
+        .collect();
+    assert_eq!(phase_audits.len(), 2, "{stdout}");
+    assert!(
+        phase_audits
+            .iter()
+            .all(|line| line.ends_with("0 charged twice, 0 lost")),
+        "{phase_audits:?}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(120),
         "the demo took {:?}",
