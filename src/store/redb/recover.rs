@@ -112,6 +112,25 @@ fn check_beside(stored: &StoredJournal, db_path: &Path) -> Result<usize, OpenErr
     Ok(serving(stored, &name, scanned)?.len())
 }
 
+/// Decides, before a writable open writes anything to the database file at
+/// `path` or creates its journal, whether the journal can serve it: `db` is
+/// a view of the file that writes nothing to it. A database without a
+/// journal id (new, format 1, or without the engine's tables) passes: it is
+/// given a journal at open.
+///
+/// # Errors
+///
+/// [`OpenError::Journal`] when the journal is damaged, another database's,
+/// or (after a crash) lacks the last checkpoint's frame;
+/// [`OpenError::Storage`] when the meta table or the journal cannot be
+/// read.
+pub(super) fn check_before_open(db: &impl ReadableDatabase, path: &Path) -> Result<(), OpenError> {
+    match read_position(db)? {
+        Some(stored) => check_beside(&stored, path).map(drop),
+        None => Ok(()),
+    }
+}
+
 /// The journal position from the meta table, as an open error.
 fn read_position(db: &impl ReadableDatabase) -> Result<Option<StoredJournal>, OpenError> {
     stored_journal(db).map_err(|e| OpenError::Storage {
