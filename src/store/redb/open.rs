@@ -58,14 +58,14 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
 ///
 /// A file closed cleanly is read through redb's read-only open. One that
 /// was not (after a crash) is refused by it, so it is opened writable over
-/// a layer that keeps every write in memory (`overlay.rs`), which recovers
+/// a layer that keeps every write in memory (`scratch_view.rs`), which recovers
 /// it as the real open will; that reads the whole file a second time, once
 /// per crash. A file neither can open (damaged, locked, not a database)
 /// goes on to the writable open, which reports it.
 fn check_before_writing(path: &Path) -> Result<(), OpenError> {
     match redb::Builder::new().open_read_only(path) {
         Ok(view) => check_view(view, path),
-        Err(DatabaseError::RepairAborted) => match overlay::open(path) {
+        Err(DatabaseError::RepairAborted) => match scratch_view::open(path) {
             Ok(view) => check_view(view, path),
             Err(e) => {
                 tracing::debug!(error = %e, path = %path.display(),
@@ -154,8 +154,8 @@ mod migrate;
 
 // Likewise the in-memory layer the check before a writable open reads a
 // crashed file through.
-#[path = "overlay.rs"]
-mod overlay;
+#[path = "scratch_view.rs"]
+mod scratch_view;
 
 fn init_format(db: &Database) -> Result<(), OpenError> {
     super::read::probe_tables(db)?;
