@@ -9,10 +9,16 @@
 //!   fails with `OpenError::Journal` naming the file and the byte offset.
 //!   Nothing is skipped silently.
 //! - A journal deleted, emptied or cut to its header after a crash is
-//!   refused too (it lost acknowledged writes); after a clean close the
-//!   database file alone is enough. Another name for the file (a symbolic
-//!   link) finds the same journal.
+//!   refused too (it lost acknowledged writes), and so is another
+//!   database's journal put in its place. After a clean close the database
+//!   file alone is enough. Another name for the file (a symbolic link)
+//!   finds the same journal.
+//! - A refused open changes nothing on disk (an operator may be about to
+//!   copy the files): the database file keeps every byte and no journal is
+//!   created. With the original journal put back, the next open recovers
+//!   every acknowledged write.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -164,6 +170,7 @@ fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult
     crashed.bytes[at + 40] ^= 0x01;
     std::fs::write(&crashed.path, &crashed.bytes)?;
     let path = crashed.path;
+    let before = on_disk(dir.path())?;
     match open(dir.path()) {
         Err(OpenError::Journal {
             path: named,
@@ -179,27 +186,46 @@ fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult
         Ok(_) => return Err("a damaged journal opened: frames were skipped".into()),
     }
     // Nothing was applied or rewritten: the same error again.
+    assert_unchanged(&before, &on_disk(dir.path())?, "damaged middle frame");
     assert!(matches!(open(dir.path()), Err(OpenError::Journal { .. })));
     Ok(())
 }
 
 #[test]
-fn a_lost_journal_after_a_crash_is_refused_not_skipped() -> TestResult {
-    for lose in ["delete", "empty", "header only"] {
+fn a_lost_journal_after_a_crash_is_refused_and_nothing_changes() -> TestResult {
+    for lose in ["delete", "empty", "header only", "another database's"] {
         let dir = tempfile::tempdir()?;
         let crashed = crashed_journal(dir.path())?;
-        match lose {
-            "delete" => std::fs::remove_file(&crashed.path)?,
-            "empty" => std::fs::write(&crashed.path, b"")?,
-            _ => std::fs::write(&crashed.path, &crashed.bytes[..4096])?,
-        }
+        let expected = match lose {
+            "delete" => {
+                std::fs::remove_file(&crashed.path)?;
+                "not closed cleanly"
+            }
+            "empty" => {
+                std::fs::write(&crashed.path, b"")?;
+                "not closed cleanly"
+            }
+            "header only" => {
+                std::fs::write(&crashed.path, &crashed.bytes[..4096])?;
+                "not closed cleanly"
+            }
+            _ => {
+                std::fs::write(&crashed.path, another_databases_journal()?)?;
+                "another database"
+            }
+        };
+        let before = on_disk(dir.path())?;
         match open(dir.path()) {
             Err(OpenError::Journal { detail, .. }) => {
-                assert!(detail.contains("not closed cleanly"), "{lose}: {detail}");
+                assert!(detail.contains(expected), "{lose}: {detail}");
             }
             Err(other) => return Err(format!("{lose}: wrong error: {other}").into()),
             Ok(_) => return Err(format!("{lose}: opened without its journal").into()),
         }
+        // A refused open changes nothing on disk (an operator may be about
+        // to copy the files): the database file keeps every byte, and no
+        // journal appears or changes.
+        assert_unchanged(&before, &on_disk(dir.path())?, lose);
         // Read-only views refuse it too, instead of showing an old state.
         assert!(
             Engine::builder()
@@ -207,8 +233,67 @@ fn a_lost_journal_after_a_crash_is_refused_not_skipped() -> TestResult {
                 .is_err(),
             "{lose}: a read-only open showed the state without the journal"
         );
+        assert_unchanged(&before, &on_disk(dir.path())?, lose);
+        // With its journal back, the database recovers every acknowledged
+        // write.
+        std::fs::write(&crashed.path, &crashed.bytes)?;
+        let engine = open(dir.path())?;
+        for i in 0..KEYS {
+            match engine.begin(&key(i)?, fingerprint(i)?)? {
+                Begin::Replay(r) => assert_eq!(r.envelope.body, body(i).as_bytes()),
+                other => {
+                    return Err(format!("{lose}, key {i}: expected a replay, got {other:?}").into())
+                }
+            }
+        }
+        assert!(
+            engine.verify()?.is_sound(),
+            "{lose}: unsound after recovery"
+        );
     }
     Ok(())
+}
+
+/// The journal of another database, closed cleanly: a valid journal with
+/// another id.
+fn another_databases_journal() -> Result<Vec<u8>, Box<dyn Error>> {
+    let other = tempfile::tempdir()?;
+    drop(open(other.path())?);
+    Ok(std::fs::read(other.path().join("idem.redb.journal"))?)
+}
+
+/// Every file in `dir` and its bytes, by name.
+fn on_disk(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, Box<dyn Error>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        files.insert(name, std::fs::read(entry.path())?);
+    }
+    Ok(files)
+}
+
+/// Fails naming every file that appeared, vanished or changed.
+fn assert_unchanged(
+    before: &BTreeMap<String, Vec<u8>>,
+    after: &BTreeMap<String, Vec<u8>>,
+    case: &str,
+) {
+    let names = before.keys().chain(after.keys()).collect::<BTreeSet<_>>();
+    let changes = names
+        .into_iter()
+        .filter_map(|name| match (before.get(name), after.get(name)) {
+            (Some(old), Some(new)) if old == new => None,
+            (Some(old), Some(new)) => Some(format!(
+                "{name} changed ({} bytes before, {} after)",
+                old.len(),
+                new.len()
+            )),
+            (Some(_), None) => Some(format!("{name} vanished")),
+            _ => Some(format!("{name} appeared")),
+        })
+        .collect::<Vec<_>>();
+    assert!(changes.is_empty(), "{case}: {}", changes.join("; "));
 }
 
 #[test]

@@ -29,18 +29,12 @@ impl<T, E: Into<redb::Error>> OpenContext<T> for Result<T, E> {
 }
 
 /// Opens the file at `path`, creating it if it does not exist or is empty.
-/// An unknown format version is refused before anything is written.
+/// Nothing is written to an existing file, and no journal is created,
+/// before [`check_before_writing`] has accepted it.
 pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
     let existing = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
-    let builder = redb::Builder::new();
     let db = if existing {
-        // redb's writable open rewrites the file header even when nothing
-        // is committed, so an unknown format is refused from a read-only
-        // view first. A file read-only open cannot take (damaged, needing
-        // repair, locked) goes on to the writable open, which reports it.
-        if let Ok(ro) = builder.open_read_only(path) {
-            check_version(stored_format(&ro)?)?;
-        }
+        check_before_writing(path)?;
         // Every page's checksum is verified before the file is trusted: a
         // file damaged since redb wrote it is refused here, where a plain
         // open can make redb panic later, sometimes twice and then abort
@@ -50,9 +44,50 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
         checked.set_check_integrity_on_open(true);
         checked.open(path)
     } else {
-        builder.create(path)
+        redb::Builder::new().create(path)
     };
     db.map_err(|e| open_error(path, e))
+}
+
+/// Refuses, from a view that writes nothing, an existing file a writable
+/// open must not touch: an unknown format version (redb's writable open
+/// rewrites the file header even when nothing is committed), or a journal
+/// that cannot serve it (a file not closed cleanly whose journal is gone,
+/// emptied, another database's or damaged). Then the integrity check,
+/// migration and recovery may write.
+///
+/// A file closed cleanly is read through redb's read-only open. One that
+/// was not (after a crash) is refused by it, so it is opened writable over
+/// a layer that keeps every write in memory (`scratch_view.rs`), which recovers
+/// it as the real open will; that reads the whole file a second time, once
+/// per crash. A file neither can open (damaged, locked, not a database)
+/// goes on to the writable open, which reports it.
+fn check_before_writing(path: &Path) -> Result<(), OpenError> {
+    match redb::Builder::new().open_read_only(path) {
+        Ok(view) => check_view(view, path),
+        Err(DatabaseError::RepairAborted) => match scratch_view::open(path) {
+            Ok(view) => check_view(view, path),
+            Err(e) => {
+                tracing::debug!(error = %e, path = %path.display(),
+                    "no view of the file before opening it; the writable open reports it");
+                Ok(())
+            }
+        },
+        Err(_) => Ok(()),
+    }
+}
+
+/// Checks the format version and the journal on `view`, then closes it. A
+/// panic inside redb on damaged bytes becomes `OpenError::Corrupt`, and the
+/// view is closed without unwinding through it.
+fn check_view<D: ReadableDatabase>(view: D, path: &Path) -> Result<(), OpenError> {
+    let verdict = super::open_contained(path, || {
+        check_version(stored_format(&view)?)?;
+        super::recover::check_before_open(&view, path)
+    });
+    // After a panic inside redb its `Drop` may panic on poisoned locks.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(view)));
+    verdict
 }
 
 /// A database on any redb storage backend.
@@ -116,6 +151,11 @@ pub(crate) fn prepare(
 // so that `redb/mod.rs` need not change for it.
 #[path = "migrate.rs"]
 mod migrate;
+
+// Likewise the in-memory layer the check before a writable open reads a
+// crashed file through.
+#[path = "scratch_view.rs"]
+mod scratch_view;
 
 fn init_format(db: &Database) -> Result<(), OpenError> {
     super::read::probe_tables(db)?;

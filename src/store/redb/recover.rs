@@ -2,11 +2,15 @@
 //! checkpoint are applied again (in one durable transaction), then the
 //! journal starts over.
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, WriteTransaction};
+use std::path::Path;
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableError, WriteTransaction};
 
 use crate::error::OpenError;
 
-use super::journal::{Change, IndexTable, Journal, JournalError, JournalStorage};
+use super::journal::{
+    Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
+};
 use super::tables::{
     ENTITIES, EXPIRY, LEASES, META, META_JOURNAL_CLEAN, META_JOURNAL_ID, META_JOURNAL_LSN,
     META_NEXT_OUTBOX, META_NEXT_TOKEN, OUTBOX, RECORDS, RECOVERY,
@@ -23,12 +27,16 @@ pub(super) struct StoredJournal {
 }
 
 /// The journal the database was last used with (`None`: it has never had
-/// one).
+/// one, or it has no meta table yet: a new or foreign redb file).
 pub(super) fn stored_journal(
     db: &impl ReadableDatabase,
 ) -> Result<Option<StoredJournal>, redb::Error> {
     let txn = db.begin_read()?;
-    let meta = txn.open_table(META)?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let id = meta
         .get(META_JOURNAL_ID)?
         .and_then(|v| <[u8; 16]>::try_from(v.value()).ok());
@@ -50,6 +58,85 @@ fn unanchored(lsn: u64) -> String {
          another copy, so writes acknowledged after that checkpoint would be lost; put back \
          the journal this database file was last used with"
     )
+}
+
+/// The one rule for whether a journal can serve a database whose meta table
+/// says `stored`, given what reading the journal found (`scanned`; a
+/// missing, empty or header-only journal holds no frame and no anchor). A
+/// file closed cleanly needs nothing from its journal; one that was not
+/// needs the frame of its last checkpoint, or acknowledged writes may be
+/// lost. Returns the frames the database does not hold yet. Used before a
+/// writable open (nothing written yet), by the recovery after it, and by
+/// read-only opens.
+fn serving(
+    stored: &StoredJournal,
+    journal: &str,
+    scanned: Scanned,
+) -> Result<Vec<(u64, Frame)>, OpenError> {
+    if !stored.clean && !scanned.anchored {
+        return Err(OpenError::Journal {
+            path: journal.into(),
+            detail: unanchored(stored.lsn),
+        });
+    }
+    Ok(scanned.frames)
+}
+
+/// Reads the journal beside the database file `db_path` (see
+/// [`JournalStorage::path_of`]) without creating or writing it, and decides
+/// whether it can serve a database whose meta table says `stored` (see
+/// [`serving`]). Returns how many frames the database does not hold yet.
+fn check_beside(stored: &StoredJournal, db_path: &Path) -> Result<usize, OpenError> {
+    let journal_path = JournalStorage::path_of(db_path);
+    let name = journal_path.display().to_string();
+    let scanned = match std::fs::File::open(&journal_path) {
+        Ok(file) => {
+            let storage = JournalStorage::read_only(file, &journal_path);
+            Journal::scan(&storage, stored.id, stored.lsn).map_err(|e| OpenError::Journal {
+                path: journal_path.clone(),
+                detail: e.to_string(),
+            })?
+        }
+        // No journal holds what an empty one holds.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Scanned {
+            frames: Vec::new(),
+            anchored: false,
+        },
+        Err(e) => {
+            return Err(OpenError::Storage {
+                context: "opening the journal",
+                source: Box::new(e),
+            })
+        }
+    };
+    Ok(serving(stored, &name, scanned)?.len())
+}
+
+/// Decides, before a writable open writes anything to the database file at
+/// `path` or creates its journal, whether the journal can serve it: `db` is
+/// a view of the file that writes nothing to it. A database without a
+/// journal id (new, format 1, or without the engine's tables) passes: it is
+/// given a journal at open.
+///
+/// # Errors
+///
+/// [`OpenError::Journal`] when the journal is damaged, another database's,
+/// or (after a crash) lacks the last checkpoint's frame;
+/// [`OpenError::Storage`] when the meta table or the journal cannot be
+/// read.
+pub(super) fn check_before_open(db: &impl ReadableDatabase, path: &Path) -> Result<(), OpenError> {
+    match read_position(db)? {
+        Some(stored) => check_beside(&stored, path).map(drop),
+        None => Ok(()),
+    }
+}
+
+/// The journal position from the meta table, as an open error.
+fn read_position(db: &impl ReadableDatabase) -> Result<Option<StoredJournal>, OpenError> {
+    stored_journal(db).map_err(|e| OpenError::Storage {
+        context: "reading the journal position",
+        source: Box::new(e),
+    })
 }
 
 /// Opens the journal in `storage` for `db`, applying the frames the database
@@ -74,21 +161,19 @@ pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Jou
             clean: true,
         },
     };
-    let recovered = Journal::recover(storage, stored.id, stored.lsn).map_err(journal_error)?;
-    if !stored.clean && !recovered.anchored {
-        return Err(OpenError::Journal {
-            path: name.clone().into(),
-            detail: unanchored(stored.lsn),
-        });
-    }
-    let mut journal = recovered.journal;
-    if let Some((last, _)) = recovered.frames.last() {
+    let Recovered {
+        mut journal,
+        frames,
+        anchored,
+    } = Journal::recover(storage, stored.id, stored.lsn).map_err(journal_error)?;
+    let frames = serving(&stored, &name, Scanned { frames, anchored })?;
+    if let Some((last, _)) = frames.last() {
         let last = *last;
-        let count = recovered.frames.len();
+        let count = frames.len();
         let mut txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
         txn.set_durability(Durability::Immediate)
             .map_err(|e| storage_error(e.into()))?;
-        for (_, frame) in &recovered.frames {
+        for (_, frame) in &frames {
             apply(&txn, frame).map_err(storage_error)?;
         }
         {
@@ -160,45 +245,16 @@ fn give_journal(db: &Database, storage: &JournalStorage) -> Result<[u8; 16], Ope
 
 /// How many frames the journal beside `path` holds that the database does
 /// not (for a read-only open, which cannot apply them). Writes nothing.
-pub(crate) fn pending_frames(
-    db: &impl ReadableDatabase,
-    path: &std::path::Path,
-) -> Result<usize, OpenError> {
-    let stored = stored_journal(db).map_err(|e| OpenError::Storage {
-        context: "reading the journal position",
-        source: Box::new(e),
-    })?;
-    let Some(stored) = stored.filter(|s| !s.clean) else {
-        return Ok(0);
-    };
-    let journal_path = JournalStorage::path_of(path);
-    let journal_error = |detail| OpenError::Journal {
-        path: journal_path.clone(),
-        detail,
-    };
-    let file = match std::fs::File::open(&journal_path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(journal_error(unanchored(stored.lsn)))
-        }
-        Err(e) => {
-            return Err(OpenError::Storage {
-                context: "opening the journal",
-                source: Box::new(e),
-            })
-        }
-    };
-    let storage = JournalStorage::read_only(file, &journal_path);
-    let scanned =
-        Journal::scan(&storage, stored.id, stored.lsn).map_err(|e| journal_error(e.to_string()))?;
-    if !scanned.anchored {
-        return Err(journal_error(unanchored(stored.lsn)));
+/// After a clean close the journal is not read: the file alone is enough.
+pub(crate) fn pending_frames(db: &impl ReadableDatabase, path: &Path) -> Result<usize, OpenError> {
+    match read_position(db)? {
+        Some(stored) if !stored.clean => check_beside(&stored, path),
+        _ => Ok(0),
     }
-    Ok(scanned.frames.len())
 }
 
 /// Applies one frame's changes, and its counters.
-fn apply(txn: &WriteTransaction, frame: &super::journal::Frame) -> Result<(), redb::Error> {
+fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), redb::Error> {
     let mut records = txn.open_table(RECORDS)?;
     let mut leases = txn.open_table(LEASES)?;
     let mut recovery = txn.open_table(RECOVERY)?;
