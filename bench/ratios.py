@@ -29,7 +29,7 @@ def parse(path):
                 r"^(Benchmarking|Found|Warning|Gnuplot|LATENCY|RATIO|PRELOAD|"
                 r"PEAK_RSS|SWEEP|LAYOUT|bench databases|preloaded|Running|"
                 r"Compiling|Finished|Executable|PAIRED|ROUNDS|PG server|with-postgres|"
-                r"postgres bench skipped|IO_BYTES)", line):
+                r"postgres bench skipped|IO_BYTES|BYTES)", line):
             name = line.strip()
         m = re.search(r"thrpt:\s+\[\S+\s+\S+\s+(\S+)\s+(\S+)\s+\S+\s+\S+\]", line)
         if m and name and "%" not in line:
@@ -37,7 +37,7 @@ def parse(path):
         m = re.match(r"^LATENCY (.*): n=(\d+) p50=([\d.]+)us p99=([\d.]+)us", line)
         if m:
             lat[m.group(1)] = (float(m.group(3)), float(m.group(4)))
-        if re.match(r"^(PEAK_RSS|SWEEP|PRELOAD|LAYOUT|PG server|IO_BYTES)", line):
+        if re.match(r"^(PEAK_RSS|SWEEP|PRELOAD|LAYOUT|PG server|IO_BYTES|BYTES)", line):
             notes.append(line)
     return thrpt, lat, notes
 
@@ -83,6 +83,8 @@ def main():
         (("bytes written per request, 64 threads: engine vs redb 1 txn/op",), "info", 0),
         (("bytes written per request, 64 threads: engine vs sqlite 1 txn/op",), "info", 0),
         (("bytes written per request, 8 threads: engine vs sqlite batched",), "info", 0),
+        (("bytes written per request (write calls), 64 threads: engine vs sqlite batched",), "info", 0),
+        (("bytes written per request (write calls), 8 threads: engine vs sqlite batched",), "info", 0),
         (("replay", "engine vs raw redb"), ">=", 0.7),
         (("replay", "engine vs sqlite"), "info", 0),
         (("fingerprint 300B",), ">=", 0.8),

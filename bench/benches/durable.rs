@@ -227,7 +227,9 @@ where
 /// The engine's threads live through all rounds, so their per-thread
 /// counters only grow. Opening the databases and creating their tables is
 /// outside the rounds.
-fn bytes_per_request(slices: &[Slice]) -> Option<Vec<f64>> {
+/// `syscall`: bytes handed to write calls instead of `write_bytes` (see
+/// `DiskWrites`).
+fn bytes_per_request(slices: &[Slice], syscall: bool) -> Option<Vec<f64>> {
     let mut bytes = vec![0i64; slices.len()];
     let mut last_engine = None;
     for (i, s) in slices.iter().enumerate() {
@@ -235,8 +237,13 @@ fn bytes_per_request(slices: &[Slice]) -> Option<Vec<f64>> {
         if s.engine {
             last_engine = Some(i);
         }
-        bytes[i] += io.process - io.named;
-        bytes[last_engine.unwrap_or(i)] += io.named;
+        let (process, named) = if syscall {
+            (io.process_syscall, io.named_syscall)
+        } else {
+            (io.process, io.named)
+        };
+        bytes[i] += process - named;
+        bytes[last_engine.unwrap_or(i)] += named;
     }
     Some(
         bytes
@@ -340,44 +347,13 @@ fn paired() {
 
     // Bytes written per request, only if every slice of every round had
     // its counters.
-    let bytes: Option<Vec<Vec<f64>>> = rounds
-        .iter()
-        .map(|round| bytes_per_request(round))
-        .collect();
-    if let Some(bytes) = bytes {
-        // The whole run too: per-round figures swing with the slice a
-        // checkpoint lands in; the sum does not.
-        for (i, what) in [
-            (0, "engine, 64 threads"),
-            (3, "sqlite batched 512, 64 threads"),
-            (4, "engine, 8 threads"),
-            (5, "sqlite batched 512, 8 threads"),
-        ] {
-            let total_bytes: f64 = bytes
-                .iter()
-                .zip(&rounds)
-                .map(|(b, round)| b[i] * round[i].requests as f64)
-                .sum();
-            let total_requests: u64 = rounds.iter().map(|round| round[i].requests).sum();
-            println!(
-                "BYTES over all rounds, {what}: {:.0} B/req ({total_requests} requests)",
-                total_bytes / total_requests.max(1) as f64
-            );
-        }
-        let series = |i: usize| -> Vec<f64> { bytes.iter().map(|round| round[i]).collect() };
-        let name = "disk bytes written per request";
-        for (threads, ours, base, what) in [
-            (64, 0, 3, "sqlite batched 512"),
-            (64, 0, 1, "redb 1 txn/op"),
-            (64, 0, 2, "sqlite 1 txn/op"),
-            (8, 4, 5, "sqlite batched 512"),
-        ] {
-            common::report_paired(
-                &format!("{name}, {threads} threads: engine vs {what}"),
-                "B/req",
-                &series(ours),
-                &series(base),
-            );
+    for (syscall, kind) in [(false, ""), (true, " (write calls)")] {
+        let bytes: Option<Vec<Vec<f64>>> = rounds
+            .iter()
+            .map(|round| bytes_per_request(round, syscall))
+            .collect();
+        if let Some(bytes) = bytes {
+            report_bytes(&rounds, &bytes, kind);
         }
     }
 
@@ -412,6 +388,45 @@ fn paired() {
     }
     common::report_paired("begin p50 at 64 threads vs raw fsync p50", "us", &b50, &f50);
     common::report_paired("begin p99 at 64 threads vs raw fsync p99", "us", &b99, &f99);
+}
+
+/// Prints bytes written per request (`kind` names the counter): over the
+/// whole run, and paired per round.
+fn report_bytes(rounds: &[Vec<Slice>], bytes: &[Vec<f64>], kind: &str) {
+    // The whole run too: per-round figures swing with the slice a
+    // checkpoint lands in; the sum does not.
+    for (i, what) in [
+        (0, "engine, 64 threads"),
+        (3, "sqlite batched 512, 64 threads"),
+        (4, "engine, 8 threads"),
+        (5, "sqlite batched 512, 8 threads"),
+    ] {
+        let total_bytes: f64 = bytes
+            .iter()
+            .zip(rounds)
+            .map(|(b, round)| b[i] * round[i].requests as f64)
+            .sum();
+        let total_requests: u64 = rounds.iter().map(|round| round[i].requests).sum();
+        println!(
+            "BYTES{kind} over all rounds, {what}: {:.0} B/req ({total_requests} requests)",
+            total_bytes / total_requests.max(1) as f64
+        );
+    }
+    let series = |i: usize| -> Vec<f64> { bytes.iter().map(|round| round[i]).collect() };
+    let name = format!("disk bytes written per request{kind}");
+    for (threads, ours, base, what) in [
+        (64, 0, 3, "sqlite batched 512"),
+        (64, 0, 1, "redb 1 txn/op"),
+        (64, 0, 2, "sqlite 1 txn/op"),
+        (8, 4, 5, "sqlite batched 512"),
+    ] {
+        common::report_paired(
+            &format!("{name}, {threads} threads: engine vs {what}"),
+            "B/req",
+            &series(ours),
+            &series(base),
+        );
+    }
 }
 
 /// A 1 MiB file, written and synced, for a loop of in-place 4 KiB writes.
