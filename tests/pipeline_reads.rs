@@ -1,0 +1,209 @@
+//! Read-your-writes across threads on the pipelined journal writer: the
+//! writer keeps one redb write transaction open across group commits, the
+//! syncer puts synced values in an overlay, and the writer commits and
+//! empties the overlay every few groups. Guards against a reader that
+//! misses a write acknowledged before it started (a stale read between the
+//! redb commit and the overlay's clear, a deletion the overlay does not
+//! carry, an outbox or recovery listing that does not ask for a commit):
+//!
+//! - thread A completes a key, thread B's `begin` must replay it;
+//! - A purges a completed key, B must find no record and claim it afresh;
+//! - A moves an entity, B must read the new state;
+//! - a relay's `take` after `mark_published` must not return those messages,
+//!   and sequence numbers come out in order, each once;
+//! - A drops a claim and flushes, B's `in_doubt` must list it.
+//!
+//! `IDEMPOTENCY_PIPELINE_ROUNDS` scales the run (default 150 per thread).
+
+use std::collections::BTreeSet;
+use std::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency::{
+    Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OutgoingMessage, PurgeMode, Transition,
+};
+
+type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
+
+const PRODUCERS: usize = 4;
+
+fn rounds() -> usize {
+    std::env::var("IDEMPOTENCY_PIPELINE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150)
+}
+
+fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
+    IdempotencyKey::new("pipeline", name)
+}
+
+fn fp(name: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
+    Fingerprint::of_json(format!(r#"{{"k":"{name}"}}"#).as_bytes(), &[])
+}
+
+fn body(name: &str) -> Vec<u8> {
+    format!("response of {name}").into_bytes()
+}
+
+fn open(dir: &std::path::Path) -> Result<Engine, idempotency::OpenError> {
+    Engine::builder()
+        .lease(Duration::from_secs(3600))
+        .sweep_interval(None)
+        .open(dir.join("idem.redb"))
+}
+
+/// What a producer did, for the checker thread to read back at once.
+enum Done {
+    Completed(String),
+    Purged(String),
+    Moved(String, String),
+    Dropped(String),
+}
+
+fn produce(engine: &Engine, t: usize, tx: &crossbeam_channel::Sender<Done>) -> TestResult {
+    for n in 0..rounds() {
+        let name = format!("t{t}-n{n}");
+        let Begin::Claimed(claim) = engine.begin(&key(&name)?, fp(&name)?)? else {
+            return Err(format!("{name}: fresh key not claimed").into());
+        };
+        match n % 5 {
+            0 | 1 => {
+                engine.complete(claim, Envelope::new(1, 200, body(&name)))?;
+                tx.send(Done::Completed(name))?;
+            }
+            2 => {
+                engine.complete(claim, Envelope::new(1, 200, body(&name)))?;
+                engine.purge(&key(&name)?, PurgeMode::SettledOnly)?;
+                tx.send(Done::Purged(name))?;
+            }
+            3 => {
+                let msg = OutgoingMessage::new("topic", name.clone().into_bytes());
+                engine.complete_with_messages(
+                    claim,
+                    Envelope::new(1, 200, body(&name)),
+                    vec![msg],
+                )?;
+                let entity = format!("e-{name}");
+                let to = format!("s{n}");
+                match engine.transition(&entity, &[], &to)? {
+                    Transition::Applied { .. } => {}
+                    other => return Err(format!("{entity}: {other:?}").into()),
+                }
+                tx.send(Done::Moved(entity, to))?;
+            }
+            _ => {
+                drop(claim);
+                engine.flush()?;
+                tx.send(Done::Dropped(name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check(engine: &Engine, done: Done) -> TestResult {
+    match done {
+        Done::Completed(name) => match engine.begin(&key(&name)?, fp(&name)?)? {
+            Begin::Replay(r) if r.envelope.body == body(&name) => {}
+            other => return Err(format!("{name} completed, another thread saw {other:?}").into()),
+        },
+        Done::Purged(name) => {
+            if let Some(info) = engine.record(&key(&name)?)? {
+                return Err(format!("{name} purged, another thread saw {:?}", info.state).into());
+            }
+            match engine.begin(&key(&name)?, fp(&name)?)? {
+                Begin::Claimed(c) => engine.complete(c, Envelope::new(1, 200, body(&name)))?,
+                other => return Err(format!("{name} purged, begin answered {other:?}").into()),
+            }
+        }
+        Done::Moved(entity, to) => match engine.entity_state(&entity)? {
+            Some((state, _)) if state == to => {}
+            other => return Err(format!("{entity} moved to {to}, read {other:?}").into()),
+        },
+        Done::Dropped(name) => {
+            let listed = engine.in_doubt(100_000)?;
+            if !listed.iter().any(|d| d.key == key(&name).expect("valid")) {
+                return Err(format!("{name} dropped and flushed, not in doubt").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes, checks and marks published until told to stop and the outbox is
+/// empty: every `seq` comes once, in increasing order, and never again
+/// after `mark_published` returned.
+fn relay(engine: &Engine, stop: &AtomicBool) -> Result<usize, Box<dyn Error + Send + Sync>> {
+    let mut published = BTreeSet::new();
+    let mut last = 0;
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        let batch = engine.outbox().take(64)?;
+        if batch.is_empty() && stopping {
+            return Ok(published.len());
+        }
+        let mut seqs = Vec::new();
+        for entry in &batch {
+            if published.contains(&entry.seq) {
+                return Err(format!("seq {} taken again after mark_published", entry.seq).into());
+            }
+            if entry.seq <= last {
+                return Err(format!("seq {} after seq {last}", entry.seq).into());
+            }
+            last = entry.seq;
+            seqs.push(entry.seq);
+        }
+        if !seqs.is_empty() {
+            engine.outbox().mark_published(&seqs)?;
+            published.extend(seqs);
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn every_reader_sees_every_write_acknowledged_before_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let engine = Arc::new(open(dir.path())?);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let stop = AtomicBool::new(false);
+    let published = std::thread::scope(|s| -> Result<usize, Box<dyn Error + Send + Sync>> {
+        let relay = s.spawn(|| relay(&engine, &stop));
+        let checkers: Vec<_> = (0..2)
+            .map(|_| {
+                let rx = rx.clone();
+                let engine = &engine;
+                s.spawn(move || -> TestResult {
+                    for done in rx {
+                        check(engine, done)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|t| {
+                let tx = tx.clone();
+                let engine = &engine;
+                s.spawn(move || produce(engine, t, &tx))
+            })
+            .collect();
+        drop(tx);
+        let mut result = Ok(());
+        for p in producers {
+            result = result.and(p.join().map_err(|_| "producer panicked")?);
+        }
+        for c in checkers {
+            result = result.and(c.join().map_err(|_| "checker panicked")?);
+        }
+        stop.store(true, Ordering::Release);
+        let published = relay.join().map_err(|_| "relay panicked")??;
+        result.map(|()| published)
+    })?;
+    let expected = (0..rounds()).filter(|n| n % 5 == 3).count() * PRODUCERS;
+    assert_eq!(published, expected, "every message published once");
+    Ok(())
+}
