@@ -190,3 +190,33 @@ fn local_writes_among_pipelined_traffic_all_commit() -> TestResult {
     assert_eq!(rows as usize, locals, "every local write's app row");
     Ok(())
 }
+
+/// `Engine::poisoned()` is `None` while the engine is healthy, also when
+/// asked from inside a local write's closure (a health check or a log
+/// line in app code). It used to answer `Some(..)` there: it is built on
+/// the write path's check, which refuses calls from the writer thread with
+/// `Error::Reentrant`.
+#[test]
+fn poisoned_from_inside_a_local_write_is_none_while_healthy() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let engine = Arc::new(open(&dir.path().join("idem.redb"))?);
+    let inside = engine.clone();
+    let (k, f) = (key("health")?, fp("health")?);
+    let seen = within(
+        "execute_local",
+        move || -> Result<Option<String>, String> {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let e = inside.clone();
+            inside
+                .execute_local(&k, f, move |_| {
+                    let _ = tx.send(e.poisoned());
+                    Ok(Envelope::new(1, 200, "ok"))
+                })
+                .map_err(|e| e.to_string())?;
+            rx.recv().map_err(|e| e.to_string())
+        },
+    )??;
+    assert_eq!(seen, None, "a healthy engine said it was poisoned");
+    assert_eq!(engine.poisoned(), None);
+    Ok(())
+}
