@@ -262,3 +262,55 @@ fn what_a_sweep_changed_is_what_every_read_sees() -> TestResult {
     }
     Ok(())
 }
+
+/// `Engine::flush` "waits until every write queued before this call has
+/// committed durably, including the notices of dropped claims". A dropped
+/// claim's notice is sent without waiting; with the writer's queue full
+/// (a small `queue_capacity`, busy threads) it is dropped on the floor, and
+/// the claim is not in doubt after `flush` (only once its lease ends).
+#[test]
+fn a_dropped_claim_is_in_doubt_after_flush_even_with_a_full_queue() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let engine = Engine::builder()
+        .lease(Duration::from_secs(3600))
+        .sweep_interval(None)
+        .queue_capacity(2)
+        .open(dir.path().join("idem.redb"))?;
+    let stop = AtomicBool::new(false);
+    let missing = std::thread::scope(|s| -> Result<Vec<String>, Box<dyn Error + Send + Sync>> {
+        for t in 0..6 {
+            let (engine, stop) = (&engine, &stop);
+            s.spawn(move || -> TestResult {
+                for n in 0.. {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let name = format!("busy-{t}-{n}");
+                    if let Begin::Claimed(c) = engine.begin(&key(&name)?, fp(&name)?)? {
+                        engine.complete(c, Envelope::new(1, 200, body(&name)))?;
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut missing = Vec::new();
+        for i in 0..100 {
+            let name = format!("dropped-{i}");
+            drop(engine.begin(&key(&name)?, fp(&name)?)?);
+            engine.flush()?;
+            let k = key(&name)?;
+            if !engine.in_doubt(100_000)?.iter().any(|d| d.key == k) {
+                missing.push(name);
+            }
+        }
+        stop.store(true, Ordering::Release);
+        Ok(missing)
+    })?;
+    assert!(
+        missing.is_empty(),
+        "{} of 100 dropped claims not in doubt after flush: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    Ok(())
+}
