@@ -314,3 +314,78 @@ fn a_dropped_claim_is_in_doubt_after_flush_even_with_a_full_queue() -> TestResul
     );
     Ok(())
 }
+
+/// Monotonic reads under the writer's commit and overlay clear: one thread
+/// moves an entity through states s1, s2, ... and extends a claim's lease
+/// again and again, publishing each acknowledged version; reader threads
+/// must never see less than what was acknowledged before their read
+/// started, nor go backwards between two of their own reads.
+#[test]
+fn reads_never_go_back_across_commits() -> TestResult {
+    use std::sync::atomic::AtomicU64;
+    let dir = tempfile::tempdir()?;
+    let engine = open(dir.path())?;
+    let acked_version = AtomicU64::new(0);
+    let acked_lease = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let k = key("leased")?;
+    let Begin::Claimed(mut claim) = engine.begin(&k, fp("leased")?)? else {
+        return Err("not claimed".into());
+    };
+    let steps = rounds();
+    std::thread::scope(|s| -> TestResult {
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (engine, k) = (&engine, &k);
+                let (acked_version, acked_lease, done) = (&acked_version, &acked_lease, &done);
+                s.spawn(move || -> TestResult {
+                    let (mut last_v, mut last_l) = (0, 0);
+                    while !done.load(Ordering::Acquire) {
+                        let want_v = acked_version.load(Ordering::Acquire);
+                        let want_l = acked_lease.load(Ordering::Acquire);
+                        let v = engine.entity_state("mono")?.map_or(0, |(_, v)| v);
+                        let l = engine
+                            .record(k)?
+                            .and_then(|r| r.lease_until_ms)
+                            .unwrap_or(0);
+                        if v < want_v.max(last_v) || l < want_l.max(last_l) {
+                            return Err(format!(
+                                "read version {v} lease {l}, acknowledged {want_v}/{want_l}, \
+                                 read before {last_v}/{last_l}"
+                            )
+                            .into());
+                        }
+                        (last_v, last_l) = (v, l);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let mut result = Ok(());
+        for i in 1..=steps as u64 {
+            let from = format!("s{}", i - 1);
+            let froms: Vec<&str> = if i == 1 { vec![] } else { vec![&from] };
+            match engine.transition("mono", &froms, &format!("s{i}")) {
+                Ok(Transition::Applied { version }) => {
+                    acked_version.store(version, Ordering::Release)
+                }
+                other => {
+                    result = Err(format!("transition {i}: {other:?}").into());
+                    break;
+                }
+            }
+            if let Err(e) = claim.extend(Duration::from_secs(3600 + i)) {
+                result = Err(e.into());
+                break;
+            }
+            acked_lease.store(claim.lease_until_ms(), Ordering::Release);
+        }
+        done.store(true, Ordering::Release);
+        for r in readers {
+            result = result.and(r.join().map_err(|_| "reader panicked")?);
+        }
+        result
+    })?;
+    engine.complete(claim, Envelope::new(1, 200, "done"))?;
+    Ok(())
+}
