@@ -86,6 +86,13 @@ fn child_entry() -> TestResult {
     }
     let dir = PathBuf::from(std::env::var(DIR_VAR)?);
     let engine = open(&dir)?;
+    // A hang (a read waiting for a writer that never answers) ends the
+    // child with a distinct status instead of the parent's test.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        eprintln!("child still running after 60 s: hung");
+        std::process::exit(4);
+    });
     let done = Mutex::new(Vec::new());
     let faults = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -127,6 +134,16 @@ fn child_entry() -> TestResult {
         "UNREPLAYED-AFTER-FAULT {} {:?}",
         bad.len(),
         bad.first()
+    )?;
+    // Whole-table reads ask the writer to commit first, unless poisoned:
+    // they must answer (the last commit, or an error), not hang.
+    writeln!(
+        out,
+        "WHOLE-TABLE {:?} {:?} {:?} {:?}",
+        engine.in_doubt(10).map(|v| v.len()),
+        engine.outbox().len(),
+        engine.stats().map(|_| ()),
+        engine.verify().map(|r| r.is_sound()),
     )?;
     if let Ok(filler) = std::env::var(FILLER_VAR) {
         std::fs::remove_file(filler)?;
