@@ -818,6 +818,34 @@ mod tests {
         assert!(r.frames.is_empty());
     }
 
+    /// The pipelined writer appends up to 16 frames (`append_unsynced`)
+    /// before the syncer's one `fdatasync` covers them all, and none of
+    /// them is acknowledged before that sync returns. A power cut during
+    /// it may leave any subset of their pages on disk: here frame 3 never
+    /// made it, frames 4 and 5 did. Nothing after frame 2 was ever
+    /// acknowledged, so this is the torn end of the log, not damage: the
+    /// open must apply frames 1 and 2 instead of refusing the database.
+    #[test]
+    fn a_power_cut_during_a_pipelined_sync_is_the_end_of_the_log() {
+        let shared = Shared(Arc::new(InMemoryBackend::new()));
+        let mut j = Journal::recover(storage(&shared), ID, 0).unwrap().journal;
+        j.append(&frame(1)).unwrap();
+        j.append(&frame(2)).unwrap();
+        let third = j.write_at;
+        j.append_unsynced(&frame(3)).unwrap();
+        let fourth = j.write_at;
+        j.append_unsynced(&frame(4)).unwrap();
+        j.append_unsynced(&frame(5)).unwrap();
+        // The power cut: frame 3's bytes are what the disk held before.
+        shared
+            .write(third, &vec![0; usize::try_from(fourth - third).unwrap()])
+            .unwrap();
+        match Journal::recover(storage(&shared), ID, 0) {
+            Ok(r) => assert_eq!(lsns(&r), vec![1, 2]),
+            Err(e) => panic!("a power cut during a sync left a database that cannot open: {e}"),
+        }
+    }
+
     #[test]
     fn after_a_checkpoint_new_frames_overwrite_old_ones() {
         let (shared, _) = written(6);

@@ -435,6 +435,13 @@ pub(crate) fn probe_write(path: &std::path::Path) -> std::io::Result<()> {
 
 impl Backend for RedbStore {
     fn check(&self) -> Result<()> {
+        // From an app's local write (on the writer thread) the answer is
+        // the poison as it stands: a reopen from there would join itself,
+        // and `writer()` refuses that thread's writes with `Reentrant`.
+        let poison = self.live.read_recursive().poison.clone();
+        if writer::on_writer_of(&poison) {
+            return poison.check();
+        }
         self.writer().map(|_| ())
     }
 

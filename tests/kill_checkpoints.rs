@@ -1,0 +1,217 @@
+//! SIGKILL while the journal wraps around: large responses (48-96 KiB) make
+//! the writer checkpoint every 32 MiB of journal under load, so the kill
+//! lands before, during and after checkpoints, while new frames overwrite
+//! the previous cycle's frames from the start of the file. Eight child
+//! threads claim and complete keys and log each acknowledged answer; the
+//! parent kills the child at a random moment, reopens the file and checks
+//! every acknowledged claim and completion (byte for byte).
+//!
+//! 3 rounds by default; `IDEMPOTENCY_KILL_CHECKPOINT_ROUNDS=50` for a long
+//! run.
+#![cfg(unix)]
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
+
+type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
+
+const ROLE_VAR: &str = "IDEM_KILL_CKPT_ROLE";
+const DB_VAR: &str = "IDEM_KILL_CKPT_DB";
+const ROUND_VAR: &str = "IDEM_KILL_CKPT_ROUND";
+const LOG_VAR: &str = "IDEM_KILL_CKPT_LOG";
+const READY: &str = "KILL-CKPT CHILD READY";
+const THREADS: usize = 8;
+
+fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
+    IdempotencyKey::new("ckpt", name)
+}
+
+fn fp(name: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
+    Fingerprint::of_json(format!(r#"{{"k":"{name}"}}"#).as_bytes(), &[])
+}
+
+/// 48-96 KiB, different for every key.
+fn body(name: &str) -> Vec<u8> {
+    let seed = name.bytes().fold(0xCBF2_9CE4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+    });
+    let len = 48 * 1024 + (seed % (48 * 1024)) as usize;
+    (0..len)
+        .map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i as u8))
+        .collect()
+}
+
+fn open(db: &Path) -> Result<Engine, idempotency::OpenError> {
+    Engine::builder()
+        .lease(Duration::from_secs(3600))
+        .sweep_interval(None)
+        .max_response_bytes(1 << 20)
+        .open(db)
+}
+
+#[test]
+fn child_entry() -> TestResult {
+    if std::env::var_os(ROLE_VAR).is_none() {
+        return Ok(());
+    }
+    let db = PathBuf::from(std::env::var(DB_VAR)?);
+    let round: u64 = std::env::var(ROUND_VAR)?.parse()?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(std::env::var(LOG_VAR)?)?;
+    let engine = open(&db)?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{READY}")?;
+        out.flush()?;
+    }
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(120));
+        std::process::exit(4);
+    });
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (engine, log) = (&engine, &log);
+            s.spawn(move || {
+                let run = || -> TestResult {
+                    for n in 0.. {
+                        let name = format!("r{round}-t{t}-{n}");
+                        let Begin::Claimed(c) = engine.begin(&key(&name)?, fp(&name)?)? else {
+                            return Err(format!("{name} not claimed").into());
+                        };
+                        (&*log).write_all(
+                            format!("claimed {name} {}\n", c.fencing_token()).as_bytes(),
+                        )?;
+                        engine.complete(c, Envelope::new(1, 200, body(&name)))?;
+                        (&*log).write_all(format!("completed {name} -\n").as_bytes())?;
+                    }
+                    Ok(())
+                };
+                if let Err(e) = run() {
+                    eprintln!("worker {t}: {e}");
+                    std::process::exit(3);
+                }
+            });
+        }
+    });
+    Err("workers stopped".into())
+}
+
+#[test]
+fn sigkill_across_journal_checkpoints_loses_nothing_acknowledged() -> TestResult {
+    let rounds: u64 = std::env::var("IDEMPOTENCY_KILL_CHECKPOINT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("idem.redb");
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64;
+    let mut claimed: BTreeMap<String, u64> = BTreeMap::new();
+    let mut completed: Vec<String> = Vec::new();
+    let mut fails = Vec::new();
+    for round in 0..rounds {
+        let log = dir.path().join(format!("acks-{round}.log"));
+        let stderr = dir.path().join(format!("child-{round}.stderr"));
+        let mut child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
+            .arg(std::env::current_exe()?)
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env(ROLE_VAR, "child")
+            .env(DB_VAR, &db)
+            .env(ROUND_VAR, round.to_string())
+            .env(LOG_VAR, &log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(&stderr)?)
+            .spawn()?;
+        let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut line = String::new();
+        while out.read_line(&mut line)? > 0 && !line.contains(READY) {}
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        std::thread::sleep(Duration::from_millis(150 + (seed >> 33) % 600));
+        let early = child.try_wait()?;
+        child.kill()?;
+        let status = child.wait()?;
+        if early.is_some() || status.signal() != Some(9) {
+            return Err(format!(
+                "round {round}: the child ended by itself ({status:?}): {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            )
+            .into());
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let whole = text.rsplit_once('\n').map_or("", |(done, _)| done);
+        let mut names = Vec::new();
+        for l in whole.lines() {
+            match l.split(' ').collect::<Vec<_>>().as_slice() {
+                ["claimed", name, token] => {
+                    claimed.insert(name.to_string(), token.parse()?);
+                    names.push(name.to_string());
+                }
+                ["completed", name, _] => completed.push(name.to_string()),
+                _ => return Err(format!("bad line {l:?}").into()),
+            }
+        }
+        let journal_len = std::fs::metadata(dir.path().join("idem.redb.journal"))?.len();
+        let engine = Engine::builder()
+            .sweep_interval(None)
+            .max_response_bytes(1 << 20)
+            .open_existing(&db)?;
+        let done: std::collections::BTreeSet<&String> = completed.iter().collect();
+        for name in &names {
+            let rec = engine.record(&key(name)?)?;
+            match rec {
+                Some(r) if r.fencing_token == claimed[name] => {
+                    if done.contains(name)
+                        && r.response.as_ref().map(|e| &e.body) != Some(&body(name))
+                    {
+                        fails.push(format!("round {round}: {name}: completion lost or changed"));
+                    }
+                }
+                other => fails.push(format!(
+                    "round {round}: {name}: acked claim, record {:?}",
+                    other.map(|r| (r.state, r.fencing_token))
+                )),
+            }
+        }
+        println!(
+            "round {round}: {} claims acked, journal {} MiB",
+            names.len(),
+            journal_len >> 20
+        );
+        drop(engine);
+    }
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .max_response_bytes(1 << 20)
+        .open_existing(&db)?;
+    for name in &completed {
+        match engine.begin(&key(name)?, fp(name)?)? {
+            Begin::Replay(r) if r.envelope.body == body(name) => {}
+            other => fails.push(format!(
+                "final: {name}: {:?}",
+                std::mem::discriminant(&other)
+            )),
+        }
+    }
+    assert!(engine.verify()?.is_sound());
+    assert!(
+        fails.is_empty(),
+        "{} failures: {:#?}",
+        fails.len(),
+        &fails[..fails.len().min(10)]
+    );
+    Ok(())
+}
