@@ -17,10 +17,17 @@
 //!          journal id (16, also in the database's meta table) ·
 //!          first 8 bytes of BLAKE3 of the 40 bytes before · zeros
 //! 4096   frames, each 8-byte aligned:
-//!          payload length u32 LE · 0u32 · LSN u64 LE ·
-//!          checksum (first 16 bytes of BLAKE3 of journal id, LSN, length,
-//!          payload) · payload (postcard of `Frame`) · zero padding to 8
+//!          payload length u32 LE · unsynced u32 LE · LSN u64 LE ·
+//!          checksum (first 16 bytes of BLAKE3 of journal id, LSN,
+//!          unsynced when not 0, length, payload) ·
+//!          payload (postcard of `Frame`) · zero padding to 8
 //! ```
+//!
+//! `unsynced` is how many frames before this one were not yet known to be
+//! durable when it was written (the writer appends the next frames while
+//! the syncer thread syncs earlier ones): every frame up to
+//! `LSN - 1 - unsynced` was. Version 1 journals (each frame synced before
+//! the next was written) always hold 0 there and read the same way.
 //!
 //! LSNs (log sequence numbers) grow by one per frame, forever. The database
 //! stores the LSN its state includes (`journal_lsn` in the meta table). A
@@ -31,10 +38,16 @@
 //! log. Frames of earlier cycles have smaller LSNs, so they are never taken
 //! for new ones.
 //!
-//! A frame that fails its checksum is a torn last write (the end of the
-//! log) unless a valid frame with a later, still needed LSN follows it: then
-//! the journal is damaged in the middle, and opening fails with an error
-//! naming the file and the offset. Nothing is ever skipped silently.
+//! A frame that fails its checksum is a torn write (the end of the log)
+//! unless a valid frame further on, with a later, still needed LSN, says
+//! that the bad frame was durable before it was written (its `unsynced`):
+//! then the journal is damaged in the middle, and opening fails with an
+//! error naming the file and the offset. A power cut during a sync may
+//! leave any of the frames that sync covered on disk and others not; none
+//! of them was acknowledged (callers hear nothing before the sync
+//! returns), and the first one missing is the end of the log. Damage to
+//! one of the last frames before a crash, which no later frame vouches
+//! for, cannot be told from that and is taken for a torn end too.
 //!
 //! Why not a crate: `okaywal`, the one maintained-looking Rust WAL, says in
 //! its README that it must not be used in production and that its format is
@@ -51,7 +64,10 @@ use serde::{Deserialize, Serialize};
 /// Bytes before the first frame.
 pub(super) const HEADER_LEN: u64 = 4096;
 const MAGIC: &[u8; 16] = b"idempotency-jrnl";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The oldest journal version this build reads (version 1 frames always
+/// have `unsynced` 0).
+const OLDEST_VERSION: u32 = 1;
 /// Bytes of a frame before its payload.
 const FRAME_HEADER: usize = 32;
 /// The file grows by at least this much (zeros) when a frame needs room.
@@ -323,7 +339,7 @@ impl Reader<'_> {
             });
         }
         let version = u32::from_le_bytes([head[16], head[17], head[18], head[19]]);
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(not(&format!(
                 "journal version {version} (this build reads {VERSION})"
             )));
@@ -340,7 +356,10 @@ impl Reader<'_> {
         let mut anchored = false;
         let mut pos = HEADER_LEN;
         let mut prev: Option<u64> = None;
-        while let Some((lsn, payload, next)) = self.frame_at(bytes, pos) {
+        while let Some(FrameAt {
+            lsn, payload, next, ..
+        }) = self.frame_at(bytes, pos)
+        {
             if prev.is_some_and(|p| lsn != p + 1) {
                 break;
             }
@@ -370,8 +389,11 @@ impl Reader<'_> {
             prev = Some(lsn);
             pos = next;
         }
-        // The end of the log, or damage in its middle: a valid frame that is
-        // still needed further on means the latter.
+        // The end of the log, or damage in its middle: a valid, still
+        // needed frame further on that was written after the missing one
+        // was durable means the latter. One written while the missing one
+        // was still being synced means a power cut tore that sync: none
+        // of them was acknowledged.
         let needed_after = prev.map_or(self.checkpointed_lsn, |p| p.max(self.checkpointed_lsn));
         let mut probe = pos.saturating_add(8);
         while probe + FRAME_HEADER as u64 <= bytes.len() as u64 {
@@ -383,14 +405,17 @@ impl Reader<'_> {
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
                 .map_or(0, u64::from_le_bytes);
             let plausible = lsn > needed_after && lsn - needed_after < (1 << 32);
-            if let Some((lsn, _, _)) = plausible.then(|| self.frame_at(bytes, probe)).flatten() {
-                if lsn > needed_after {
+            if let Some(found) = plausible.then(|| self.frame_at(bytes, probe)).flatten() {
+                if found.lsn > needed_after && found.durable_before > needed_after {
+                    let lsn = found.lsn;
                     return Err(JournalError::Corrupt {
                         file: self.name.to_string(),
                         offset: pos,
                         detail: format!(
-                            "the frame here does not check, but frame {lsn} at offset {probe} does: \
-                             the journal is damaged, not just cut short"
+                            "the frame here does not check, but frame {lsn} at offset {probe} does, \
+                             and was written after frame {} was durable: the journal is damaged, \
+                             not just cut short",
+                            needed_after + 1
                         ),
                     });
                 }
@@ -403,23 +428,38 @@ impl Reader<'_> {
         })
     }
 
-    /// The valid frame at `pos`: its LSN, payload and the next frame's
-    /// offset.
-    fn frame_at<'b>(&self, bytes: &'b [u8], pos: u64) -> Option<(u64, &'b [u8], u64)> {
+    /// The valid frame at `pos`.
+    fn frame_at<'b>(&self, bytes: &'b [u8], pos: u64) -> Option<FrameAt<'b>> {
         let start = usize::try_from(pos).ok()?;
         let head = bytes.get(start..start.checked_add(FRAME_HEADER)?)?;
         let len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
+        let unsynced = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
         let lsn = u64::from_le_bytes(head[8..16].try_into().ok()?);
-        if len > MAX_PAYLOAD || head[4..8] != [0; 4] {
+        if len > MAX_PAYLOAD {
             return None;
         }
         let body_start = start + FRAME_HEADER;
         let payload = bytes.get(body_start..body_start.checked_add(usize::try_from(len).ok()?)?)?;
-        if checksum(&self.id, lsn, payload) != head[16..32] {
+        if checksum(&self.id, lsn, unsynced, payload) != head[16..32] {
             return None;
         }
-        Some((lsn, payload, pos + frame_len(len)))
+        Some(FrameAt {
+            lsn,
+            durable_before: lsn.saturating_sub(u64::from(unsynced).saturating_add(1)),
+            payload,
+            next: pos + frame_len(len),
+        })
     }
+}
+
+/// A frame that checks, as found in the file.
+struct FrameAt<'b> {
+    lsn: u64,
+    /// Every frame up to this LSN was durable when this one was written.
+    durable_before: u64,
+    payload: &'b [u8],
+    /// The offset of the next frame.
+    next: u64,
 }
 
 /// A journal read at open: the frames the database does not hold yet.
@@ -556,18 +596,26 @@ impl Journal {
     /// journal refuses every later append (the file's state is unknown).
     #[cfg(test)]
     pub(super) fn append(&mut self, frame: &Frame) -> Result<u64, JournalError> {
-        let lsn = self.append_unsynced(frame)?;
+        let synced = self.last_lsn;
+        let lsn = self.append_unsynced(frame, synced)?;
         self.sync().map_err(|e| self.io_error(e))?;
         Ok(lsn)
     }
 
-    /// Appends `frame` without syncing it; returns its LSN. The frame is
-    /// durable once a later [`JournalSync::sync`] returns. After an error
-    /// the journal refuses every later append (the file's state is
-    /// unknown).
-    pub(super) fn append_unsynced(&mut self, frame: &Frame) -> Result<u64, JournalError> {
+    /// Appends `frame` without syncing it; returns its LSN. `synced`: every
+    /// frame up to this LSN is known to be durable (the frame records it,
+    /// see the module docs). The frame is durable once a later
+    /// [`JournalSync::sync`] returns. After an error the journal refuses
+    /// every later append (the file's state is unknown).
+    pub(super) fn append_unsynced(
+        &mut self,
+        frame: &Frame,
+        synced: u64,
+    ) -> Result<u64, JournalError> {
         let lsn = self.last_lsn + 1;
-        self.write_frame(lsn, frame, false)?;
+        let unsynced =
+            u32::try_from(lsn.saturating_sub(synced.saturating_add(1))).unwrap_or(u32::MAX);
+        self.write_frame(lsn, frame, unsynced, false)?;
         self.last_lsn = lsn;
         Ok(lsn)
     }
@@ -587,7 +635,13 @@ impl Journal {
 
     /// Writes `frame` as `lsn` at the write position, and syncs it if
     /// `sync`.
-    fn write_frame(&mut self, lsn: u64, frame: &Frame, sync: bool) -> Result<(), JournalError> {
+    fn write_frame(
+        &mut self,
+        lsn: u64,
+        frame: &Frame,
+        unsynced: u32,
+        sync: bool,
+    ) -> Result<(), JournalError> {
         if self.broken {
             return Err(self.io_error(io::Error::other(
                 "an earlier write failed; the journal must be reopened",
@@ -601,7 +655,7 @@ impl Journal {
             Err(e) => return Err(self.io_error(io::Error::other(e.to_string()))),
         };
         let len = (self.buf.len() - FRAME_HEADER) as u64;
-        let sum = checksum(&self.id, lsn, &self.buf[FRAME_HEADER..]);
+        let sum = checksum(&self.id, lsn, unsynced, &self.buf[FRAME_HEADER..]);
         let Ok(len32) = u32::try_from(len) else {
             // Refused before anything is written: the batch fails, the
             // journal stays usable.
@@ -610,6 +664,7 @@ impl Journal {
             ))));
         };
         self.buf[0..4].copy_from_slice(&len32.to_le_bytes());
+        self.buf[4..8].copy_from_slice(&unsynced.to_le_bytes());
         self.buf[8..16].copy_from_slice(&lsn.to_le_bytes());
         self.buf[16..32].copy_from_slice(&sum);
         let total = frame_len(len);
@@ -654,7 +709,7 @@ impl Journal {
             next_outbox: 0,
             changes: Vec::new(),
         };
-        self.write_frame(self.checkpointed_lsn, &anchor, true)
+        self.write_frame(self.checkpointed_lsn, &anchor, 0, true)
     }
 
     fn write_header(&mut self) -> io::Result<()> {
@@ -686,10 +741,14 @@ fn frame_len(payload: u64) -> u64 {
     (FRAME_HEADER as u64 + payload).div_ceil(8) * 8
 }
 
-fn checksum(id: &[u8; 16], lsn: u64, payload: &[u8]) -> [u8; 16] {
+fn checksum(id: &[u8; 16], lsn: u64, unsynced: u32, payload: &[u8]) -> [u8; 16] {
     let mut h = blake3::Hasher::new();
     h.update(id);
     h.update(&lsn.to_le_bytes());
+    // Hashed only when set, so version 1 frames (always 0) check the same.
+    if unsynced != 0 {
+        h.update(&unsynced.to_le_bytes());
+    }
     h.update(&(payload.len() as u64).to_le_bytes());
     h.update(payload);
     let mut out = [0_u8; 16];
@@ -832,10 +891,10 @@ mod tests {
         j.append(&frame(1)).unwrap();
         j.append(&frame(2)).unwrap();
         let third = j.write_at;
-        j.append_unsynced(&frame(3)).unwrap();
+        j.append_unsynced(&frame(3), 2).unwrap();
         let fourth = j.write_at;
-        j.append_unsynced(&frame(4)).unwrap();
-        j.append_unsynced(&frame(5)).unwrap();
+        j.append_unsynced(&frame(4), 2).unwrap();
+        j.append_unsynced(&frame(5), 2).unwrap();
         // The power cut: frame 3's bytes are what the disk held before.
         shared
             .write(third, &vec![0; usize::try_from(fourth - third).unwrap()])
@@ -844,6 +903,44 @@ mod tests {
             Ok(r) => assert_eq!(lsns(&r), vec![1, 2]),
             Err(e) => panic!("a power cut during a sync left a database that cannot open: {e}"),
         }
+    }
+
+    /// A later frame that was written after the bad one was durable
+    /// proves the damage: frame 5 was appended once frame 3 was synced.
+    #[test]
+    fn damage_to_a_frame_a_later_frame_vouches_for_is_an_error() {
+        let shared = Shared(Arc::new(InMemoryBackend::new()));
+        let mut j = Journal::recover(storage(&shared), ID, 0).unwrap().journal;
+        j.append(&frame(1)).unwrap();
+        j.append(&frame(2)).unwrap();
+        let third = j.write_at;
+        j.append_unsynced(&frame(3), 2).unwrap();
+        j.append_unsynced(&frame(4), 2).unwrap();
+        j.append_unsynced(&frame(5), 3).unwrap();
+        j.sync().unwrap();
+        let mut byte = [0_u8; 1];
+        shared.read(third + 40, &mut byte).unwrap();
+        shared.write(third + 40, &[byte[0] ^ 0x01]).unwrap();
+        match Journal::recover(storage(&shared), ID, 0) {
+            Err(JournalError::Corrupt { offset, .. }) => assert_eq!(offset, third),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(r) => panic!("damage read as a torn end: {:?}", lsns(&r)),
+        }
+    }
+
+    /// A version 1 journal (each frame synced before the next, `unsynced`
+    /// always 0) reads the same.
+    #[test]
+    fn a_version_1_header_is_read() {
+        let (shared, _) = written(3);
+        let mut head = vec![0_u8; 48];
+        shared.read(0, &mut head).unwrap();
+        head[16..20].copy_from_slice(&1_u32.to_le_bytes());
+        let sum = blake3::hash(&head[..40]);
+        head[40..48].copy_from_slice(&sum.as_bytes()[..8]);
+        shared.write(0, &head).unwrap();
+        let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+        assert_eq!(lsns(&r), vec![1, 2, 3]);
     }
 
     #[test]

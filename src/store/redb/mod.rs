@@ -164,6 +164,10 @@ pub(crate) struct RedbStore {
     reopen: Option<(Reopen, Probe)>,
     /// Clock reading (ms) of the last reopen attempt.
     last_reopen: Mutex<Option<u64>>,
+    /// Notices of dropped claims that found the writer's queue full: sent
+    /// (waiting) before the next call's own message, so `flush` covers
+    /// them.
+    detached: Mutex<Vec<Msg>>,
 }
 
 impl RedbStore {
@@ -190,6 +194,7 @@ impl RedbStore {
             settings,
             reopen,
             last_reopen: Mutex::new(None),
+            detached: Mutex::new(Vec::new()),
         })
     }
 
@@ -203,12 +208,25 @@ impl RedbStore {
 
     fn submit<T: Send + 'static>(&self, op: writer::Op<T>, isolated: bool) -> Result<T> {
         let (tx, poison) = self.writer()?;
+        self.send_detached(&tx);
         let (reply, answer) = reply::reply();
         let job = Call::new(op, isolated, Some(reply));
         if tx.send(Msg::Job(Box::new(job))).is_err() {
             return Err(closed(&poison));
         }
         answer.recv().unwrap_or_else(|| Err(closed(&poison)))
+    }
+
+    /// Queues the notices of dropped claims that found the queue full,
+    /// waiting for room (never called on the writer thread: `writer`
+    /// refuses that first).
+    fn send_detached(&self, tx: &Sender<Msg>) {
+        let waiting = std::mem::take(&mut *self.detached.lock());
+        for msg in waiting {
+            if tx.send(msg).is_err() {
+                break;
+            }
+        }
     }
 
     /// The writer's queue, reopening the database first if the backend is
@@ -519,8 +537,13 @@ impl Backend for RedbStore {
             None,
         );
         // Never blocks: it may run in `Drop` on an async worker or inside a
-        // local write on the writer thread itself.
-        let _ = tx.try_send(Msg::Job(Box::new(job)));
+        // local write on the writer thread itself. With the queue full, the
+        // next call (or `flush`) sends it.
+        if let Err(crossbeam_channel::TrySendError::Full(msg)) =
+            tx.try_send(Msg::Job(Box::new(job)))
+        {
+            self.detached.lock().push(msg);
+        }
     }
 
     fn extend(&self, key: IdempotencyKey, token: u64, lease_ms: u64) -> Result<u64> {
@@ -557,6 +580,7 @@ impl Backend for RedbStore {
 
     fn flush(&self) -> Result<()> {
         let (tx, poison) = self.writer()?;
+        self.send_detached(&tx);
         let (reply, answer) = reply::reply();
         if tx.send(Msg::Settle(reply)).is_err() {
             return Err(closed(&poison));

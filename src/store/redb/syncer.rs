@@ -133,6 +133,11 @@ impl Syncer {
         }
     }
 
+    /// The LSN up to which every frame is durable.
+    pub(super) fn synced(&self) -> u64 {
+        self.shared.progress.lock().synced
+    }
+
     /// Waits until every frame up to `lsn` is durable; the reason if
     /// syncing failed.
     pub(super) fn wait_synced(&self, lsn: u64) -> Result<(), Arc<str>> {

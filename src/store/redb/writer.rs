@@ -426,7 +426,7 @@ impl Writer {
             changes,
         };
         let lsn = journal
-            .append_unsynced(&frame)
+            .append_unsynced(&frame, state.syncer.synced())
             .map_err(CommitError::Journal)?;
         self.seq = after;
         open.groups += 1;
