@@ -336,7 +336,6 @@ fn a_failed_journal_sync_poisons_answers_everyone_and_loses_nothing() -> TestRes
 /// acknowledged completions included, then fails with `Error::Poisoned`
 /// ("writes refused") until a later attempt succeeds.
 #[test]
-#[ignore = "known bug, not fixed yet: a failed self-reopen leaves no database to read, so replays fail until a later attempt succeeds (see the session note of 2026-11-30 and docs/design.md, The write path)"]
 fn replays_go_on_after_a_failed_reopen_attempt() -> TestResult {
     let tools = tempfile::tempdir()?;
     let Some(shim) = build_shim(tools.path()) else {

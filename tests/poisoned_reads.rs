@@ -210,7 +210,6 @@ impl Drop for Mounted {
 }
 
 #[test]
-#[ignore = "known bug, not fixed yet: a failed self-reopen leaves no database to read, so replays fail until a later attempt succeeds (see the session note of 2026-11-30 and docs/design.md, The write path)"]
 fn replays_go_on_when_a_little_space_is_freed_on_a_full_disk() -> TestResult {
     let dir = tempfile::tempdir()?;
     let Some(mnt) = Mounted::tmpfs(&dir.path().join("mnt"), "24m") else {

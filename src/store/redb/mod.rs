@@ -99,12 +99,19 @@ pub(crate) fn open_contained<T>(
 pub(crate) struct Opened {
     pub(crate) db: Database,
     pub(crate) journal: Option<std::path::PathBuf>,
+    /// The database file, for a read view after a failed reopen (`None`:
+    /// opened on a backend).
+    pub(crate) file: Option<std::path::PathBuf>,
 }
 
 impl Opened {
     /// A database without a journal.
     pub(crate) fn plain(db: Database) -> Opened {
-        Opened { db, journal: None }
+        Opened {
+            db,
+            journal: None,
+            file: None,
+        }
     }
 
     /// The database file at `path`, with its journal beside it.
@@ -113,6 +120,7 @@ impl Opened {
         Ok(Opened {
             db,
             journal: Some(JournalStorage::path_of(path)),
+            file: Some(path.to_path_buf()),
         })
     }
 }
@@ -164,6 +172,9 @@ pub(crate) struct RedbStore {
     reopen: Option<(Reopen, Probe)>,
     /// Clock reading (ms) of the last reopen attempt.
     last_reopen: Mutex<Option<u64>>,
+    /// The database file, for a read view while a reopen fails (see
+    /// `open::open_read_view`).
+    file: Option<std::path::PathBuf>,
     /// Notices of dropped claims that found the writer's queue full: sent
     /// (waiting) before the next call's own message, so `flush` covers
     /// them.
@@ -188,12 +199,14 @@ impl RedbStore {
             max_batch: max_batch.max(1),
             queue_capacity: queue_capacity.max(1),
         };
+        let file = opened.file.clone();
         let live = spawn_writer(opened, &settings)?;
         Ok(RedbStore {
             live: RwLock::new(live),
             settings,
             reopen,
             last_reopen: Mutex::new(None),
+            file,
             detached: Mutex::new(Vec::new()),
         })
     }
@@ -309,6 +322,19 @@ impl RedbStore {
             Err(e) => {
                 tracing::error!(error = %e, %cause, "reopening the database failed; writes stay refused");
                 live.poison.reopen_failed(e.to_string());
+                // Reads (replays) go on from a view that writes nothing,
+                // until a later attempt reopens the file for writing.
+                if let Some(file) = &self.file {
+                    match open_contained(file, || open::open_read_view(file)) {
+                        Ok(view) => {
+                            live.db = Some(Arc::new(view));
+                            live.overlay = Arc::new(Overlay::default());
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "no read view either; reads fail until a reopen works");
+                        }
+                    }
+                }
                 live.poison.check()
             }
         }
@@ -374,7 +400,7 @@ fn closed(poison: &Poison) -> Error {
 /// Starts a writer thread on a prepared database, after applying what its
 /// journal holds beyond the last checkpoint.
 fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
-    let Opened { db, journal } = opened;
+    let Opened { db, journal, .. } = opened;
     let journal = match journal {
         Some(path) => {
             let storage = JournalStorage::beside_path(&path).map_err(|e| OpenError::Storage {

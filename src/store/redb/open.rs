@@ -49,6 +49,25 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
     db.map_err(|e| open_error(path, e))
 }
 
+/// A view of the database at `path` for reads only, while the engine
+/// cannot reopen it for writing (its self-reopen failed): the file
+/// through a layer that keeps every write in memory, with the frames its
+/// journal holds beyond the last checkpoint applied in that memory. It
+/// shows every acknowledged write and changes nothing on disk. It holds
+/// the file's lock, like a writable open; drop it before the next
+/// reopen.
+///
+/// # Errors
+///
+/// `OpenError::Corrupt` and `OpenError::Storage` as a writable open (the
+/// file locked, damaged, or more to recover than the in-memory layer
+/// holds), `OpenError::Journal` if the journal cannot serve the file.
+pub(crate) fn open_read_view(path: &Path) -> Result<Database, OpenError> {
+    let db = scratch_view::open(path).map_err(|e| open_error(path, e))?;
+    super::recover::apply_in_view(&db, path)?;
+    Ok(db)
+}
+
 /// Refuses, from a view that writes nothing, an existing file a writable
 /// open must not touch: an unknown format version (redb's writable open
 /// rewrites the file header even when nothing is committed), or a journal

@@ -85,8 +85,8 @@ fn serving(
 /// Reads the journal beside the database file `db_path` (see
 /// [`JournalStorage::path_of`]) without creating or writing it, and decides
 /// whether it can serve a database whose meta table says `stored` (see
-/// [`serving`]). Returns how many frames the database does not hold yet.
-fn check_beside(stored: &StoredJournal, db_path: &Path) -> Result<usize, OpenError> {
+/// [`serving`]). Returns the frames the database does not hold yet.
+fn frames_beside(stored: &StoredJournal, db_path: &Path) -> Result<Vec<(u64, Frame)>, OpenError> {
     let journal_path = JournalStorage::path_of(db_path);
     let name = journal_path.display().to_string();
     let scanned = match std::fs::File::open(&journal_path) {
@@ -109,7 +109,7 @@ fn check_beside(stored: &StoredJournal, db_path: &Path) -> Result<usize, OpenErr
             })
         }
     };
-    Ok(serving(stored, &name, scanned)?.len())
+    serving(stored, &name, scanned)
 }
 
 /// Decides, before a writable open writes anything to the database file at
@@ -126,7 +126,7 @@ fn check_beside(stored: &StoredJournal, db_path: &Path) -> Result<usize, OpenErr
 /// read.
 pub(super) fn check_before_open(db: &impl ReadableDatabase, path: &Path) -> Result<(), OpenError> {
     match read_position(db)? {
-        Some(stored) => check_beside(&stored, path).map(drop),
+        Some(stored) => frames_beside(&stored, path).map(drop),
         None => Ok(()),
     }
 }
@@ -196,6 +196,30 @@ pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Jou
     Ok(journal)
 }
 
+/// Applies, to `db` (a view whose writes stay in memory, see
+/// `open::open_read_view`), the frames the journal beside `path` holds
+/// beyond the database's last checkpoint, reading the journal without
+/// creating or writing it.
+pub(super) fn apply_in_view(db: &Database, path: &Path) -> Result<(), OpenError> {
+    let what = "reading the journal into a read view";
+    let storage_error = |e: redb::Error| OpenError::Storage {
+        context: what,
+        source: Box::new(e),
+    };
+    let frames = match stored_journal(db).map_err(storage_error)? {
+        Some(stored) if !stored.clean => frames_beside(&stored, path)?,
+        _ => return Ok(()),
+    };
+    if frames.is_empty() {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
+    for (_, frame) in &frames {
+        apply(&txn, frame).map_err(storage_error)?;
+    }
+    txn.commit().map_err(|e| storage_error(e.into()))
+}
+
 /// Marks durably whether the engine closed cleanly (set by the last
 /// checkpoint of a shutdown, cleared when an engine opens the file).
 pub(super) fn set_clean(db: &Database, clean: bool) -> Result<(), redb::Error> {
@@ -248,7 +272,7 @@ fn give_journal(db: &Database, storage: &JournalStorage) -> Result<[u8; 16], Ope
 /// After a clean close the journal is not read: the file alone is enough.
 pub(crate) fn pending_frames(db: &impl ReadableDatabase, path: &Path) -> Result<usize, OpenError> {
     match read_position(db)? {
-        Some(stored) if !stored.clean => check_beside(&stored, path),
+        Some(stored) if !stored.clean => frames_beside(&stored, path).map(|f| f.len()),
         _ => Ok(0),
     }
 }
