@@ -10,13 +10,14 @@
 //! run.
 #![cfg(unix)]
 
+#[path = "common/kill.rs"]
+mod kill;
+
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::ExitStatusExt;
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
@@ -114,43 +115,28 @@ fn sigkill_across_journal_checkpoints_loses_nothing_acknowledged() -> TestResult
         .unwrap_or(3);
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("idem.redb");
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos() as u64;
+    let mut seed = kill::time_seed()?;
     let mut claimed: BTreeMap<String, u64> = BTreeMap::new();
     let mut completed: Vec<String> = Vec::new();
     let mut fails = Vec::new();
     for round in 0..rounds {
         let log = dir.path().join(format!("acks-{round}.log"));
         let stderr = dir.path().join(format!("child-{round}.stderr"));
-        let mut child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
-            .arg(std::env::current_exe()?)
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env(ROLE_VAR, "child")
-            .env(DB_VAR, &db)
-            .env(ROUND_VAR, round.to_string())
-            .env(LOG_VAR, &log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(&stderr)?)
-            .spawn()?;
-        let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        let mut line = String::new();
-        while out.read_line(&mut line)? > 0 && !line.contains(READY) {}
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        std::thread::sleep(Duration::from_millis(150 + (seed >> 33) % 600));
-        let early = child.try_wait()?;
-        child.kill()?;
-        let status = child.wait()?;
-        if early.is_some() || status.signal() != Some(9) {
-            return Err(format!(
-                "round {round}: the child ended by itself ({status:?}): {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            )
-            .into());
-        }
+        let round_text = round.to_string();
+        let delay;
+        (seed, delay) = kill::next_delay(seed, 150, 600);
+        kill::run_then_kill(
+            round,
+            &[
+                (ROLE_VAR, "child".as_ref()),
+                (DB_VAR, db.as_os_str()),
+                (ROUND_VAR, round_text.as_ref()),
+                (LOG_VAR, log.as_os_str()),
+            ],
+            READY,
+            &stderr,
+            delay,
+        )?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let whole = text.rsplit_once('\n').map_or("", |(done, _)| done);
         let mut names = Vec::new();

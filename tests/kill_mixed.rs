@@ -17,13 +17,14 @@
 //! 4 rounds by default; `IDEMPOTENCY_KILL_MIXED_ROUNDS=100` for a long run.
 #![cfg(unix)]
 
+#[path = "common/kill.rs"]
+mod kill;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idempotency::{
@@ -343,40 +344,25 @@ fn sigkill_amid_every_kind_of_write_loses_nothing_acknowledged() -> TestResult {
     let mut acks = Acks::default();
     let mut all = BTreeSet::new();
     let mut fails = Vec::new();
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos() as u64;
+    let mut seed = kill::time_seed()?;
     for round in 0..rounds {
         let log = dir.path().join(format!("acks-{round}.log"));
         let stderr = dir.path().join(format!("child-{round}.stderr"));
-        let mut child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
-            .arg(std::env::current_exe()?)
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env(ROLE_VAR, "child")
-            .env(DB_VAR, &db)
-            .env(ROUND_VAR, round.to_string())
-            .env(LOG_VAR, &log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(&stderr)?)
-            .spawn()?;
-        let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        let mut line = String::new();
-        while out.read_line(&mut line)? > 0 && !line.contains(READY) {}
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        std::thread::sleep(Duration::from_millis(50 + (seed >> 33) % 400));
-        let early = child.try_wait()?;
-        child.kill()?;
-        let status = child.wait()?;
-        if early.is_some() || status.signal() != Some(9) {
-            return Err(format!(
-                "round {round}: the child ended by itself ({status:?}): {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            )
-            .into());
-        }
+        let round_text = round.to_string();
+        let delay;
+        (seed, delay) = kill::next_delay(seed, 50, 400);
+        kill::run_then_kill(
+            round,
+            &[
+                (ROLE_VAR, "child".as_ref()),
+                (DB_VAR, db.as_os_str()),
+                (ROUND_VAR, round_text.as_ref()),
+                (LOG_VAR, log.as_os_str()),
+            ],
+            READY,
+            &stderr,
+            delay,
+        )?;
         let names: BTreeSet<String> = acks.read(&log)?.into_iter().collect();
         let engine = Engine::builder().sweep_interval(None).open_existing(&db)?;
         check(&engine, &acks, &names, &mut fails)?;

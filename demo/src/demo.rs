@@ -135,6 +135,16 @@ struct Client {
 }
 
 impl Client {
+    /// A client of the API at `base`, as merchant `merchant-1`, giving up
+    /// on an answer after `timeout`.
+    fn new(base: String, timeout: Duration) -> reqwest::Result<Client> {
+        Ok(Client {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            base,
+            merchant: "merchant-1".into(),
+        })
+    }
+
     async fn pay(&self, key: &str, amount: u64, description: &str, fault: Option<&str>) -> Answer {
         let body = serde_json::json!({
             "amount": amount,
@@ -350,13 +360,7 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
 
     let server = Server::start(&store, &ledger, false).await?;
     println!("server         {} (child process)", server.base);
-    let mut client = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()?,
-        base: server.base.clone(),
-        merchant: "merchant-1".into(),
-    };
+    let mut client = Client::new(server.base.clone(), Duration::from_secs(10))?;
     let mut audit = Audit::default();
     let mut rows = Vec::new();
 
@@ -716,13 +720,7 @@ async fn client_hangs_up(
     println!("\n== {}", row.name);
     let before = ledger_count(ledger, run)?;
     let key = format!("{run}-hangup");
-    let impatient = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_millis(50))
-            .build()?,
-        base: client.base.clone(),
-        merchant: client.merchant.clone(),
-    };
+    let impatient = Client::new(client.base.clone(), Duration::from_millis(50))?;
     let first = impatient.pay(&key, 1_900, "impatient", None).await;
     row.requests += 1;
     audit.expect(first.status.is_none(), || {

@@ -72,13 +72,7 @@ pub(super) async fn expiry(
         TOMBSTONE_KEEP.as_secs()
     );
     let api = InProcess::start(engine.clone(), provider).await?;
-    let client = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()?,
-        base: api.base.clone(),
-        merchant: "merchant-1".into(),
-    };
+    let client = Client::new(api.base.clone(), Duration::from_secs(10))?;
     let key = format!("{run}-expiry");
 
     let first = client.pay(&key, 2_500, "expiry", None).await;
@@ -191,13 +185,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
         disk.used_bytes() / 1024
     );
     let api = InProcess::start(engine.clone(), provider).await?;
-    let client = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()?,
-        base: api.base.clone(),
-        merchant: "merchant-1".into(),
-    };
+    let client = Client::new(api.base.clone(), Duration::from_secs(10))?;
     let prefix = format!("{run}-disk");
     let amount = |i: u32| 500 + 10 * u64::from(i);
 

@@ -381,12 +381,17 @@ impl RedbStore {
         if poison.cause().is_some() || writer::on_writer_of(&poison) {
             return Ok(());
         }
-        let (reply, answer) = reply::reply();
-        if tx.send(Msg::Settle(reply)).is_err() {
-            return Err(closed(&poison));
-        }
-        answer.recv().unwrap_or_else(|| Err(closed(&poison)))
+        settle(&tx, &poison)
     }
+}
+
+/// Sends the writer a [`Msg::Settle`] and waits for its answer.
+fn settle(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
+    let (reply, answer) = reply::reply();
+    if tx.send(Msg::Settle(reply)).is_err() {
+        return Err(closed(poison));
+    }
+    answer.recv().unwrap_or_else(|| Err(closed(poison)))
 }
 
 /// Why a call could not reach the writer.
@@ -607,11 +612,7 @@ impl Backend for RedbStore {
     fn flush(&self) -> Result<()> {
         let (tx, poison) = self.writer()?;
         self.send_detached(&tx);
-        let (reply, answer) = reply::reply();
-        if tx.send(Msg::Settle(reply)).is_err() {
-            return Err(closed(&poison));
-        }
-        answer.recv().unwrap_or_else(|| Err(closed(&poison)))
+        settle(&tx, &poison)
     }
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {

@@ -25,7 +25,7 @@ use crate::store::poison::Poison;
 
 use super::journal::{Change, JournalSync};
 use super::overlay::Overlay;
-use super::writer::Job;
+use super::writer::{fail_all, poison_backend, Job};
 
 /// One group, handed over by the writer.
 pub(super) struct Handed {
@@ -184,11 +184,7 @@ impl Worker {
         };
         if let Some(cause) = failed {
             for group in groups {
-                for job in group.jobs {
-                    job.fail(Error::Poisoned {
-                        cause: cause.clone(),
-                    });
-                }
+                fail_all(group.jobs, &cause);
             }
             return;
         }
@@ -219,10 +215,7 @@ impl Worker {
                 crate::store::panic_message(panic.as_ref())
             ),
         };
-        let cause: Arc<str> = format!("group commit failed: {reason}").into();
-        tracing::error!(%cause, "engine poisoned");
-        metrics::counter!("idempotency_poisoned_total").increment(1);
-        self.poison.set(cause.to_string());
+        let cause = poison_backend(&self.poison, format!("group commit failed: {reason}"));
         self.shared.progress.lock().failed = Some(cause.clone());
         self.shared.changed.notify_all();
         Err(cause)

@@ -543,11 +543,7 @@ impl Writer {
             // The syncer has poisoned the backend already.
             return cause.clone();
         }
-        let cause: Arc<str> = format!("{what}: {failure}").into();
-        tracing::error!(%cause, "engine poisoned");
-        metrics::counter!("idempotency_poisoned_total").increment(1);
-        self.poison.set(cause.to_string());
-        cause
+        poison_backend(&self.poison, format!("{what}: {failure}"))
     }
 
     /// Returns the counters after the commit (unchanged if an isolated job
@@ -628,8 +624,18 @@ fn sort(msg: Msg, batch: &mut Vec<Box<dyn Job>>, settles: &mut Vec<ReplyTx<Resul
     false
 }
 
+/// Poisons the backend with `cause` (logged and counted once, here);
+/// returns it.
+pub(super) fn poison_backend(poison: &Poison, cause: String) -> Arc<str> {
+    let cause: Arc<str> = cause.into();
+    tracing::error!(%cause, "engine poisoned");
+    metrics::counter!("idempotency_poisoned_total").increment(1);
+    poison.set(cause.to_string());
+    cause
+}
+
 /// Answers every job of `group` with the poison `cause`.
-fn fail_all(group: Vec<Box<dyn Job>>, cause: &Arc<str>) {
+pub(super) fn fail_all(group: Vec<Box<dyn Job>>, cause: &Arc<str>) {
     for job in group {
         job.fail(Error::Poisoned {
             cause: cause.clone(),

@@ -1,0 +1,72 @@
+//! One round of a kill loop: this test binary's `child_entry` test runs in
+//! a child process, works for a while, and is SIGKILLed.
+
+#![allow(dead_code)] // each kill-loop file uses what it needs
+
+use std::error::Error;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A seed for kill delays that differs from run to run.
+pub fn time_seed() -> Result<u64, std::time::SystemTimeError> {
+    Ok(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64)
+}
+
+/// The next seed, and a delay of `base` plus up to `spread` ms drawn from it.
+pub fn next_delay(seed: u64, base: u64, spread: u64) -> (u64, Duration) {
+    let seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (seed, Duration::from_millis(base + (seed >> 33) % spread))
+}
+
+/// Starts `child_entry` of this test binary with `envs` (core dumps off,
+/// its stderr in `stderr`), waits for the line holding `ready`, lets it
+/// run for `delay`, and SIGKILLs it.
+///
+/// # Errors
+///
+/// Spawning or waiting failed, or the child ended by itself before the
+/// kill (the error holds its stderr), naming `round`.
+pub fn run_then_kill(
+    round: u64,
+    envs: &[(&str, &OsStr)],
+    ready: &str,
+    stderr: &Path,
+    delay: Duration,
+) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let mut command = Command::new("/bin/sh");
+    command
+        .arg("-c")
+        .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
+        .arg(std::env::current_exe()?)
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"]);
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(File::create(stderr)?)
+        .spawn()?;
+    let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+    let mut line = String::new();
+    while out.read_line(&mut line)? > 0 && !line.contains(ready) {}
+    std::thread::sleep(delay);
+    let early = child.try_wait()?;
+    child.kill()?;
+    let status = child.wait()?;
+    if early.is_some() || status.signal() != Some(9) {
+        return Err(format!(
+            "round {round}: the child ended by itself ({status:?}): {}",
+            std::fs::read_to_string(stderr).unwrap_or_default()
+        )
+        .into());
+    }
+    Ok(())
+}
