@@ -107,7 +107,8 @@ impl Core {
         // No poison check here: a held key is answered from a read, which
         // works on a poisoned engine (replays go on while writes are
         // refused); a claim is a write, which the store refuses.
-        let claim = ClaimRequest {
+        // Built only for a write: a replay never copies the key.
+        let claim = || ClaimRequest {
             key: key.clone(),
             fingerprint,
             lease_ms: lease_ms.max(1),
@@ -117,7 +118,7 @@ impl Core {
         for _ in 0..4 {
             // A snapshot read answers most repeats without the writer.
             let now_ms = self.clock.now_ms();
-            let read = match self.store.read_or_claim(&claim)? {
+            let read = match self.store.read_or_claim(key, &claim)? {
                 #[cfg(feature = "postgres")]
                 ReadOrClaim::Claimed(claimed) => {
                     return Ok(Begin::Claimed(self.claim(key, claimed)))
@@ -136,7 +137,7 @@ impl Core {
             });
             let found = match seen {
                 Some(found) => found,
-                None => match self.store.claim(claim.clone())? {
+                None => match self.store.claim(claim())? {
                     ClaimResult::Claimed(claimed) => {
                         return Ok(Begin::Claimed(self.claim(key, claimed)))
                     }
@@ -146,7 +147,7 @@ impl Core {
             match (&self.cfg.resolver, found.held) {
                 (Some(resolver), Held::InDoubt) if !found.record.may_still_run(found.now_ms) => {
                     if let Some(answer) =
-                        self.settle_in_begin(&found.record, &**resolver, &claim)?
+                        self.settle_in_begin(&found.record, &**resolver, claim())?
                     {
                         return Ok(answer);
                     }
@@ -185,7 +186,7 @@ impl Core {
             }
             Held::Done => {
                 c.replays.add(1);
-                Begin::Replay(self.replay(key, &record)?)
+                Begin::Replay(self.replay(key, record)?)
             }
             Held::Tombstoned {
                 expired_at_ms,
@@ -221,9 +222,9 @@ impl Core {
         &self,
         record: &Record,
         resolver: &dyn Resolver,
-        claim: &ClaimRequest,
+        claim: ClaimRequest,
     ) -> Result<Option<Begin>> {
-        let key = &claim.key;
+        let key = &claim.key.clone();
         let now_ms = self.clock.now_ms();
         let in_doubt = Self::in_doubt_of(key.clone(), record, now_ms);
         let settlement = self.settlement(key, resolver.resolve(&in_doubt))?;
@@ -233,11 +234,11 @@ impl Core {
             settlement,
         };
         let c = &self.counters;
-        match self.store.settle_then_claim(req, claim.clone()) {
+        match self.store.settle_then_claim(req, claim) {
             Ok(Settled::Completed(record)) => {
                 c.resolved.add(1);
                 c.replays.add(1);
-                Ok(Some(Begin::Replay(self.replay(key, &record)?)))
+                Ok(Some(Begin::Replay(self.replay(key, record)?)))
             }
             Ok(Settled::NotExecuted(claimed)) => {
                 c.resolved.add(1);
@@ -264,12 +265,17 @@ impl Core {
 
     /// The replay of a COMPLETED or `FINAL_FAILURE` record, through the app's
     /// upcasters.
-    pub(crate) fn replay(&self, key: &IdempotencyKey, rec: &Record) -> Result<Replay> {
-        let resp = rec.response.as_ref().ok_or_else(|| Error::CorruptRecord {
+    pub(crate) fn replay(&self, key: &IdempotencyKey, rec: Record) -> Result<Replay> {
+        let kind = if rec.state == RecordState::FinalFailure {
+            ReplayKind::FinalFailure
+        } else {
+            ReplayKind::Completed
+        };
+        let resp = rec.response.ok_or_else(|| Error::CorruptRecord {
             key: key.clone(),
             reason: "completed record has no stored response".into(),
         })?;
-        let stored = resp.envelope();
+        let (stored, resource) = resp.into_envelope();
         let stored_schema_version = stored.schema_version;
         let (envelope, is_current) =
             self.cfg
@@ -284,14 +290,10 @@ impl Core {
             envelope,
             is_current,
             stored_schema_version,
-            resource: resp.resource.clone(),
-            kind: if rec.state == RecordState::FinalFailure {
-                ReplayKind::FinalFailure
-            } else {
-                ReplayKind::Completed
-            },
+            resource,
+            kind,
             completed_at_ms: rec.updated_at_ms,
-            reference: rec.reference.clone(),
+            reference: rec.reference,
         })
     }
 

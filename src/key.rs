@@ -23,10 +23,32 @@ const INBOX_SCOPE_PREFIX: &str = "@inbox:";
 /// these limits keep records and log lines well formed.
 ///
 /// `Display` prints `scope/key` with any unusual characters escaped.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct IdempotencyKey {
-    scope: String,
-    key: String,
+    /// The scope followed by the key, in one allocation (a key is copied
+    /// and read on every call; one allocation is one cache miss).
+    text: Box<str>,
+    /// Bytes of `text` that are the scope (a char boundary).
+    split: usize,
+}
+
+// By scope, then key: the order of the parts, not of `text`.
+impl Ord for IdempotencyKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.scope(), self.key()).cmp(&(other.scope(), other.key()))
+    }
+}
+
+impl PartialOrd for IdempotencyKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::hash::Hash for IdempotencyKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.scope(), self.key()).hash(state);
+    }
 }
 
 impl IdempotencyKey {
@@ -45,7 +67,7 @@ impl IdempotencyKey {
                 reason: "scopes starting with '@' are reserved for the engine (inbox)",
             });
         }
-        IdempotencyKey::any(scope, key.into())
+        IdempotencyKey::any(scope, &key.into())
     }
 
     /// The key of message `message_id` in `consumer`'s inbox: scope
@@ -55,7 +77,10 @@ impl IdempotencyKey {
     ///
     /// [`Error::InvalidKey`] as for `new`.
     pub fn inbox(consumer: &str, message_id: impl Into<String>) -> Result<IdempotencyKey> {
-        IdempotencyKey::any(format!("{INBOX_SCOPE_PREFIX}{consumer}"), message_id.into())
+        IdempotencyKey::any(
+            format!("{INBOX_SCOPE_PREFIX}{consumer}"),
+            &message_id.into(),
+        )
     }
 
     /// Parses a key as shown by operators, reserved scopes included (what
@@ -65,13 +90,19 @@ impl IdempotencyKey {
     ///
     /// [`Error::InvalidKey`] as for `new`, without the reserved-scope rule.
     pub fn parse_any(scope: &str, key: &str) -> Result<IdempotencyKey> {
-        IdempotencyKey::any(scope.to_owned(), key.to_owned())
+        IdempotencyKey::any(scope.to_owned(), key)
     }
 
-    fn any(scope: String, key: String) -> Result<IdempotencyKey> {
+    fn any(scope: String, key: &str) -> Result<IdempotencyKey> {
         validate("scope", &scope)?;
-        validate("key", &key)?;
-        Ok(IdempotencyKey { scope, key })
+        validate("key", key)?;
+        let split = scope.len();
+        let mut text = scope;
+        text.push_str(key);
+        Ok(IdempotencyKey {
+            text: text.into_boxed_str(),
+            split,
+        })
     }
 
     /// Like [`IdempotencyKey::new`] for raw bytes (an HTTP header value, a
@@ -95,23 +126,38 @@ impl IdempotencyKey {
 
     /// Whether this key is in an engine-reserved scope (an inbox).
     pub fn is_reserved(&self) -> bool {
-        self.scope.starts_with(RESERVED_SCOPE_PREFIX)
+        self.scope().starts_with(RESERVED_SCOPE_PREFIX)
     }
 
     /// The scope (caller and operation).
     pub fn scope(&self) -> &str {
-        &self.scope
+        self.text.get(..self.split).unwrap_or_default()
     }
 
     /// The client's key within the scope.
     pub fn key(&self) -> &str {
-        &self.key
+        self.text.get(self.split..).unwrap_or_default()
     }
 
     /// The record-table key: `[scope length: u8][scope][key]`. Sorting by it
     /// groups records by scope.
     pub(crate) fn to_record_key(&self) -> Vec<u8> {
-        record_key(&self.scope, &self.key)
+        record_key(self.scope(), self.key())
+    }
+
+    /// The record-table key written into `buf` (no allocation, for point
+    /// reads): the bytes [`IdempotencyKey::to_record_key`] returns.
+    pub(crate) fn record_key_in<'b>(&self, buf: &'b mut RecordKeyBuf) -> &'b [u8] {
+        let end = 1 + self.text.len();
+        // Validation keeps both parts at most MAX_KEY_BYTES, so they fit;
+        // the fallback keeps the function total.
+        if let Some(out) = buf.0.get_mut(..end) {
+            out[0] = u8::try_from(self.split).unwrap_or(u8::MAX);
+            out[1..].copy_from_slice(self.text.as_bytes());
+            return out;
+        }
+        buf.1 = self.to_record_key();
+        &buf.1
     }
 
     /// Inverse of [`IdempotencyKey::to_record_key`]; `None` for bytes no
@@ -155,8 +201,8 @@ impl fmt::Display for IdempotencyKey {
         write!(
             f,
             "{}/{}",
-            self.scope.escape_debug(),
-            self.key.escape_debug()
+            self.scope().escape_debug(),
+            self.key().escape_debug()
         )
     }
 }
@@ -177,6 +223,16 @@ pub(crate) fn record_key(scope: &str, key: &str) -> Vec<u8> {
     out.extend_from_slice(scope.as_bytes());
     out.extend_from_slice(key.as_bytes());
     out
+}
+
+/// Room for a record key on the stack: a length byte and two parts of at
+/// most [`MAX_KEY_BYTES`] each (the `Vec` is only a fallback).
+pub(crate) struct RecordKeyBuf([u8; 1 + 2 * MAX_KEY_BYTES], Vec<u8>);
+
+impl RecordKeyBuf {
+    pub(crate) fn new() -> RecordKeyBuf {
+        RecordKeyBuf([0; 1 + 2 * MAX_KEY_BYTES], Vec::new())
+    }
 }
 
 #[cfg(test)]
@@ -206,7 +262,14 @@ mod tests {
         let a = IdempotencyKey::new("ab", "c").unwrap();
         let b = IdempotencyKey::new("a", "bc").unwrap();
         assert_ne!(a.to_record_key(), b.to_record_key());
-        assert_eq!(IdempotencyKey::from_record_key(&a.to_record_key()), Some(a));
+        assert_eq!(
+            IdempotencyKey::from_record_key(&a.to_record_key()),
+            Some(a.clone())
+        );
         assert_eq!(IdempotencyKey::from_record_key(&[5, b'a']), None);
+        let long = IdempotencyKey::new("s".repeat(255), "k".repeat(255)).unwrap();
+        for k in [a, b, long] {
+            assert_eq!(k.record_key_in(&mut RecordKeyBuf::new()), k.to_record_key());
+        }
     }
 }

@@ -187,9 +187,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// The read `begin` starts with. A backend whose every read is a
     /// network round trip may, when the key has no record, claim it in the
-    /// same step (durably, as `claim` does); the default only reads.
-    fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
-        Ok(ReadOrClaim::Read(self.record(&req.key)?))
+    /// same step (durably, as `claim` does, with `claim()`'s request); the
+    /// default only reads, and never builds the request.
+    fn read_or_claim(
+        &self,
+        key: &IdempotencyKey,
+        claim: &dyn Fn() -> ClaimRequest,
+    ) -> Result<ReadOrClaim> {
+        let _ = claim;
+        Ok(ReadOrClaim::Read(self.record(key)?))
     }
 
     // Writes, durable before they return.

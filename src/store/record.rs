@@ -61,6 +61,17 @@ impl StoredResponse {
             body: self.body.clone(),
         }
     }
+
+    /// The stored envelope and resource, moved out.
+    pub(crate) fn into_envelope(self) -> (Envelope, Option<String>) {
+        let envelope = Envelope {
+            schema_version: self.schema_version,
+            status: self.status,
+            headers: self.headers,
+            body: self.body,
+        };
+        (envelope, self.resource)
+    }
 }
 
 /// How a claim's outcome is stored.

@@ -449,12 +449,17 @@ impl Backend for PgStore {
         guard("reading an entity", || self.shared()?.entity(entity))
     }
 
-    fn read_or_claim(&self, req: &ClaimRequest) -> Result<ReadOrClaim> {
+    fn read_or_claim(
+        &self,
+        key: &IdempotencyKey,
+        claim: &dyn Fn() -> ClaimRequest,
+    ) -> Result<ReadOrClaim> {
         if self.write_check().is_err() {
             // Only read; the claim that follows is refused.
-            return self.record(&req.key).map(ReadOrClaim::Read);
+            return self.record(key).map(ReadOrClaim::Read);
         }
-        guard("claiming a key", || self.claim_or_read(req))
+        let req = claim();
+        guard("claiming a key", || self.claim_or_read(&req))
     }
 
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {

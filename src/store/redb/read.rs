@@ -6,7 +6,7 @@ use redb::{
 };
 
 use crate::error::{Error, OpenError, Result};
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, RecordKeyBuf};
 use crate::message::OutboxEntry;
 use crate::store::codec;
 use crate::store::record::{EntityState, Record};
@@ -64,11 +64,12 @@ pub(super) fn record_seen(
     overlay: &Overlay,
     key: &IdempotencyKey,
 ) -> Result<Option<Record>> {
-    let rkey = key.to_record_key();
-    match overlay.record(&rkey) {
-        Seen::Absent => record(db, key),
+    let mut buf = RecordKeyBuf::new();
+    let rkey = key.record_key_in(&mut buf);
+    match overlay.record(rkey) {
+        Seen::Absent => record_at(db, key, rkey),
         Seen::Deleted => Ok(None),
-        Seen::Value(v) => decode_record(key, &rkey, &v).map(Some),
+        Seen::Value(v) => decode_record(key, rkey, &v).map(Some),
     }
 }
 
@@ -87,12 +88,21 @@ pub(super) fn entity_seen(
 }
 
 pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
+    let mut buf = RecordKeyBuf::new();
+    record_at(db, key, key.record_key_in(&mut buf))
+}
+
+/// `key`'s record, stored under `rkey` (its record key).
+fn record_at(
+    db: &impl ReadableDatabase,
+    key: &IdempotencyKey,
+    rkey: &[u8],
+) -> Result<Option<Record>> {
     let what = "reading a record";
     let table = table(db, RECORDS, what)?;
-    let rkey = key.to_record_key();
-    let value = table.get(rkey.as_slice()).context(what)?;
+    let value = table.get(rkey).context(what)?;
     value
-        .map(|v| decode_record(key, &rkey, v.value()))
+        .map(|v| decode_record(key, rkey, v.value()))
         .transpose()
 }
 
