@@ -23,16 +23,14 @@ const INBOX_SCOPE_PREFIX: &str = "@inbox:";
 /// these limits keep records and log lines well formed.
 ///
 /// `Display` prints `scope/key` with any unusual characters escaped.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey {
-    /// The scope followed by the key, in one allocation (a key is copied
-    /// and read on every call; one allocation is one cache miss).
-    text: Box<str>,
-    /// Bytes of `text` that are the scope (a char boundary).
-    split: usize,
+    /// The record-table key `[scope length: u8][scope][key]`, both parts
+    /// validated UTF-8: one allocation, and point reads use it as it is.
+    rkey: Box<[u8]>,
 }
 
-// By scope, then key: the order of the parts, not of `text`.
+// By scope, then key (the record key sorts by scope length first).
 impl Ord for IdempotencyKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         (self.scope(), self.key()).cmp(&(other.scope(), other.key()))
@@ -42,12 +40,6 @@ impl Ord for IdempotencyKey {
 impl PartialOrd for IdempotencyKey {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
-    }
-}
-
-impl std::hash::Hash for IdempotencyKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (self.scope(), self.key()).hash(state);
     }
 }
 
@@ -67,7 +59,7 @@ impl IdempotencyKey {
                 reason: "scopes starting with '@' are reserved for the engine (inbox)",
             });
         }
-        IdempotencyKey::any(scope, &key.into())
+        IdempotencyKey::any(&scope, &key.into())
     }
 
     /// The key of message `message_id` in `consumer`'s inbox: scope
@@ -78,7 +70,7 @@ impl IdempotencyKey {
     /// [`Error::InvalidKey`] as for `new`.
     pub fn inbox(consumer: &str, message_id: impl Into<String>) -> Result<IdempotencyKey> {
         IdempotencyKey::any(
-            format!("{INBOX_SCOPE_PREFIX}{consumer}"),
+            &format!("{INBOX_SCOPE_PREFIX}{consumer}"),
             &message_id.into(),
         )
     }
@@ -90,18 +82,14 @@ impl IdempotencyKey {
     ///
     /// [`Error::InvalidKey`] as for `new`, without the reserved-scope rule.
     pub fn parse_any(scope: &str, key: &str) -> Result<IdempotencyKey> {
-        IdempotencyKey::any(scope.to_owned(), key)
+        IdempotencyKey::any(scope, key)
     }
 
-    fn any(scope: String, key: &str) -> Result<IdempotencyKey> {
-        validate("scope", &scope)?;
+    fn any(scope: &str, key: &str) -> Result<IdempotencyKey> {
+        validate("scope", scope)?;
         validate("key", key)?;
-        let split = scope.len();
-        let mut text = scope;
-        text.push_str(key);
         Ok(IdempotencyKey {
-            text: text.into_boxed_str(),
-            split,
+            rkey: record_key(scope, key).into_boxed_slice(),
         })
     }
 
@@ -131,33 +119,36 @@ impl IdempotencyKey {
 
     /// The scope (caller and operation).
     pub fn scope(&self) -> &str {
-        self.text.get(..self.split).unwrap_or_default()
+        self.parts().0
     }
 
     /// The client's key within the scope.
     pub fn key(&self) -> &str {
-        self.text.get(self.split..).unwrap_or_default()
+        self.parts().1
+    }
+
+    /// Scope and key, cut from the record key (validated on construction,
+    /// so the fallbacks never apply).
+    fn parts(&self) -> (&str, &str) {
+        let Some((&len, rest)) = self.rkey.split_first() else {
+            return ("", "");
+        };
+        let (scope, key) = rest.split_at(usize::from(len).min(rest.len()));
+        (
+            std::str::from_utf8(scope).unwrap_or_default(),
+            std::str::from_utf8(key).unwrap_or_default(),
+        )
     }
 
     /// The record-table key: `[scope length: u8][scope][key]`. Sorting by it
     /// groups records by scope.
-    pub(crate) fn to_record_key(&self) -> Vec<u8> {
-        record_key(self.scope(), self.key())
+    pub(crate) fn record_key(&self) -> &[u8] {
+        &self.rkey
     }
 
-    /// The record-table key written into `buf` (no allocation, for point
-    /// reads): the bytes [`IdempotencyKey::to_record_key`] returns.
-    pub(crate) fn record_key_in<'b>(&self, buf: &'b mut RecordKeyBuf) -> &'b [u8] {
-        let end = 1 + self.text.len();
-        // Validation keeps both parts at most MAX_KEY_BYTES, so they fit;
-        // the fallback keeps the function total.
-        if let Some(out) = buf.0.get_mut(..end) {
-            out[0] = u8::try_from(self.split).unwrap_or(u8::MAX);
-            out[1..].copy_from_slice(self.text.as_bytes());
-            return out;
-        }
-        buf.1 = self.to_record_key();
-        &buf.1
+    /// [`IdempotencyKey::record_key`], owned.
+    pub(crate) fn to_record_key(&self) -> Vec<u8> {
+        self.rkey.to_vec()
     }
 
     /// Inverse of [`IdempotencyKey::to_record_key`]; `None` for bytes no
@@ -225,16 +216,6 @@ pub(crate) fn record_key(scope: &str, key: &str) -> Vec<u8> {
     out
 }
 
-/// Room for a record key on the stack: a length byte and two parts of at
-/// most [`MAX_KEY_BYTES`] each (the `Vec` is only a fallback).
-pub(crate) struct RecordKeyBuf([u8; 1 + 2 * MAX_KEY_BYTES], Vec<u8>);
-
-impl RecordKeyBuf {
-    pub(crate) fn new() -> RecordKeyBuf {
-        RecordKeyBuf([0; 1 + 2 * MAX_KEY_BYTES], Vec::new())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,7 +250,9 @@ mod tests {
         assert_eq!(IdempotencyKey::from_record_key(&[5, b'a']), None);
         let long = IdempotencyKey::new("s".repeat(255), "k".repeat(255)).unwrap();
         for k in [a, b, long] {
-            assert_eq!(k.record_key_in(&mut RecordKeyBuf::new()), k.to_record_key());
+            let (scope, key) = (k.scope().to_owned(), k.key().to_owned());
+            assert_eq!(k.record_key(), record_key(&scope, &key));
+            assert_eq!(IdempotencyKey::parse_any(&scope, &key).unwrap(), k);
         }
     }
 }

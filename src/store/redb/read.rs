@@ -6,7 +6,7 @@ use redb::{
 };
 
 use crate::error::{Error, OpenError, Result};
-use crate::key::{IdempotencyKey, RecordKeyBuf};
+use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::codec;
 use crate::store::record::{EntityState, Record};
@@ -64,8 +64,7 @@ pub(super) fn record_seen(
     overlay: &Overlay,
     key: &IdempotencyKey,
 ) -> Result<Option<Record>> {
-    let mut buf = RecordKeyBuf::new();
-    let rkey = key.record_key_in(&mut buf);
+    let rkey = key.record_key();
     match overlay.record(rkey) {
         Seen::Absent => record_at(db, key, rkey),
         Seen::Deleted => Ok(None),
@@ -88,8 +87,7 @@ pub(super) fn entity_seen(
 }
 
 pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
-    let mut buf = RecordKeyBuf::new();
-    record_at(db, key, key.record_key_in(&mut buf))
+    record_at(db, key, key.record_key())
 }
 
 /// `key`'s record, stored under `rkey` (its record key).
