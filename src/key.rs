@@ -146,12 +146,7 @@ impl IdempotencyKey {
         &self.rkey
     }
 
-    /// [`IdempotencyKey::record_key`], owned.
-    pub(crate) fn to_record_key(&self) -> Vec<u8> {
-        self.rkey.to_vec()
-    }
-
-    /// Inverse of [`IdempotencyKey::to_record_key`]; `None` for bytes no
+    /// Inverse of [`IdempotencyKey::record_key`]; `None` for bytes no
     /// valid key produces.
     pub(crate) fn from_record_key(bytes: &[u8]) -> Option<IdempotencyKey> {
         let (&len, rest) = bytes.split_first()?;
@@ -242,9 +237,9 @@ mod tests {
     fn record_key_round_trips_and_separates_scopes() {
         let a = IdempotencyKey::new("ab", "c").unwrap();
         let b = IdempotencyKey::new("a", "bc").unwrap();
-        assert_ne!(a.to_record_key(), b.to_record_key());
+        assert_ne!(a.record_key(), b.record_key());
         assert_eq!(
-            IdempotencyKey::from_record_key(&a.to_record_key()),
+            IdempotencyKey::from_record_key(a.record_key()),
             Some(a.clone())
         );
         assert_eq!(IdempotencyKey::from_record_key(&[5, b'a']), None);

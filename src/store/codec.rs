@@ -49,7 +49,7 @@
 //! # Around the values
 //!
 //! Keys of the records table are `[scope length: u8][scope][key]` (see
-//! `IdempotencyKey::to_record_key`). Index tables hold `(instant ms, record
+//! `IdempotencyKey::record_key`). Index tables hold `(instant ms, record
 //! key)` tuples; see `redb/tables.rs`. The meta table's `format_version`
 //! holds the format of the whole file (one byte). All instants are
 //! milliseconds since the Unix epoch; all fixed-width integers are

@@ -422,7 +422,7 @@ impl<T: Txn> Ops for T {}
 /// The PROCESSING record of a claim with `token` made at `now`, and the
 /// claim as its caller hears of it.
 pub(crate) fn fresh_claim(req: &ClaimRequest, token: u64, now: u64) -> (Record, Claimed) {
-    let reference = reference(&req.key.to_record_key(), token);
+    let reference = reference(req.key.record_key(), token);
     let lease_until_ms = now.saturating_add(req.lease_ms.max(1));
     let rec = Record::processing(
         req.fingerprint,

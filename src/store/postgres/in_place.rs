@@ -166,7 +166,7 @@ pub(super) fn complete(
          WHERE scope = $1 AND key = $2 AND token = $9 AND record = $10",
         names.records
     );
-    let encoded = codec::encode(&req.key.to_record_key(), &new);
+    let encoded = codec::encode(req.key.record_key(), &new);
     let statement = conn.prepared(
         &sql,
         &[

@@ -284,7 +284,7 @@ impl PgStore {
             reference: String::new(),
             ..rec
         };
-        let bytes = crate::store::codec::encode(&req.key.to_record_key(), &rec);
+        let bytes = crate::store::codec::encode(req.key.record_key(), &rec);
         let (_, row) = s.on_live_conn(
             what,
             |conn| {
@@ -320,7 +320,7 @@ impl PgStore {
         }
         match (row.get::<_, Option<i64>>(1), row.get::<_, Option<&[u8]>>(2)) {
             (Some(token), Some(bytes)) => {
-                let record = crate::store::codec::decode(&req.key.to_record_key(), bytes)
+                let record = crate::store::codec::decode(req.key.record_key(), bytes)
                     .map(|rec| txn::with_token(rec, txn::sql_u64(token), &req.key))
                     .map_err(|e| Error::CorruptRecord {
                         key: req.key.clone(),

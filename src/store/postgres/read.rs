@@ -20,7 +20,7 @@ const SCAN_PAGE: i64 = 1_000;
 /// checksum is verified on the bytes as stored, before `with_token` patches
 /// in the token.
 fn decode(key: &IdempotencyKey, bytes: &[u8], token: i64) -> Result<Record> {
-    codec::decode(&key.to_record_key(), bytes)
+    codec::decode(key.record_key(), bytes)
         .map(|rec| with_token(rec, sql_u64(token), key))
         .map_err(|e| Error::CorruptRecord {
             key: key.clone(),

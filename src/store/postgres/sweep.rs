@@ -42,7 +42,7 @@ impl PgTxn<'_, '_> {
                 let parsed = IdempotencyKey::parse_any(scope, key)
                     .map_err(|e| e.to_string())
                     .and_then(|k| {
-                        codec::decode(&k.to_record_key(), row.get::<_, &[u8]>(2))
+                        codec::decode(k.record_key(), row.get::<_, &[u8]>(2))
                             .map(|rec| {
                                 let rec = with_token(rec, sql_u64(row.get(3)), &k);
                                 (k, rec)

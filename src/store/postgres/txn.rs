@@ -51,7 +51,7 @@ pub(super) fn sql_u64(v: i64) -> u64 {
 pub(super) fn with_token(mut rec: Record, token: u64, key: &IdempotencyKey) -> Record {
     if rec.token == 0 {
         rec.token = token;
-        rec.reference = crate::store::record::reference(&key.to_record_key(), token);
+        rec.reference = crate::store::record::reference(key.record_key(), token);
     }
     rec
 }
@@ -88,7 +88,7 @@ impl Txn for PgTxn<'_, '_> {
             &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
         )?;
         Ok(row.map(|row| {
-            codec::decode(&key.to_record_key(), row.get::<_, &[u8]>(0))
+            codec::decode(key.record_key(), row.get::<_, &[u8]>(0))
                 .map(|rec| with_token(rec, sql_u64(row.get(1)), key))
         }))
     }
@@ -99,7 +99,7 @@ impl Txn for PgTxn<'_, '_> {
         old: Option<&Record>,
         new: &Record,
     ) -> Result<(), Fault> {
-        let bytes = codec::encode(&key.to_record_key(), new);
+        let bytes = codec::encode(key.record_key(), new);
         let params: [(&(dyn postgres::types::ToSql + Sync), Type); 8] = [
             (&key.scope(), Type::TEXT),
             (&key.key(), Type::TEXT),

@@ -273,7 +273,7 @@ impl Txn for Tables<'_> {
     }
 
     fn load(&mut self, key: &IdempotencyKey) -> std::result::Result<Loaded<Record>, redb::Error> {
-        Ok(self.raw(&key.to_record_key())?)
+        Ok(self.raw(key.record_key())?)
     }
 
     fn store(
@@ -282,7 +282,7 @@ impl Txn for Tables<'_> {
         old: Option<&Record>,
         new: &Record,
     ) -> std::result::Result<(), redb::Error> {
-        Ok(self.put_raw(&key.to_record_key(), old, new)?)
+        Ok(self.put_raw(key.record_key(), old, new)?)
     }
 
     fn remove(
@@ -290,12 +290,12 @@ impl Txn for Tables<'_> {
         key: &IdempotencyKey,
         old: Option<&Record>,
     ) -> std::result::Result<(), redb::Error> {
-        let rkey = key.to_record_key();
+        let rkey = key.record_key();
         match old {
-            Some(old) => self.delete_raw(&rkey, old)?,
+            Some(old) => self.delete_raw(rkey, old)?,
             // Its index entries are dropped by the next sweep that meets
             // them.
-            None => self.del_record(&rkey)?,
+            None => self.del_record(rkey)?,
         }
         Ok(())
     }
