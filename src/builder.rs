@@ -213,6 +213,10 @@ impl EngineBuilder {
     /// or, after a crash, lacks the frame of the last checkpoint (deleted,
     /// emptied or an older copy); [`OpenError::UnsupportedFormat`] if it
     /// holds records of an unknown format version;
+    /// [`OpenError::PreReleaseFormat`] if a pre-release build of format 2
+    /// wrote it; [`OpenError::CorruptMeta`] if a value of its meta table
+    /// (format, counters, journal position, expiry settings) is damaged
+    /// (nothing is written);
     /// [`OpenError::AlreadyOpen`] if another handle holds it;
     /// [`OpenError::Storage`]; [`OpenError::ThreadStart`].
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
@@ -258,6 +262,10 @@ impl EngineBuilder {
     /// journal is missing or lacks the last checkpoint's frame;
     /// [`OpenError::NoEngineTables`] for a redb file
     /// without the engine's tables; [`OpenError::UnsupportedFormat`];
+    /// [`OpenError::PreReleaseFormat`]; [`OpenError::CorruptMeta`] if a
+    /// meta value the open uses (the format, the journal's position, the
+    /// expiry settings when taken from the database) is damaged (the others
+    /// are reported by [`crate::Engine::verify`]);
     /// [`OpenError::NotADatabase`]; [`OpenError::AlreadyOpen`].
     pub fn open_read_only(mut self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
         let path = path.as_ref();
@@ -439,7 +447,12 @@ impl EngineBuilder {
         opened: redb_store::Opened,
         reopen: Option<(redb_store::Reopen, redb_store::Probe)>,
     ) -> Result<Engine, OpenError> {
-        self.cfg.store = redb_store::prepare(&opened.db, self.cfg.store, self.stored_expiry)?;
+        self.cfg.store = redb_store::prepare(
+            &opened.db,
+            opened.name(),
+            self.cfg.store,
+            self.stored_expiry,
+        )?;
         let store = RedbStore::start(
             opened,
             self.cfg.store,

@@ -64,6 +64,37 @@ pub enum OpenError {
         supported: u8,
     },
 
+    /// The file was written by a pre-release build of record format 2,
+    /// whose checksums changed before format 2 was released (its meta
+    /// values carry none, its stored values carry BLAKE3 ones). This build
+    /// cannot read it and does not migrate it: re-create the database (or
+    /// read it with the build that wrote it). Nothing was written to it.
+    #[error("{path}: written by a pre-release build of record format 2, whose checksums this build does not read; re-create the database (nothing was written to it)")]
+    PreReleaseFormat {
+        /// The database file.
+        path: PathBuf,
+    },
+
+    /// A value of the database's meta table (the format version, the next
+    /// fencing token or outbox sequence number, the journal's id and
+    /// position, the stored expiry settings) is damaged: its checksum does
+    /// not match its bytes and key, its length is wrong for its key, or a
+    /// value that must be there is missing (its key was damaged). Trusting
+    /// it could hand out fencing tokens again or skip journal frames, so
+    /// the open is refused; an open from a path refuses before writing
+    /// anything. Restore the file from a backup. A read-only open checks
+    /// the values it uses (the format and the journal's); `verify` lists
+    /// every damaged one.
+    #[error("{path}: the meta value {key:?} is damaged: {reason}")]
+    CorruptMeta {
+        /// The database file (`<backend>` for a storage backend).
+        path: PathBuf,
+        /// The meta key (`next_token`, `journal_lsn`, ...).
+        key: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// The file is damaged: redb's integrity check (run on every writable
     /// open from a path: every page's checksum) failed, or the storage
     /// library panicked while opening it, or the backend itself failed by

@@ -91,6 +91,19 @@ pub enum Problem {
         /// The entity id.
         entity: String,
     },
+    /// A value of the meta table (redb: the format version, the next
+    /// fencing token or outbox sequence number, the journal's id and
+    /// position, the stored expiry settings) fails its checksum, has the
+    /// wrong length for its key, or is missing where it must be; or the
+    /// table holds a key the engine does not know (a damaged key). A
+    /// writable open refuses such a file ([`crate::OpenError::CorruptMeta`]):
+    /// restore it from a backup.
+    BadMetaValue {
+        /// The meta key, as stored.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// A record key for people: `scope/key` when its bytes still are a valid
@@ -151,6 +164,9 @@ impl fmt::Display for Problem {
             }
             Problem::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
+            }
+            Problem::BadMetaValue { key, reason } => {
+                write!(f, "meta value {key:?} is damaged: {reason}")
             }
         }
     }

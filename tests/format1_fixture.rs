@@ -6,8 +6,9 @@
 //! build that wrote it would.
 //!
 //! A writable open migrates it to format 2 (every value re-encoded with
-//! its checksum, in one transaction); a read-only open reads it as it is
-//! and leaves the file byte-identical.
+//! its checksum, the meta table's values too, in one transaction); a
+//! read-only open reads it as it is (meta values without checksums) and
+//! leaves the file byte-identical.
 //!
 //! The fixture is committed; `write_format1_fixture` (ignored) is how it was
 //! made: `cargo test --release --test format1_fixture -- --ignored
@@ -85,6 +86,41 @@ fn stored_formats(path: &Path) -> Result<(Vec<u8>, Vec<u8>), Box<dyn Error>> {
         values.push(*v.value().first().ok_or("empty record")?);
     }
     Ok((version, values))
+}
+
+/// The meta table's values by key.
+type Meta = Vec<(String, Vec<u8>)>;
+
+/// Every value of the meta table, by key, read without the engine.
+fn meta_values(path: &Path) -> Result<Meta, Box<dyn Error>> {
+    let db = redb::Builder::new().open_read_only(path)?;
+    let txn = db.begin_read()?;
+    let mut out = Vec::new();
+    for entry in txn.open_table(META)?.iter()? {
+        let (k, v) = entry?;
+        out.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+/// A format-2 meta value as `src/store/codec.rs` specifies it, computed
+/// here from the specification (one-shot rapidhash v3 over the
+/// concatenations it names), not with the engine's code:
+/// `[2][payload][checksum]`.
+fn meta_value_per_spec(key: &str, payload: &[u8]) -> Vec<u8> {
+    let secrets = rapidhash::v3::RapidSecrets::seed(0x6964_656d_706f_7465);
+    let mut seed_input = b"idempotency.meta\0".to_vec();
+    seed_input.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    seed_input.extend_from_slice(key.as_bytes());
+    let keyed = rapidhash::v3::RapidSecrets {
+        seed: rapidhash::v3::rapidhash_v3_seeded(&seed_input, &secrets),
+        secrets: secrets.secrets,
+    };
+    let mut value = vec![2];
+    value.extend_from_slice(payload);
+    let sum = rapidhash::v3::rapidhash_v3_seeded(&value, &keyed);
+    value.extend_from_slice(&sum.to_le_bytes());
+    value
 }
 
 /// Every read answer the fixture was written to give, a day after it was
@@ -166,6 +202,19 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     let (version, values) = stored_formats(&path)?;
     assert_eq!((version.as_slice(), values.len()), (&[1u8][..], 7));
     assert!(values.iter().all(|&v| v == 1), "{values:?}");
+    // Format 1's meta values: bare payloads.
+    let before = meta_values(&path)?;
+    let keys: Vec<&str> = before.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "expiry_policy",
+            "format_version",
+            "next_outbox_seq",
+            "next_token",
+            "ttl_ms"
+        ]
+    );
 
     let clock = ManualClock::new(T0);
     clock.advance(DAY);
@@ -190,11 +239,55 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     drop(engine);
 
     // The writable open migrated the file: format 2, every record
-    // re-encoded (with its checksum), and it still answers as written.
+    // re-encoded (with its checksum), every meta value framed and
+    // checksummed as the specification says, and it still answers as
+    // written.
     let (version, values) = stored_formats(&path)?;
-    assert_eq!(version, [2]);
+    assert_eq!(version.first(), Some(&2));
     assert_eq!(values.len(), 8);
     assert!(values.iter().all(|&v| v == 2), "{values:?}");
+    let after = meta_values(&path)?;
+    let keys: Vec<&str> = after.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "expiry_policy",
+            "format_version",
+            "journal_clean",
+            "journal_id",
+            "journal_lsn",
+            "next_outbox_seq",
+            "next_token",
+            "ttl_ms"
+        ]
+    );
+    for (key, value) in &after {
+        let payload = value
+            .get(1..value.len().saturating_sub(8))
+            .ok_or("meta value too short")?;
+        assert_eq!(value, &meta_value_per_spec(key, payload), "{key}");
+    }
+    let payload = |key: &str| -> Result<Vec<u8>, Box<dyn Error>> {
+        let (_, v) = after.iter().find(|(k, _)| k == key).ok_or("missing")?;
+        Ok(v[1..v.len() - 8].to_vec())
+    };
+    assert_eq!(payload("format_version")?, b"");
+    assert_eq!(payload("journal_clean")?, [1]);
+    assert_eq!(
+        payload("ttl_ms")?,
+        (30 * DAY.as_millis() as u64).to_le_bytes()
+    );
+    // Values the migration kept (the counter went on past it since).
+    let old = |key: &str| -> Result<Vec<u8>, Box<dyn Error>> {
+        let (_, v) = before.iter().find(|(k, _)| k == key).ok_or("missing")?;
+        Ok(v.clone())
+    };
+    assert_eq!(payload("expiry_policy")?, old("expiry_policy")?);
+    assert_eq!(payload("next_outbox_seq")?, old("next_outbox_seq")?);
+    let token = |v: Vec<u8>| -> Result<u64, Box<dyn Error>> {
+        Ok(u64::from_le_bytes(<[u8; 8]>::try_from(v.as_slice())?))
+    };
+    assert!(token(payload("next_token")?)? > token(old("next_token")?)?);
     let engine = builder(&clock).open(&path)?;
     assert_answers_as_written(&engine)?;
     let r = replay(engine.begin(&key("new")?, fp(60)?)?)?;

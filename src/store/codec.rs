@@ -46,14 +46,57 @@
 //! written by a format-1 build. A format-2 value whose version byte flipped
 //! to 1 does not pass for one: its checksum is 8 trailing bytes.
 //!
+//! # The meta table (redb)
+//!
+//! `idempotency.meta` maps a key name (UTF-8) to a small value; its keys
+//! and their payloads are owned by `redb/meta.rs`. In format 2 every meta
+//! value is framed like the values above, with the payload's bytes as they
+//! are instead of postcard:
+//!
+//! ```text
+//! byte 0           format version (2)
+//! bytes 1..n-8     payload (by key, below)
+//! bytes n-8..n     checksum, u64 little-endian, as above, with the domain
+//!                  tag b"idempotency.meta\0" and the key name's UTF-8 bytes
+//! ```
+//!
+//! | key | payload |
+//! |---|---|
+//! | `format_version` | empty: the value is `[2][checksum]` |
+//! | `next_token`, `next_outbox_seq`, `journal_lsn`, `ttl_ms` | u64 LE |
+//! | `expiry_policy` | `[0]` forget, or `[1]` then the tombstone time, u64 LE ms |
+//! | `journal_id` | 16 bytes |
+//! | `journal_clean` | `[1]` closed cleanly, `[0]` open (or crashed) |
+//!
+//! A value whose checksum, version byte or payload length is wrong is
+//! damaged, and an error naming its key. `format_version`, `next_token`
+//! and `next_outbox_seq` are always present in format 2; `journal_id`,
+//! `journal_lsn` and `journal_clean` are present together or not at all,
+//! and so are `ttl_ms` and `expiry_policy`: a missing one (a damaged key)
+//! is damage too.
+//!
+//! **How an open learns the format.** The first byte of `format_version`
+//! is the file's format in every format, so it is read before any other
+//! value:
+//!
+//! - `[1]` (one byte): format 1. Meta values are the bare payloads, no
+//!   version byte, no checksum.
+//! - `[2][checksum]` whose checksum verifies: format 2.
+//! - `[2]` alone: a pre-release build of format 2 (meta values without
+//!   checksums, value checksums in BLAKE3, changed before release). Refused
+//!   with its own error: this build cannot read its values.
+//! - a 9-byte value whose checksum verifies once its first byte is set to
+//!   2: a format-2 value with a damaged version byte (damage, not a newer
+//!   format). Any other value starting with 1 or 2 is damage too.
+//! - a value starting with any other byte: a format this build does not
+//!   know (refused as such).
+//!
 //! # Around the values
 //!
 //! Keys of the records table are `[scope length: u8][scope][key]` (see
 //! `IdempotencyKey::record_key`). Index tables hold `(instant ms, record
-//! key)` tuples; see `redb/tables.rs`. The meta table's `format_version`
-//! holds the format of the whole file (one byte). All instants are
-//! milliseconds since the Unix epoch; all fixed-width integers are
-//! little-endian.
+//! key)` tuples; see `redb/tables.rs`. All instants are milliseconds since
+//! the Unix epoch; all fixed-width integers are little-endian.
 //!
 //! A value that does not decode is reported with its key, never a panic; a
 //! value with trailing bytes is corrupt too.
@@ -84,6 +127,7 @@ const CHECKSUM_SECRETS: rapidhash::v3::RapidSecrets =
 const RECORD_TAG: &[u8] = b"idempotency.record\0";
 const OUTBOX_TAG: &[u8] = b"idempotency.outbox\0";
 const ENTITY_TAG: &[u8] = b"idempotency.entity\0";
+const META_TAG: &[u8] = b"idempotency.meta\0";
 
 /// `Vec<u8>` as a serde byte string. postcard writes exactly the bytes a
 /// sequence of `u8` gets (varint length, then the raw bytes), so the format
@@ -189,6 +233,43 @@ pub(crate) fn decode_entity(id: &str, bytes: &[u8]) -> Result<EntityState, Decod
     decode_checked(ENTITY_TAG, id.as_bytes(), bytes)
 }
 
+/// The meta value (format 2) with `payload` under the meta key `name`.
+pub(crate) fn encode_meta(name: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + payload.len() + CHECKSUM_BYTES);
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(payload);
+    let sum = checksum(META_TAG, name.as_bytes(), &out);
+    out.extend_from_slice(&sum);
+    out
+}
+
+/// The payload of the format-2 meta value `bytes` stored under the meta
+/// key `name`; the checksum is verified first. The payload's length is
+/// the caller's to check (it depends on the key).
+pub(crate) fn decode_meta<'b>(name: &str, bytes: &'b [u8]) -> Result<&'b [u8], DecodeError> {
+    match bytes.first() {
+        None => Err(DecodeError::Empty),
+        Some(&FORMAT_VERSION) => {
+            let (framed, stored) = split_checksum(bytes)?;
+            if checksum(META_TAG, name.as_bytes(), framed) != stored {
+                return Err(DecodeError::ChecksumMismatch);
+            }
+            Ok(&framed[1..])
+        }
+        Some(&v) => Err(DecodeError::UnknownVersion(v)),
+    }
+}
+
+/// A format-2 value split into `[version][body]` and its stored checksum.
+fn split_checksum(bytes: &[u8]) -> Result<(&[u8], &[u8]), DecodeError> {
+    let framed_len = bytes
+        .len()
+        .checked_sub(CHECKSUM_BYTES)
+        .filter(|&n| n > 0)
+        .ok_or(DecodeError::Truncated(bytes.len()))?;
+    Ok(bytes.split_at(framed_len))
+}
+
 /// The checksum of the framed bytes `[version][postcard]` stored under
 /// `key` in the table `tag` names.
 fn checksum(tag: &[u8], key: &[u8], framed: &[u8]) -> [u8; CHECKSUM_BYTES] {
@@ -225,12 +306,7 @@ fn decode_checked<T: for<'de> Deserialize<'de>>(
     match bytes.first() {
         None => Err(DecodeError::Empty),
         Some(&FORMAT_VERSION) => {
-            let framed_len = bytes
-                .len()
-                .checked_sub(CHECKSUM_BYTES)
-                .filter(|&n| n > 0)
-                .ok_or(DecodeError::Truncated(bytes.len()))?;
-            let (framed, stored) = bytes.split_at(framed_len);
+            let (framed, stored) = split_checksum(bytes)?;
             if checksum(tag, key, framed) != stored {
                 return Err(DecodeError::ChecksumMismatch);
             }
@@ -270,6 +346,7 @@ pub(crate) fn decode_all(bytes: &[u8]) -> bool {
     let (rkey, seq, id) = FUZZ_KEY;
     let _ = decode_outbox(seq, bytes);
     let _ = decode_entity(id, bytes);
+    let _ = decode_meta("next_token", bytes);
     decode(rkey, bytes).is_ok()
 }
 
@@ -451,6 +528,42 @@ mod tests {
         let mut bad = framed.to_vec();
         bad.extend_from_slice(&checksum(RECORD_TAG, RKEY, &framed));
         assert!(matches!(decode(RKEY, &bad), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn meta_values_round_trip_and_are_bound_to_their_key_and_table() {
+        let v = encode_meta("next_token", &7_u64.to_le_bytes());
+        assert_eq!(v.len(), 1 + 8 + CHECKSUM_BYTES);
+        assert_eq!(v[0], FORMAT_VERSION);
+        assert_eq!(decode_meta("next_token", &v), Ok(&7_u64.to_le_bytes()[..]));
+        assert_eq!(
+            decode_meta("next_outbox_seq", &v),
+            Err(DecodeError::ChecksumMismatch)
+        );
+        for i in 0..v.len() {
+            for bit in 0..8 {
+                let mut bad = v.clone();
+                bad[i] ^= 1 << bit;
+                assert!(decode_meta("next_token", &bad).is_err(), "{i}/{bit}");
+            }
+        }
+        // The same framing and key in another table does not verify.
+        let as_entity = encode_checked(ENTITY_TAG, b"format_version", &());
+        assert_eq!(as_entity.len(), 1 + CHECKSUM_BYTES);
+        assert_eq!(
+            decode_meta("format_version", &as_entity),
+            Err(DecodeError::ChecksumMismatch)
+        );
+        assert_eq!(
+            decode_meta("format_version", &encode_meta("format_version", &[])),
+            Ok(&[][..])
+        );
+        assert_eq!(decode_meta("k", &[]), Err(DecodeError::Empty));
+        assert_eq!(decode_meta("k", &[2]), Err(DecodeError::Truncated(1)));
+        assert_eq!(
+            decode_meta("k", &[1, 0]),
+            Err(DecodeError::UnknownVersion(1))
+        );
     }
 
     #[test]

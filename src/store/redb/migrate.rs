@@ -1,20 +1,26 @@
 //! Migrating a format-1 redb file to format 2 (`store/codec.rs`): every
 //! record, outbox message and entity state is re-encoded with its checksum,
-//! and `format_version` becomes 2, in one durable write transaction. A crash
+//! every meta value is rewritten with its own (`meta.rs`), and
+//! `format_version` becomes 2, in one durable write transaction. A crash
 //! or a failure part way leaves the file as it was (format 1), and the next
 //! writable open migrates it again.
 //!
 //! A value that does not decode in format 1 is left exactly as it is, never
 //! dropped: it stays an error naming its key at request time, and
-//! `Engine::verify` lists it. Index tables hold no values and are not
-//! touched.
+//! `Engine::verify` lists it. A meta value that is not what its key holds
+//! is different: the counters and the journal's position cannot be
+//! guessed, so it fails the migration (`OpenError::CorruptMeta`) and
+//! nothing is written. Index tables hold no values and are not touched.
+
+use std::path::Path;
 
 use redb::{Database, Durability, ReadableTable, Table, WriteTransaction};
 
 use crate::error::OpenError;
-use crate::store::codec::{self, DecodeError, FORMAT_VERSION, FORMAT_VERSION_1};
+use crate::store::codec::{self, DecodeError, FORMAT_VERSION_1};
 
-use crate::store::redb::tables::{ENTITIES, META, META_FORMAT_VERSION, OUTBOX, RECORDS};
+use crate::store::redb::meta::{self, MetaError};
+use crate::store::redb::tables::{ENTITIES, META, OUTBOX, RECORDS};
 
 /// Values re-encoded per read of a table: bounds the memory a migration
 /// holds at once (all of it is still one transaction).
@@ -30,16 +36,15 @@ pub(super) struct Migrated {
     pub(super) undecodable: u64,
 }
 
-/// Re-encodes a format-1 database as format 2 (see the module docs).
-pub(super) fn from_format_1(db: &Database) -> Result<Migrated, OpenError> {
+/// Re-encodes a format-1 database as format 2 (see the module docs);
+/// `path` names it in errors.
+pub(super) fn from_format_1(db: &Database, path: &Path) -> Result<Migrated, OpenError> {
     let what = "migrating the database from record format 1 to 2";
-    let storage = |e: redb::Error| OpenError::Storage {
-        context: what,
-        source: Box::new(e),
-    };
+    let storage = |e: MetaError| e.open_error(path, what);
     let mut txn = db.begin_write().map_err(|e| storage(e.into()))?;
     txn.set_durability(Durability::Immediate)
         .map_err(|e| storage(e.into()))?;
+    // On an error the transaction is dropped: nothing is written.
     let migrated = migrate(&txn).map_err(storage)?;
     txn.commit().map_err(|e| storage(e.into()))?;
     if migrated.undecodable > 0 {
@@ -57,13 +62,13 @@ pub(super) fn from_format_1(db: &Database) -> Result<Migrated, OpenError> {
     Ok(migrated)
 }
 
-fn migrate(txn: &WriteTransaction) -> Result<Migrated, redb::Error> {
+fn migrate(txn: &WriteTransaction) -> Result<Migrated, MetaError> {
     let mut m = Migrated::default();
     records(txn, &mut m)?;
     outbox(txn, &mut m)?;
     entities(txn, &mut m)?;
-    let mut meta = txn.open_table(META)?;
-    meta.insert(META_FORMAT_VERSION, [FORMAT_VERSION].as_slice())?;
+    // `format_version` last, in the same transaction.
+    meta::migrate_from_format_1(&mut txn.open_table(META)?)?;
     Ok(m)
 }
 
@@ -237,7 +242,9 @@ fn put<'k, K: redb::Key + 'static>(
 mod tests {
     use super::*;
     use crate::message::OutboxEntry;
+    use crate::store::codec::FORMAT_VERSION;
     use crate::store::record::EntityState;
+    use crate::store::redb::meta::{Counter, Format, Found};
     use redb::ReadableDatabase;
 
     fn entity(version: u64) -> EntityState {
@@ -255,7 +262,10 @@ mod tests {
         let txn = db.begin_write()?;
         {
             let mut meta = txn.open_table(META)?;
-            meta.insert(META_FORMAT_VERSION, [FORMAT_VERSION_1].as_slice())?;
+            meta.insert("format_version", [FORMAT_VERSION_1].as_slice())?;
+            meta.insert("next_token", 7_u64.to_le_bytes().as_slice())?;
+            meta.insert("ttl_ms", 60_000_u64.to_le_bytes().as_slice())?;
+            meta.insert("expiry_policy", [0_u8].as_slice())?;
             txn.open_table(RECORDS)?;
             let mut entities = txn.open_table(ENTITIES)?;
             for i in 0..n {
@@ -284,7 +294,7 @@ mod tests {
     ) -> Result<(), Box<dyn std::error::Error>> {
         let n = 2 * BATCH as u64 + 3;
         let db = format_1(n)?;
-        let m = from_format_1(&db)?;
+        let m = from_format_1(&db, Path::new("f1"))?;
         assert_eq!(
             m,
             Migrated {
@@ -308,18 +318,58 @@ mod tests {
             let outbox = txn.open_table(OUTBOX)?;
             let v = outbox.get(u64::MAX)?.ok_or("outbox message gone")?;
             assert!(codec::decode_outbox(u64::MAX, v.value()).is_ok());
-            let meta = txn.open_table(META)?;
-            let version = meta.get(META_FORMAT_VERSION)?.ok_or("no version")?;
-            assert_eq!(version.value(), [FORMAT_VERSION]);
+            // Every meta value now carries its checksum, and the counters
+            // are there: the stored one kept, the missing one at 1.
+            let t = txn.open_table(META)?;
+            assert_eq!(
+                meta::read_format(&t).map_err(|e| format!("{e:?}"))?,
+                Some(Found::Format(Format::V2))
+            );
+            assert!(meta::problems(&t, Format::V2)?.is_empty());
+            let counter = |c| meta::read_counter(&t, c, Format::V2).map_err(|e| format!("{e:?}"));
+            assert_eq!(counter(Counter::NextToken)?, Some(7));
+            assert_eq!(counter(Counter::NextOutboxSeq)?, Some(1));
+            assert_eq!(
+                meta::read_expiry(&t, Format::V2).map_err(|e| format!("{e:?}"))?,
+                Some((60_000, crate::config::ExpiryPolicy::Forget))
+            );
         }
         // A second run has nothing left to do.
         assert_eq!(
-            from_format_1(&db)?,
+            from_format_1(&db, Path::new("f1"))?,
             Migrated {
                 undecodable: 1,
                 ..Migrated::default()
             }
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_damaged_meta_value_fails_the_migration_and_nothing_is_written(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let db = format_1(3)?;
+        {
+            let txn = db.begin_write()?;
+            // Seven bytes: not a counter.
+            txn.open_table(META)?
+                .insert("next_token", [1_u8; 7].as_slice())?;
+            txn.commit()?;
+        }
+        let err = from_format_1(&db, Path::new("f1.redb"))
+            .err()
+            .ok_or("migrated a damaged next_token")?;
+        assert!(
+            matches!(&err, OpenError::CorruptMeta { key: "next_token", path, .. } if path == Path::new("f1.redb")),
+            "{err:?}"
+        );
+        let txn = db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let version = meta.get("format_version")?.ok_or("no version")?;
+        assert_eq!(version.value(), [FORMAT_VERSION_1]);
+        let entities = txn.open_table(ENTITIES)?;
+        let v = entities.get("e00000")?.ok_or("entity gone")?;
+        assert_eq!(v.value()[0], FORMAT_VERSION_1);
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 
 mod journal;
 mod local;
+mod meta;
 mod open;
 mod overlay;
 mod read;
@@ -112,6 +113,13 @@ impl Opened {
             journal: None,
             file: None,
         }
+    }
+
+    /// The database file, or `<backend>`, for errors.
+    pub(crate) fn name(&self) -> &std::path::Path {
+        self.file
+            .as_deref()
+            .unwrap_or(std::path::Path::new("<backend>"))
     }
 
     /// The database file at `path`, with its journal beside it.
@@ -309,7 +317,7 @@ impl RedbStore {
         }
         let reopened = open_contained(std::path::Path::new("<reopen>"), || {
             let opened = reopen()?;
-            prepare(&opened.db, self.settings.cfg, false)?;
+            prepare(&opened.db, opened.name(), self.settings.cfg, false)?;
             spawn_writer(opened, &self.settings)
         });
         match reopened {
@@ -405,6 +413,7 @@ fn closed(poison: &Poison) -> Error {
 /// Starts a writer thread on a prepared database, after applying what its
 /// journal holds beyond the last checkpoint.
 fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
+    let name = opened.name().to_path_buf();
     let Opened { db, journal, .. } = opened;
     let journal = match journal {
         Some(path) => {
@@ -412,14 +421,12 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
                 context: "opening the journal",
                 source: Box::new(e),
             })?;
-            Some(recover::open_journal(&db, storage)?)
+            Some(recover::open_journal(&db, &name, storage)?)
         }
         None => None,
     };
-    let seq = writer::read_sequences(&db).map_err(|e| OpenError::Storage {
-        context: "reading the engine's counters",
-        source: Box::new(e),
-    })?;
+    let seq = writer::read_sequences(&db)
+        .map_err(|e| e.open_error(&name, "reading the engine's counters"))?;
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());

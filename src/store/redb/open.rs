@@ -3,16 +3,14 @@
 
 use std::path::Path;
 
-use redb::{Database, DatabaseError, Durability, ReadableDatabase, TableError};
+use redb::{Database, DatabaseError, Durability, ReadOnlyTable, ReadableDatabase, TableError};
 
 use crate::config::{ExpiryPolicy, StoreConfig};
 use crate::error::OpenError;
-use crate::store::codec::{FORMAT_VERSION, FORMAT_VERSION_1};
+use crate::store::codec::FORMAT_VERSION;
 
-use super::tables::{
-    ENTITIES, EXPIRY, LEASES, META, META_EXPIRY_POLICY, META_FORMAT_VERSION, META_TTL_MS, OUTBOX,
-    RECORDS, RECOVERY,
-};
+use super::meta::{self, Format, Found, MetaError};
+use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 
 /// Adds what the engine was doing to a redb error met while opening.
 trait OpenContext<T> {
@@ -100,9 +98,14 @@ fn check_before_writing(path: &Path) -> Result<(), OpenError> {
 /// panic inside redb on damaged bytes becomes `OpenError::Corrupt`, and the
 /// view is closed without unwinding through it.
 fn check_view<D: ReadableDatabase>(view: D, path: &Path) -> Result<(), OpenError> {
-    let verdict = super::open_contained(path, || {
-        check_version(stored_format(&view)?)?;
-        super::recover::check_before_open(&view, path)
+    let verdict = super::open_contained(path, || match file_format(&view, path)? {
+        Some(format) => {
+            check_meta(&view, format, path)?;
+            super::recover::check_before_open(&view, format, path)
+        }
+        // No meta values: a new file, or a redb file without the engine's
+        // tables (no journal either).
+        None => Ok(()),
     });
     // After a panic inside redb its `Drop` may panic on poisoned locks.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(view)));
@@ -143,18 +146,19 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
     }
 }
 
-/// Checks the record format version; on a database without the engine's
-/// tables, creates them. Then applies the expiry settings: with
-/// `from_database`, the ones stored by the last app (if any) replace
-/// `cfg`'s; otherwise `cfg`'s are stored for operator tools. Returns the
-/// settings in force.
+/// Checks the file's format and meta values, migrating a format-1 file;
+/// on a database without the engine's tables, creates them. Then applies
+/// the expiry settings: with `from_database`, the ones stored by the last
+/// app (if any) replace `cfg`'s; otherwise `cfg`'s are stored for operator
+/// tools. Returns the settings in force. `path` names the file in errors.
 pub(crate) fn prepare(
     db: &Database,
+    path: &Path,
     mut cfg: StoreConfig,
     from_database: bool,
 ) -> Result<StoreConfig, OpenError> {
-    init_format(db)?;
-    match stored_expiry(db)? {
+    init_format(db, path)?;
+    match stored_expiry(db, Format::V2, path)? {
         Some((ttl_ms, expiry)) if from_database => {
             cfg.ttl_ms = ttl_ms;
             cfg.expiry = expiry;
@@ -176,14 +180,14 @@ mod migrate;
 #[path = "scratch_view.rs"]
 mod scratch_view;
 
-fn init_format(db: &Database) -> Result<(), OpenError> {
+fn init_format(db: &Database, path: &Path) -> Result<(), OpenError> {
     super::read::probe_tables(db)?;
-    // The version and all tables are created in one transaction, so a
-    // version present means every table is.
-    if let Some(v) = stored_format(db)? {
-        check_version(Some(v))?;
-        if v == FORMAT_VERSION_1 {
-            migrate::from_format_1(db)?;
+    // The meta values and all tables are created in one transaction, so a
+    // format present means every table is.
+    if let Some(format) = file_format(db, path)? {
+        check_meta(db, format, path)?;
+        if format == Format::V1 {
+            migrate::from_format_1(db, path)?;
         }
         return Ok(());
     }
@@ -193,8 +197,7 @@ fn init_format(db: &Database) -> Result<(), OpenError> {
         .open_context(what)?;
     {
         let mut meta = txn.open_table(META).open_context(what)?;
-        meta.insert(META_FORMAT_VERSION, [FORMAT_VERSION].as_slice())
-            .open_context(what)?;
+        meta::create(&mut meta).open_context(what)?;
         txn.open_table(RECORDS).open_context(what)?;
         txn.open_table(LEASES).open_context(what)?;
         txn.open_table(RECOVERY).open_context(what)?;
@@ -205,51 +208,73 @@ fn init_format(db: &Database) -> Result<(), OpenError> {
     txn.commit().open_context(what)
 }
 
-/// The record format version stored in the database, if any.
-pub(super) fn stored_format(db: &impl ReadableDatabase) -> Result<Option<u8>, OpenError> {
-    let what = "checking the record format";
+/// Runs `read` on the meta table of `db`'s last commit (`None`: the file
+/// has no meta table). A damaged value is an error naming its key and
+/// `path`.
+pub(super) fn read_meta<T>(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    what: &'static str,
+    read: impl FnOnce(&ReadOnlyTable<&'static str, &'static [u8]>) -> Result<T, MetaError>,
+) -> Result<Option<T>, OpenError> {
     let txn = db.begin_read().open_context(what)?;
-    match txn.open_table(META) {
-        Ok(meta) => Ok(meta
-            .get(META_FORMAT_VERSION)
-            .open_context(what)?
-            .map(|v| v.value().first().copied().unwrap_or(0))),
-        Err(TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e).open_context(what),
+    let table = match txn.open_table(META) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e).open_context(what),
+    };
+    read(&table).map(Some).map_err(|e| e.open_error(path, what))
+}
+
+/// The format of the database at `path` (`None`: no engine tables yet),
+/// learnt from `format_version` before any other value is read (see
+/// `codec.rs`).
+///
+/// # Errors
+///
+/// [`OpenError::UnsupportedFormat`] for a format this build does not read,
+/// [`OpenError::PreReleaseFormat`] for a pre-release build's format 2,
+/// [`OpenError::CorruptMeta`] for a damaged `format_version`.
+pub(super) fn file_format(
+    db: &impl ReadableDatabase,
+    path: &Path,
+) -> Result<Option<Format>, OpenError> {
+    match read_meta(db, path, "checking the record format", meta::read_format)?.flatten() {
+        None => Ok(None),
+        Some(Found::Format(format)) => Ok(Some(format)),
+        Some(Found::PreRelease) => Err(OpenError::PreReleaseFormat {
+            path: path.to_path_buf(),
+        }),
+        Some(Found::Unknown(found)) => Err(OpenError::UnsupportedFormat {
+            found,
+            supported: FORMAT_VERSION,
+        }),
     }
+}
+
+/// Refuses a file of `format` with a damaged or missing meta value
+/// ([`OpenError::CorruptMeta`], naming the key).
+pub(super) fn check_meta(
+    db: &impl ReadableDatabase,
+    format: Format,
+    path: &Path,
+) -> Result<(), OpenError> {
+    read_meta(db, path, "checking the meta values", |t| {
+        meta::check(t, format)
+    })
+    .map(drop)
 }
 
 /// The TTL and expiry policy the last app stored, if any.
 pub(super) fn stored_expiry(
     db: &impl ReadableDatabase,
+    format: Format,
+    path: &Path,
 ) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
-    let what = "reading the stored expiry settings";
-    let txn = db.begin_read().open_context(what)?;
-    let meta = txn.open_table(META).open_context(what)?;
-    let get = |name| -> Result<Option<Vec<u8>>, OpenError> {
-        Ok(meta
-            .get(name)
-            .open_context(what)?
-            .map(|v| v.value().to_vec()))
-    };
-    let (Some(ttl), Some(policy)) = (get(META_TTL_MS)?, get(META_EXPIRY_POLICY)?) else {
-        return Ok(None);
-    };
-    let ttl = <[u8; 8]>::try_from(ttl.as_slice()).map(u64::from_le_bytes);
-    let policy = match policy.split_first() {
-        Some((0, [])) => Some(ExpiryPolicy::Forget),
-        Some((1, keep)) => <[u8; 8]>::try_from(keep)
-            .ok()
-            .map(|k| ExpiryPolicy::Tombstone {
-                keep: std::time::Duration::from_millis(u64::from_le_bytes(k)),
-            }),
-        _ => None,
-    };
-    match (ttl, policy) {
-        (Ok(ttl), Some(policy)) => Ok(Some((ttl, policy))),
-        // Unreadable settings are ignored, not fatal: they only advise tools.
-        _ => Ok(None),
-    }
+    read_meta(db, path, "reading the stored expiry settings", |t| {
+        meta::read_expiry(t, format)
+    })
+    .map(Option::flatten)
 }
 
 fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), OpenError> {
@@ -259,32 +284,7 @@ fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), 
         .open_context(what)?;
     {
         let mut meta = txn.open_table(META).open_context(what)?;
-        let policy = match policy.keep_ms() {
-            None => vec![0],
-            Some(keep_ms) => {
-                let mut v = vec![1];
-                v.extend_from_slice(&keep_ms.to_le_bytes());
-                v
-            }
-        };
-        meta.insert(META_TTL_MS, ttl_ms.to_le_bytes().as_slice())
-            .open_context(what)?;
-        meta.insert(META_EXPIRY_POLICY, policy.as_slice())
-            .open_context(what)?;
+        meta::write_expiry(&mut meta, ttl_ms, policy).open_context(what)?;
     }
     txn.commit().open_context(what)
-}
-
-/// Refuses a format version this build does not read (it reads 1, which a
-/// writable open migrates, and 2).
-pub(super) fn check_version(found: Option<u8>) -> Result<(), OpenError> {
-    match found {
-        Some(v) if !(FORMAT_VERSION_1..=FORMAT_VERSION).contains(&v) => {
-            Err(OpenError::UnsupportedFormat {
-                found: v,
-                supported: FORMAT_VERSION,
-            })
-        }
-        _ => Ok(()),
-    }
 }

@@ -18,19 +18,25 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
-use super::open::{check_version, stored_expiry, stored_format};
+use super::meta::Format;
+use super::open::{file_format, stored_expiry};
 use super::tables::META;
 use super::{contained, read};
 
 /// A database opened read-only.
 pub(crate) struct RedbReader {
     db: ReadOnlyDatabase,
+    /// Its format (1 is read as it is, never migrated).
+    format: Format,
+    path: std::path::PathBuf,
 }
 
 impl RedbReader {
     /// Opens `path` read-only. A file that needs recovery after a crash is
     /// refused (recovery writes), and so is a redb file without the engine's
-    /// tables.
+    /// tables. Of the meta values, those the open uses are checked (the
+    /// format and the journal's: a damaged one is refused); `verify` checks
+    /// them all.
     pub(crate) fn open(path: &Path) -> Result<RedbReader, OpenError> {
         let db = redb::Builder::new()
             .open_read_only(path)
@@ -67,22 +73,31 @@ impl RedbReader {
                 path: path.to_path_buf(),
             });
         }
-        check_version(stored_format(&db)?)?;
+        // The meta table exists, but holds no values: no engine wrote it.
+        let Some(format) = file_format(&db, path)? else {
+            return Err(OpenError::NoEngineTables {
+                path: path.to_path_buf(),
+            });
+        };
         // Frames the journal holds beyond the last checkpoint are not in
         // the file yet: a view without them would show an older state.
-        if super::recover::pending_frames(&db, path)? > 0 {
+        if super::recover::pending_frames(&db, format, path)? > 0 {
             return Err(OpenError::NeedsRecovery {
                 path: path.to_path_buf(),
             });
         }
-        Ok(RedbReader { db })
+        Ok(RedbReader {
+            db,
+            format,
+            path: path.to_path_buf(),
+        })
     }
 }
 
 impl RedbReader {
     /// The TTL (ms) and expiry policy the last app stored, if any.
     pub(crate) fn stored_expiry(&self) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
-        stored_expiry(&self.db)
+        stored_expiry(&self.db, self.format, &self.path)
     }
 }
 

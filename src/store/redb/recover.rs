@@ -4,50 +4,29 @@
 
 use std::path::Path;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableError, WriteTransaction};
+use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
 
 use crate::error::OpenError;
 
 use super::journal::{
     Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
 };
-use super::tables::{
-    ENTITIES, EXPIRY, LEASES, META, META_JOURNAL_CLEAN, META_JOURNAL_ID, META_JOURNAL_LSN,
-    META_NEXT_OUTBOX, META_NEXT_TOKEN, OUTBOX, RECORDS, RECOVERY,
-};
+use super::meta::{self, Counter, Format, MetaError, StoredJournal};
+use super::open::{file_format, read_meta};
+use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 
-/// What the meta table says about the journal.
-pub(super) struct StoredJournal {
-    pub(super) id: [u8; 16],
-    /// The LSN the database's state includes.
-    pub(super) lsn: u64,
-    /// The engine closed cleanly: everything is in the database file, and
-    /// the journal may be gone.
-    pub(super) clean: bool,
-}
-
-/// The journal the database was last used with (`None`: it has never had
-/// one, or it has no meta table yet: a new or foreign redb file).
-pub(super) fn stored_journal(
+/// The journal the database at `path` (a file of `format`) was last used
+/// with (`None`: it has never had one, or it has no meta table yet: a new
+/// or foreign redb file).
+fn stored_journal(
     db: &impl ReadableDatabase,
-) -> Result<Option<StoredJournal>, redb::Error> {
-    let txn = db.begin_read()?;
-    let meta = match txn.open_table(META) {
-        Ok(meta) => meta,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let id = meta
-        .get(META_JOURNAL_ID)?
-        .and_then(|v| <[u8; 16]>::try_from(v.value()).ok());
-    let lsn = meta
-        .get(META_JOURNAL_LSN)?
-        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-        .map_or(0, u64::from_le_bytes);
-    let clean = meta
-        .get(META_JOURNAL_CLEAN)?
-        .is_some_and(|v| v.value() == [1]);
-    Ok(id.map(|id| StoredJournal { id, lsn, clean }))
+    format: Format,
+    path: &Path,
+) -> Result<Option<StoredJournal>, OpenError> {
+    read_meta(db, path, "reading the journal position", |t| {
+        meta::read_journal(t, format)
+    })
+    .map(Option::flatten)
 }
 
 /// Why a journal without the checkpoint's frame cannot be used.
@@ -122,27 +101,29 @@ fn frames_beside(stored: &StoredJournal, db_path: &Path) -> Result<Vec<(u64, Fra
 ///
 /// [`OpenError::Journal`] when the journal is damaged, another database's,
 /// or (after a crash) lacks the last checkpoint's frame;
+/// [`OpenError::CorruptMeta`] when the journal's meta values are damaged;
 /// [`OpenError::Storage`] when the meta table or the journal cannot be
 /// read.
-pub(super) fn check_before_open(db: &impl ReadableDatabase, path: &Path) -> Result<(), OpenError> {
-    match read_position(db)? {
+pub(super) fn check_before_open(
+    db: &impl ReadableDatabase,
+    format: Format,
+    path: &Path,
+) -> Result<(), OpenError> {
+    match stored_journal(db, format, path)? {
         Some(stored) => frames_beside(&stored, path).map(drop),
         None => Ok(()),
     }
 }
 
-/// The journal position from the meta table, as an open error.
-fn read_position(db: &impl ReadableDatabase) -> Result<Option<StoredJournal>, OpenError> {
-    stored_journal(db).map_err(|e| OpenError::Storage {
-        context: "reading the journal position",
-        source: Box::new(e),
-    })
-}
-
-/// Opens the journal in `storage` for `db`, applying the frames the database
-/// does not hold yet. A database without a journal id gets one, and any
-/// bytes already in `storage` are discarded (they cannot be its journal).
-pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Journal, OpenError> {
+/// Opens the journal in `storage` for `db` (prepared: format 2; `path`
+/// names it in errors), applying the frames the database does not hold
+/// yet. A database without a journal id gets one, and any bytes already in
+/// `storage` are discarded (they cannot be its journal).
+pub(crate) fn open_journal(
+    db: &Database,
+    path: &Path,
+    storage: JournalStorage,
+) -> Result<Journal, OpenError> {
     let what = "opening the journal";
     let name = storage.name.clone();
     let journal_error = |e: JournalError| OpenError::Journal {
@@ -153,7 +134,8 @@ pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Jou
         context: what,
         source: Box::new(e),
     };
-    let stored = match stored_journal(db).map_err(storage_error)? {
+    let meta_error = |e: MetaError| e.open_error(path, what);
+    let stored = match stored_journal(db, Format::V2, path)? {
         Some(stored) => stored,
         None => StoredJournal {
             id: give_journal(db, &storage)?,
@@ -174,11 +156,11 @@ pub(crate) fn open_journal(db: &Database, storage: JournalStorage) -> Result<Jou
         txn.set_durability(Durability::Immediate)
             .map_err(|e| storage_error(e.into()))?;
         for (_, frame) in &frames {
-            apply(&txn, frame).map_err(storage_error)?;
+            apply(&txn, frame).map_err(meta_error)?;
         }
         {
-            let mut meta = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
-            meta.insert(META_JOURNAL_LSN, last.to_le_bytes().as_slice())
+            let mut table = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
+            meta::write_counter(&mut table, Counter::JournalLsn, last)
                 .map_err(|e| storage_error(e.into()))?;
         }
         txn.commit().map_err(|e| storage_error(e.into()))?;
@@ -206,7 +188,11 @@ pub(super) fn apply_in_view(db: &Database, path: &Path) -> Result<(), OpenError>
         context: what,
         source: Box::new(e),
     };
-    let frames = match stored_journal(db).map_err(storage_error)? {
+    // Only a file of format 2 has ever had a journal.
+    let Some(format) = file_format(db, path)? else {
+        return Ok(());
+    };
+    let frames = match stored_journal(db, format, path)? {
         Some(stored) if !stored.clean => frames_beside(&stored, path)?,
         _ => return Ok(()),
     };
@@ -215,7 +201,7 @@ pub(super) fn apply_in_view(db: &Database, path: &Path) -> Result<(), OpenError>
     }
     let txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
     for (_, frame) in &frames {
-        apply(&txn, frame).map_err(storage_error)?;
+        apply(&txn, frame).map_err(|e| e.open_error(path, what))?;
     }
     txn.commit().map_err(|e| storage_error(e.into()))
 }
@@ -226,8 +212,8 @@ pub(super) fn set_clean(db: &Database, clean: bool) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate)?;
     {
-        let mut meta = txn.open_table(META)?;
-        meta.insert(META_JOURNAL_CLEAN, [u8::from(clean)].as_slice())?;
+        let mut table = txn.open_table(META)?;
+        meta::write_clean(&mut table, clean)?;
     }
     txn.commit()?;
     Ok(())
@@ -253,39 +239,40 @@ fn give_journal(db: &Database, storage: &JournalStorage) -> Result<[u8; 16], Ope
     txn.set_durability(Durability::Immediate)
         .map_err(|e| storage_error(e.into()))?;
     {
-        let mut meta = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
-        meta.insert(META_JOURNAL_ID, id.as_slice())
-            .map_err(|e| storage_error(e.into()))?;
-        meta.insert(META_JOURNAL_LSN, 0_u64.to_le_bytes().as_slice())
-            .map_err(|e| storage_error(e.into()))?;
-        // Nothing is pending yet: a crash before the first anchor is
-        // written must not read as a lost journal.
-        meta.insert(META_JOURNAL_CLEAN, [1_u8].as_slice())
-            .map_err(|e| storage_error(e.into()))?;
+        let mut table = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
+        // Marked clean: nothing is pending yet, and a crash before the
+        // first anchor is written must not read as a lost journal.
+        meta::write_journal(&mut table, &id).map_err(|e| storage_error(e.into()))?;
     }
     txn.commit().map_err(|e| storage_error(e.into()))?;
     Ok(id)
 }
 
-/// How many frames the journal beside `path` holds that the database does
-/// not (for a read-only open, which cannot apply them). Writes nothing.
-/// After a clean close the journal is not read: the file alone is enough.
-pub(crate) fn pending_frames(db: &impl ReadableDatabase, path: &Path) -> Result<usize, OpenError> {
-    match read_position(db)? {
+/// How many frames the journal beside `path` holds that the database (a
+/// file of `format`) does not (for a read-only open, which cannot apply
+/// them). Writes nothing. After a clean close the journal is not read: the
+/// file alone is enough.
+pub(crate) fn pending_frames(
+    db: &impl ReadableDatabase,
+    format: Format,
+    path: &Path,
+) -> Result<usize, OpenError> {
+    match stored_journal(db, format, path)? {
         Some(stored) if !stored.clean => frames_beside(&stored, path).map(|f| f.len()),
         _ => Ok(0),
     }
 }
 
-/// Applies one frame's changes, and its counters.
-fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), redb::Error> {
+/// Applies one frame's changes, and its counters (to a database of format
+/// 2: only such a file has a journal).
+fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), MetaError> {
     let mut records = txn.open_table(RECORDS)?;
     let mut leases = txn.open_table(LEASES)?;
     let mut recovery = txn.open_table(RECOVERY)?;
     let mut expiry = txn.open_table(EXPIRY)?;
     let mut outbox = txn.open_table(OUTBOX)?;
     let mut entities = txn.open_table(ENTITIES)?;
-    let mut meta = txn.open_table(META)?;
+    let mut table = txn.open_table(META)?;
     for change in &frame.changes {
         match change {
             Change::PutRecord { key, value } => {
@@ -314,14 +301,13 @@ fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), redb::Error> {
         }
     }
     // Counters never go back (a frame holds them after its batch).
-    let stored = |v: Option<redb::AccessGuard<'_, &[u8]>>| {
-        v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-            .map_or(0, u64::from_le_bytes)
-    };
-    let token = stored(meta.get(META_NEXT_TOKEN)?).max(frame.next_token);
-    let next_outbox = stored(meta.get(META_NEXT_OUTBOX)?).max(frame.next_outbox);
-    meta.insert(META_NEXT_TOKEN, token.to_le_bytes().as_slice())?;
-    meta.insert(META_NEXT_OUTBOX, next_outbox.to_le_bytes().as_slice())?;
+    for (counter, in_frame) in [
+        (Counter::NextToken, frame.next_token),
+        (Counter::NextOutboxSeq, frame.next_outbox),
+    ] {
+        let stored = meta::required_counter(&table, counter)?;
+        meta::write_counter(&mut table, counter, stored.max(in_frame))?;
+    }
     Ok(())
 }
 

@@ -25,7 +25,8 @@ use crate::store::record::{EntityState, Record};
 
 use super::journal::{Change, IndexTable};
 
-/// Format version, counters and the last app's expiry settings.
+/// Format version, counters, the journal's position and the last app's
+/// expiry settings: keys and values are `meta.rs`'s.
 pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
 /// Record key → encoded record (see `store/codec.rs`).
 pub(super) const RECORDS: TableDefinition<&[u8], &[u8]> =
@@ -44,29 +45,6 @@ pub(super) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("ide
 /// Business entity id → encoded state and version.
 pub(super) const ENTITIES: TableDefinition<&str, &[u8]> =
     TableDefinition::new("idempotency.entities");
-
-/// `META` key holding the one-byte record format version.
-pub(super) const META_FORMAT_VERSION: &str = "format_version";
-/// `META` key holding the next fencing token (u64 little-endian).
-pub(super) const META_NEXT_TOKEN: &str = "next_token";
-/// `META` key holding the TTL (u64 little-endian ms) of the last app
-/// that opened the database, for operator tools.
-pub(super) const META_TTL_MS: &str = "ttl_ms";
-/// `META` key holding that app's expiry policy: `[0]` forget, or `[1]`
-/// followed by the tombstone duration (u64 little-endian ms).
-pub(super) const META_EXPIRY_POLICY: &str = "expiry_policy";
-/// `META` key holding the id (16 bytes) of the database's journal: a
-/// journal file carrying another id belongs to another database.
-pub(super) const META_JOURNAL_ID: &str = "journal_id";
-/// `META` key holding the LSN (u64 little-endian) of the last journal frame
-/// the database's state includes.
-pub(super) const META_JOURNAL_LSN: &str = "journal_lsn";
-/// `META` key holding `[1]` when the last engine closed cleanly (its last
-/// checkpoint holds everything; the journal may be gone), `[0]` while an
-/// engine has the file open.
-pub(super) const META_JOURNAL_CLEAN: &str = "journal_clean";
-/// `META` key holding the next outbox sequence number (u64 little-endian).
-pub(super) const META_NEXT_OUTBOX: &str = "next_outbox_seq";
 
 /// Adds what the engine was doing to a redb error.
 pub(super) trait Context<T> {

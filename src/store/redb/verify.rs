@@ -4,18 +4,19 @@
 //! lookup of its key (a damaged tree page can send a lookup astray while a
 //! walk still meets every entry), and every index entry matches its record
 //! and back (each record sits in exactly the index its state names, at the
-//! instant it names).
+//! instant it names). The meta table's values are checked too (`meta.rs`).
 
 use std::collections::BTreeSet;
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::{ReadableDatabase, ReadableTable, TableError};
 
 use crate::error::Result;
 use crate::store::codec;
 use crate::store::record::hex;
 use crate::verify::Problem;
 
-use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY};
+use super::meta::{self, Found, MetaError};
+use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 
 /// Scrubs the whole database in one read snapshot; returns every problem
 /// found (none: the file is sound as far as the engine can tell) and how
@@ -23,8 +24,8 @@ use super::tables::{Context, ENTITIES, EXPIRY, LEASES, OUTBOX, RECORDS, RECOVERY
 pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> {
     let what = "verifying the database";
     let txn = db.begin_read().context(what)?;
+    let mut problems = meta_problems(&txn)?;
     let records = txn.open_table(RECORDS).context(what)?;
-    let mut problems = Vec::new();
     // (index, instant, record key) every sound record expects.
     let mut expected = BTreeSet::new();
     // Keys of records that do not decode.
@@ -119,4 +120,38 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         }
     }
     Ok((problems, checked))
+}
+
+/// What is wrong with the meta table in `txn`'s snapshot.
+fn meta_problems(txn: &redb::ReadTransaction) -> Result<Vec<Problem>> {
+    let what = "verifying the meta table";
+    let table = match txn.open_table(META) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e).context(what),
+    };
+    let bad = |key: &str, reason: String| Problem::BadMetaValue {
+        key: key.to_string(),
+        reason,
+    };
+    let format_key = meta::Key::FormatVersion.name();
+    let format = match meta::read_format(&table) {
+        Ok(Some(Found::Format(format))) => format,
+        // No open gets this far with these; a file changed since is
+        // reported, and its other values cannot be read without a format.
+        Ok(None) => return Ok(vec![bad(format_key, "missing".into())]),
+        Ok(Some(other)) => {
+            return Ok(vec![bad(
+                format_key,
+                format!("not a format this build reads ({other:?})"),
+            )])
+        }
+        Err(MetaError::Damaged { key, reason }) => return Ok(vec![bad(key.name(), reason)]),
+        Err(MetaError::Storage(e)) => return Err(e).context(what),
+    };
+    Ok(meta::problems(&table, format)
+        .context(what)?
+        .into_iter()
+        .map(|p| bad(&p.name, p.reason))
+        .collect())
 }

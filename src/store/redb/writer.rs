@@ -47,13 +47,11 @@ use crate::error::{Error, Result};
 use crate::store::poison::Poison;
 
 use super::journal::{Change, Frame, Journal, JournalError};
+use super::meta::{self, Counter, MetaError};
 use super::overlay::Overlay;
 use super::reply::ReplyTx;
 use super::syncer::{Handed, Syncer};
-use super::tables::{
-    OpError, Sequences, Tables, META, META_JOURNAL_CLEAN, META_JOURNAL_LSN, META_NEXT_OUTBOX,
-    META_NEXT_TOKEN,
-};
+use super::tables::{OpError, Sequences, Tables, META};
 
 /// Journal bytes after which the writer checkpoints. A checkpoint writes
 /// every page dirtied since the last one; 32 MiB measured fewer bytes per
@@ -483,15 +481,12 @@ impl Writer {
             None => self.db.begin_write()?,
         };
         {
-            let mut meta = txn.open_table(META)?;
-            meta.insert(META_NEXT_TOKEN, self.seq.token.to_le_bytes().as_slice())?;
-            meta.insert(META_NEXT_OUTBOX, self.seq.outbox.to_le_bytes().as_slice())?;
-            meta.insert(
-                META_JOURNAL_LSN,
-                journal.last_lsn().to_le_bytes().as_slice(),
-            )?;
+            let mut table = txn.open_table(META)?;
+            meta::write_counter(&mut table, Counter::NextToken, self.seq.token)?;
+            meta::write_counter(&mut table, Counter::NextOutboxSeq, self.seq.outbox)?;
+            meta::write_counter(&mut table, Counter::JournalLsn, journal.last_lsn())?;
             if checkpoint == Some(true) {
-                meta.insert(META_JOURNAL_CLEAN, [1_u8].as_slice())?;
+                meta::write_clean(&mut table, true)?;
             }
         }
         let mut txn = txn;
@@ -571,16 +566,13 @@ impl Writer {
             return Ok(self.seq);
         }
         {
-            let mut meta = txn.open_table(META)?;
+            let mut table = txn.open_table(META)?;
             if after != self.seq {
-                meta.insert(META_NEXT_TOKEN, after.token.to_le_bytes().as_slice())?;
-                meta.insert(META_NEXT_OUTBOX, after.outbox.to_le_bytes().as_slice())?;
+                meta::write_counter(&mut table, Counter::NextToken, after.token)?;
+                meta::write_counter(&mut table, Counter::NextOutboxSeq, after.outbox)?;
             }
             if let Some(journal) = &self.journal {
-                meta.insert(
-                    META_JOURNAL_LSN,
-                    journal.last_lsn().to_le_bytes().as_slice(),
-                )?;
+                meta::write_counter(&mut table, Counter::JournalLsn, journal.last_lsn())?;
             }
         }
         txn.commit()?;
@@ -645,19 +637,19 @@ pub(super) fn fail_all(group: Vec<Box<dyn Job>>, cause: &Arc<str>) {
 
 pub(super) use crate::store::panic_message;
 
-/// The counters stored in the meta table (1 for a new database).
-pub(super) fn read_sequences(db: &Database) -> Result<Sequences, redb::Error> {
+/// The counters stored in the meta table of a prepared database (format
+/// 2: both are always there).
+///
+/// # Errors
+///
+/// [`MetaError::Damaged`] for a damaged or missing counter: never a
+/// default, which would hand out fencing tokens again.
+pub(super) fn read_sequences(db: &Database) -> Result<Sequences, MetaError> {
     let txn = db.begin_read()?;
-    let meta = txn.open_table(META)?;
-    let read = |name| -> Result<u64, redb::Error> {
-        Ok(meta
-            .get(name)?
-            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-            .map_or(1, u64::from_le_bytes))
-    };
+    let table = txn.open_table(META)?;
     Ok(Sequences {
-        token: read(META_NEXT_TOKEN)?,
-        outbox: read(META_NEXT_OUTBOX)?,
+        token: meta::required_counter(&table, Counter::NextToken)?,
+        outbox: meta::required_counter(&table, Counter::NextOutboxSeq)?,
     })
 }
 

@@ -1,0 +1,801 @@
+//! The meta table (`idempotency.meta`): its keys, what each holds, the
+//! rules between them, and the only code that reads or writes its values.
+//! The byte layout is specified in `store/codec.rs` ("The meta table"),
+//! which frames and checksums each value; this module owns the payloads.
+//!
+//! The file's format decides how the other values are read, so it is
+//! learnt first, from `format_version` alone ([`read_format`]); every
+//! other read takes that [`Format`]. This build writes format 2 only.
+
+use std::path::Path;
+
+use redb::{ReadableTable, Table};
+
+use crate::config::ExpiryPolicy;
+use crate::error::OpenError;
+use crate::store::codec::{self, DecodeError, FORMAT_VERSION, FORMAT_VERSION_1};
+
+/// A key of the meta table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Key {
+    /// The format of the whole file.
+    FormatVersion,
+    /// The next fencing token (u64).
+    NextToken,
+    /// The next outbox sequence number (u64).
+    NextOutboxSeq,
+    /// The TTL (u64 ms) of the last app that opened the database, for
+    /// operator tools.
+    TtlMs,
+    /// That app's expiry policy.
+    ExpiryPolicy,
+    /// The id (16 bytes) of the database's journal: a journal carrying
+    /// another id belongs to another database.
+    JournalId,
+    /// The LSN (u64) of the last journal frame the database's state
+    /// includes.
+    JournalLsn,
+    /// Whether the last engine closed cleanly (its last checkpoint holds
+    /// everything; the journal may be gone), or an engine has the file
+    /// open.
+    JournalClean,
+}
+
+impl Key {
+    /// Every key this build knows.
+    pub(super) const ALL: [Key; 8] = [
+        Key::FormatVersion,
+        Key::NextToken,
+        Key::NextOutboxSeq,
+        Key::TtlMs,
+        Key::ExpiryPolicy,
+        Key::JournalId,
+        Key::JournalLsn,
+        Key::JournalClean,
+    ];
+
+    /// The key as stored.
+    pub(super) const fn name(self) -> &'static str {
+        match self {
+            Key::FormatVersion => "format_version",
+            Key::NextToken => "next_token",
+            Key::NextOutboxSeq => "next_outbox_seq",
+            Key::TtlMs => "ttl_ms",
+            Key::ExpiryPolicy => "expiry_policy",
+            Key::JournalId => "journal_id",
+            Key::JournalLsn => "journal_lsn",
+            Key::JournalClean => "journal_clean",
+        }
+    }
+
+    fn named(name: &str) -> Option<Key> {
+        Key::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Why `payload` is not what this key holds (`None`: it is).
+    fn misshapen(self, payload: &[u8]) -> Option<String> {
+        let ok = match self {
+            Key::FormatVersion => payload.is_empty(),
+            Key::NextToken | Key::NextOutboxSeq | Key::TtlMs | Key::JournalLsn => {
+                payload.len() == 8
+            }
+            Key::JournalId => payload.len() == 16,
+            Key::JournalClean => matches!(payload, [0 | 1]),
+            Key::ExpiryPolicy => decode_policy(payload).is_some(),
+        };
+        (!ok).then(|| {
+            let holds = match self {
+                Key::FormatVersion => "no payload",
+                Key::JournalId => "16 bytes",
+                Key::JournalClean => "one byte, 0 or 1",
+                Key::ExpiryPolicy => "[0], or [1] and 8 bytes",
+                _ => "8 bytes",
+            };
+            format!(
+                "a payload of {} bytes ({}) where {} holds {holds}",
+                payload.len(),
+                crate::store::record::hex(payload),
+                self.name()
+            )
+        })
+    }
+}
+
+/// A counter kept in the meta table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Counter {
+    NextToken,
+    NextOutboxSeq,
+    JournalLsn,
+}
+
+impl Counter {
+    fn key(self) -> Key {
+        match self {
+            Counter::NextToken => Key::NextToken,
+            Counter::NextOutboxSeq => Key::NextOutboxSeq,
+            Counter::JournalLsn => Key::JournalLsn,
+        }
+    }
+}
+
+/// A format this build reads: it decides how meta values are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Format {
+    /// Bare payloads, no checksum (read, never written).
+    V1,
+    /// Checksummed (`codec::encode_meta`).
+    V2,
+}
+
+/// What `format_version` says (see `codec.rs`, "How an open learns the
+/// format").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Found {
+    Format(Format),
+    /// `[2]` without a checksum: a pre-release build of format 2.
+    PreRelease,
+    /// A format this build does not know.
+    Unknown(u8),
+}
+
+/// A meta value could not be read.
+#[derive(Debug)]
+pub(super) enum MetaError {
+    Storage(redb::Error),
+    /// The value under `key` is damaged, or missing where it must be.
+    Damaged {
+        key: Key,
+        reason: String,
+    },
+}
+
+impl<E: Into<redb::Error>> From<E> for MetaError {
+    fn from(e: E) -> MetaError {
+        MetaError::Storage(e.into())
+    }
+}
+
+impl MetaError {
+    /// As an open error about the database file at `path`.
+    pub(super) fn open_error(self, path: &Path, context: &'static str) -> OpenError {
+        match self {
+            MetaError::Storage(e) => OpenError::Storage {
+                context,
+                source: Box::new(e),
+            },
+            MetaError::Damaged { key, reason } => OpenError::CorruptMeta {
+                path: path.to_path_buf(),
+                key: key.name(),
+                reason,
+            },
+        }
+    }
+}
+
+fn damaged(key: Key, reason: impl Into<String>) -> MetaError {
+    MetaError::Damaged {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// A decode error, said of a meta value.
+fn describe(e: &DecodeError) -> String {
+    match e {
+        DecodeError::UnknownVersion(v) => {
+            format!("version byte {v}, where a format-{FORMAT_VERSION} value has {FORMAT_VERSION}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Where a meta table is read from: a read-only table, or a table in a
+/// write transaction.
+pub(super) trait Readable: ReadableTable<&'static str, &'static [u8]> {}
+impl<T: ReadableTable<&'static str, &'static [u8]>> Readable for T {}
+
+/// A meta table in a write transaction.
+pub(super) type Writable<'t> = Table<'t, &'static str, &'static [u8]>;
+
+/// The payload under `key` in a file of `format`, checked; `None` if the
+/// key is absent.
+fn payload(t: &impl Readable, key: Key, format: Format) -> Result<Option<Vec<u8>>, MetaError> {
+    let Some(value) = t.get(key.name())? else {
+        return Ok(None);
+    };
+    let payload = match format {
+        Format::V1 => value.value().to_vec(),
+        Format::V2 => codec::decode_meta(key.name(), value.value())
+            .map_err(|e| damaged(key, describe(&e)))?
+            .to_vec(),
+    };
+    match key.misshapen(&payload) {
+        Some(reason) => Err(damaged(key, reason)),
+        None => Ok(Some(payload)),
+    }
+}
+
+fn put(t: &mut Writable<'_>, key: Key, payload: &[u8]) -> Result<(), redb::StorageError> {
+    t.insert(
+        key.name(),
+        codec::encode_meta(key.name(), payload).as_slice(),
+    )?;
+    Ok(())
+}
+
+fn u64_of(payload: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(payload).ok().map(u64::from_le_bytes)
+}
+
+/// What the file's `format_version` says (`None`: absent, in a meta table
+/// with nothing else: a new file, or one without the engine's tables).
+///
+/// # Errors
+///
+/// [`MetaError::Damaged`] when the value is damaged (see `codec.rs`), or
+/// absent while the table holds other values (its key was damaged).
+pub(super) fn read_format(t: &impl Readable) -> Result<Option<Found>, MetaError> {
+    let key = Key::FormatVersion;
+    let Some(value) = t.get(key.name())? else {
+        if t.iter()?.next().is_some() {
+            return Err(damaged(
+                key,
+                "missing, while the meta table holds other values",
+            ));
+        }
+        return Ok(None);
+    };
+    let bytes = value.value();
+    let found = match bytes {
+        [] => return Err(damaged(key, "empty value")),
+        [FORMAT_VERSION_1] => Found::Format(Format::V1),
+        [FORMAT_VERSION] => Found::PreRelease,
+        [FORMAT_VERSION, ..] => {
+            payload(t, key, Format::V2)?;
+            Found::Format(Format::V2)
+        }
+        [first, rest @ ..] => {
+            // A format-2 value whose version byte alone was damaged still
+            // verifies once it is put back.
+            let mut restored = vec![FORMAT_VERSION];
+            restored.extend_from_slice(rest);
+            let verifies = codec::decode_meta(key.name(), &restored).is_ok_and(<[u8]>::is_empty);
+            if verifies || *first == FORMAT_VERSION_1 {
+                return Err(damaged(
+                    key,
+                    format!(
+                        "{} ({} bytes) is not a format version this build wrote",
+                        crate::store::record::hex(bytes),
+                        bytes.len()
+                    ),
+                ));
+            }
+            Found::Unknown(*first)
+        }
+    };
+    Ok(Some(found))
+}
+
+/// A fresh meta table: format 2, counters at 1.
+pub(super) fn create(t: &mut Writable<'_>) -> Result<(), redb::StorageError> {
+    put(t, Key::FormatVersion, &[])?;
+    write_counter(t, Counter::NextToken, 1)?;
+    write_counter(t, Counter::NextOutboxSeq, 1)
+}
+
+/// The counter's stored value (`None`: absent; in format 2 a missing
+/// `next_token` or `next_outbox_seq` is damage, see [`check`]).
+pub(super) fn read_counter(
+    t: &impl Readable,
+    counter: Counter,
+    format: Format,
+) -> Result<Option<u64>, MetaError> {
+    Ok(payload(t, counter.key(), format)?.and_then(|p| u64_of(&p)))
+}
+
+/// The counter that must be there (format 2).
+pub(super) fn required_counter(t: &impl Readable, counter: Counter) -> Result<u64, MetaError> {
+    read_counter(t, counter, Format::V2)?.ok_or_else(|| damaged(counter.key(), "missing"))
+}
+
+/// Stores a counter. A checksum over a 17-byte value: cheap enough for
+/// every commit.
+pub(super) fn write_counter(
+    t: &mut Writable<'_>,
+    counter: Counter,
+    value: u64,
+) -> Result<(), redb::StorageError> {
+    put(t, counter.key(), &value.to_le_bytes())
+}
+
+/// What the meta table says about the journal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StoredJournal {
+    pub(super) id: [u8; 16],
+    /// The LSN the database's state includes.
+    pub(super) lsn: u64,
+    /// The engine closed cleanly: everything is in the database file, and
+    /// the journal may be gone.
+    pub(super) clean: bool,
+}
+
+/// The journal the database was last used with (`None`: it has never had
+/// one). Its three values are there together or not at all.
+pub(super) fn read_journal(
+    t: &impl Readable,
+    format: Format,
+) -> Result<Option<StoredJournal>, MetaError> {
+    let id = payload(t, Key::JournalId, format)?;
+    let lsn = payload(t, Key::JournalLsn, format)?;
+    let clean = payload(t, Key::JournalClean, format)?;
+    match (id, lsn, clean) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(lsn), Some(clean)) => Ok(Some(StoredJournal {
+            id: <[u8; 16]>::try_from(id.as_slice())
+                .map_err(|_| damaged(Key::JournalId, "not 16 bytes"))?,
+            lsn: u64_of(&lsn).ok_or_else(|| damaged(Key::JournalLsn, "not 8 bytes"))?,
+            clean: clean == [1],
+        })),
+        (id, lsn, _) => {
+            let missing = if id.is_none() {
+                Key::JournalId
+            } else if lsn.is_none() {
+                Key::JournalLsn
+            } else {
+                Key::JournalClean
+            };
+            Err(damaged(
+                missing,
+                "missing, while other journal values are present",
+            ))
+        }
+    }
+}
+
+/// Gives the database a journal: its id, at LSN 0, marked clean (nothing
+/// is pending yet).
+pub(super) fn write_journal(t: &mut Writable<'_>, id: &[u8; 16]) -> Result<(), redb::StorageError> {
+    put(t, Key::JournalId, id)?;
+    write_counter(t, Counter::JournalLsn, 0)?;
+    write_clean(t, true)
+}
+
+/// Marks whether the engine closed cleanly.
+pub(super) fn write_clean(t: &mut Writable<'_>, clean: bool) -> Result<(), redb::StorageError> {
+    put(t, Key::JournalClean, &[u8::from(clean)])
+}
+
+fn decode_policy(payload: &[u8]) -> Option<ExpiryPolicy> {
+    match payload.split_first() {
+        Some((0, [])) => Some(ExpiryPolicy::Forget),
+        Some((1, keep)) => u64_of(keep).map(|keep| ExpiryPolicy::Tombstone {
+            keep: std::time::Duration::from_millis(keep),
+        }),
+        _ => None,
+    }
+}
+
+/// The TTL (ms) and expiry policy the last app stored, if any. The two are
+/// there together or not at all.
+pub(super) fn read_expiry(
+    t: &impl Readable,
+    format: Format,
+) -> Result<Option<(u64, ExpiryPolicy)>, MetaError> {
+    let ttl = payload(t, Key::TtlMs, format)?;
+    let policy = payload(t, Key::ExpiryPolicy, format)?;
+    match (ttl, policy) {
+        (None, None) => Ok(None),
+        (Some(ttl), Some(policy)) => Ok(Some((
+            u64_of(&ttl).ok_or_else(|| damaged(Key::TtlMs, "not 8 bytes"))?,
+            decode_policy(&policy).ok_or_else(|| damaged(Key::ExpiryPolicy, "not a policy"))?,
+        ))),
+        (None, Some(_)) => Err(damaged(
+            Key::TtlMs,
+            "missing, while expiry_policy is present",
+        )),
+        (Some(_), None) => Err(damaged(
+            Key::ExpiryPolicy,
+            "missing, while ttl_ms is present",
+        )),
+    }
+}
+
+/// Stores the app's TTL and expiry policy, for operator tools.
+pub(super) fn write_expiry(
+    t: &mut Writable<'_>,
+    ttl_ms: u64,
+    policy: ExpiryPolicy,
+) -> Result<(), redb::StorageError> {
+    put(t, Key::TtlMs, &ttl_ms.to_le_bytes())?;
+    let mut payload = vec![0];
+    if let Some(keep_ms) = policy.keep_ms() {
+        payload[0] = 1;
+        payload.extend_from_slice(&keep_ms.to_le_bytes());
+    }
+    put(t, Key::ExpiryPolicy, &payload)
+}
+
+/// Rewrites a format-1 meta table in format 2: every value this build
+/// knows, with its checksum; the counters (at 1 if a format-1 file never
+/// stored them, as format 1 read them); `format_version` last. Keys this
+/// build does not know are left as they are, and so is a value already in
+/// format 2 (a format-2 value is 9 bytes longer than the same payload in
+/// format 1, so the two are never confused).
+///
+/// # Errors
+///
+/// [`MetaError::Damaged`] for a value that is not what its key holds:
+/// nothing is rewritten from a guess.
+pub(super) fn migrate_from_format_1(t: &mut Writable<'_>) -> Result<(), MetaError> {
+    for key in Key::ALL {
+        if key == Key::FormatVersion || payload(t, key, Format::V2).is_ok() {
+            continue;
+        }
+        if let Some(payload) = payload(t, key, Format::V1)? {
+            put(t, key, &payload)?;
+        }
+    }
+    for counter in [Counter::NextToken, Counter::NextOutboxSeq] {
+        if read_counter(t, counter, Format::V2)?.is_none() {
+            write_counter(t, counter, 1)?;
+        }
+    }
+    put(t, Key::FormatVersion, &[])?;
+    Ok(())
+}
+
+/// One thing wrong with a meta table: the key as stored, and why.
+pub(super) struct Problem {
+    /// The key this build knows it as (`None`: a key it does not know).
+    pub(super) key: Option<Key>,
+    pub(super) name: String,
+    pub(super) reason: String,
+}
+
+/// Everything wrong with the meta table of a file of `format` (which its
+/// `format_version` says: [`read_format`] checks that value): damaged
+/// values, missing ones (`next_token` and `next_outbox_seq` in format 2, a
+/// partner of a present one), and keys this build does not know (a
+/// damaged key, or another program's). One problem per key.
+pub(super) fn problems(t: &impl Readable, format: Format) -> Result<Vec<Problem>, redb::Error> {
+    let mut found: Vec<Problem> = Vec::new();
+    let mut note = |result: Result<(), MetaError>| -> Result<(), redb::Error> {
+        match result {
+            Ok(()) => Ok(()),
+            Err(MetaError::Storage(e)) => Err(e),
+            Err(MetaError::Damaged { key, reason }) => {
+                if !found.iter().any(|p| p.key == Some(key)) {
+                    found.push(Problem {
+                        key: Some(key),
+                        name: key.name().to_string(),
+                        reason,
+                    });
+                }
+                Ok(())
+            }
+        }
+    };
+    for key in Key::ALL {
+        if key != Key::FormatVersion {
+            note(payload(t, key, format).map(drop))?;
+        }
+    }
+    if format == Format::V2 {
+        for counter in [Counter::NextToken, Counter::NextOutboxSeq] {
+            note(required_counter(t, counter).map(drop))?;
+        }
+    }
+    note(read_journal(t, format).map(drop))?;
+    note(read_expiry(t, format).map(drop))?;
+    for entry in t.iter()? {
+        let (name, _) = entry?;
+        let name = name.value();
+        if Key::named(name).is_none() {
+            found.push(Problem {
+                key: None,
+                name: name.to_string(),
+                reason: "a key this build does not know (damaged key bytes, or another program's)"
+                    .into(),
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Refuses a meta table with a damaged or missing value (keys this build
+/// does not know are left to `verify`: they do this build no harm).
+pub(super) fn check(t: &impl Readable, format: Format) -> Result<(), MetaError> {
+    match problems(t, format)?
+        .into_iter()
+        .find_map(|p| p.key.map(|k| (k, p.reason)))
+    {
+        Some((key, reason)) => Err(MetaError::Damaged { key, reason }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redb::tables::META;
+    use redb::{Database, ReadableDatabase};
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn full() -> Result<Database, Box<dyn std::error::Error>> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(META)?;
+            create(&mut t)?;
+            write_expiry(
+                &mut t,
+                60_000,
+                ExpiryPolicy::Tombstone {
+                    keep: std::time::Duration::from_millis(9),
+                },
+            )?;
+            write_journal(&mut t, &[7; 16])?;
+            write_counter(&mut t, Counter::JournalLsn, 41)?;
+            write_clean(&mut t, false)?;
+            write_counter(&mut t, Counter::NextToken, 1 << 40)?;
+        }
+        txn.commit()?;
+        Ok(db)
+    }
+
+    /// Runs `edit` on the meta table, then what an open checks: the
+    /// format, then every other value.
+    fn edited(
+        db: &Database,
+        edit: impl FnOnce(&mut Writable<'_>) -> std::result::Result<(), redb::StorageError>,
+    ) -> Result<Result<(), MetaError>, Box<dyn std::error::Error>> {
+        let txn = db.begin_write()?;
+        let result = {
+            let mut t = txn.open_table(META)?;
+            edit(&mut t)?;
+            read_format(&t).and_then(|_| check(&t, Format::V2))
+        };
+        txn.abort()?;
+        Ok(result)
+    }
+
+    fn damaged_key(result: Result<(), MetaError>) -> Option<Key> {
+        match result {
+            Err(MetaError::Damaged { key, .. }) => Some(key),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn values_read_back_as_written() -> TestResult {
+        let db = full()?;
+        let txn = db.begin_read()?;
+        let t = txn.open_table(META)?;
+        let e = |e: MetaError| format!("{e:?}");
+        assert_eq!(read_format(&t).map_err(e)?, Some(Found::Format(Format::V2)));
+        assert_eq!(
+            required_counter(&t, Counter::NextToken).map_err(e)?,
+            1 << 40
+        );
+        assert_eq!(required_counter(&t, Counter::NextOutboxSeq).map_err(e)?, 1);
+        assert_eq!(
+            read_journal(&t, Format::V2).map_err(e)?,
+            Some(StoredJournal {
+                id: [7; 16],
+                lsn: 41,
+                clean: false
+            })
+        );
+        assert_eq!(
+            read_expiry(&t, Format::V2).map_err(e)?,
+            Some((
+                60_000,
+                ExpiryPolicy::Tombstone {
+                    keep: std::time::Duration::from_millis(9)
+                }
+            ))
+        );
+        assert!(problems(&t, Format::V2)?.is_empty());
+        // Every key is stored, under its own name.
+        let mut names: Vec<String> = Vec::new();
+        for entry in t.iter()? {
+            names.push(entry?.0.value().to_string());
+        }
+        let mut all: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
+        all.sort_unstable();
+        assert_eq!(names, all);
+        Ok(())
+    }
+
+    #[test]
+    fn every_bit_flip_of_every_value_names_its_key() -> TestResult {
+        let db = full()?;
+        for key in Key::ALL {
+            let good = {
+                let txn = db.begin_read()?;
+                let t = txn.open_table(META)?;
+                let v = t.get(key.name())?.ok_or("missing")?;
+                v.value().to_vec()
+            };
+            for i in 0..good.len() {
+                for bit in 0..8 {
+                    let mut bad = good.clone();
+                    bad[i] ^= 1 << bit;
+                    let result = edited(&db, |t| t.insert(key.name(), bad.as_slice()).map(drop))?;
+                    assert_eq!(
+                        damaged_key(result),
+                        Some(key),
+                        "flip of bit {bit} of byte {i} of {}",
+                        key.name()
+                    );
+                }
+            }
+            // Cut short, or longer.
+            for len in 0..good.len() {
+                let result = edited(&db, |t| t.insert(key.name(), &good[..len]).map(drop))?;
+                if key == Key::FormatVersion && len == 1 {
+                    // `[2]`: what a pre-release build wrote.
+                    let txn = db.begin_write()?;
+                    let mut t = txn.open_table(META)?;
+                    t.insert(key.name(), &good[..1])?;
+                    assert_eq!(
+                        read_format(&t).map_err(|e| format!("{e:?}"))?,
+                        Some(Found::PreRelease)
+                    );
+                    continue;
+                }
+                assert_eq!(
+                    damaged_key(result),
+                    Some(key),
+                    "{} cut to {len}",
+                    key.name()
+                );
+            }
+            let mut longer = good.clone();
+            longer.push(0);
+            let result = edited(&db, |t| t.insert(key.name(), longer.as_slice()).map(drop))?;
+            assert_eq!(damaged_key(result), Some(key), "{} extended", key.name());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_value_under_another_key_fails_its_checksum() -> TestResult {
+        let db = full()?;
+        let token = {
+            let txn = db.begin_read()?;
+            let t = txn.open_table(META)?;
+            let v = t.get(Key::NextToken.name())?.ok_or("missing")?;
+            v.value().to_vec()
+        };
+        let result = edited(&db, |t| {
+            t.insert(Key::NextOutboxSeq.name(), token.as_slice())
+                .map(drop)
+        })?;
+        assert_eq!(damaged_key(result), Some(Key::NextOutboxSeq));
+        Ok(())
+    }
+
+    #[test]
+    fn missing_values_are_damage_and_unknown_keys_are_listed() -> TestResult {
+        let db = full()?;
+        for (gone, named) in [
+            (Key::NextToken, Key::NextToken),
+            (Key::NextOutboxSeq, Key::NextOutboxSeq),
+            (Key::JournalId, Key::JournalId),
+            (Key::JournalLsn, Key::JournalLsn),
+            (Key::JournalClean, Key::JournalClean),
+            (Key::TtlMs, Key::TtlMs),
+            (Key::ExpiryPolicy, Key::ExpiryPolicy),
+        ] {
+            let result = edited(&db, |t| t.remove(gone.name()).map(drop))?;
+            assert_eq!(damaged_key(result), Some(named), "{} removed", gone.name());
+        }
+        // A key renamed by damage: its value is missing, and the new name
+        // is one this build does not know.
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(META)?;
+            let v = t
+                .remove(Key::NextToken.name())?
+                .ok_or("missing")?
+                .value()
+                .to_vec();
+            t.insert("next_tokem", v.as_slice())?;
+            let found = problems(&t, Format::V2)?;
+            let names: Vec<(&str, Option<Key>)> =
+                found.iter().map(|p| (p.name.as_str(), p.key)).collect();
+            assert_eq!(
+                names,
+                [("next_token", Some(Key::NextToken)), ("next_tokem", None)]
+            );
+            // Alone, a key this build does not know is not refused.
+            t.insert(Key::NextToken.name(), v.as_slice())?;
+            assert!(check(&t, Format::V2).is_ok());
+            assert_eq!(problems(&t, Format::V2)?.len(), 1);
+            // Nor is the format's absence taken for a new file.
+            t.remove(Key::FormatVersion.name())?;
+            assert!(matches!(
+                read_format(&t),
+                Err(MetaError::Damaged {
+                    key: Key::FormatVersion,
+                    ..
+                })
+            ));
+        }
+        txn.abort()?;
+        Ok(())
+    }
+
+    #[test]
+    fn the_format_is_read_as_codec_rs_says() -> TestResult {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        let mut t = txn.open_table(META)?;
+        assert_eq!(read_format(&t).map_err(|e| format!("{e:?}"))?, None);
+        let v2 = codec::encode_meta(Key::FormatVersion.name(), &[]);
+        let mut flipped = v2.clone();
+        flipped[0] = 3;
+        let mut one_long = v2.clone();
+        one_long[0] = 1;
+        let mut unknown = vec![3];
+        unknown.extend_from_slice(&[0; 8]);
+        let cases: [(&[u8], Option<Found>); 8] = [
+            (&[1], Some(Found::Format(Format::V1))),
+            (&v2, Some(Found::Format(Format::V2))),
+            (&[2], Some(Found::PreRelease)),
+            (&[99], Some(Found::Unknown(99))),
+            (&unknown, Some(Found::Unknown(3))),
+            (&flipped, None),
+            (&one_long, None),
+            (&[], None),
+        ];
+        for (value, expected) in cases {
+            t.insert(Key::FormatVersion.name(), value)?;
+            match (read_format(&t), expected) {
+                (Ok(found), Some(expected)) => assert_eq!(found, Some(expected), "{value:?}"),
+                (
+                    Err(MetaError::Damaged {
+                        key: Key::FormatVersion,
+                        ..
+                    }),
+                    None,
+                ) => {}
+                (other, _) => panic!("{value:?}: {other:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn format_1_values_are_bare_and_still_checked_for_shape() -> TestResult {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        let mut t = txn.open_table(META)?;
+        t.insert(Key::FormatVersion.name(), [1_u8].as_slice())?;
+        t.insert(Key::NextToken.name(), 9_u64.to_le_bytes().as_slice())?;
+        t.insert(Key::TtlMs.name(), 5_u64.to_le_bytes().as_slice())?;
+        t.insert(Key::ExpiryPolicy.name(), [0_u8].as_slice())?;
+        let e = |e: MetaError| format!("{e:?}");
+        assert_eq!(read_format(&t).map_err(e)?, Some(Found::Format(Format::V1)));
+        assert!(problems(&t, Format::V1)?.is_empty());
+        assert_eq!(
+            read_counter(&t, Counter::NextToken, Format::V1).map_err(e)?,
+            Some(9)
+        );
+        assert_eq!(
+            read_expiry(&t, Format::V1).map_err(e)?,
+            Some((5, ExpiryPolicy::Forget))
+        );
+        // Format 1 never had to store its counters.
+        assert_eq!(
+            read_counter(&t, Counter::NextOutboxSeq, Format::V1).map_err(e)?,
+            None
+        );
+        t.insert(Key::ExpiryPolicy.name(), [2_u8].as_slice())?;
+        assert_eq!(damaged_key(check(&t, Format::V1)), Some(Key::ExpiryPolicy));
+        Ok(())
+    }
+}
