@@ -108,7 +108,10 @@ fn journal_of(path: &Path) -> PathBuf {
 }
 
 /// The meta table's values, by key.
-fn meta_values(path: &Path) -> Result<Vec<(String, Vec<u8>)>, Box<dyn Error>> {
+type Meta = Vec<(String, Vec<u8>)>;
+
+/// The meta table's values of the file at `path`, by key.
+fn meta_values(path: &Path) -> Result<Meta, Box<dyn Error>> {
     let db = redb::Builder::new().open_read_only(path)?;
     let txn = db.begin_read()?;
     let mut out = Vec::new();
@@ -327,7 +330,7 @@ fn make_pre_release(path: &Path) -> TestResult {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
-        let values: Vec<(String, Vec<u8>)> = meta
+        let values: Meta = meta
             .iter()?
             .map(|e| e.map(|(k, v)| (k.value().to_string(), v.value().to_vec())))
             .collect::<Result<_, _>>()?;
@@ -360,7 +363,7 @@ fn make_pre_release(path: &Path) -> TestResult {
             outbox.insert(seq, old.as_slice())?;
         }
         let mut entities = txn.open_table(ENTITIES)?;
-        let values: Vec<(String, Vec<u8>)> = entities
+        let values: Meta = entities
             .iter()?
             .map(|e| e.map(|(k, v)| (k.value().to_string(), v.value().to_vec())))
             .collect::<Result<_, _>>()?;
