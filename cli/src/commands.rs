@@ -1,5 +1,11 @@
 //! One function per subcommand. Each takes an open [`Engine`] and writes its
 //! report to a generic writer, so tests can run it against a buffer.
+//!
+//! Durations mean one thing in every view (cli/README.md, "Reading the
+//! views"): AGE and `age_ms` are the time since the record's claim was
+//! taken (`claimed_at_ms`); IN DOUBT, `in_doubt_ms` and `stats`' "max in
+//! doubt" are the time since a record became in doubt (UNKNOWN, or its
+//! lease ended).
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -181,9 +187,12 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
         ("expires at", opt_when(info.expires_at_ms)),
         ("unknown since", opt_when(info.unknown_since_ms)),
         ("attempts", info.attempts.to_string()),
-        ("reason", or_dash(&info.reason)),
+        ("reason", or_dash(current_reason(&info).unwrap_or(""))),
         ("resource", or_dash(info.resource.as_deref().unwrap_or(""))),
     ];
+    if let Some(reason) = earlier_reason(&info) {
+        fields.push(("was in doubt", escape_controls(reason)));
+    }
     if let Some(note) = read_time_note(&info, now) {
         fields.push(("note", note.to_string()));
     }
@@ -195,6 +204,20 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
         Some(env) => write_envelope(out, env)?,
     }
     Ok(())
+}
+
+/// Why the record is in doubt, for an UNKNOWN record only.
+fn current_reason(info: &RecordInfo) -> Option<&str> {
+    (info.state == State::Unknown).then_some(info.reason.as_str())
+}
+
+/// Why a record that is no longer UNKNOWN was in doubt before it was
+/// settled. The library keeps an UNKNOWN record's reason when the record
+/// is settled (resolved as completed, or completed late by its holder), and
+/// [`RecordInfo::reason`] reports it in every state: it is history there,
+/// not the record's current condition.
+fn earlier_reason(info: &RecordInfo) -> Option<&str> {
+    (info.state != State::Unknown && !info.reason.is_empty()).then_some(info.reason.as_str())
 }
 
 fn write_envelope<W: Write>(out: &mut W, env: &Envelope) -> CliResult {
@@ -233,7 +256,8 @@ fn record_json(info: &RecordInfo, now: u64) -> Value {
         "expires_at_ms": info.expires_at_ms,
         "unknown_since_ms": info.unknown_since_ms,
         "attempts": info.attempts,
-        "reason": info.reason,
+        "reason": current_reason(info),
+        "was_in_doubt": earlier_reason(info),
         "resource": info.resource,
         "response": info.response.as_ref().map(envelope_json::to_json),
         "note": read_time_note(info, now),
@@ -243,6 +267,7 @@ fn record_json(info: &RecordInfo, now: u64) -> Value {
 /// `idem unknown`: records in doubt awaiting recovery, oldest first: UNKNOWN
 /// ones and PROCESSING ones whose lease has ended.
 pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W) -> CliResult {
+    let now = engine.clock().now_ms();
     let pending = engine.in_doubt(limit)?;
     if json {
         let items: Vec<Value> = pending
@@ -256,7 +281,8 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                     "attempts": p.attempts,
                     "claimed_at_ms": p.claimed_at_ms,
                     "unknown_since_ms": p.unknown_since_ms,
-                    "age_ms": duration_ms(p.age),
+                    "age_ms": now.saturating_sub(p.claimed_at_ms),
+                    "in_doubt_ms": duration_ms(p.age),
                     "reason": p.reason,
                 })
             })
@@ -275,12 +301,21 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                 escape_controls(p.key.key()),
                 escape_controls(&p.reference),
                 p.attempts.to_string(),
+                human_ms(now.saturating_sub(p.claimed_at_ms)),
                 human_ms(duration_ms(p.age)),
                 escape_controls(&p.reason),
             ]
         })
         .collect();
-    let header = ["SCOPE", "KEY", "REFERENCE", "ATTEMPTS", "AGE", "REASON"];
+    let header = [
+        "SCOPE",
+        "KEY",
+        "REFERENCE",
+        "ATTEMPTS",
+        "AGE",
+        "IN DOUBT",
+        "REASON",
+    ];
     render::table(out, &header, &rows)?;
     Ok(())
 }
@@ -324,7 +359,8 @@ pub fn sweep<W: Write>(engine: &Engine, out: &mut W) -> CliResult {
 
 /// `idem stats`: records by state at read time (a PROCESSING record whose
 /// lease ended counts as UNKNOWN; an expired one as a tombstone or as
-/// expired). The engine's counters (claims,
+/// expired), and the longest time a record has been in doubt. The
+/// engine's counters (claims,
 /// replays, ...) count since *this* process opened the file, so they are
 /// always zero here and not shown.
 pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
@@ -340,7 +376,7 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
                 "tombstones": s.tombstones,
                 "expired": s.expired,
                 "corrupt": s.corrupt,
-                "oldest_unknown_age_ms": s.oldest_unknown_age.map(duration_ms),
+                "longest_in_doubt_ms": s.oldest_unknown_age.map(duration_ms),
             }),
         );
     }
@@ -356,11 +392,10 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     for (name, n) in rows {
         writeln!(out, "{name:<15}{n}")?;
     }
-    let oldest = s.oldest_unknown_age.map_or_else(
-        || "-".to_string(),
-        |age| format!("{} ago", human_ms(duration_ms(age))),
-    );
-    writeln!(out, "{:<15}{oldest}", "oldest UNKNOWN")?;
+    let longest = s
+        .oldest_unknown_age
+        .map_or_else(|| "-".to_string(), |d| human_ms(duration_ms(d)));
+    writeln!(out, "{:<15}{longest}", "max in doubt")?;
     Ok(())
 }
 

@@ -203,6 +203,7 @@ fn show_json_has_every_field_and_an_envelope_resolve_accepts() -> TestResult {
         "unknown_since_ms",
         "attempts",
         "reason",
+        "was_in_doubt",
         "resource",
         "response",
     ] {
@@ -249,7 +250,7 @@ fn stats_counts_records_by_state() -> TestResult {
     assert_eq!(v["processing"], 1);
     assert_eq!(v["unknown"], 1);
     assert_eq!(v["corrupt"], 0);
-    assert!(v["oldest_unknown_age_ms"].is_u64(), "{v}");
+    assert!(v["longest_in_doubt_ms"].is_u64(), "{v}");
     let text = idem_ok(["stats".as_ref(), db.as_os_str()])?;
     assert!(text.contains("COMPLETED      2"), "{text}");
     Ok(())

@@ -118,6 +118,79 @@ fn resolve_completed_makes_begin_replay_that_envelope() -> TestResult {
     Ok(())
 }
 
+/// After a resolve, `show` must not present the in-doubt reason as the
+/// record's current condition (the library keeps it in the settled
+/// record): it is shown as history.
+#[test]
+fn show_after_resolve_reports_the_reason_as_history() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (db, _) = with_unknown(dir.path(), "k7")?;
+    let before = idem_ok(args(&["show", SCOPE, "k7"], &db))?;
+    assert!(
+        before.contains("reason:        provider timed out after 30 s"),
+        "{before}"
+    );
+    assert!(!before.contains("was in doubt"), "{before}");
+
+    let file = dir.path().join("envelope.json");
+    std::fs::write(&file, r#"{"schema_version":1,"status":201,"body":"ok"}"#)?;
+    let mut a = args(&["resolve", SCOPE, "k7", "--completed"], &db);
+    a.push(file.into());
+    idem_ok(a)?;
+
+    let after = idem_ok(args(&["show", SCOPE, "k7"], &db))?;
+    assert!(after.contains("state:         COMPLETED"), "{after}");
+    assert!(after.contains("reason:        -"), "{after}");
+    assert!(
+        after.contains("was in doubt:  provider timed out after 30 s"),
+        "{after}"
+    );
+    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k7", "--json"], &db))?)?;
+    assert_eq!(v["reason"], Value::Null, "{v}");
+    assert_eq!(v["was_in_doubt"], "provider timed out after 30 s", "{v}");
+    Ok(())
+}
+
+/// AGE means the time since the claim in every view; how long a record
+/// has been in doubt is its own column.
+#[test]
+fn age_is_the_time_since_the_claim_in_every_view() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = db_path(dir.path());
+    let engine = engine(&path)?;
+    let c = claim(&engine, &key(SCOPE, "k8")?, fp(BODY)?)?;
+    // In doubt only from the fail on, 300 ms after the claim.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let reason = "provider timed out".to_string();
+    engine.fail(c, Failure::Unknown { reason })?;
+    drop(engine);
+
+    let text = idem_ok(args(&["unknown"], &path))?;
+    let header = text.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("  AGE  ") && header.contains("IN DOUBT"),
+        "{text}"
+    );
+    let rows: Vec<Value> = serde_json::from_str(&idem_ok(args(&["unknown", "--json"], &path))?)?;
+    let listed: Vec<Value> = serde_json::from_str(&idem_ok(args(&["inspect", "--json"], &path))?)?;
+    let (age, in_doubt) = (
+        rows[0]["age_ms"].as_u64().ok_or("no age_ms")?,
+        rows[0]["in_doubt_ms"].as_u64().ok_or("no in_doubt_ms")?,
+    );
+    let inspect_age = listed[0]["age_ms"].as_u64().ok_or("no age_ms")?;
+    assert!(
+        age >= in_doubt + 300,
+        "age {age} ms, in doubt {in_doubt} ms"
+    );
+    // The two commands ran one after the other: their ages differ by how
+    // long that took, not by the 300 ms before the record went in doubt.
+    assert!(
+        inspect_age >= age && inspect_age - age < 300,
+        "{age} vs {inspect_age}"
+    );
+    Ok(())
+}
+
 #[test]
 fn resolve_refuses_a_bad_envelope_and_leaves_the_record_unknown() -> TestResult {
     let dir = tempfile::tempdir()?;

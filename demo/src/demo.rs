@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::io::Write;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -30,11 +31,20 @@ struct Server {
     child: Child,
     stdin: Option<ChildStdin>,
     base: String,
+    /// Copies the server's stderr to ours until the server exits.
+    stderr: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
     /// Starts `payments serve` on an ephemeral loopback port and waits for
     /// its "listening on" line.
+    ///
+    /// The server's stderr (its start line, fault injection, log events)
+    /// goes to the demo's stderr, marked `[server]`, so the narrative on
+    /// stdout stays readable. Its log level is `RUST_LOG` if set, else
+    /// `error`: the warnings a server logs in these scenarios (a claim
+    /// dropped, a record moved to UNKNOWN) are what the narrative tells;
+    /// errors (a failed commit, a poisoned engine) still show.
     async fn start(store: &Store, ledger: &Path, crash_after_charge: bool) -> DemoResult<Server> {
         let exe = std::env::current_exe()?;
         let mut cmd = Command::new(exe);
@@ -49,16 +59,28 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "error");
+        }
         if crash_after_charge {
             cmd.arg("--crash-after-charge");
         }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let stderr = child.stderr.take().ok_or("no stderr")?;
-        tokio::spawn(async move {
+        // Told once the server's first stderr line (its start line, written
+        // before "listening on") has been copied, or the pipe closed.
+        let (first_copied, first_line) = tokio::sync::oneshot::channel::<()>();
+        let stderr = tokio::spawn(async move {
+            let mut first_copied = Some(first_copied);
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                println!("    [server] {line}");
+                // One write per line, so a line is never split by the
+                // narrative when stdout and stderr share a terminal.
+                let _ = std::io::stderr().write_all(format!("    [server] {line}\n").as_bytes());
+                if let Some(tx) = first_copied.take() {
+                    let _ = tx.send(());
+                }
             }
         });
         let mut lines = BufReader::new(stdout).lines();
@@ -71,26 +93,41 @@ impl Server {
             .ok_or_else(|| format!("unexpected server output: {first}"))?
             .to_string();
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let _ = tokio::time::timeout(Duration::from_secs(5), first_line).await;
         let stdin = child.stdin.take();
-        Ok(Server { child, stdin, base })
+        Ok(Server {
+            child,
+            stdin,
+            base,
+            stderr,
+        })
     }
 
     /// Closes its standard input (graceful shutdown) and waits for it.
     async fn stop(mut self) -> DemoResult<()> {
         drop(self.stdin.take());
-        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
-            Ok(status) => {
-                let status = status?;
-                if !status.success() {
-                    return Err(format!("server exited with {status}").into());
-                }
-            }
-            Err(_) => {
-                self.child.kill().await?;
-                return Err("server did not shut down within 10 s".into());
-            }
+        let status = self.exited().await?;
+        if !status.success() {
+            return Err(format!("server exited with {status}").into());
         }
         Ok(())
+    }
+
+    /// Waits (at most 10 s, then kills it) for the server to exit, and for
+    /// its last stderr lines to be copied, so they come before whatever
+    /// the demo prints next.
+    async fn exited(&mut self) -> DemoResult<std::process::ExitStatus> {
+        let status = match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
+            Ok(status) => status?,
+            Err(_) => {
+                self.child.kill().await?;
+                return Err("server did not exit within 10 s".into());
+            }
+        };
+        // The pipe closes when the server exits; a grandchild holding it
+        // open must not stall the demo.
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.stderr).await;
+        Ok(status)
     }
 }
 
@@ -373,8 +410,6 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
 
     // Crash: restart with fault injection, charge, abort, restart, retry.
     server.stop().await?;
-    let crashing = Server::start(&store, &ledger, true).await?;
-    client.base = crashing.base.clone();
     let key = format!("{run}-crash");
     let before = ledger_count(&ledger, &run)?;
     let mut row = Row {
@@ -382,6 +417,12 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
         ..Row::default()
     };
     println!("\n== {}", row.name);
+    let mut crashing = Server::start(&store, &ledger, true).await?;
+    client.base = crashing.base.clone();
+    println!(
+        "    server restarted on {} to abort right after the provider charges",
+        crashing.base
+    );
     let first = client.pay(&key, 4_200, "crash", None).await;
     row.requests += 1;
     audit.expect(first.status.is_none(), || {
@@ -390,15 +431,17 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
             first.status
         )
     });
-    let Server { mut child, .. } = crashing;
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await??;
+    let status = crashing.exited().await?;
     println!("    server exited: {status} (abort after the provider charged)");
     audit.expect(!status.success(), || {
         "the crashing server exited cleanly".into()
     });
     let restarted = Server::start(&store, &ledger, false).await?;
     client.base = restarted.base.clone();
-    println!("    restarted on {}", restarted.base);
+    println!(
+        "    server restarted on {}, without fault injection",
+        restarted.base
+    );
     retry_until_replayed(&client, &mut audit, &mut row, &key, 4_200, "crash retry").await;
     row.charges = ledger_count(&ledger, &run)? - before;
     if row.recovered == 1 {

@@ -37,6 +37,7 @@ use std::time::Duration;
 use idempotency::ExpiryPolicy;
 use payments_demo::store::Store;
 use payments_demo::{demo, server};
+use tracing_subscriber::filter::LevelFilter;
 
 const USAGE: &str = "usage:
   payments demo [--store STORE]
@@ -62,7 +63,12 @@ charge) or `forget` (the key is new again: a retry that late charges again).
 The simulated provider keeps its own ledger file: by default beside a redb
 store (payments.redb -> payments.provider.jsonl) and payments.provider.jsonl
 with PostgreSQL; --ledger names another. demo keeps it in a temporary
-directory unless STORE is a redb file.";
+directory unless STORE is a redb file.
+Logs (the engine's and the HTTP layer's events) go to stderr at the level
+RUST_LOG names (off, error, warn, info, debug or trace): serve logs warn and
+above by default. demo prints its narrative on stdout and its servers'
+stderr lines on stderr, marked [server]; it runs its servers at error unless
+RUST_LOG is set, which also turns on logging for its in-process phases.";
 
 /// The tombstone lifetime of `--expiry tombstone` without a duration.
 const DEFAULT_TOMBSTONE_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -120,6 +126,10 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
         .build()?;
     match command.as_str() {
         "demo" => {
+            // The engines this process runs (the expiry and full-disk
+            // phases) log only if RUST_LOG asks: the warnings and errors
+            // those phases cause on purpose are what the narrative tells.
+            server::init_logging(LevelFilter::OFF);
             let ok = runtime.block_on(demo::run(store))?;
             Ok(if ok {
                 ExitCode::SUCCESS

@@ -19,6 +19,7 @@ use hyper_util::service::TowerToHyperService;
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
 use idempotency::{Engine, EngineBuilder, Envelope, ExpiryPolicy, InDoubt, Resolution};
 use serde::Deserialize;
+use tracing_subscriber::filter::LevelFilter;
 
 use crate::provider::{Charge, ChargeError, Fault, Provider};
 use crate::store::Store;
@@ -87,10 +88,7 @@ struct CreatePayment {
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     // Warnings and errors from the engine and the layer (a full disk, a
     // poisoned engine, a stale claim) reach the operator on stderr.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-        .try_init();
+    init_logging(LevelFilter::WARN);
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", opts.addr))?;
@@ -124,8 +122,6 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
 
     let app = app(engine.clone(), provider.clone(), opts.crash_after_charge);
 
-    // The demo reads this line to learn the port.
-    println!("listening on http://{}", listener.local_addr()?);
     eprintln!(
         "engine {}, provider ledger {}, lease {} ms, ttl {} s, expiry {:?}{}",
         opts.store,
@@ -139,6 +135,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             ""
         }
     );
+    // The demo reads this line to learn the port (and waits for the line
+    // above on stderr, so it is printed before the demo goes on).
+    println!("listening on http://{}", listener.local_addr()?);
     let exit_on_eof = opts.exit_on_stdin_eof;
     // A poisoned engine (redb: a full disk, an I/O error; PostgreSQL never
     // poisons) refuses writes and keeps serving replays; it reopens the
@@ -193,6 +192,27 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let _ = watcher.await;
     let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     Ok(())
+}
+
+/// Sends the engine's and the layer's `tracing` events to stderr, at the
+/// level `RUST_LOG` names (`off`, `error`, `warn`, `info`, `debug`,
+/// `trace`), else at `default`. A `RUST_LOG` that is not one of those
+/// (a per-module filter) is reported and `default` is used.
+pub fn init_logging(default: LevelFilter) {
+    let level = match std::env::var("RUST_LOG") {
+        Err(_) => default,
+        Ok(value) => value.trim().parse().unwrap_or_else(|_| {
+            eprintln!(
+                "payments: RUST_LOG={value:?} is not a level (off, error, warn, info, debug, \
+                 trace); logging at {default}"
+            );
+            default
+        }),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .try_init();
 }
 
 /// The engine settings of `builder`, plus the resolver that asks `provider`

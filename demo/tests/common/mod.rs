@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 /// Runs `payments demo` with `args` and checks that it succeeded, that its
 /// audit of the provider's ledger found 0 double and 0 lost charges, and
-/// that it took under two minutes.
+/// that it took under two minutes, with its narrative on stdout free of
+/// server and log lines.
 pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
     // Cargo builds the binary, in this test's profile, before the test.
     let started = Instant::now();
@@ -29,6 +30,18 @@ pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error:
     for phase in ["== key expired, retried", "== disk full, space freed"] {
         assert!(stdout.contains(phase), "no phase {phase:?}:\n{stdout}");
     }
+    // The narrative stays on stdout; the servers' lines and every log
+    // event go to stderr.
+    assert!(
+        !stdout.contains("[server]") && !stdout.contains(" WARN "),
+        "server or log lines on stdout:\n{stdout}"
+    );
+    // The crash scenario's lines come under its own heading.
+    let heading = stdout
+        .find("== server crash after charge")
+        .ok_or("no crash heading")?;
+    let exited = stdout.find("server exited:").ok_or("no crash line")?;
+    assert!(heading < exited, "{stdout}");
     let phase_audits: Vec<&str> = stdout
         .lines()
         .filter(|line| line.trim_start().starts_with("audit: "))
