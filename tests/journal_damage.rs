@@ -193,7 +193,13 @@ fn a_damaged_middle_frame_is_an_error_naming_the_file_and_offset() -> TestResult
 
 #[test]
 fn a_lost_journal_after_a_crash_is_refused_and_nothing_changes() -> TestResult {
-    for lose in ["delete", "empty", "header only", "another database's"] {
+    for lose in [
+        "delete",
+        "empty",
+        "header only",
+        "zeroed header",
+        "another database's",
+    ] {
         let dir = tempfile::tempdir()?;
         let crashed = crashed_journal(dir.path())?;
         let expected = match lose {
@@ -207,6 +213,12 @@ fn a_lost_journal_after_a_crash_is_refused_and_nothing_changes() -> TestResult {
             }
             "header only" => {
                 std::fs::write(&crashed.path, &crashed.bytes[..4096])?;
+                "not closed cleanly"
+            }
+            // What a header never written looks like (see
+            // `a_journal_whose_header_was_never_written_is_no_journal`).
+            "zeroed header" => {
+                std::fs::write(&crashed.path, [0_u8; 4096])?;
                 "not closed cleanly"
             }
             _ => {
@@ -312,6 +324,50 @@ fn after_a_clean_close_the_database_file_alone_is_enough() -> TestResult {
         Begin::Replay(r) => assert_eq!(r.envelope.body, body(0).as_bytes()),
         other => return Err(format!("expected a replay, got {other:?}").into()),
     }
+    Ok(())
+}
+
+/// A full disk while a journal is first created: the database's meta
+/// table already names the journal (marked clean, nothing pending) and the
+/// file is sized for its header, but the header's write fails (ENOSPC on a
+/// small tmpfs: `ftruncate` extends without allocating, the write
+/// allocates). That leaves 4096 zero bytes. Once space is freed the
+/// database must open: such a file never held a frame, like a missing
+/// journal after a clean close. (It was refused as "not the journal magic"
+/// by every later open, writable or read-only, until an operator deleted
+/// it.)
+#[test]
+fn a_journal_whose_header_was_never_written_is_no_journal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let engine = open(dir.path())?;
+        let Begin::Claimed(claim) = engine.begin(&key(0)?, fingerprint(0)?)? else {
+            return Err("not claimed".into());
+        };
+        engine.complete(claim, Envelope::new(1, 201, body(0)))?;
+    }
+    let journal = dir.path().join("idem.redb.journal");
+    std::fs::write(&journal, [0_u8; 4096])?;
+    let view = Engine::builder().open_read_only(dir.path().join("idem.redb"))?;
+    assert!(view.record(&key(0)?)?.is_some());
+    drop(view);
+    let engine = open(dir.path())?;
+    match engine.begin(&key(0)?, fingerprint(0)?)? {
+        Begin::Replay(r) => assert_eq!(r.envelope.body, body(0).as_bytes()),
+        other => return Err(format!("expected a replay, got {other:?}").into()),
+    }
+    let Begin::Claimed(claim) = engine.begin(&key(1)?, fingerprint(1)?)? else {
+        return Err("not claimed".into());
+    };
+    engine.complete(claim, Envelope::new(1, 201, body(1)))?;
+    drop(engine);
+    // The journal was written afresh: it serves the next open.
+    assert!(std::fs::read(&journal)?.starts_with(b"idempotency-jrnl"));
+    let engine = open(dir.path())?;
+    assert!(matches!(
+        engine.begin(&key(1)?, fingerprint(1)?)?,
+        Begin::Replay(_)
+    ));
     Ok(())
 }
 

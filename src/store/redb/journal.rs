@@ -504,9 +504,13 @@ impl Journal {
             buf: Vec::new(),
             storage,
         };
-        if len < HEADER_LEN {
+        if unwritten(&journal.storage, len).map_err(|source| JournalError::Io {
+            file: journal.storage.name.clone(),
+            source,
+        })? {
             // A header is synced before any frame is written: a shorter
-            // file never held a frame.
+            // file, or one whose header was never written, never held a
+            // frame.
             journal.write_header().map_err(|source| JournalError::Io {
                 file: journal.storage.name.clone(),
                 source,
@@ -540,7 +544,7 @@ impl Journal {
             source,
         };
         let len = storage.backend.len().map_err(io_err)?;
-        if len < HEADER_LEN {
+        if unwritten(storage, len).map_err(io_err)? {
             return Ok(Scanned {
                 frames: Vec::new(),
                 anchored: false,
@@ -734,6 +738,22 @@ impl Journal {
             source,
         }
     }
+}
+
+/// Whether the journal in `storage` (`len` bytes) never had its header
+/// written: shorter than a header, or exactly a header's length and all
+/// zeros. `write_header` sizes the file before it writes the header, so a
+/// full disk (or a crash) in between leaves the latter; a frame always
+/// lies beyond the header, so such a file never held one. (Whether the
+/// database may do without frames is `recover.rs`'s to decide, as for a
+/// missing journal.)
+fn unwritten(storage: &JournalStorage, len: u64) -> io::Result<bool> {
+    if len != HEADER_LEN {
+        return Ok(len < HEADER_LEN);
+    }
+    let mut head = vec![0_u8; usize::try_from(HEADER_LEN).unwrap_or(4096)];
+    storage.backend.read(0, &mut head)?;
+    Ok(head.iter().all(|&b| b == 0))
 }
 
 /// A frame's size on disk: header, payload, padding to 8 bytes.
@@ -969,6 +989,27 @@ mod tests {
         // An empty journal holds nothing.
         let empty = Shared(Arc::new(InMemoryBackend::new()));
         assert!(!Journal::recover(storage(&empty), ID, 5).unwrap().anchored);
+    }
+
+    #[test]
+    fn a_header_that_was_never_written_is_an_empty_journal() {
+        // Sized for its header, which a full disk then refused.
+        let shared = Shared(Arc::new(InMemoryBackend::new()));
+        shared.set_len(HEADER_LEN).unwrap();
+        let scanned = Journal::scan(&storage(&shared), ID, 0).unwrap();
+        assert!(scanned.frames.is_empty() && !scanned.anchored);
+        let mut r = Journal::recover(storage(&shared), ID, 0).unwrap();
+        assert!(r.frames.is_empty() && !r.anchored);
+        r.journal.append(&frame(1)).unwrap();
+        let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+        assert_eq!(r.frames.len(), 1);
+        // A zeroed header with frames after it is damage, as before.
+        let (shared, _) = written(1);
+        shared.write(0, &[0; HEADER_LEN as usize]).unwrap();
+        assert!(matches!(
+            Journal::recover(storage(&shared), ID, 0),
+            Err(JournalError::NotAJournal { .. })
+        ));
     }
 
     #[test]
