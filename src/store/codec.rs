@@ -84,7 +84,9 @@
 //! - `[2][checksum]` whose checksum verifies: format 2.
 //! - `[2]` alone: a pre-release build of format 2 (meta values without
 //!   checksums, value checksums in BLAKE3, changed before release). Refused
-//!   with its own error: this build cannot read its values.
+//!   with its own error: this build cannot read its values. Unless another
+//!   meta value verifies as format 2: then `format_version` was cut short,
+//!   and that is damage.
 //! - a 9-byte value whose checksum verifies once its first byte is set to
 //!   2: a format-2 value with a damaged version byte (damage, not a newer
 //!   format). Any other value starting with 1 or 2 is damage too.

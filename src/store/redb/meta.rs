@@ -250,7 +250,21 @@ pub(super) fn read_format(t: &impl Readable) -> Result<Option<Found>, MetaError>
     let found = match bytes {
         [] => return Err(damaged(key, "empty value")),
         [FORMAT_VERSION_1] => Found::Format(Format::V1),
-        [FORMAT_VERSION] => Found::PreRelease,
+        // A pre-release build stored every meta value bare; a format-2
+        // file whose `format_version` alone was cut to its first byte
+        // still has values that verify, and is damaged, not to be
+        // re-created.
+        [FORMAT_VERSION] => match verified_partner(t)? {
+            None => Found::PreRelease,
+            Some(other) => {
+                return Err(damaged(
+                    key,
+                    format!(
+                        "02 (1 byte), a pre-release build's format 2, while {other} is a checksummed format-2 value"
+                    ),
+                ))
+            }
+        },
         [FORMAT_VERSION, ..] => {
             payload(t, key, Format::V2)?;
             Found::Format(Format::V2)
@@ -275,6 +289,25 @@ pub(super) fn read_format(t: &impl Readable) -> Result<Option<Found>, MetaError>
         }
     };
     Ok(Some(found))
+}
+
+/// The name of a meta value other than `format_version` that verifies as
+/// a format-2 value (checksum and shape), if any: what no pre-release
+/// build wrote.
+fn verified_partner(t: &impl Readable) -> Result<Option<&'static str>, MetaError> {
+    for key in Key::ALL {
+        if key == Key::FormatVersion {
+            continue;
+        }
+        if let Some(value) = t.get(key.name())? {
+            let verifies = codec::decode_meta(key.name(), value.value())
+                .is_ok_and(|payload| key.misshapen(payload).is_none());
+            if verifies {
+                return Ok(Some(key.name()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// A fresh meta table: format 2, counters at 1.
@@ -635,17 +668,6 @@ mod tests {
             // Cut short, or longer.
             for len in 0..good.len() {
                 let result = edited(&db, |t| t.insert(key.name(), &good[..len]).map(drop))?;
-                if key == Key::FormatVersion && len == 1 {
-                    // `[2]`: what a pre-release build wrote.
-                    let txn = db.begin_write()?;
-                    let mut t = txn.open_table(META)?;
-                    t.insert(key.name(), &good[..1])?;
-                    assert_eq!(
-                        read_format(&t).map_err(|e| format!("{e:?}"))?,
-                        Some(Found::PreRelease)
-                    );
-                    continue;
-                }
                 assert_eq!(
                     damaged_key(result),
                     Some(key),
@@ -766,6 +788,22 @@ mod tests {
                 (other, _) => panic!("{value:?}: {other:?}"),
             }
         }
+        // `[2]` beside bare values is a pre-release file; beside a value
+        // that verifies, a format-2 file whose `format_version` was cut.
+        t.insert(Key::FormatVersion.name(), [2_u8].as_slice())?;
+        t.insert(Key::NextToken.name(), 9_u64.to_le_bytes().as_slice())?;
+        assert_eq!(
+            read_format(&t).map_err(|e| format!("{e:?}"))?,
+            Some(Found::PreRelease)
+        );
+        write_counter(&mut t, Counter::NextToken, 9)?;
+        assert!(matches!(
+            read_format(&t),
+            Err(MetaError::Damaged {
+                key: Key::FormatVersion,
+                ..
+            })
+        ));
         Ok(())
     }
 
