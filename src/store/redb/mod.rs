@@ -16,6 +16,7 @@ mod tables;
 mod verify;
 mod writer;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -187,6 +188,13 @@ pub(crate) struct RedbStore {
     /// (waiting) before the next call's own message, so `flush` covers
     /// them.
     detached: Mutex<Vec<Msg>>,
+    /// Notices pushed to `detached` and not yet in the writer's queue
+    /// (taken by a caller that may still be waiting for room).
+    detached_pending: AtomicUsize,
+    /// Held while notices go from `detached` into the queue: a `flush`
+    /// that finds notices pending waits here until another caller's
+    /// notices are queued, so its own message comes after them.
+    detached_sending: Mutex<()>,
 }
 
 impl RedbStore {
@@ -216,6 +224,8 @@ impl RedbStore {
             last_reopen: Mutex::new(None),
             file,
             detached: Mutex::new(Vec::new()),
+            detached_pending: AtomicUsize::new(0),
+            detached_sending: Mutex::new(()),
         })
     }
 
@@ -242,12 +252,19 @@ impl RedbStore {
     /// waiting for room (never called on the writer thread: `writer`
     /// refuses that first).
     fn send_detached(&self, tx: &Sender<Msg>) {
+        if self.detached_pending.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let _sending = self.detached_sending.lock();
         let waiting = std::mem::take(&mut *self.detached.lock());
+        let taken = waiting.len();
         for msg in waiting {
             if tx.send(msg).is_err() {
                 break;
             }
         }
+        // Only now: a flush that saw them pending waited for `_sending`.
+        self.detached_pending.fetch_sub(taken, Ordering::AcqRel);
     }
 
     /// The writer's queue, reopening the database first if the backend is
@@ -580,7 +597,9 @@ impl Backend for RedbStore {
         if let Err(crossbeam_channel::TrySendError::Full(msg)) =
             tx.try_send(Msg::Job(Box::new(job)))
         {
-            self.detached.lock().push(msg);
+            let mut detached = self.detached.lock();
+            detached.push(msg);
+            self.detached_pending.fetch_add(1, Ordering::AcqRel);
         }
     }
 
