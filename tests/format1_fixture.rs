@@ -15,6 +15,8 @@
 //! write_format1_fixture`. Never regenerate it with a newer format.
 
 mod common;
+#[path = "common/meta_table.rs"]
+mod meta_table;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ use idempotency::{
     Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
     ManualClock, OutgoingMessage, Receive, ReplayKind,
 };
+use meta_table::{meta_values, META};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -65,7 +68,6 @@ fn copy_of_fixture(dir: &Path) -> Result<PathBuf, Box<dyn Error>> {
 }
 
 /// The engine's meta table (see `src/store/redb/tables.rs`).
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
 /// The engine's records table: record key → encoded record.
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
 
@@ -86,21 +88,6 @@ fn stored_formats(path: &Path) -> Result<(Vec<u8>, Vec<u8>), Box<dyn Error>> {
         values.push(*v.value().first().ok_or("empty record")?);
     }
     Ok((version, values))
-}
-
-/// The meta table's values by key.
-type Meta = Vec<(String, Vec<u8>)>;
-
-/// Every value of the meta table, by key, read without the engine.
-fn meta_values(path: &Path) -> Result<Meta, Box<dyn Error>> {
-    let db = redb::Builder::new().open_read_only(path)?;
-    let txn = db.begin_read()?;
-    let mut out = Vec::new();
-    for entry in txn.open_table(META)?.iter()? {
-        let (k, v) = entry?;
-        out.push((k.value().to_string(), v.value().to_vec()));
-    }
-    Ok(out)
 }
 
 /// A format-2 meta value as `src/store/codec.rs` specifies it, computed

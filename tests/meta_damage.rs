@@ -24,6 +24,8 @@
 //!   record.
 
 mod common;
+#[path = "common/meta_table.rs"]
+mod meta_table;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -34,12 +36,12 @@ use idempotency::{
     Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, OpenError,
     OutgoingMessage, Problem,
 };
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use meta_table::{meta_values, Meta, META};
+use redb::{ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
 /// The engine's tables (see `src/store/redb/tables.rs`).
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.outbox");
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.entities");
@@ -105,21 +107,6 @@ fn journal_of(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".journal");
     PathBuf::from(p)
-}
-
-/// The meta table's values, by key.
-type Meta = Vec<(String, Vec<u8>)>;
-
-/// The meta table's values of the file at `path`, by key.
-fn meta_values(path: &Path) -> Result<Meta, Box<dyn Error>> {
-    let db = redb::Builder::new().open_read_only(path)?;
-    let txn = db.begin_read()?;
-    let mut out = Vec::new();
-    for entry in txn.open_table(META)?.iter()? {
-        let (k, v) = entry?;
-        out.push((k.value().to_string(), v.value().to_vec()));
-    }
-    Ok(out)
 }
 
 /// Sets (or with `None` removes) the meta value under `key`, with redb.
