@@ -56,8 +56,10 @@ pub enum OpenError {
     /// The database holds idempotency records in a format version this build
     /// does not know (it reads versions 1 to `supported`; a writable open
     /// migrates version 1 to the newest). Nothing was written to it.
-    #[error("record format version {found} is not supported by this build (it reads versions 1 to {supported}); use a newer version of the crate")]
+    #[error("{path}: record format version {found} is not supported by this build (it reads versions 1 to {supported}); use a newer version of the crate")]
     UnsupportedFormat {
+        /// The database file (`<backend>` for a storage backend).
+        path: PathBuf,
         /// The version found in the database.
         found: u8,
         /// The newest version this build reads and writes.

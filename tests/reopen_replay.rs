@@ -264,10 +264,16 @@ fn unknown_format_version_is_refused_without_writing() -> TestResult {
                 err,
                 idempotency::OpenError::UnsupportedFormat {
                     found: 99,
-                    supported: 2
+                    supported: 2,
+                    ..
                 }
             ),
             "{err:?}"
+        );
+        // The message names the file.
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
         );
     }
     assert_same_bytes(&std::fs::read(&path)?, &before, "refused database");

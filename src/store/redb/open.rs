@@ -246,6 +246,7 @@ pub(super) fn file_format(
             path: path.to_path_buf(),
         }),
         Some(Found::Unknown(found)) => Err(OpenError::UnsupportedFormat {
+            path: path.to_path_buf(),
             found,
             supported: FORMAT_VERSION,
         }),
