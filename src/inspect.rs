@@ -37,9 +37,14 @@ pub struct RecordInfo {
     pub expires_at_ms: Option<u64>,
     /// UNKNOWN: since when.
     pub unknown_since_ms: Option<u64>,
-    /// UNKNOWN: resolver attempts so far.
+    /// UNKNOWN: resolver answers of "still unknown" so far. A record
+    /// settled from UNKNOWN (resolver or operator) keeps the count it had;
+    /// 0 for a record that was never UNKNOWN.
     pub attempts: u32,
-    /// UNKNOWN: why.
+    /// UNKNOWN: why it is in doubt. A record settled from UNKNOWN keeps
+    /// this as the reason it *was* in doubt (history, not its state; `idem
+    /// show` prints it as "was in doubt"); empty for a record that was
+    /// never UNKNOWN.
     pub reason: String,
     /// The stored response, as stored (no upcasting).
     pub response: Option<Envelope>,
