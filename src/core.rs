@@ -152,7 +152,7 @@ impl Core {
             match (&self.cfg.resolver, found.held) {
                 (Some(resolver), Held::InDoubt) if !found.record.may_still_run(found.now_ms) => {
                     if let Some(answer) =
-                        self.settle_in_begin(&found.record, &**resolver, claim())?
+                        self.settle_in_begin(key, &found.record, &**resolver, claim())?
                     {
                         return Ok(answer);
                     }
@@ -225,11 +225,11 @@ impl Core {
     /// stores its answer.
     fn settle_in_begin(
         &self,
+        key: &IdempotencyKey,
         record: &Record,
         resolver: &dyn Resolver,
         claim: ClaimRequest,
     ) -> Result<Option<Begin>> {
-        let key = &claim.key.clone();
         let now_ms = self.clock.now_ms();
         let in_doubt = Self::in_doubt_of(key.clone(), record, now_ms);
         let settlement = self.settlement(key, resolver.resolve(&in_doubt))?;

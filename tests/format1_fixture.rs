@@ -27,7 +27,7 @@ use idempotency::{
     Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
     ManualClock, OutgoingMessage, Receive, ReplayKind,
 };
-use meta_table::{meta_values, META};
+use meta_table::{meta_values, KEYS, META};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -235,19 +235,7 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     assert!(values.iter().all(|&v| v == 2), "{values:?}");
     let after = meta_values(&path)?;
     let keys: Vec<&str> = after.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(
-        keys,
-        [
-            "expiry_policy",
-            "format_version",
-            "journal_clean",
-            "journal_id",
-            "journal_lsn",
-            "next_outbox_seq",
-            "next_token",
-            "ttl_ms"
-        ]
-    );
+    assert_eq!(keys, KEYS);
     for (key, value) in &after {
         let payload = value
             .get(1..value.len().saturating_sub(8))

@@ -15,20 +15,14 @@ mod kill;
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
 
-const ROLE_VAR: &str = "IDEM_KILL_CKPT_ROLE";
-const DB_VAR: &str = "IDEM_KILL_CKPT_DB";
-const ROUND_VAR: &str = "IDEM_KILL_CKPT_ROUND";
-const LOG_VAR: &str = "IDEM_KILL_CKPT_LOG";
-const READY: &str = "KILL-CKPT CHILD READY";
 const THREADS: usize = 8;
 
 fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
@@ -60,21 +54,11 @@ fn open(db: &Path) -> Result<Engine, idempotency::OpenError> {
 
 #[test]
 fn child_entry() -> TestResult {
-    if std::env::var_os(ROLE_VAR).is_none() {
+    let Some(kill::Child { db, round, log }) = kill::child()? else {
         return Ok(());
-    }
-    let db = PathBuf::from(std::env::var(DB_VAR)?);
-    let round: u64 = std::env::var(ROUND_VAR)?.parse()?;
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(std::env::var(LOG_VAR)?)?;
+    };
     let engine = open(&db)?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{READY}")?;
-        out.flush()?;
-    }
+    kill::say_ready()?;
     std::thread::spawn(|| {
         std::thread::sleep(Duration::from_secs(120));
         std::process::exit(4);
@@ -122,21 +106,9 @@ fn sigkill_across_journal_checkpoints_loses_nothing_acknowledged() -> TestResult
     for round in 0..rounds {
         let log = dir.path().join(format!("acks-{round}.log"));
         let stderr = dir.path().join(format!("child-{round}.stderr"));
-        let round_text = round.to_string();
         let delay;
         (seed, delay) = kill::next_delay(seed, 150, 600);
-        kill::run_then_kill(
-            round,
-            &[
-                (ROLE_VAR, "child".as_ref()),
-                (DB_VAR, db.as_os_str()),
-                (ROUND_VAR, round_text.as_ref()),
-                (LOG_VAR, log.as_os_str()),
-            ],
-            READY,
-            &stderr,
-            delay,
-        )?;
+        kill::kill_round(round, &db, &log, &stderr, delay)?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let whole = text.rsplit_once('\n').map_or("", |(done, _)| done);
         let mut names = Vec::new();

@@ -22,9 +22,9 @@ mod kill;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use idempotency::{
@@ -35,12 +35,7 @@ use redb::{ReadableDatabase, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
 
-const ROLE_VAR: &str = "IDEM_KILL_MIXED_ROLE";
-const DB_VAR: &str = "IDEM_KILL_MIXED_DB";
-const ROUND_VAR: &str = "IDEM_KILL_MIXED_ROUND";
-const LOG_VAR: &str = "IDEM_KILL_MIXED_LOG";
 const ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_MIXED_ROUNDS";
-const READY: &str = "KILL-MIXED CHILD READY";
 const WORKERS: usize = 6;
 const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("app.ledger");
 
@@ -71,21 +66,11 @@ fn append(mut log: &File, line: String) -> std::io::Result<()> {
 
 #[test]
 fn child_entry() -> TestResult {
-    if std::env::var_os(ROLE_VAR).is_none() {
+    let Some(kill::Child { db, round, log }) = kill::child()? else {
         return Ok(());
-    }
-    let db = PathBuf::from(std::env::var(DB_VAR)?);
-    let round: u64 = std::env::var(ROUND_VAR)?.parse()?;
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(std::env::var(LOG_VAR)?)?;
+    };
     let engine = open(&db)?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{READY}")?;
-        out.flush()?;
-    }
+    kill::say_ready()?;
     std::thread::spawn(|| {
         std::thread::sleep(Duration::from_secs(120));
         std::process::exit(4);
@@ -348,21 +333,9 @@ fn sigkill_amid_every_kind_of_write_loses_nothing_acknowledged() -> TestResult {
     for round in 0..rounds {
         let log = dir.path().join(format!("acks-{round}.log"));
         let stderr = dir.path().join(format!("child-{round}.stderr"));
-        let round_text = round.to_string();
         let delay;
         (seed, delay) = kill::next_delay(seed, 50, 400);
-        kill::run_then_kill(
-            round,
-            &[
-                (ROLE_VAR, "child".as_ref()),
-                (DB_VAR, db.as_os_str()),
-                (ROUND_VAR, round_text.as_ref()),
-                (LOG_VAR, log.as_os_str()),
-            ],
-            READY,
-            &stderr,
-            delay,
-        )?;
+        kill::kill_round(round, &db, &log, &stderr, delay)?;
         let names: BTreeSet<String> = acks.read(&log)?.into_iter().collect();
         let engine = Engine::builder().sweep_interval(None).open_existing(&db)?;
         check(&engine, &acks, &names, &mut fails)?;

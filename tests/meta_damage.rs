@@ -36,7 +36,7 @@ use idempotency::{
     Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, OpenError,
     OutgoingMessage, Problem,
 };
-use meta_table::{meta_values, Meta, META};
+use meta_table::{meta_values, Meta, KEYS, META};
 use redb::{ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -45,18 +45,6 @@ type TestResult = Result<(), Box<dyn Error>>;
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.outbox");
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.entities");
-
-/// Every meta key a cleanly closed file of this build holds.
-const KEYS: [&str; 8] = [
-    "expiry_policy",
-    "format_version",
-    "journal_clean",
-    "journal_id",
-    "journal_lsn",
-    "next_outbox_seq",
-    "next_token",
-    "ttl_ms",
-];
 
 /// The keys a read-only open uses (without `expiry_settings_from_database`).
 const USED_READ_ONLY: [&str; 4] = [

@@ -5,12 +5,93 @@
 
 use std::error::Error;
 use std::ffi::OsStr;
-use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+/// Set (to `child`) in the child process: its `child_entry` works.
+const ROLE_VAR: &str = "IDEM_KILL_ROLE";
+/// The child's database file.
+const DB_VAR: &str = "IDEM_KILL_DB";
+/// The round the child runs in.
+const ROUND_VAR: &str = "IDEM_KILL_ROUND";
+/// The file the child appends its acknowledged writes to.
+const LOG_VAR: &str = "IDEM_KILL_LOG";
+/// The line the child prints once its engine is open.
+const READY: &str = "KILL CHILD READY";
+
+/// What a child of [`kill_round`] works on.
+pub struct Child {
+    /// Its database file.
+    pub db: PathBuf,
+    /// Its round.
+    pub round: u64,
+    /// Its acknowledgement log, opened for appending.
+    pub log: File,
+}
+
+/// In a child started by [`kill_round`]: what it works on; `None` when
+/// `child_entry` runs in the ordinary test run (it then does nothing).
+///
+/// # Errors
+///
+/// A variable is missing or malformed, or the log does not open.
+pub fn child() -> Result<Option<Child>, Box<dyn Error + Send + Sync>> {
+    if std::env::var_os(ROLE_VAR).is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Child {
+        db: PathBuf::from(std::env::var(DB_VAR)?),
+        round: std::env::var(ROUND_VAR)?.parse()?,
+        log: OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(std::env::var(LOG_VAR)?)?,
+    }))
+}
+
+/// Tells the parent the child is ready (its engine is open).
+///
+/// # Errors
+///
+/// Writing to stdout failed.
+pub fn say_ready() -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{READY}")?;
+    out.flush()
+}
+
+/// One round: starts this binary's `child_entry` on `db` with its
+/// acknowledgement log `log` (see [`child`]), waits until it is ready,
+/// lets it run for `delay` and SIGKILLs it (see [`run_then_kill`]).
+///
+/// # Errors
+///
+/// As [`run_then_kill`].
+pub fn kill_round(
+    round: u64,
+    db: &Path,
+    log: &Path,
+    stderr: &Path,
+    delay: Duration,
+) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let round_text = round.to_string();
+    run_then_kill(
+        round,
+        &[
+            (ROLE_VAR, "child".as_ref()),
+            (DB_VAR, db.as_os_str()),
+            (ROUND_VAR, round_text.as_ref()),
+            (LOG_VAR, log.as_os_str()),
+        ],
+        READY,
+        stderr,
+        delay,
+    )
+}
 
 /// A seed for kill delays that differs from run to run.
 pub fn time_seed() -> Result<u64, std::time::SystemTimeError> {

@@ -11,6 +11,19 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 /// The engine's meta table (`src/store/redb/meta.rs`).
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
 
+/// Every meta key a cleanly closed file of this build holds, in the
+/// table's (sorted) order.
+pub const KEYS: [&str; 8] = [
+    "expiry_policy",
+    "format_version",
+    "journal_clean",
+    "journal_id",
+    "journal_lsn",
+    "next_outbox_seq",
+    "next_token",
+    "ttl_ms",
+];
+
 /// The meta table's values, by key.
 pub type Meta = Vec<(String, Vec<u8>)>;
 
