@@ -80,6 +80,7 @@ def main():
         (("begin p99 at 64 threads vs raw fsync p99",), "<=", 10),
         (("begin p50 at 64 threads vs raw fsync p50",), "info", 0),
         (("bytes written per request, 64 threads: engine vs sqlite batched",), "ours<=", 3072),
+        (("device bytes written per request",), "ours<=", 3072),
         (("bytes written per request, 64 threads: engine vs redb 1 txn/op",), "info", 0),
         (("bytes written per request, 64 threads: engine vs sqlite 1 txn/op",), "info", 0),
         (("bytes written per request, 8 threads: engine vs sqlite batched",), "info", 0),

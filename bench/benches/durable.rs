@@ -19,6 +19,10 @@
 //! batched 512, the bytes written to disk per request (Linux task I/O
 //! accounting, see `common::DiskWrites`), and `begin` p50/p99 at 64 threads
 //! against a raw fsync loop.
+//!
+//! Only when asked for by name (`-- device`): the bytes the block device
+//! wrote per request, engine vs SQLite batched 512, each slice closing its
+//! database so checkpoints are counted (`device`; needs an idle machine).
 
 mod common;
 
@@ -429,6 +433,72 @@ fn report_bytes(rounds: &[Vec<Slice>], bytes: &[Vec<f64>], kind: &str) {
     }
 }
 
+/// Bytes the block device wrote per request (`common::device`), engine vs
+/// SQLite batched 512 at 64 threads, alternating, each slice on its own:
+/// open the database (each system keeps one file for all rounds), run
+/// requests for three slices' time, close it (the engine checkpoints
+/// redb and empties its journal; SQLite checkpoints its WAL into the
+/// database when its last connection closes), `sync`. So each slice is
+/// charged everything its requests cause, deferred work included. Only
+/// selected by name (`-- device`), and only meaningful on an otherwise
+/// idle machine: the counter is the whole device's.
+fn device() {
+    let dir = common::bench_dir();
+    let Some(device) = common::device::Device::of(dir.path()) else {
+        println!(
+            "DEVICE skipped: no block-device counter for {}",
+            dir.path().display()
+        );
+        return;
+    };
+    let r = common::rounds();
+    let slice = r.slice * 3;
+    let body = vec![b'x'; common::RESPONSE_BYTES];
+    let fp = [7u8; 32];
+    let engine_path = dir.path().join("engine.redb");
+    let sqlite_path = dir.path().join("batched.sqlite");
+    let measure = |run: &dyn Fn() -> u64| -> Option<(f64, u64)> {
+        let before = device.written_after_sync()?;
+        let requests = run();
+        let after = device.written_after_sync()?;
+        Some(((after - before) as f64 / requests.max(1) as f64, requests))
+    };
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    for _ in 0..r.rounds {
+        let engine = measure(&|| {
+            let engine = Engine::builder().open(&engine_path).expect("open engine");
+            let (n, _) = common::calls_for(64, slice, |_| {
+                common::engine_request(&engine, &common::random_key());
+            });
+            drop(engine);
+            n
+        });
+        let sqlite = measure(&|| {
+            let batched = sqlite::Batched::create(&sqlite_path, 512, 4096);
+            let (n, _) = common::calls_for(64, slice, |_| {
+                let key = sqlite_key();
+                assert!(batched.begin(&key, fp));
+                batched.complete(&key, &body);
+            });
+            drop(batched);
+            n
+        });
+        let (Some((e, en)), Some((b, bn))) = (engine, sqlite) else {
+            println!("DEVICE skipped: `sync` or the device counter failed");
+            return;
+        };
+        println!("DEVICE round: engine {e:.0} B/req ({en} requests), sqlite batched 512 {b:.0} B/req ({bn} requests)");
+        ours.push(e);
+        base.push(b);
+    }
+    common::report_paired(
+        "device bytes written per request, 64 threads, incl. checkpoints at close: engine vs sqlite batched 512",
+        "B/req",
+        &ours,
+        &base,
+    );
+}
+
 /// A 1 MiB file, written and synced, for a loop of in-place 4 KiB writes.
 fn fsync_file(path: &std::path::Path) -> std::fs::File {
     let file = OpenOptions::new()
@@ -456,6 +526,9 @@ fn main() {
     benches();
     if common::paired_selected() {
         paired();
+    }
+    if common::selected("device") {
+        device();
     }
     Criterion::default().configure_from_args().final_summary();
 }

@@ -3,6 +3,7 @@
 //! plain-redb and SQLite baselines that run beside the engine.
 #![allow(dead_code)] // each bench binary uses a different subset
 
+pub mod device;
 pub mod pg;
 pub mod redb_plain;
 pub mod sqlite;
@@ -227,6 +228,14 @@ pub fn rounds() -> Rounds {
             slice: Duration::from_millis(50),
         }
     }
+}
+
+/// Whether a name filter on the command line contains `name` (a section
+/// that runs only when asked for by name).
+pub fn selected(name: &str) -> bool {
+    std::env::args()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && a.contains(name))
 }
 
 /// Whether the interleaved measurements run: always in test mode, and under

@@ -54,8 +54,12 @@ use super::syncer::{Handed, Syncer};
 use super::tables::{OpError, Sequences, Tables, META};
 
 /// Journal bytes after which the writer checkpoints. A checkpoint writes
-/// every page dirtied since the last one; 32 MiB measured fewer bytes per
-/// request than 128 MiB (3.3 KiB against 7.3 KiB, BENCHMARKS.md).
+/// every page dirtied since the last one, so a longer interval writes
+/// fewer bytes per request: at the device, 4.4 KiB per request with
+/// 32 MiB and 3.3 KiB with 128 MiB, at the same throughput (BENCHMARKS.md,
+/// "fourth round"). 32 MiB bounds what an open after a crash replays,
+/// and keeps the pages that replay writes within the check's in-memory
+/// layer (`scratch_view.rs`, 256 MiB) even on a large database.
 pub(super) const CHECKPOINT_BYTES: u64 = 32 << 20;
 /// Time without work after which the writer checkpoints a dirty journal
 /// (a short pause in traffic does not cost a checkpoint).
