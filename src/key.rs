@@ -105,7 +105,7 @@ impl IdempotencyKey {
                 .map(str::to_owned)
                 .map_err(|_| Error::InvalidKey {
                     what,
-                    value: String::from_utf8_lossy(bytes).into_owned(),
+                    value: shown(&String::from_utf8_lossy(bytes)),
                     reason: "not valid UTF-8",
                 })
         };
@@ -171,15 +171,21 @@ fn validate(what: &'static str, value: &str) -> Result<()> {
     } else {
         return Ok(());
     };
+    Err(Error::InvalidKey {
+        what,
+        value: shown(value),
+        reason,
+    })
+}
+
+/// A refused value as its error shows it: the first 64 characters, then
+/// `…` if there were more.
+fn shown(value: &str) -> String {
     let mut shown: String = value.chars().take(64).collect();
     if shown.len() < value.len() {
         shown.push('…');
     }
-    Err(Error::InvalidKey {
-        what,
-        value: shown,
-        reason,
-    })
+    shown
 }
 
 impl fmt::Display for IdempotencyKey {

@@ -97,6 +97,13 @@ fn invalid_keys_say_which_part_and_why() -> TestResult {
         ),
         "{err:?}"
     );
+    // A huge non-UTF-8 value (an HTTP header, a message id) is shown cut
+    // short, like an over-long valid one, not copied whole into the error.
+    let err = IdempotencyKey::from_bytes(SCOPE.as_bytes(), &vec![0xff; 100_000])
+        .err()
+        .ok_or("accepted")?;
+    let shown = err.to_string();
+    assert!(shown.len() < 1024, "{} bytes of message", shown.len());
     Ok(())
 }
 

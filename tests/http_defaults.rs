@@ -516,6 +516,56 @@ async fn oversize_response_completes_and_is_never_unknown() -> TestResult {
     Ok(())
 }
 
+/// Headers alone over `max_response_bytes`, with an empty body (a 204 with
+/// a long trace header): the outcome is known, so the key must complete
+/// (not retained), never turn the handler's answer into a 503 and the key
+/// UNKNOWN.
+#[tokio::test(flavor = "multi_thread")]
+async fn empty_body_with_oversize_headers_completes_and_is_never_unknown() -> TestResult {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let router = Router::new().route(
+        "/things",
+        post(move || {
+            let runs = counter.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (
+                    StatusCode::NO_CONTENT,
+                    [
+                        ("x-trace", "t".repeat(200)),
+                        ("location", "/things/1".to_owned()),
+                    ],
+                )
+            }
+        }),
+    );
+    let builder = Engine::builder().max_response_bytes(100);
+    let s = serve(builder, |l| l, router).await?;
+    let first = s.post("/things", "hdr-1").body(PAYMENT).send().await?;
+    assert_eq!(
+        first.status(),
+        StatusCode::NO_CONTENT,
+        "the handler's answer"
+    );
+    let key = IdempotencyKey::new("POST /things", "hdr-1")?;
+    let record = s.engine.record(&key)?.ok_or("no record")?;
+    assert_eq!(
+        record.state,
+        State::Completed,
+        "a known outcome became {:?}",
+        record.state
+    );
+    let retry = s.post("/things", "hdr-1").body(PAYMENT).send().await?;
+    assert!(replayed(&retry));
+    assert_eq!(retry.headers()["location"], "/things/1");
+    let (kind, body) = problem(retry, 409).await?;
+    assert_eq!(kind, "response-not-retained");
+    assert_eq!(body["original_status"], 204);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bodiless_json_post_is_an_absent_body() -> TestResult {
     let runs = Arc::new(AtomicUsize::new(0));

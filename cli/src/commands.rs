@@ -17,7 +17,9 @@ use idempotency::{
 use serde_json::{json, Value};
 
 use crate::envelope_json;
-use crate::render::{self, bytes_for_terminal, escape_controls, human_ms, relative, when};
+use crate::render::{
+    self, bytes_for_line, bytes_for_terminal, escape_controls, human_ms, relative, when,
+};
 
 /// What a command returns: any error, printed by `main` on one line.
 pub type CliResult<T = ()> = Result<T, Box<dyn StdError>>;
@@ -233,7 +235,7 @@ fn write_envelope<W: Write>(out: &mut W, env: &Envelope) -> CliResult {
                 out,
                 "    {}: {}",
                 escape_controls(name),
-                bytes_for_terminal(value)
+                bytes_for_line(value)
             )?;
         }
     }

@@ -94,12 +94,23 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Bytes for a terminal: valid UTF-8 is shown as text (control characters
-/// other than newline and tab escaped, so a stored body cannot drive the
-/// terminal); anything else as `<N bytes> ` and a hex prefix.
+/// Bytes for a terminal: valid UTF-8 is shown as text (control and
+/// bidirectional formatting characters other than newline and tab
+/// escaped, so a stored body cannot drive the terminal); anything else as
+/// `<N bytes> ` and a hex prefix.
 pub fn bytes_for_terminal(bytes: &[u8]) -> String {
+    bytes_shown(bytes, true)
+}
+
+/// [`bytes_for_terminal`] for a value shown on one line (a header value):
+/// newlines and tabs are escaped too.
+pub fn bytes_for_line(bytes: &[u8]) -> String {
+    bytes_shown(bytes, false)
+}
+
+fn bytes_shown(bytes: &[u8], multi_line: bool) -> String {
     match std::str::from_utf8(bytes) {
-        Ok(s) => escape_controls(s),
+        Ok(s) => escape(s, multi_line),
         Err(_) => {
             let shown = &bytes[..bytes.len().min(HEX_PREFIX_BYTES)];
             let more = if bytes.len() > shown.len() { "…" } else { "" };
@@ -108,11 +119,25 @@ pub fn bytes_for_terminal(bytes: &[u8]) -> String {
     }
 }
 
-/// Escapes control characters except `\n` and `\t`.
+/// Escapes a value shown on one line (a table cell, a `show` field):
+/// every control character, newline and tab included, so stored text
+/// cannot add a row or a field, and the bidirectional formatting
+/// characters, so it cannot reorder what the operator reads.
 pub fn escape_controls(s: &str) -> String {
+    escape(s, false)
+}
+
+/// Unicode's explicit bidirectional formatting characters (category Cf,
+/// which key validation lets through).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn escape(s: &str, multi_line: bool) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() && c != '\n' && c != '\t' {
+        let kept = multi_line && (c == '\n' || c == '\t');
+        if (c.is_control() || is_bidi_control(c)) && !kept {
             out.extend(c.escape_default());
         } else {
             out.push(c);

@@ -105,12 +105,22 @@ impl Stored {
         self.limit.saturating_sub(self.headers_bytes())
     }
 
+    /// The completion with its body.
+    ///
+    /// A body that does not fit beside the headers (even an empty one, when
+    /// the headers alone are over the limit) is recorded as not retained:
+    /// the engine would refuse the envelope, leaving a known outcome
+    /// UNKNOWN.
     pub(crate) fn with_body(mut self, body: impl Into<Vec<u8>>) -> Outcome {
+        let body: Vec<u8> = body.into();
+        if self.headers_bytes().saturating_add(body.len()) > self.limit {
+            return self.not_retained(Some(body.len() as u64));
+        }
         let envelope = Envelope {
             schema_version: self.schema_version,
             status: self.status,
             headers: std::mem::take(&mut self.headers),
-            body: body.into(),
+            body,
         };
         self.into_outcome(envelope)
     }
