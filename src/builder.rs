@@ -95,7 +95,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Largest response `complete` stores, in bytes of body plus headers.
+    /// Largest response `complete` stores, in bytes as
+    /// [`Envelope::size_bytes`](crate::Envelope::size_bytes) counts them
+    /// (the body, plus each header's name, value and 32 bytes).
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
         self.cfg.store.max_response_bytes = bytes;
         self

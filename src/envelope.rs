@@ -42,15 +42,30 @@ impl Envelope {
         self
     }
 
-    /// Size counted against the engine's `max_response_bytes`: body bytes
-    /// plus every header name and value, in bytes.
+    /// Size counted against the engine's `max_response_bytes`, in bytes:
+    /// the body's length plus [`Envelope::header_size_bytes`] of every
+    /// header. Saturates at `usize::MAX`.
     pub fn size_bytes(&self) -> usize {
         self.headers
             .iter()
-            .map(|(n, v)| n.len() + v.len())
-            .sum::<usize>()
-            + self.body.len()
+            .map(|(n, v)| Envelope::header_size_bytes(n, v))
+            .fold(self.body.len(), usize::saturating_add)
     }
+
+    /// What one header counts towards [`Envelope::size_bytes`], in bytes:
+    /// its name's and value's lengths plus
+    /// [`HEADER_OVERHEAD_BYTES`](Envelope::HEADER_OVERHEAD_BYTES), so
+    /// many empty headers cannot slip past the size limit. The rule is
+    /// HPACK's size of a header-table entry (RFC 7541, section 4.1).
+    pub fn header_size_bytes(name: &str, value: &[u8]) -> usize {
+        name.len()
+            .saturating_add(value.len())
+            .saturating_add(Envelope::HEADER_OVERHEAD_BYTES)
+    }
+
+    /// Bytes each header counts beyond its name and value (32, as in
+    /// RFC 7541, section 4.1).
+    pub const HEADER_OVERHEAD_BYTES: usize = 32;
 
     /// The value of the first header named `name` (ASCII case-insensitive).
     pub fn header(&self, name: &str) -> Option<&[u8]> {

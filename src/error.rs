@@ -213,9 +213,12 @@ pub enum OpenError {
 
 /// Everything that can go wrong asking an open engine to do something.
 ///
-/// Each variant names the key, entity, path or limit involved. Variants that
-/// carry an [`IdempotencyKey`] display it as `scope/key` with control
-/// characters escaped.
+/// Each variant about one input names the key, entity, path or limit
+/// involved. Variants about the storage as a whole (`Storage`, `Poisoned`,
+/// `Closed`) name what the engine was doing instead: one group commit
+/// carries many callers' keys, and the caller has its own key at hand.
+/// Variants that carry an [`IdempotencyKey`] display it as `scope/key` with
+/// control characters escaped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

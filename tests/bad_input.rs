@@ -174,19 +174,21 @@ fn oversized_response_hands_the_claim_back_and_never_reruns() -> TestResult {
     let c = claimed(engine.begin(&k, fp()?)?)?;
     work.fetch_add(1, Ordering::SeqCst);
     let big = Envelope::new(1, 200, vec![b'x'; 1000]).with_header("x-pad", vec![b'y'; 25]);
-    assert_eq!(big.size_bytes(), 1030);
+    // 1000 body bytes, 5 + 25 for the header's name and value, 32 for the
+    // header itself (RFC 7541, section 4.1).
+    assert_eq!(big.size_bytes(), 1062);
     let err = engine
         .complete(c, big)
         .err()
         .ok_or("stored an oversized response")?;
     assert!(
-        err.to_string().contains("1030") && err.to_string().contains("1024"),
+        err.to_string().contains("1062") && err.to_string().contains("1024"),
         "{err}"
     );
     // The outcome is known: the claim comes back unused, the record is
     // still PROCESSING (never UNKNOWN), and a retry meanwhile never runs.
     let idempotency::Error::ResponseTooLarge {
-        size: 1030,
+        size: 1062,
         limit: 1024,
         key: refused,
         claim: Some(claim),
@@ -218,6 +220,42 @@ fn oversized_response_hands_the_claim_back_and_never_reruns() -> TestResult {
     let c = claimed(engine.begin(&k2, fp()?)?)?;
     engine.complete(c, Envelope::new(1, 200, vec![b'z'; 1024]))?;
     still_serves(&engine, "after-oversized")?;
+    Ok(())
+}
+
+#[test]
+fn empty_headers_count_against_the_response_limit() -> TestResult {
+    let (engine, _) = engine()?;
+    // Empty names and values once counted nothing: a million of them
+    // passed a 1 KiB limit and took megabytes of file and journal.
+    let mut many = Envelope::new(1, 200, "");
+    many.headers = vec![(String::new(), Vec::new()); 1_000_000];
+    assert_eq!(many.size_bytes(), 32_000_000);
+    let k = key("many-empty-headers")?;
+    let c = claimed(engine.begin(&k, fp()?)?)?;
+    let err = engine
+        .complete(c, many)
+        .err()
+        .ok_or("stored a million headers")?;
+    assert!(
+        matches!(
+            err,
+            idempotency::Error::ResponseTooLarge {
+                size: 32_000_000,
+                limit: 1024,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // 32 headers of nothing fill the limit exactly; one more does not fit.
+    let mut full = Envelope::new(1, 200, "");
+    full.headers = vec![(String::new(), Vec::new()); 32];
+    assert_eq!(full.size_bytes(), 1024);
+    let k2 = key("headers-at-limit")?;
+    let c = claimed(engine.begin(&k2, fp()?)?)?;
+    engine.complete(c, full)?;
+    still_serves(&engine, "after-many-headers")?;
     Ok(())
 }
 

@@ -96,8 +96,12 @@ impl Stored {
         }
     }
 
+    /// What the headers count towards the limit (`Envelope::size_bytes`).
     fn headers_bytes(&self) -> usize {
-        self.headers.iter().map(|(n, v)| n.len() + v.len()).sum()
+        self.headers
+            .iter()
+            .map(|(n, v)| Envelope::header_size_bytes(n, v))
+            .fold(0, usize::saturating_add)
     }
 
     /// How many body bytes fit beside the headers.
@@ -130,7 +134,7 @@ impl Stored {
     /// last.
     pub(crate) fn not_retained(mut self, len: Option<u64>) -> Outcome {
         let marker = len.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
-        let marker_bytes = NOT_RETAINED.len() + marker.len();
+        let marker_bytes = Envelope::header_size_bytes(NOT_RETAINED, marker.as_bytes());
         if self.headers_bytes() + marker_bytes > self.limit {
             self.headers
                 .retain(|(n, _)| n.eq_ignore_ascii_case(LOCATION.as_str()));
