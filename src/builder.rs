@@ -29,6 +29,7 @@ use crate::sweeper::Sweeper;
 /// | [`sweep_interval`](Self::sweep_interval) | 1 s |
 /// | [`sweep_batch`](Self::sweep_batch) | 64 records per step |
 /// | [`max_batch`](Self::max_batch) | 512 operations per group commit |
+/// | [`max_group_bytes`](Self::max_group_bytes) | 64 MiB (67,108,864 bytes) per group commit |
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::Unknown`]) |
@@ -97,11 +98,17 @@ impl EngineBuilder {
 
     /// Largest response `complete` stores, in bytes as
     /// [`Envelope::size_bytes`](crate::Envelope::size_bytes) counts them
-    /// (the body, plus each header's name, value and 32 bytes).
+    /// (the body, plus each header's name, value and 32 bytes). Clamped to
+    /// at most [`MAX_RESPONSE_BYTES_LIMIT`](Self::MAX_RESPONSE_BYTES_LIMIT)
+    /// (1 GiB), so that one operation always fits in a journal frame
+    /// beside a full group.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.cfg.store.max_response_bytes = bytes;
+        self.cfg.store.max_response_bytes = bytes.min(Self::MAX_RESPONSE_BYTES_LIMIT);
         self
     }
+
+    /// Upper bound of [`max_response_bytes`](Self::max_response_bytes): 1 GiB.
+    pub const MAX_RESPONSE_BYTES_LIMIT: usize = 1 << 30;
 
     /// Where the engine reads the time (a [`crate::ManualClock`] in tests).
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -183,6 +190,19 @@ impl EngineBuilder {
     /// least 1 (1 = one durable transaction per operation).
     pub fn max_batch(mut self, ops: usize) -> Self {
         self.cfg.max_batch = ops.max(1);
+        self
+    }
+
+    /// Bytes of stored values after which a group commit takes no more
+    /// operations: the operation that reaches it is the group's last, and
+    /// the rest of the batch goes on in the next group (of the same
+    /// durable sync when it can). Bounds the journal frame a burst of large
+    /// responses makes: a frame can hold at most 4 GiB, and a group over
+    /// that would fail and poison the engine. Clamped to 1 byte ..= 1 GiB.
+    /// Only a database opened from a path keeps a journal; elsewhere each
+    /// group is one redb transaction, which this does not split.
+    pub fn max_group_bytes(mut self, bytes: usize) -> Self {
+        self.cfg.max_group_bytes = bytes.clamp(1, 1 << 30);
         self
     }
 
@@ -460,6 +480,7 @@ impl EngineBuilder {
             self.cfg.store,
             self.clock.clone(),
             self.cfg.max_batch,
+            self.cfg.max_group_bytes,
             self.cfg.queue_capacity,
             reopen,
         )?;

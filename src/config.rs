@@ -65,6 +65,9 @@ pub(crate) struct Config {
     pub(crate) upcasters: Upcasters,
     pub(crate) resolver: Option<Arc<dyn Resolver>>,
     pub(crate) max_batch: usize,
+    /// Bytes of changes after which a group commit takes no more
+    /// operations (see `EngineBuilder::max_group_bytes`).
+    pub(crate) max_group_bytes: usize,
     pub(crate) queue_capacity: usize,
     pub(crate) sweep_batch: usize,
 }
@@ -88,6 +91,7 @@ impl Default for Config {
             upcasters: Upcasters::default(),
             resolver: None,
             max_batch: 512,
+            max_group_bytes: 64 << 20,
             queue_capacity: 4096,
             sweep_batch: 64,
         }
@@ -104,6 +108,7 @@ impl fmt::Debug for Config {
             .field("upcasters", &self.upcasters)
             .field("resolver", &self.resolver.is_some())
             .field("max_batch", &self.max_batch)
+            .field("max_group_bytes", &self.max_group_bytes)
             .field("queue_capacity", &self.queue_capacity)
             .field("sweep_batch", &self.sweep_batch)
             .finish()

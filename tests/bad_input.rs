@@ -338,3 +338,19 @@ fn entity_ids_and_consumers_are_validated() -> TestResult {
     still_serves(&engine, "after-bad-entities")?;
     Ok(())
 }
+
+#[test]
+fn response_limit_is_capped_at_one_gibibyte() -> TestResult {
+    // Larger limits would let one completion outgrow a journal frame
+    // (4 GiB) beside a full group.
+    let engine = Engine::builder()
+        .max_response_bytes(usize::MAX)
+        .sweep_interval(None)
+        .in_memory()?;
+    assert_eq!(engine.max_response_bytes(), 1 << 30);
+    assert_eq!(
+        idempotency::EngineBuilder::MAX_RESPONSE_BYTES_LIMIT,
+        engine.max_response_bytes()
+    );
+    Ok(())
+}

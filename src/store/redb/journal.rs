@@ -124,6 +124,21 @@ pub(super) enum Change {
     },
 }
 
+impl Change {
+    /// Bytes of the keys and values it carries (what makes a frame large).
+    pub(super) fn size_bytes(&self) -> usize {
+        match self {
+            Change::PutRecord { key, value } => key.len().saturating_add(value.len()),
+            Change::DelRecord { key }
+            | Change::PutIndex { key, .. }
+            | Change::DelIndex { key, .. } => key.len(),
+            Change::PutOutbox { value, .. } => value.len(),
+            Change::DelOutbox { .. } => 0,
+            Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
+        }
+    }
+}
+
 /// The three index tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum IndexTable {

@@ -149,6 +149,7 @@ struct WriterSettings {
     cfg: StoreConfig,
     clock: Arc<dyn Clock>,
     max_batch: usize,
+    max_group_bytes: usize,
     queue_capacity: usize,
 }
 
@@ -206,6 +207,7 @@ impl RedbStore {
         cfg: StoreConfig,
         clock: Arc<dyn Clock>,
         max_batch: usize,
+        max_group_bytes: usize,
         queue_capacity: usize,
         reopen: Option<(Reopen, Probe)>,
     ) -> Result<RedbStore, OpenError> {
@@ -213,6 +215,7 @@ impl RedbStore {
             cfg,
             clock,
             max_batch: max_batch.max(1),
+            max_group_bytes: max_group_bytes.max(1),
             queue_capacity: queue_capacity.max(1),
         };
         let file = opened.file.clone();
@@ -455,6 +458,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         cfg: s.cfg,
         poison: poison.clone(),
         max_batch: s.max_batch,
+        max_group_bytes: s.max_group_bytes,
         seq,
         journal,
         overlay: overlay.clone(),

@@ -96,6 +96,8 @@ pub(crate) struct Tables<'t> {
     pub(super) cfg: StoreConfig,
     /// Every change made, in order, for the journal (`None`: not kept).
     pub(super) changes: Option<Vec<Change>>,
+    /// Bytes of keys and values in `changes`.
+    pub(super) changes_bytes: usize,
 }
 
 impl<'t> Tables<'t> {
@@ -117,6 +119,7 @@ impl<'t> Tables<'t> {
             now,
             cfg,
             changes: None,
+            changes_bytes: 0,
         })
     }
 
@@ -127,7 +130,9 @@ impl<'t> Tables<'t> {
 
     fn log(&mut self, change: impl FnOnce() -> Change) {
         if let Some(changes) = &mut self.changes {
-            changes.push(change());
+            let change = change();
+            self.changes_bytes = self.changes_bytes.saturating_add(change.size_bytes());
+            changes.push(change);
         }
     }
 

@@ -195,11 +195,24 @@ pub(super) struct Writer {
     pub(super) cfg: StoreConfig,
     pub(super) poison: Arc<Poison>,
     pub(super) max_batch: usize,
+    /// Bytes of changes after which a group takes no more jobs.
+    pub(super) max_group_bytes: usize,
     pub(super) seq: Sequences,
     /// The write-ahead journal (`None`: every commit is durable in redb).
     pub(super) journal: Option<Journal>,
     /// Synced, acknowledged values redb has not committed yet.
     pub(super) overlay: Arc<Overlay>,
+}
+
+/// What `try_apply` applied of a group.
+struct Applied {
+    /// The frame's LSN (`None`: the jobs changed nothing).
+    lsn: Option<u64>,
+    changes: Vec<Change>,
+    /// Bytes of keys and values in `changes`.
+    bytes: usize,
+    /// How many jobs, from the group's start, were applied.
+    jobs: usize,
 }
 
 /// The redb write transaction kept open across group commits (with a
@@ -347,14 +360,41 @@ impl Writer {
     }
 
     /// Applies a group in the open transaction and appends its frame; the
-    /// syncer answers it once the frame is durable.
+    /// syncer answers it once the frame is durable. A group whose changes
+    /// reach `max_group_bytes` ends with the job that reached it; the rest
+    /// goes on as the next group.
     fn journaled(&mut self, mut group: Vec<Box<dyn Job>>, state: &mut Running) {
+        while !group.is_empty() {
+            group = match self.journal_some(group, state) {
+                Some(rest) => rest,
+                None => return,
+            };
+        }
+    }
+
+    /// Applies and frames the longest prefix of `group` within
+    /// `max_group_bytes` (at least one job); returns the jobs left over,
+    /// `None` if the group failed (the engine is then poisoned and every
+    /// job in `group` has its answer).
+    fn journal_some(
+        &mut self,
+        mut group: Vec<Box<dyn Job>>,
+        state: &mut Running,
+    ) -> Option<Vec<Box<dyn Job>>> {
         let started = std::time::Instant::now();
         let attempt = catch_unwind(AssertUnwindSafe(|| self.try_apply(&mut group, state)));
         let failure = match attempt {
-            Ok(Ok((lsn, changes))) => {
+            Ok(Ok(Applied {
+                lsn,
+                changes,
+                bytes,
+                jobs,
+            })) => {
+                let rest = group.split_off(jobs.min(group.len()));
                 #[allow(clippy::cast_precision_loss)] // batch sizes are small
                 metrics::histogram!("idempotency_group_commit_ops").record(group.len() as f64);
+                #[allow(clippy::cast_precision_loss)] // at most about 2 GiB
+                metrics::histogram!("idempotency_group_commit_bytes").record(bytes as f64);
                 metrics::histogram!("idempotency_group_commit_seconds")
                     .record(started.elapsed().as_secs_f64());
                 state.syncer.hand(Handed {
@@ -374,7 +414,13 @@ impl Writer {
                 } else if full {
                     let _ = self.commit_open(state, None);
                 }
-                return;
+                // A checkpoint or commit that failed poisoned the engine:
+                // the rest hears so.
+                if let Some(cause) = self.poison.cause() {
+                    fail_all(rest, &cause);
+                    return None;
+                }
+                return Some(rest);
             }
             Ok(Err(e)) => e,
             Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
@@ -384,16 +430,17 @@ impl Writer {
         state.open = None;
         let cause = self.poison_with("group commit failed", &failure);
         fail_all(group, &cause);
+        None
     }
 
-    /// Applies `group` in the open transaction (begun if needed) and
-    /// appends its frame, unsynced. Returns the frame's LSN (`None`: the
-    /// group changed nothing) and its changes.
+    /// Applies jobs of `group` in the open transaction (begun if needed),
+    /// in order, until their changes reach `max_group_bytes`, and appends
+    /// their frame, unsynced.
     fn try_apply(
         &mut self,
         group: &mut [Box<dyn Job>],
         state: &mut Running,
-    ) -> Result<(Option<u64>, Vec<Change>), CommitError> {
+    ) -> Result<Applied, CommitError> {
         if state.open.is_none() {
             let mut txn = self.db.begin_write()?;
             txn.set_durability(Durability::None)?;
@@ -406,18 +453,29 @@ impl Writer {
         let Some(open) = state.open.as_mut() else {
             return Err(CommitError::Panic("no open transaction".into()));
         };
-        let (after, changes) = {
+        let (after, changes, bytes, jobs) = {
             let mut tables = Tables::open(&open.txn, self.seq, self.clock.now_ms(), self.cfg)?;
             tables.keep_changes();
+            let mut jobs = 0;
             for job in group.iter_mut() {
+                if jobs > 0 && tables.changes_bytes >= self.max_group_bytes {
+                    break;
+                }
                 if let Some(e) = job.apply(&mut tables) {
                     return Err(e.into());
                 }
+                jobs += 1;
             }
-            (tables.seq, tables.changes.take().unwrap_or_default())
+            let changes = tables.changes.take().unwrap_or_default();
+            (tables.seq, changes, tables.changes_bytes, jobs)
         };
         if changes.is_empty() && after == self.seq {
-            return Ok((None, changes));
+            return Ok(Applied {
+                lsn: None,
+                changes,
+                bytes,
+                jobs,
+            });
         }
         let Some(journal) = self.journal.as_mut() else {
             return Err(CommitError::Panic("no journal".into()));
@@ -433,7 +491,12 @@ impl Writer {
         self.seq = after;
         open.groups += 1;
         open.changes += frame.changes.len();
-        Ok((Some(lsn), frame.changes))
+        Ok(Applied {
+            lsn: Some(lsn),
+            changes: frame.changes,
+            bytes,
+            jobs,
+        })
     }
 
     /// Commits the open transaction once every frame in it is durable (a
