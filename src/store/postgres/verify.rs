@@ -12,7 +12,14 @@ use super::shared::Shared;
 use super::txn::{sql_i64, sql_u64, state_code, with_token};
 use crate::key::record_key;
 
+/// Rows fetched at a time: the scrub holds one page of records in memory,
+/// never the whole table.
+const PAGE_ROWS: i32 = 1_000;
+
 impl Shared {
+    /// Checks every record in one snapshot (a read-only `REPEATABLE READ`
+    /// transaction), streamed through a portal [`PAGE_ROWS`] rows at a
+    /// time. Returns the problems found and the number of records checked.
     pub(super) fn verify(&self) -> Result<(Vec<Problem>, u64)> {
         let what = "verifying the database";
         let sql = format!(
@@ -20,56 +27,76 @@ impl Shared {
              FROM {} ORDER BY scope, key",
             self.names.records
         );
-        let rows = self.read(what, |conn| conn.query(&sql, &[]))?;
-        let mut problems = Vec::new();
-        let mut checked = 0;
-        for row in rows {
-            checked += 1;
-            let (scope, key): (&str, &str) = (row.get(0), row.get(1));
-            let key_hex = hex(&record_key(scope, key));
-            if IdempotencyKey::parse_any(scope, key).is_err() {
-                problems.push(Problem::BadKey {
-                    key_hex: key_hex.clone(),
-                });
-            }
-            let token = sql_u64(row.get::<_, i64>(3));
-            let decoded = codec::decode(&record_key(scope, key), row.get::<_, &[u8]>(7));
-            let rec = match decoded {
-                Ok(rec) => match IdempotencyKey::parse_any(scope, key) {
-                    Ok(k) => with_token(rec, token, &k),
-                    Err(_) => rec,
-                },
-                Err(e) => {
-                    problems.push(Problem::Undecodable {
-                        key_hex,
-                        reason: e.to_string(),
-                    });
-                    continue;
+        self.read(what, |conn| {
+            let mut tx = conn
+                .build_transaction()
+                .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()?;
+            let portal = tx.bind(sql.as_str(), &[])?;
+            let mut problems = Vec::new();
+            let mut checked = 0;
+            loop {
+                let rows = tx.query_portal(&portal, PAGE_ROWS)?;
+                if rows.is_empty() {
+                    break;
                 }
-            };
-            let columns = (
-                row.get::<_, i16>(2),
-                row.get::<_, i64>(3),
-                row.get::<_, i64>(4),
-                row.get::<_, i64>(5),
-                row.get::<_, i64>(6),
-            );
-            let expected = (
-                state_code(rec.state),
-                sql_i64(rec.token),
-                sql_i64(rec.lease_until_ms),
-                sql_i64(rec.unknown_since_ms),
-                sql_i64(rec.expires_at_ms),
-            );
-            if columns != expected {
-                let (index, at_ms) = rec.index();
-                problems.push(Problem::MissingIndexEntry {
-                    index,
-                    at_ms,
-                    key_hex,
-                });
+                for row in &rows {
+                    checked += 1;
+                    check_row(row, &mut problems);
+                }
             }
+            tx.commit()?;
+            Ok((problems, checked))
+        })
+    }
+}
+
+/// One record row: its key is valid, its record decodes, and the indexed
+/// columns agree with the record.
+fn check_row(row: &postgres::Row, problems: &mut Vec<Problem>) {
+    let (scope, key): (&str, &str) = (row.get(0), row.get(1));
+    let key_hex = hex(&record_key(scope, key));
+    if IdempotencyKey::parse_any(scope, key).is_err() {
+        problems.push(Problem::BadKey {
+            key_hex: key_hex.clone(),
+        });
+    }
+    let token = sql_u64(row.get::<_, i64>(3));
+    let decoded = codec::decode(&record_key(scope, key), row.get::<_, &[u8]>(7));
+    let rec = match decoded {
+        Ok(rec) => match IdempotencyKey::parse_any(scope, key) {
+            Ok(k) => with_token(rec, token, &k),
+            Err(_) => rec,
+        },
+        Err(e) => {
+            problems.push(Problem::Undecodable {
+                key_hex,
+                reason: e.to_string(),
+            });
+            return;
         }
-        Ok((problems, checked))
+    };
+    let columns = (
+        row.get::<_, i16>(2),
+        row.get::<_, i64>(3),
+        row.get::<_, i64>(4),
+        row.get::<_, i64>(5),
+        row.get::<_, i64>(6),
+    );
+    let expected = (
+        state_code(rec.state),
+        sql_i64(rec.token),
+        sql_i64(rec.lease_until_ms),
+        sql_i64(rec.unknown_since_ms),
+        sql_i64(rec.expires_at_ms),
+    );
+    if columns != expected {
+        let (index, at_ms) = rec.index();
+        problems.push(Problem::MissingIndexEntry {
+            index,
+            at_ms,
+            key_hex,
+        });
     }
 }
