@@ -84,6 +84,33 @@ async fn problem(
     Ok((kind, body))
 }
 
+/// The record of `key` on `path` is COMPLETED (a known outcome, never
+/// UNKNOWN), and a retry is replayed as a 409 `response-not-retained`
+/// naming `original_status`, with `location` kept.
+async fn completed_not_retained(
+    s: &Server,
+    path: &str,
+    key: &str,
+    location: &str,
+    original_status: u16,
+) -> TestResult {
+    let record_key = IdempotencyKey::new(format!("POST {path}"), key)?;
+    let record = s.engine.record(&record_key)?.ok_or("no record")?;
+    assert_eq!(
+        record.state,
+        State::Completed,
+        "a known outcome became {:?}",
+        record.state
+    );
+    let retry = s.post(path, key).body(PAYMENT).send().await?;
+    assert!(replayed(&retry));
+    assert_eq!(retry.headers()["location"], location);
+    let (kind, body) = problem(retry, 409).await?;
+    assert_eq!(kind, "response-not-retained");
+    assert_eq!(body["original_status"], original_status);
+    Ok(())
+}
+
 /// A handler counting its runs, answering 201 with the run number and the
 /// caller's `Authorization` value.
 fn counting(runs: Arc<AtomicUsize>) -> Router {
@@ -482,21 +509,7 @@ async fn oversize_response_completes_and_is_never_unknown() -> TestResult {
         4096,
         "the client gets the whole body"
     );
-    let key = IdempotencyKey::new("POST /payments", "big-1")?;
-    let record = s.engine.record(&key)?.ok_or("no record")?;
-    assert_eq!(
-        record.state,
-        State::Completed,
-        "a known outcome became {:?}",
-        record.state
-    );
-
-    let retry = s.post("/payments", "big-1").body(PAYMENT).send().await?;
-    assert!(replayed(&retry));
-    assert_eq!(retry.headers()["location"], "/payments/PAY-1");
-    let (kind, body) = problem(retry, 409).await?;
-    assert_eq!(kind, "response-not-retained");
-    assert_eq!(body["original_status"], 201);
+    completed_not_retained(&s, "/payments", "big-1", "/payments/PAY-1", 201).await?;
     assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
 
     // The same for a stream that outgrows the limit.
@@ -550,20 +563,7 @@ async fn empty_body_with_oversize_headers_completes_and_is_never_unknown() -> Te
         StatusCode::NO_CONTENT,
         "the handler's answer"
     );
-    let key = IdempotencyKey::new("POST /things", "hdr-1")?;
-    let record = s.engine.record(&key)?.ok_or("no record")?;
-    assert_eq!(
-        record.state,
-        State::Completed,
-        "a known outcome became {:?}",
-        record.state
-    );
-    let retry = s.post("/things", "hdr-1").body(PAYMENT).send().await?;
-    assert!(replayed(&retry));
-    assert_eq!(retry.headers()["location"], "/things/1");
-    let (kind, body) = problem(retry, 409).await?;
-    assert_eq!(kind, "response-not-retained");
-    assert_eq!(body["original_status"], 204);
+    completed_not_retained(&s, "/things", "hdr-1", "/things/1", 204).await?;
     assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
     Ok(())
 }
