@@ -99,13 +99,21 @@ impl EngineBuilder {
     /// Largest response `complete` stores, in bytes as
     /// [`Envelope::size_bytes`](crate::Envelope::size_bytes) counts them
     /// (the body, plus each header's name, value and 32 bytes). Clamped to
-    /// at most [`MAX_RESPONSE_BYTES_LIMIT`](Self::MAX_RESPONSE_BYTES_LIMIT)
-    /// (1 GiB), so that one operation always fits in a journal frame
-    /// beside a full group.
+    /// [`MIN_RESPONSE_BYTES`](Self::MIN_RESPONSE_BYTES) (256 bytes) ..=
+    /// [`MAX_RESPONSE_BYTES_LIMIT`](Self::MAX_RESPONSE_BYTES_LIMIT)
+    /// (1 GiB): the HTTP layer's record of a response it could not keep
+    /// (a marker header) must always fit, or a known outcome would be left
+    /// UNKNOWN; and one operation must always fit in a journal frame beside
+    /// a full group.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.cfg.store.max_response_bytes = bytes.min(Self::MAX_RESPONSE_BYTES_LIMIT);
+        self.cfg.store.max_response_bytes =
+            bytes.clamp(Self::MIN_RESPONSE_BYTES, Self::MAX_RESPONSE_BYTES_LIMIT);
         self
     }
+
+    /// Lower bound of [`max_response_bytes`](Self::max_response_bytes):
+    /// 256 bytes.
+    pub const MIN_RESPONSE_BYTES: usize = 256;
 
     /// Upper bound of [`max_response_bytes`](Self::max_response_bytes): 1 GiB.
     pub const MAX_RESPONSE_BYTES_LIMIT: usize = 1 << 30;

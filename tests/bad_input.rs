@@ -354,3 +354,17 @@ fn response_limit_is_capped_at_one_gibibyte() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn response_limit_is_at_least_room_for_a_not_retained_marker() -> TestResult {
+    let engine = Engine::builder()
+        .max_response_bytes(0)
+        .sweep_interval(None)
+        .in_memory()?;
+    assert_eq!(engine.max_response_bytes(), 256);
+    assert_eq!(
+        idempotency::EngineBuilder::MIN_RESPONSE_BYTES,
+        engine.max_response_bytes()
+    );
+    Ok(())
+}

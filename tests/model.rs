@@ -65,7 +65,7 @@ const LONG_LEASE_MS: u64 = 2_500;
 const EXTEND_MS: u64 = 1_500;
 const TTL_MS: u64 = 5_000;
 const KEEP_MS: u64 = 3_000;
-const MAX_RESPONSE_BYTES: usize = 64;
+const MAX_RESPONSE_BYTES: usize = 256;
 const START_MS: u64 = 1_700_000_000_000;
 
 /// Body number whose response is over `MAX_RESPONSE_BYTES`.

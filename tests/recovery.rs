@@ -370,7 +370,7 @@ fn claim_reference_is_stable_everywhere() -> TestResult {
 #[test]
 fn an_oversized_resolver_answer_does_not_stop_recovery() -> TestResult {
     let clock = ManualClock::new(T0);
-    let engine = builder(&clock).max_response_bytes(64).in_memory()?;
+    let engine = builder(&clock).max_response_bytes(256).in_memory()?;
     for k in ["a", "b"] {
         let c = claimed(engine.begin(&key(k)?, fp()?)?)?;
         engine.fail(

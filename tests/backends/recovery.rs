@@ -173,7 +173,7 @@ both_backends! {
             h.builder()
                 .clock(clock.clone())
                 .lease(Duration::from_millis(LEASE_MS))
-                .max_response_bytes(64),
+                .max_response_bytes(256),
         )?;
         let names = ["a-completed", "b-not-executed", "c-still", "d-too-large", "e-later"];
         for (i, name) in names.into_iter().enumerate() {
