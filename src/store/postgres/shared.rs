@@ -130,12 +130,29 @@ enum Attempt {
     Commit(postgres::Error),
 }
 
-/// Whether `e` says the connection is gone (closed, or the server is
-/// shutting down or restarting and ended the session): the statement did
-/// nothing, and another connection may work.
+/// Whether `e` says the connection is gone (closed, reset by the server
+/// or the network, or the server is shutting down or restarting and ended
+/// the session): another connection may work. A statement in flight may
+/// or may not have run, so callers retry only what is safe to send again
+/// (reads, statements of a transaction before its commit, and the
+/// one-statement claim, whose retry finds its own row).
 pub(super) fn lost(e: &postgres::Error) -> bool {
     use postgres::error::SqlState;
+    use std::io::ErrorKind;
+    let socket_gone = std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+                    | ErrorKind::NotConnected
+            )
+        });
     e.is_closed()
+        || socket_gone
         || e.code().is_some_and(|code| {
             [
                 SqlState::ADMIN_SHUTDOWN,
