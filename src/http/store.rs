@@ -27,6 +27,13 @@ use crate::{Claim, Engine, Envelope, Failure};
 pub(crate) const RESERVED_PREFIX: &str = "idempotency-layer-";
 /// Marks an envelope whose body was not retained.
 pub(crate) const NOT_RETAINED: &str = "idempotency-layer-body-not-retained";
+// The marker alone (a `u64` length has at most 20 digits) always fits the
+// smallest `max_response_bytes`: `not_retained` never builds an envelope
+// the engine refuses.
+const _: () = assert!(
+    NOT_RETAINED.len() + 20 + Envelope::HEADER_OVERHEAD_BYTES
+        <= crate::EngineBuilder::MIN_RESPONSE_BYTES
+);
 /// Per-pointer digests of the request.
 pub(crate) const POINTER_DIGESTS: &str = "idempotency-layer-pointer-digests";
 
