@@ -381,7 +381,13 @@ impl Core {
         messages: Vec<OutgoingMessage>,
     ) -> Result<()> {
         let mut claim = self.own_claim(claim)?;
-        let size = envelope.size_bytes() + resource.as_ref().map_or(0, String::len);
+        // Everything one completion stores: its journal frame must stay
+        // far below 4 GiB whatever the caller passes.
+        let size = messages
+            .iter()
+            .map(|m| m.topic.len().saturating_add(m.payload.len()))
+            .fold(envelope.size_bytes(), usize::saturating_add)
+            .saturating_add(resource.as_ref().map_or(0, String::len));
         let limit = self.cfg.store.max_response_bytes;
         if size > limit {
             return Err(Error::ResponseTooLarge {

@@ -141,7 +141,8 @@ impl Engine {
     }
 
     /// [`Engine::complete`] that also stores outbox `messages` in the same
-    /// transaction. Their ids are `<claim reference>/<n>`.
+    /// transaction. Their ids are `<claim reference>/<n>`. Their topics and
+    /// payloads count against `max_response_bytes`, with the response.
     ///
     /// # Errors
     ///

@@ -252,7 +252,8 @@ pub enum Error {
     #[error("cannot fingerprint request: {0}")]
     Fingerprint(#[from] FingerprintError),
 
-    /// A response (envelope body plus headers, plus any resource reference)
+    /// A response (envelope body plus headers, plus any resource reference
+    /// and the topics and payloads of any outbox messages stored with it)
     /// is larger than the engine's `max_response_bytes`. Nothing was stored.
     ///
     /// From `complete` or `fail(Failure::Final)`, the size is checked before

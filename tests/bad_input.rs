@@ -368,3 +368,38 @@ fn response_limit_is_at_least_room_for_a_not_retained_marker() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn outbox_messages_count_against_the_response_limit() -> TestResult {
+    let (engine, _) = engine()?;
+    let k = key("big-messages")?;
+    let c = claimed(engine.begin(&k, fp()?)?)?;
+    // 2 bytes of body, 5 + 2000 of message: over the 1 KiB limit.
+    let err = engine
+        .complete_with_messages(
+            c,
+            Envelope::new(1, 200, "ok"),
+            vec![idempotency::OutgoingMessage::new("email", vec![b'm'; 2000])],
+        )
+        .err()
+        .ok_or("stored 2 KB of messages under a 1 KiB limit")?;
+    let idempotency::Error::ResponseTooLarge {
+        size: 2007,
+        limit: 1024,
+        claim: Some(claim),
+        ..
+    } = err
+    else {
+        return Err(format!("{err:?}").into());
+    };
+    // The claim comes back unused: smaller messages go through with it.
+    let claim = claim.into_claim().ok_or("no claim inside")?;
+    engine.complete_with_messages(
+        claim,
+        Envelope::new(1, 200, "ok"),
+        vec![idempotency::OutgoingMessage::new("email", "hello")],
+    )?;
+    assert_eq!(engine.outbox().len()?, 1);
+    still_serves(&engine, "after-big-messages")?;
+    Ok(())
+}
