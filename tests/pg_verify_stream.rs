@@ -4,8 +4,11 @@
 //! middle of the stream (it is retried on another connection: nothing may
 //! be counted twice).
 
+#[path = "common/pg_chaos.rs"]
+mod pg_chaos;
+
 use std::error::Error;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,25 +16,6 @@ use idempotency::postgres::{Client, NoTls};
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
-
-fn server() -> Option<String> {
-    match std::env::var("IDEMPOTENCY_TEST_PG") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!("skipped: IDEMPOTENCY_TEST_PG not set (run through scripts/with-postgres)");
-            None
-        }
-    }
-}
-
-fn prefix() -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "vs_{}_{}_",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 fn key(k: &str) -> IdempotencyKey {
     IdempotencyKey::new("pg-verify", k).expect("valid key")
@@ -45,7 +29,7 @@ fn fp() -> Fingerprint {
 /// (key `original`) and `copies - 1` copies of it under new keys, which
 /// fail their checksum (it covers the key).
 fn table(url: &str, copies: u64) -> Result<(Engine, String, Client), Box<dyn Error + Send + Sync>> {
-    let p = prefix();
+    let p = pg_chaos::unique_prefix("vs");
     let engine = Engine::builder()
         .table_prefix(p.clone())
         .sweep_interval(None)
@@ -73,7 +57,9 @@ fn table(url: &str, copies: u64) -> Result<(Engine, String, Client), Box<dyn Err
 
 #[test]
 fn verify_counts_every_row_at_page_boundaries() -> TestResult {
-    let Some(url) = server() else { return Ok(()) };
+    let Some(url) = pg_chaos::pg_url() else {
+        return Ok(());
+    };
     for rows in [0_u64, 1, 999, 1_000, 1_001, 2_000, 2_001] {
         let (engine, _, _) = table(&url, rows)?;
         let report = engine.verify()?;
@@ -89,7 +75,9 @@ fn verify_counts_every_row_at_page_boundaries() -> TestResult {
 
 #[test]
 fn verify_during_writes_sees_one_snapshot() -> TestResult {
-    let Some(url) = server() else { return Ok(()) };
+    let Some(url) = pg_chaos::pg_url() else {
+        return Ok(());
+    };
     let (engine, _, _) = table(&url, 3_000)?;
     let engine = Arc::new(engine);
     let stop = Arc::new(AtomicBool::new(false));
@@ -126,7 +114,9 @@ fn verify_during_writes_sees_one_snapshot() -> TestResult {
 
 #[test]
 fn verify_whose_connection_is_killed_mid_stream_counts_nothing_twice() -> TestResult {
-    let Some(url) = server() else { return Ok(()) };
+    let Some(url) = pg_chaos::pg_url() else {
+        return Ok(());
+    };
     let rows = 200_000;
     let (engine, p, mut killer) = table(&url, rows)?;
     let engine = Arc::new(engine);
