@@ -149,6 +149,9 @@ fn one_byte_groups_under_concurrent_mixed_ops_answer_everyone() -> TestResult {
                 }
                 Ok(acked)
             })();
+            // The engine handle goes before the answer, so the main
+            // thread can take the engine back once every answer is in.
+            drop(engine);
             let _ = done_tx.send(result);
         });
     }
@@ -226,10 +229,7 @@ fn child_entry() -> TestResult {
     };
     let engine = kill_open(&db)?;
     kill::say_ready()?;
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(120));
-        std::process::exit(4);
-    });
+    kill::exit_if_never_killed();
     std::thread::scope(|s| {
         for t in 0..KILL_WORKERS {
             let (engine, log) = (&engine, &log);

@@ -59,10 +59,7 @@ fn child_entry() -> TestResult {
     };
     let engine = open(&db)?;
     kill::say_ready()?;
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(120));
-        std::process::exit(4);
-    });
+    kill::exit_if_never_killed();
     std::thread::scope(|s| {
         for t in 0..THREADS {
             let (engine, log) = (&engine, &log);

@@ -64,6 +64,15 @@ pub fn say_ready() -> std::io::Result<()> {
     out.flush()
 }
 
+/// Ends the child with exit code 4 after 120 s, should the parent never
+/// kill it (a hung child fails its round instead of hanging the test).
+pub fn exit_if_never_killed() {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_secs(120));
+        std::process::exit(4);
+    });
+}
+
 /// One round: starts this binary's `child_entry` on `db` with its
 /// acknowledgement log `log` (see [`child`]), waits until it is ready,
 /// lets it run for `delay` and SIGKILLs it (see [`run_then_kill`]).
