@@ -46,10 +46,7 @@ impl Envelope {
     /// the body's length plus [`Envelope::header_size_bytes`] of every
     /// header. Saturates at `usize::MAX`.
     pub fn size_bytes(&self) -> usize {
-        self.headers
-            .iter()
-            .map(|(n, v)| Envelope::header_size_bytes(n, v))
-            .fold(self.body.len(), usize::saturating_add)
+        headers_size_bytes(&self.headers).saturating_add(self.body.len())
     }
 
     /// What one header counts towards [`Envelope::size_bytes`], in bytes:
@@ -74,6 +71,15 @@ impl Envelope {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice())
     }
+}
+
+/// What `headers` count towards [`Envelope::size_bytes`], in bytes (the
+/// one rule the engine and the HTTP layer both apply).
+pub(crate) fn headers_size_bytes(headers: &[(String, Vec<u8>)]) -> usize {
+    headers
+        .iter()
+        .map(|(n, v)| Envelope::header_size_bytes(n, v))
+        .fold(0, usize::saturating_add)
 }
 
 impl fmt::Debug for Envelope {

@@ -105,10 +105,7 @@ impl Stored {
 
     /// What the headers count towards the limit (`Envelope::size_bytes`).
     fn headers_bytes(&self) -> usize {
-        self.headers
-            .iter()
-            .map(|(n, v)| Envelope::header_size_bytes(n, v))
-            .fold(0, usize::saturating_add)
+        crate::envelope::headers_size_bytes(&self.headers)
     }
 
     /// How many body bytes fit beside the headers.
