@@ -194,9 +194,9 @@ pub enum OpenError {
         /// The table prefix.
         prefix: String,
         /// The policy stored by the engines already using the tables.
-        stored: crate::config::ExpiryPolicy,
+        stored: crate::policy::ExpiryPolicy,
         /// The policy this engine was built with.
-        requested: crate::config::ExpiryPolicy,
+        requested: crate::policy::ExpiryPolicy,
     },
 
     /// The engine could not start one of its threads.

@@ -87,65 +87,51 @@
     clippy::struct_field_names
 )]
 
-// Public value types: they import nothing above them.
-mod begin;
+// Layer 1, the public value types: they import nothing above them.
 pub mod canonical;
 mod clock;
-mod config;
 mod envelope;
 mod error;
 mod fingerprint;
 mod key;
 mod message;
 mod outcome;
+mod policy;
 mod report;
 mod resolver;
 mod state;
 mod transition;
 mod verify;
 
-// The private store layer, behind its typed seam (`store::Backend`).
+// Layer 2, the private store layer, behind its typed seam (`store::Backend`),
+// one folder per backend.
 mod store;
 
-// The core every feature shares, and the claim handle it issues.
-mod claim;
-mod core;
-
-// Features above the core; the core never imports them.
-mod entity;
-mod inbox;
-mod inspect;
-mod local;
-mod outbox;
-mod recovery;
-mod sweeper;
-
-// The handle and its builder, on top.
-mod builder;
+// Layer 3, the engine: its handle, builder, core, claim and features.
 mod engine;
 
-// The HTTP adapter, above everything.
+// Layer 4, the HTTP adapter, above everything.
 #[cfg(feature = "http")]
 pub mod http;
 
-pub use begin::Begin;
-pub use builder::EngineBuilder;
-pub use claim::Claim;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{ExpiryPolicy, PurgeMode};
-pub use engine::Engine;
+pub use engine::begin::Begin;
+pub use engine::builder::EngineBuilder;
+pub use engine::claim::Claim;
+pub use engine::handle::Engine;
+pub use engine::inbox::{Inbox, Processed, Receive, Ticket};
+pub use engine::inspect::{RecordFilter, RecordInfo, Stats};
+pub use engine::local::LocalRun;
+pub use engine::outbox::Outbox;
 pub use envelope::Envelope;
 pub use error::{BoxError, Error, OpenError, Result, ReturnedClaim, StorageError};
 pub use fingerprint::{
     Fingerprint, FingerprintBuilder, FingerprintError, FINGERPRINT_ALGORITHM_VERSION,
 };
-pub use inbox::{Inbox, Processed, Receive, Ticket};
-pub use inspect::{RecordFilter, RecordInfo, Stats};
 pub use key::{IdempotencyKey, MAX_KEY_BYTES};
-pub use local::LocalRun;
 pub use message::{OutboxEntry, OutgoingMessage};
-pub use outbox::Outbox;
 pub use outcome::{Failure, InDoubt, Replay, ReplayKind};
+pub use policy::{ExpiryPolicy, PurgeMode};
 pub use report::{RecoveryReport, SweepCounts};
 pub use resolver::{Resolution, Resolver};
 pub use state::State;

@@ -2,8 +2,8 @@
 //! given instant ("read-time truth": decided when read, not only by
 //! sweeps). Every backend and every caller classifies through here.
 
-use crate::config::ExpiryPolicy;
 use crate::fingerprint::Fingerprint;
+use crate::policy::ExpiryPolicy;
 use crate::state::State;
 
 use super::record::{Record, RecordState};

@@ -14,6 +14,7 @@ pub(crate) mod classify;
 pub(crate) mod codec;
 #[cfg(test)]
 mod codec_props;
+pub(crate) mod config;
 mod local_tx;
 pub(crate) mod ops;
 mod poison;
@@ -22,11 +23,11 @@ pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
 
-use crate::config::PurgeMode;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::message::{OutboxEntry, OutgoingMessage};
+use crate::policy::PurgeMode;
 use crate::report::SweepCounts;
 use crate::state::State;
 use crate::transition::Transition;

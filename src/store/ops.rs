@@ -11,11 +11,12 @@
 //! refused op leaves its transaction untouched; only a storage error
 //! (`OpError::Fatal`) can interrupt an op midway.
 
-use crate::config::{PurgeMode, StoreConfig};
 use crate::error::Error;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
+use crate::policy::PurgeMode;
 use crate::state::State;
+use crate::store::config::StoreConfig;
 use crate::transition::Transition;
 
 use super::classify::{classify, Class, Held};

@@ -20,10 +20,10 @@ use std::collections::HashMap;
 use parking_lot::Mutex;
 use postgres::types::Type;
 
-use crate::config::StoreConfig;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::store::codec;
+use crate::store::config::StoreConfig;
 use crate::store::ops::{Loaded, Ops, Txn};
 use crate::store::record::{EntityState, Record};
 use crate::store::CompleteRequest;

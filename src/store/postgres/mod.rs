@@ -17,6 +17,7 @@
 //! and the next call may well succeed on a fresh connection.
 
 mod clock;
+mod described;
 mod in_place;
 mod local;
 mod read;
@@ -38,12 +39,13 @@ use r2d2_postgres::postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::clock::Clock;
-use crate::config::{PurgeMode, StoreConfig};
 use crate::error::{Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
+use crate::policy::PurgeMode;
 use crate::report::SweepCounts;
 use crate::state::State;
+use crate::store::config::StoreConfig;
 use crate::store::ops::Ops;
 use crate::store::record::{EntityState, Record};
 use crate::store::{
@@ -171,14 +173,14 @@ impl PgStore {
         // and keep only "db error"). It prepares the schema.
         let mut first = config.connect(NoTls).map_err(|e| OpenError::Storage {
             context: "connecting to PostgreSQL",
-            source: Box::new(shared::Described(e)),
+            source: Box::new(described::Described(e)),
         })?;
         let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
             let clock = Arc::new(DatabaseClock::new(local_clock));
             clock.sync(&mut first).map_err(|e| OpenError::Storage {
                 context: "reading the database clock",
-                source: Box::new(shared::Described(e)),
+                source: Box::new(described::Described(e)),
             })?;
             (clock.clone(), Some(clock))
         } else {
@@ -302,7 +304,7 @@ impl PgStore {
             },
             |e| Error::Storage {
                 context: "claiming a key on PostgreSQL (the outcome is unknown)",
-                source: Box::new(shared::Described(e)),
+                source: Box::new(described::Described(e)),
             },
         )?;
         if let Some(token) = row.get::<_, Option<i64>>(0) {

@@ -11,8 +11,9 @@
 
 use postgres::Client;
 
-use crate::config::{ExpiryPolicy, StoreConfig};
 use crate::error::OpenError;
+use crate::policy::ExpiryPolicy;
+use crate::store::config::StoreConfig;
 
 /// The schema this build creates and reads.
 pub(super) const SCHEMA_VERSION: i64 = 1;
@@ -117,7 +118,7 @@ impl Names {
 fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> OpenError {
     move |e| OpenError::Storage {
         context,
-        source: Box::new(super::shared::Described(e)),
+        source: Box::new(super::described::Described(e)),
     }
 }
 

@@ -14,11 +14,12 @@ use r2d2_postgres::postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::clock::Clock;
-use crate::config::StoreConfig;
 use crate::error::{Error, Result};
+use crate::store::config::StoreConfig;
 use crate::store::ops::{OpError, OpResult};
 
 use super::clock::DatabaseClock;
+use super::described::Described;
 use super::schema::Names;
 use super::txn::{Fault, PgTxn};
 
@@ -168,34 +169,6 @@ pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> 
     move |e| Error::Storage {
         context,
         source: Box::new(Described(e)),
-    }
-}
-
-/// A client error whose text says what the server or the socket said
-/// (`postgres::Error` shows only its kind, e.g. "db error").
-#[derive(Debug)]
-pub(super) struct Described(pub(super) postgres::Error);
-
-impl std::fmt::Display for Described {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let e = &self.0;
-        match (e.as_db_error(), std::error::Error::source(e)) {
-            (Some(db), _) => write!(
-                f,
-                "{e}: {} {}: {}",
-                db.severity(),
-                db.code().code(),
-                db.message()
-            ),
-            (None, Some(cause)) => write!(f, "{e}: {cause}"),
-            (None, None) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for Described {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
     }
 }
 

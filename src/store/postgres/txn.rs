@@ -7,10 +7,10 @@
 use postgres::types::Type;
 use postgres::Transaction;
 
-use crate::config::StoreConfig;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::store::codec;
+use crate::store::config::StoreConfig;
 use crate::store::ops::{Loaded, Txn};
 use crate::store::record::{EntityState, Record, RecordState};
 

@@ -9,11 +9,13 @@
 
 use std::path::Path;
 
-use redb::{ReadableTable, Table};
+use redb::{ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableError};
 
-use crate::config::ExpiryPolicy;
 use crate::error::OpenError;
+use crate::policy::ExpiryPolicy;
 use crate::store::codec::{self, DecodeError, FORMAT_VERSION, FORMAT_VERSION_1};
+
+use super::tables::META;
 
 /// A key of the meta table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -546,6 +548,87 @@ pub(super) fn check(t: &impl Readable, format: Format) -> Result<(), MetaError> 
         Some((key, reason)) => Err(MetaError::Damaged { key, reason }),
         None => Ok(()),
     }
+}
+
+/// Adds what the engine was doing to a redb error met while opening.
+pub(super) trait OpenContext<T> {
+    fn open_context(self, what: &'static str) -> Result<T, OpenError>;
+}
+
+impl<T, E: Into<redb::Error>> OpenContext<T> for Result<T, E> {
+    fn open_context(self, what: &'static str) -> Result<T, OpenError> {
+        self.map_err(|e| OpenError::Storage {
+            context: what,
+            source: Box::new(e.into()),
+        })
+    }
+}
+
+/// Runs `read` on the meta table of `db`'s last commit (`None`: the file
+/// has no meta table). A damaged value is an error naming its key and
+/// `path`.
+pub(super) fn read_meta<T>(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    what: &'static str,
+    read: impl FnOnce(&ReadOnlyTable<&'static str, &'static [u8]>) -> Result<T, MetaError>,
+) -> Result<Option<T>, OpenError> {
+    let txn = db.begin_read().open_context(what)?;
+    let table = match txn.open_table(META) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e).open_context(what),
+    };
+    read(&table).map(Some).map_err(|e| e.open_error(path, what))
+}
+
+/// The format of the database at `path` (`None`: no engine tables yet),
+/// learnt from `format_version` before any other value is read (see
+/// `codec.rs`).
+///
+/// # Errors
+///
+/// [`OpenError::UnsupportedFormat`] for a format this build does not read,
+/// [`OpenError::PreReleaseFormat`] for a pre-release build's format 2,
+/// [`OpenError::CorruptMeta`] for a damaged `format_version`.
+pub(super) fn file_format(
+    db: &impl ReadableDatabase,
+    path: &Path,
+) -> Result<Option<Format>, OpenError> {
+    match read_meta(db, path, "checking the record format", read_format)?.flatten() {
+        None => Ok(None),
+        Some(Found::Format(format)) => Ok(Some(format)),
+        Some(Found::PreRelease) => Err(OpenError::PreReleaseFormat {
+            path: path.to_path_buf(),
+        }),
+        Some(Found::Unknown(found)) => Err(OpenError::UnsupportedFormat {
+            path: path.to_path_buf(),
+            found,
+            supported: FORMAT_VERSION,
+        }),
+    }
+}
+
+/// Refuses a file of `format` with a damaged or missing meta value
+/// ([`OpenError::CorruptMeta`], naming the key).
+pub(super) fn check_meta(
+    db: &impl ReadableDatabase,
+    format: Format,
+    path: &Path,
+) -> Result<(), OpenError> {
+    read_meta(db, path, "checking the meta values", |t| check(t, format)).map(drop)
+}
+
+/// The TTL and expiry policy the last app stored, if any.
+pub(super) fn stored_expiry(
+    db: &impl ReadableDatabase,
+    format: Format,
+    path: &Path,
+) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
+    read_meta(db, path, "reading the stored expiry settings", |t| {
+        read_expiry(t, format)
+    })
+    .map(Option::flatten)
 }
 
 #[cfg(test)]

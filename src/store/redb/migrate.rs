@@ -331,7 +331,7 @@ mod tests {
             assert_eq!(counter(Counter::NextOutboxSeq)?, Some(1));
             assert_eq!(
                 meta::read_expiry(&t, Format::V2).map_err(|e| format!("{e:?}"))?,
-                Some((60_000, crate::config::ExpiryPolicy::Forget))
+                Some((60_000, crate::policy::ExpiryPolicy::Forget))
             );
         }
         // A second run has nothing left to do.

@@ -1,6 +1,7 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
+mod job;
 mod journal;
 mod local;
 mod meta;
@@ -25,12 +26,13 @@ use parking_lot::{Mutex, RwLock};
 use redb::Database;
 
 use crate::clock::Clock;
-use crate::config::{PurgeMode, StoreConfig};
 use crate::error::{Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
+use crate::policy::PurgeMode;
 use crate::report::SweepCounts;
 use crate::state::State;
+use crate::store::config::StoreConfig;
 use crate::store::ops::Ops;
 use crate::store::poison::Poison;
 use crate::store::record::{EntityState, Record};
@@ -43,10 +45,11 @@ use crate::transition::Transition;
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
 
+use self::job::Call;
 use self::journal::JournalStorage;
 use self::overlay::Overlay;
 use self::tables::{OpError, Tables};
-use self::writer::{Call, Msg, Writer};
+use self::writer::{Msg, Writer};
 
 /// A panic inside the storage library, caught at the engine's boundary. A
 /// corrupt file can make redb panic (an `unwrap` on bytes it trusted)
@@ -240,7 +243,7 @@ impl RedbStore {
         self.submit(Box::new(op), false)
     }
 
-    fn submit<T: Send + 'static>(&self, op: writer::Op<T>, isolated: bool) -> Result<T> {
+    fn submit<T: Send + 'static>(&self, op: job::Op<T>, isolated: bool) -> Result<T> {
         let (tx, poison) = self.writer()?;
         self.send_detached(&tx);
         let (reply, answer) = reply::reply();

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use redb::{ReadOnlyDatabase, ReadableDatabase, TableError};
 
-use crate::config::{ExpiryPolicy, PurgeMode};
 use crate::error::{Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
+use crate::policy::{ExpiryPolicy, PurgeMode};
 use crate::report::SweepCounts;
 use crate::state::State;
 use crate::store::record::{EntityState, Record};
@@ -19,7 +19,7 @@ use crate::store::{
 use crate::transition::Transition;
 
 use super::meta::Format;
-use super::open::{file_format, stored_expiry};
+use super::meta::{file_format, stored_expiry};
 use super::tables::META;
 use super::{contained, read};
 

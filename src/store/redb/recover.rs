@@ -11,8 +11,7 @@ use crate::error::OpenError;
 use super::journal::{
     Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
 };
-use super::meta::{self, Counter, Format, MetaError, StoredJournal};
-use super::open::{file_format, read_meta};
+use super::meta::{self, file_format, read_meta, Counter, Format, MetaError, StoredJournal};
 use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 
 /// The journal the database at `path` (a file of `format`) was last used

@@ -23,9 +23,9 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::Error;
 use crate::store::poison::Poison;
 
+use super::job::{fail_all, poison_backend, Job};
 use super::journal::{Change, JournalSync};
 use super::overlay::Overlay;
-use super::writer::{fail_all, poison_backend, Job};
 
 /// One group, handed over by the writer.
 pub(super) struct Handed {

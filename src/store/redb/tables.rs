@@ -15,11 +15,11 @@
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
-use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::message::{OutboxEntry, OutgoingMessage};
 use crate::store::codec::{self, DecodeError};
+use crate::store::config::StoreConfig;
 use crate::store::ops::{Loaded, Txn};
 use crate::store::record::{EntityState, Record};
 

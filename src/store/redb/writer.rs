@@ -42,16 +42,17 @@ use crossbeam_channel::Receiver;
 use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
 
 use crate::clock::Clock;
-use crate::config::StoreConfig;
 use crate::error::{Error, Result};
+use crate::store::config::StoreConfig;
 use crate::store::poison::Poison;
 
+use super::job::{fail_all, poison_backend, Job};
 use super::journal::{Change, Frame, Journal, JournalError};
 use super::meta::{self, Counter, MetaError};
 use super::overlay::Overlay;
 use super::reply::ReplyTx;
 use super::syncer::{Handed, Syncer};
-use super::tables::{OpError, Sequences, Tables, META};
+use super::tables::{Sequences, Tables, META};
 
 /// Journal bytes after which the writer checkpoints. A checkpoint writes
 /// every page dirtied since the last one, so a longer interval writes
@@ -83,81 +84,6 @@ pub(super) enum Msg {
     Settle(ReplyTx<Result<()>>),
     /// Finish the queued work and exit.
     Shutdown,
-}
-
-/// One queued operation. It stays in the writer's hands from the moment
-/// it is applied until it is answered, so a storage failure or a panic
-/// anywhere in its batch can poison the backend *before* its caller hears
-/// anything.
-pub(super) trait Job: Send {
-    /// Whether it needs a transaction of its own, rolled back if refused.
-    fn isolated(&self) -> bool;
-    /// Applies the operation (once) and keeps its result for `deliver`.
-    /// Returns the storage error that sank the batch, if any.
-    fn apply(&mut self, tables: &mut Tables<'_>) -> Option<redb::Error>;
-    /// Whether the applied operation was refused (an isolated job is then
-    /// rolled back).
-    fn refused(&self) -> bool;
-    /// The transaction committed: sends the kept result.
-    fn deliver(self: Box<Self>);
-    /// Sends `error` instead (the batch failed, or the backend is poisoned
-    /// or closing).
-    fn fail(self: Box<Self>, error: Error);
-}
-
-/// An operation on the tables producing a `T`.
-pub(super) type Op<T> = Box<dyn FnOnce(&mut Tables<'_>) -> Result<T, OpError> + Send>;
-
-/// A typed job: the operation and where its `Result<T>` goes (`None`:
-/// nobody waits, as for a dropped claim).
-pub(super) struct Call<T> {
-    op: Option<Op<T>>,
-    isolated: bool,
-    reply: Option<ReplyTx<Result<T>>>,
-    result: Option<Result<T>>,
-}
-
-impl<T> Call<T> {
-    pub(super) fn new(op: Op<T>, isolated: bool, reply: Option<ReplyTx<Result<T>>>) -> Call<T> {
-        Call {
-            op: Some(op),
-            isolated,
-            reply,
-            result: None,
-        }
-    }
-}
-
-impl<T: Send + 'static> Job for Call<T> {
-    fn isolated(&self) -> bool {
-        self.isolated
-    }
-
-    fn apply(&mut self, tables: &mut Tables<'_>) -> Option<redb::Error> {
-        let op = self.op.take()?;
-        match op(tables) {
-            Ok(value) => self.result = Some(Ok(value)),
-            Err(OpError::Refused(e)) => self.result = Some(Err(e)),
-            Err(OpError::Fatal(e)) => return Some(e),
-        }
-        None
-    }
-
-    fn refused(&self) -> bool {
-        matches!(self.result, Some(Err(_)))
-    }
-
-    fn deliver(self: Box<Self>) {
-        if let (Some(to), Some(result)) = (self.reply, self.result) {
-            to.send(result);
-        }
-    }
-
-    fn fail(self: Box<Self>, error: Error) {
-        if let Some(to) = self.reply {
-            to.send(Err(error));
-        }
-    }
 }
 
 /// Why a batch could not commit.
@@ -681,25 +607,6 @@ fn sort(msg: Msg, batch: &mut Vec<Box<dyn Job>>, settles: &mut Vec<ReplyTx<Resul
         Msg::Shutdown => return true,
     }
     false
-}
-
-/// Poisons the backend with `cause` (logged and counted once, here);
-/// returns it.
-pub(super) fn poison_backend(poison: &Poison, cause: String) -> Arc<str> {
-    let cause: Arc<str> = cause.into();
-    tracing::error!(%cause, "engine poisoned");
-    metrics::counter!("idempotency_poisoned_total").increment(1);
-    poison.set(cause.to_string());
-    cause
-}
-
-/// Answers every job of `group` with the poison `cause`.
-pub(super) fn fail_all(group: Vec<Box<dyn Job>>, cause: &Arc<str>) {
-    for job in group {
-        job.fail(Error::Poisoned {
-            cause: cause.clone(),
-        });
-    }
 }
 
 pub(super) use crate::store::panic_message;

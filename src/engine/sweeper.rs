@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::core::Core;
+use crate::engine::core::Core;
 
 /// Handle to the running sweeper; dropping it does not stop it: call `stop`.
 pub(crate) struct Sweeper {

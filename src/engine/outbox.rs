@@ -2,7 +2,7 @@
 //! transaction as the outcome that produced them, read and marked
 //! published here.
 
-use crate::core::Core;
+use crate::engine::core::Core;
 use crate::error::Result;
 use crate::message::OutboxEntry;
 

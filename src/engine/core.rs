@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::begin::Begin;
-use crate::claim::Claim;
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::engine::begin::Begin;
+use crate::engine::claim::Claim;
+use crate::engine::config::Config;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result, ReturnedClaim};
 use crate::fingerprint::Fingerprint;

@@ -4,9 +4,9 @@
 //! Table naming rule: the engine owns every table whose name starts with
 //! `idempotency.`; the app may create and use any other table in the file.
 
-use crate::begin::Begin;
-use crate::claim::Claim;
-use crate::core::Core;
+use crate::engine::begin::Begin;
+use crate::engine::claim::Claim;
+use crate::engine::core::Core;
 use crate::envelope::Envelope;
 use crate::error::{BoxError, Error, Result};
 use crate::fingerprint::Fingerprint;

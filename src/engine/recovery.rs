@@ -1,7 +1,7 @@
 //! Recovery: listing in-doubt (UNKNOWN) records and settling them through a
 //! resolver or by hand.
 
-use crate::core::Core;
+use crate::engine::core::Core;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::outcome::InDoubt;

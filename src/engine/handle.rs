@@ -4,30 +4,30 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::begin::Begin;
-use crate::builder::EngineBuilder;
-use crate::claim::Claim;
 use crate::clock::{duration_ms, Clock};
-use crate::config::PurgeMode;
-use crate::core::Core;
+use crate::engine::begin::Begin;
+use crate::engine::builder::EngineBuilder;
+use crate::engine::claim::Claim;
+use crate::engine::core::Core;
+use crate::engine::inbox::Inbox;
+use crate::engine::inspect::{RecordFilter, RecordInfo, Stats};
+use crate::engine::local::LocalRun;
+use crate::engine::outbox::Outbox;
+use crate::engine::sweeper::Sweeper;
+use crate::engine::{entity, inspect, local, recovery};
 use crate::envelope::Envelope;
 use crate::error::{BoxError, Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::inbox::Inbox;
-use crate::inspect::{RecordFilter, RecordInfo, Stats};
 use crate::key::IdempotencyKey;
-use crate::local::LocalRun;
 use crate::message::OutgoingMessage;
-use crate::outbox::Outbox;
 use crate::outcome::{Failure, InDoubt};
+use crate::policy::PurgeMode;
 use crate::report::{RecoveryReport, SweepCounts};
 use crate::resolver::{Resolution, Resolver};
 use crate::state::State;
 use crate::store::{Completion, LocalTx};
-use crate::sweeper::Sweeper;
 use crate::transition::Transition;
 use crate::verify::VerifyReport;
-use crate::{entity, inspect, local, recovery};
 
 /// The idempotency engine: one store (a redb file), one writer thread doing
 /// group commits, one background sweeper.

@@ -7,14 +7,14 @@
 
 use std::time::Duration;
 
-use crate::begin::Begin;
-use crate::claim::Claim;
-use crate::core::Core;
+use crate::engine::begin::Begin;
+use crate::engine::claim::Claim;
+use crate::engine::core::Core;
+use crate::engine::local::{complete_local, execute_local, LocalRun};
 use crate::envelope::Envelope;
 use crate::error::{BoxError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::local::{complete_local, execute_local, LocalRun};
 use crate::message::OutgoingMessage;
 use crate::outcome::InDoubt;
 use crate::store::{Completion, LocalTx};

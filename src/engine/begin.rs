@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::claim::Claim;
+use crate::engine::claim::Claim;
 use crate::outcome::{InDoubt, Replay};
 
 /// The answer to [`crate::Engine::begin`]: exactly one of these.

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{duration_ms, Clock, SystemClock};
-use crate::config::{Config, ExpiryPolicy};
-use crate::core::{Core, Counters};
-use crate::engine::Engine;
+use crate::engine::config::Config;
+use crate::engine::core::{Core, Counters};
+use crate::engine::handle::Engine;
+use crate::engine::sweeper::Sweeper;
 use crate::envelope::Envelope;
 use crate::error::OpenError;
+use crate::policy::ExpiryPolicy;
 use crate::resolver::Resolver;
 use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
-use crate::sweeper::Sweeper;
 
 /// Configures and opens an [`Engine`].
 ///

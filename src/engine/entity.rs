@@ -1,6 +1,6 @@
 //! Business entities with conditional state transitions (compare-and-set).
 
-use crate::core::Core;
+use crate::engine::core::Core;
 use crate::error::{Error, Result};
 use crate::store::TransitionRequest;
 use crate::transition::{Transition, MAX_ENTITY_BYTES};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::core::Core;
+use crate::engine::core::Core;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
@@ -76,7 +76,7 @@ impl RecordInfo {
             response: rec
                 .response
                 .as_ref()
-                .map(super::store::record::StoredResponse::envelope),
+                .map(crate::store::record::StoredResponse::envelope),
             resource: rec.response.as_ref().and_then(|r| r.resource.clone()),
         }
     }
