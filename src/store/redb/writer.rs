@@ -3,7 +3,7 @@
 //!
 //! A caller sends a [`Job`] over a bounded channel and blocks on its own
 //! reply channel. Each job is one operation with its own result type
-//! ([`Call<T>`]), so the protocol cannot carry an answer of the wrong kind.
+//! ([`Call<T>`](super::job::Call)), so the protocol cannot carry an answer of the wrong kind.
 //! The writer takes everything queued (up to `max_batch`), applies each job
 //! in arrival order inside one redb write transaction, commits once with
 //! `Durability::Immediate`, and only then answers every caller. So no caller

@@ -1,0 +1,106 @@
+//! The frame: what one group commit changed, and how it sits on disk
+//! (header, checksum, padding; see the layout in `mod.rs`).
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes of a frame before its payload.
+pub(super) const FRAME_HEADER: usize = 32;
+/// Largest payload a frame may claim (its length field is a u32); the
+/// writer refuses a larger frame, so the reader never meets a valid one.
+pub(super) const MAX_PAYLOAD: u64 = u32::MAX as u64;
+
+/// One change to an engine table, as a frame records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(in crate::store::redb) enum Change {
+    /// `idempotency.records`: record key → encoded record.
+    PutRecord {
+        #[serde(with = "crate::store::codec::byte_buf")]
+        key: Vec<u8>,
+        #[serde(with = "crate::store::codec::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelRecord {
+        #[serde(with = "crate::store::codec::byte_buf")]
+        key: Vec<u8>,
+    },
+    /// An index table (see [`IndexTable`]): `(instant ms, record key)`.
+    PutIndex {
+        index: IndexTable,
+        at: u64,
+        #[serde(with = "crate::store::codec::byte_buf")]
+        key: Vec<u8>,
+    },
+    DelIndex {
+        index: IndexTable,
+        at: u64,
+        #[serde(with = "crate::store::codec::byte_buf")]
+        key: Vec<u8>,
+    },
+    /// `idempotency.outbox`: sequence number → encoded message.
+    PutOutbox {
+        seq: u64,
+        #[serde(with = "crate::store::codec::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelOutbox {
+        seq: u64,
+    },
+    /// `idempotency.entities`: entity id → encoded state.
+    PutEntity {
+        id: String,
+        #[serde(with = "crate::store::codec::byte_buf")]
+        value: Vec<u8>,
+    },
+}
+
+impl Change {
+    /// Bytes of the keys and values it carries (what makes a frame large).
+    pub(in crate::store::redb) fn size_bytes(&self) -> usize {
+        match self {
+            Change::PutRecord { key, value } => key.len().saturating_add(value.len()),
+            Change::DelRecord { key }
+            | Change::PutIndex { key, .. }
+            | Change::DelIndex { key, .. } => key.len(),
+            Change::PutOutbox { value, .. } => value.len(),
+            Change::DelOutbox { .. } => 0,
+            Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
+        }
+    }
+}
+
+/// The three index tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(in crate::store::redb) enum IndexTable {
+    Leases,
+    Recovery,
+    Expiry,
+}
+
+/// What one group commit changed: its changes in order, and the counters
+/// after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(in crate::store::redb) struct Frame {
+    pub(in crate::store::redb) next_token: u64,
+    pub(in crate::store::redb) next_outbox: u64,
+    pub(in crate::store::redb) changes: Vec<Change>,
+}
+
+/// A frame's size on disk: header, payload, padding to 8 bytes.
+pub(super) fn frame_len(payload: u64) -> u64 {
+    (FRAME_HEADER as u64 + payload).div_ceil(8) * 8
+}
+
+pub(super) fn checksum(id: &[u8; 16], lsn: u64, unsynced: u32, payload: &[u8]) -> [u8; 16] {
+    let mut h = blake3::Hasher::new();
+    h.update(id);
+    h.update(&lsn.to_le_bytes());
+    // Hashed only when set, so version 1 frames (always 0) check the same.
+    if unsynced != 0 {
+        h.update(&unsynced.to_le_bytes());
+    }
+    h.update(&(payload.len() as u64).to_le_bytes());
+    h.update(payload);
+    let mut out = [0_u8; 16];
+    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    out
+}

@@ -1,0 +1,161 @@
+//! Reading frames out of a journal's bytes: the header check, the chain of
+//! frames after the checkpoint, and telling a torn end from damage in the
+//! middle.
+
+use super::frame::{checksum, frame_len, Frame, FRAME_HEADER, MAX_PAYLOAD};
+use super::{JournalError, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
+
+/// Reads frames out of a journal's bytes.
+pub(super) struct Reader<'a> {
+    pub(super) name: &'a str,
+    pub(super) id: [u8; 16],
+    pub(super) checkpointed_lsn: u64,
+}
+
+impl Reader<'_> {
+    pub(super) fn check_header(&self, bytes: &[u8]) -> Result<(), JournalError> {
+        let file = || self.name.to_string();
+        let not = |detail: &str| JournalError::NotAJournal {
+            file: file(),
+            detail: detail.to_string(),
+        };
+        if bytes.get(..16) != Some(MAGIC.as_slice()) {
+            return Err(not("its first bytes are not the journal magic"));
+        }
+        let head = bytes.get(..48).ok_or_else(|| not("short header"))?;
+        if blake3::hash(&head[..40]).as_bytes()[..8] != head[40..48] {
+            return Err(JournalError::Corrupt {
+                file: file(),
+                offset: 0,
+                detail: "the header's checksum does not match".into(),
+            });
+        }
+        let version = u32::from_le_bytes([head[16], head[17], head[18], head[19]]);
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
+            return Err(not(&format!(
+                "journal version {version} (this build reads {VERSION})"
+            )));
+        }
+        if head[24..40] != self.id {
+            return Err(JournalError::OtherDatabase { file: file() });
+        }
+        Ok(())
+    }
+
+    /// The chain of frames from the first one; those above the checkpoint.
+    pub(super) fn read_frames(&self, bytes: &[u8]) -> Result<Scanned, JournalError> {
+        let mut out = Vec::new();
+        let mut anchored = false;
+        let mut pos = HEADER_LEN;
+        let mut prev: Option<u64> = None;
+        while let Some(FrameAt {
+            lsn, payload, next, ..
+        }) = self.frame_at(bytes, pos)
+        {
+            if prev.is_some_and(|p| lsn != p + 1) {
+                break;
+            }
+            anchored |= lsn == self.checkpointed_lsn;
+            if lsn > self.checkpointed_lsn {
+                let expected = out
+                    .last()
+                    .map_or(self.checkpointed_lsn + 1, |(l, _): &(u64, Frame)| l + 1);
+                if lsn != expected {
+                    return Err(JournalError::Corrupt {
+                        file: self.name.to_string(),
+                        offset: pos,
+                        detail: format!(
+                            "frame {lsn} follows frame {} the database holds: frames are missing",
+                            expected - 1
+                        ),
+                    });
+                }
+                let frame: Frame =
+                    postcard::from_bytes(payload).map_err(|e| JournalError::Corrupt {
+                        file: self.name.to_string(),
+                        offset: pos,
+                        detail: format!("frame {lsn} checks but does not decode: {e}"),
+                    })?;
+                out.push((lsn, frame));
+            }
+            prev = Some(lsn);
+            pos = next;
+        }
+        // The end of the log, or damage in its middle: a valid, still
+        // needed frame further on that was written after the missing one
+        // was durable means the latter. One written while the missing one
+        // was still being synced means a power cut tore that sync: none
+        // of them was acknowledged.
+        let needed_after = prev.map_or(self.checkpointed_lsn, |p| p.max(self.checkpointed_lsn));
+        let mut probe = pos.saturating_add(8);
+        while probe + FRAME_HEADER as u64 <= bytes.len() as u64 {
+            // Only a frame whose LSN could be a needed one is worth its
+            // checksum (most offsets are zeros or inside other frames).
+            let at = usize::try_from(probe).unwrap_or(usize::MAX);
+            let lsn = bytes
+                .get(at + 8..at + 16)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_le_bytes);
+            let plausible = lsn > needed_after && lsn - needed_after < (1 << 32);
+            if let Some(found) = plausible.then(|| self.frame_at(bytes, probe)).flatten() {
+                if found.lsn > needed_after && found.durable_before > needed_after {
+                    let lsn = found.lsn;
+                    return Err(JournalError::Corrupt {
+                        file: self.name.to_string(),
+                        offset: pos,
+                        detail: format!(
+                            "the frame here does not check, but frame {lsn} at offset {probe} does, \
+                             and was written after frame {} was durable: the journal is damaged, \
+                             not just cut short",
+                            needed_after + 1
+                        ),
+                    });
+                }
+            }
+            probe += 8;
+        }
+        Ok(Scanned {
+            frames: out,
+            anchored,
+        })
+    }
+
+    /// The valid frame at `pos`.
+    fn frame_at<'b>(&self, bytes: &'b [u8], pos: u64) -> Option<FrameAt<'b>> {
+        let start = usize::try_from(pos).ok()?;
+        let head = bytes.get(start..start.checked_add(FRAME_HEADER)?)?;
+        let len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
+        let unsynced = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        let lsn = u64::from_le_bytes(head[8..16].try_into().ok()?);
+        if len > MAX_PAYLOAD {
+            return None;
+        }
+        let body_start = start + FRAME_HEADER;
+        let payload = bytes.get(body_start..body_start.checked_add(usize::try_from(len).ok()?)?)?;
+        if checksum(&self.id, lsn, unsynced, payload) != head[16..32] {
+            return None;
+        }
+        Some(FrameAt {
+            lsn,
+            durable_before: lsn.saturating_sub(u64::from(unsynced).saturating_add(1)),
+            payload,
+            next: pos + frame_len(len),
+        })
+    }
+}
+
+/// A frame that checks, as found in the file.
+struct FrameAt<'b> {
+    lsn: u64,
+    /// Every frame up to this LSN was durable when this one was written.
+    durable_before: u64,
+    payload: &'b [u8],
+    /// The offset of the next frame.
+    next: u64,
+}
+
+/// What a scan of the log found.
+pub(in crate::store::redb) struct Scanned {
+    pub(in crate::store::redb) frames: Vec<(u64, Frame)>,
+    pub(in crate::store::redb) anchored: bool,
+}

@@ -1,0 +1,246 @@
+//! The journal's unit tests: recovery order, torn ends, damage in the
+//! middle, version 1 headers, checkpoints.
+
+use std::io;
+
+use redb::StorageBackend;
+
+use super::*;
+use redb::backends::InMemoryBackend;
+use std::sync::Arc;
+
+/// Shared bytes, so a test can reopen what a journal wrote.
+#[derive(Debug, Clone)]
+struct Shared(Arc<InMemoryBackend>);
+
+impl StorageBackend for Shared {
+    fn len(&self) -> io::Result<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write(offset, data)
+    }
+}
+
+const ID: [u8; 16] = [7; 16];
+
+fn storage(shared: &Shared) -> JournalStorage {
+    JournalStorage {
+        backend: std::sync::Arc::new(shared.clone()),
+        name: "test.journal".into(),
+    }
+}
+
+fn frame(n: u64) -> Frame {
+    Frame {
+        next_token: n,
+        next_outbox: 1,
+        changes: vec![Change::PutRecord {
+            key: n.to_le_bytes().to_vec(),
+            value: vec![n as u8; 100 + n as usize],
+        }],
+    }
+}
+
+/// Writes frames 1..=n to a fresh journal; returns the shared bytes and
+/// each frame's offset.
+fn written(n: u64) -> (Shared, Vec<u64>) {
+    let shared = Shared(Arc::new(InMemoryBackend::new()));
+    let mut j = Journal::recover(storage(&shared), ID, 0).unwrap().journal;
+    let mut offsets = Vec::new();
+    for i in 1..=n {
+        offsets.push(j.write_at);
+        assert_eq!(j.append(&frame(i)).unwrap(), i);
+    }
+    (shared, offsets)
+}
+
+fn lsns(r: &Recovered) -> Vec<u64> {
+    r.frames.iter().map(|(l, _)| *l).collect()
+}
+
+#[test]
+fn frames_after_the_checkpoint_come_back_in_order() {
+    let (shared, _) = written(5);
+    let r = Journal::recover(storage(&shared), ID, 2).unwrap();
+    assert_eq!(lsns(&r), vec![3, 4, 5]);
+    assert_eq!(r.frames[0].1, frame(3));
+    assert_eq!(r.journal.last_lsn(), 5);
+}
+
+#[test]
+fn a_torn_last_frame_is_the_end_of_the_log() {
+    let (shared, offsets) = written(4);
+    // Tear frame 4: its last bytes never made it.
+    let end = offsets[3] + 40;
+    shared.write(end, &[0xAB; 16]).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert_eq!(lsns(&r), vec![1, 2, 3]);
+}
+
+#[test]
+fn a_damaged_middle_frame_is_an_error_naming_file_and_offset() {
+    let (shared, offsets) = written(4);
+    shared.write(offsets[1] + 40, &[0xAB]).unwrap();
+    match Journal::recover(storage(&shared), ID, 0) {
+        Err(JournalError::Corrupt { file, offset, .. }) => {
+            assert_eq!(file, "test.journal");
+            assert_eq!(offset, offsets[1]);
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(r) => panic!("damage skipped: {:?}", lsns(&r)),
+    }
+    // Damage before the checkpoint is harmless: those frames are not
+    // needed any more.
+    let (shared, offsets) = written(4);
+    shared.write(offsets[3] + 40, &[0xAB]).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 4).unwrap();
+    assert!(r.frames.is_empty());
+}
+
+/// The pipelined writer appends up to 16 frames (`append_unsynced`)
+/// before the syncer's one `fdatasync` covers them all, and none of
+/// them is acknowledged before that sync returns. A power cut during
+/// it may leave any subset of their pages on disk: here frame 3 never
+/// made it, frames 4 and 5 did. Nothing after frame 2 was ever
+/// acknowledged, so this is the torn end of the log, not damage: the
+/// open must apply frames 1 and 2 instead of refusing the database.
+#[test]
+fn a_power_cut_during_a_pipelined_sync_is_the_end_of_the_log() {
+    let shared = Shared(Arc::new(InMemoryBackend::new()));
+    let mut j = Journal::recover(storage(&shared), ID, 0).unwrap().journal;
+    j.append(&frame(1)).unwrap();
+    j.append(&frame(2)).unwrap();
+    let third = j.write_at;
+    j.append_unsynced(&frame(3), 2).unwrap();
+    let fourth = j.write_at;
+    j.append_unsynced(&frame(4), 2).unwrap();
+    j.append_unsynced(&frame(5), 2).unwrap();
+    // The power cut: frame 3's bytes are what the disk held before.
+    shared
+        .write(third, &vec![0; usize::try_from(fourth - third).unwrap()])
+        .unwrap();
+    match Journal::recover(storage(&shared), ID, 0) {
+        Ok(r) => assert_eq!(lsns(&r), vec![1, 2]),
+        Err(e) => panic!("a power cut during a sync left a database that cannot open: {e}"),
+    }
+}
+
+/// A later frame that was written after the bad one was durable
+/// proves the damage: frame 5 was appended once frame 3 was synced.
+#[test]
+fn damage_to_a_frame_a_later_frame_vouches_for_is_an_error() {
+    let shared = Shared(Arc::new(InMemoryBackend::new()));
+    let mut j = Journal::recover(storage(&shared), ID, 0).unwrap().journal;
+    j.append(&frame(1)).unwrap();
+    j.append(&frame(2)).unwrap();
+    let third = j.write_at;
+    j.append_unsynced(&frame(3), 2).unwrap();
+    j.append_unsynced(&frame(4), 2).unwrap();
+    j.append_unsynced(&frame(5), 3).unwrap();
+    j.sync().unwrap();
+    let mut byte = [0_u8; 1];
+    shared.read(third + 40, &mut byte).unwrap();
+    shared.write(third + 40, &[byte[0] ^ 0x01]).unwrap();
+    match Journal::recover(storage(&shared), ID, 0) {
+        Err(JournalError::Corrupt { offset, .. }) => assert_eq!(offset, third),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(r) => panic!("damage read as a torn end: {:?}", lsns(&r)),
+    }
+}
+
+/// A version 1 journal (each frame synced before the next, `unsynced`
+/// always 0) reads the same.
+#[test]
+fn a_version_1_header_is_read() {
+    let (shared, _) = written(3);
+    let mut head = vec![0_u8; 48];
+    shared.read(0, &mut head).unwrap();
+    head[16..20].copy_from_slice(&1_u32.to_le_bytes());
+    let sum = blake3::hash(&head[..40]);
+    head[40..48].copy_from_slice(&sum.as_bytes()[..8]);
+    shared.write(0, &head).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert_eq!(lsns(&r), vec![1, 2, 3]);
+}
+
+#[test]
+fn after_a_checkpoint_new_frames_overwrite_old_ones() {
+    let (shared, _) = written(6);
+    let mut r = Journal::recover(storage(&shared), ID, 6).unwrap();
+    r.journal.checkpointed().unwrap();
+    r.journal.append(&frame(7)).unwrap();
+    r.journal.append(&frame(8)).unwrap();
+    // Frames 3..6 of the old cycle lie after 7 and 8: not followers.
+    let r = Journal::recover(storage(&shared), ID, 6).unwrap();
+    assert_eq!(lsns(&r), vec![7, 8]);
+}
+
+#[test]
+fn only_a_log_holding_the_checkpoint_is_anchored() {
+    let (shared, _) = written(5);
+    assert!(Journal::recover(storage(&shared), ID, 3).unwrap().anchored);
+    // Frame 9 was never written here: frames after it may be lost.
+    assert!(!Journal::recover(storage(&shared), ID, 9).unwrap().anchored);
+    // After a checkpoint the log starts with its anchor.
+    let mut r = Journal::recover(storage(&shared), ID, 5).unwrap();
+    r.journal.checkpointed().unwrap();
+    let r = Journal::recover(storage(&shared), ID, 5).unwrap();
+    assert!(r.anchored && r.frames.is_empty());
+    // An empty journal holds nothing.
+    let empty = Shared(Arc::new(InMemoryBackend::new()));
+    assert!(!Journal::recover(storage(&empty), ID, 5).unwrap().anchored);
+}
+
+#[test]
+fn a_header_that_was_never_written_is_an_empty_journal() {
+    // Sized for its header, which a full disk then refused.
+    let shared = Shared(Arc::new(InMemoryBackend::new()));
+    shared.set_len(HEADER_LEN).unwrap();
+    let scanned = Journal::scan(&storage(&shared), ID, 0).unwrap();
+    assert!(scanned.frames.is_empty() && !scanned.anchored);
+    let mut r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert!(r.frames.is_empty() && !r.anchored);
+    r.journal.append(&frame(1)).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert_eq!(r.frames.len(), 1);
+    // A zeroed header with frames after it is damage, as before.
+    let (shared, _) = written(1);
+    shared.write(0, &[0; HEADER_LEN as usize]).unwrap();
+    assert!(matches!(
+        Journal::recover(storage(&shared), ID, 0),
+        Err(JournalError::NotAJournal { .. })
+    ));
+}
+
+#[test]
+fn another_databases_journal_is_refused() {
+    let (shared, _) = written(1);
+    assert!(matches!(
+        Journal::recover(storage(&shared), [9; 16], 0),
+        Err(JournalError::OtherDatabase { .. })
+    ));
+}
+
+#[test]
+fn missing_frames_are_an_error() {
+    let (shared, _) = written(3);
+    // The database says it holds up to 0, but the log starts after a
+    // gap: pretend frame 1 was overwritten by a later cycle.
+    let mut r = Journal::recover(storage(&shared), ID, 3).unwrap();
+    r.journal.checkpointed().unwrap();
+    r.journal.append(&frame(4)).unwrap();
+    assert!(matches!(
+        Journal::recover(storage(&shared), ID, 1),
+        Err(JournalError::Corrupt { .. })
+    ));
+}

@@ -1,0 +1,190 @@
+//! Appending frames (the writer thread), syncing them (the syncer thread),
+//! and starting the log again after a checkpoint.
+
+use std::io;
+
+use redb::StorageBackend;
+
+use super::frame::{checksum, frame_len, Frame, FRAME_HEADER};
+use super::{Journal, JournalError, HEADER_LEN, MAGIC, VERSION};
+
+/// The file grows by at least this much (zeros) when a frame needs room.
+const GROW_BYTES: u64 = 4 << 20;
+
+/// The syncing side of a journal: `fdatasync` on its file, from the
+/// syncer thread, while the writer appends the next frames.
+#[derive(Clone)]
+pub(in crate::store::redb) struct JournalSync {
+    backend: std::sync::Arc<dyn StorageBackend>,
+    name: String,
+}
+
+impl JournalSync {
+    /// Makes every frame appended before the call durable.
+    pub(in crate::store::redb) fn sync(&self) -> Result<(), JournalError> {
+        self.backend.sync_data().map_err(|source| JournalError::Io {
+            file: self.name.clone(),
+            source,
+        })
+    }
+}
+
+impl Journal {
+    /// The LSN of the last frame appended.
+    pub(in crate::store::redb) fn last_lsn(&self) -> u64 {
+        self.last_lsn
+    }
+
+    /// Whether frames were appended since the last checkpoint.
+    pub(in crate::store::redb) fn dirty(&self) -> bool {
+        self.last_lsn != self.checkpointed_lsn
+    }
+
+    /// Bytes of frames since the last checkpoint.
+    pub(in crate::store::redb) fn since_checkpoint(&self) -> u64 {
+        self.write_at - HEADER_LEN
+    }
+
+    /// Appends `frame` and syncs it; returns its LSN. After an error the
+    /// journal refuses every later append (the file's state is unknown).
+    #[cfg(test)]
+    pub(in crate::store::redb) fn append(&mut self, frame: &Frame) -> Result<u64, JournalError> {
+        let synced = self.last_lsn;
+        let lsn = self.append_unsynced(frame, synced)?;
+        self.sync().map_err(|e| self.io_error(e))?;
+        Ok(lsn)
+    }
+
+    /// Appends `frame` without syncing it; returns its LSN. `synced`: every
+    /// frame up to this LSN is known to be durable (the frame records it,
+    /// see the module docs). The frame is durable once a later
+    /// [`JournalSync::sync`] returns. After an error the journal refuses
+    /// every later append (the file's state is unknown).
+    pub(in crate::store::redb) fn append_unsynced(
+        &mut self,
+        frame: &Frame,
+        synced: u64,
+    ) -> Result<u64, JournalError> {
+        let lsn = self.last_lsn + 1;
+        let unsynced =
+            u32::try_from(lsn.saturating_sub(synced.saturating_add(1))).unwrap_or(u32::MAX);
+        self.write_frame(lsn, frame, unsynced, false)?;
+        self.last_lsn = lsn;
+        Ok(lsn)
+    }
+
+    /// What the syncer thread calls to make appended frames durable.
+    pub(in crate::store::redb) fn sync_handle(&self) -> JournalSync {
+        JournalSync {
+            backend: self.storage.backend.clone(),
+            name: self.storage.name.clone(),
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn sync(&self) -> io::Result<()> {
+        self.storage.backend.sync_data()
+    }
+
+    /// Writes `frame` as `lsn` at the write position, and syncs it if
+    /// `sync`.
+    fn write_frame(
+        &mut self,
+        lsn: u64,
+        frame: &Frame,
+        unsynced: u32,
+        sync: bool,
+    ) -> Result<(), JournalError> {
+        if self.broken {
+            return Err(self.io_error(io::Error::other(
+                "an earlier write failed; the journal must be reopened",
+            )));
+        }
+        self.buf.clear();
+        self.buf.resize(FRAME_HEADER, 0);
+        let encoded = postcard::to_extend(frame, std::mem::take(&mut self.buf));
+        self.buf = match encoded {
+            Ok(buf) => buf,
+            Err(e) => return Err(self.io_error(io::Error::other(e.to_string()))),
+        };
+        let len = (self.buf.len() - FRAME_HEADER) as u64;
+        let sum = checksum(&self.id, lsn, unsynced, &self.buf[FRAME_HEADER..]);
+        let Ok(len32) = u32::try_from(len) else {
+            // Refused before anything is written: the batch fails, the
+            // journal stays usable.
+            return Err(self.io_error(io::Error::other(format!(
+                "a batch of {len} bytes is larger than a journal frame holds (4 GiB)"
+            ))));
+        };
+        self.buf[0..4].copy_from_slice(&len32.to_le_bytes());
+        self.buf[4..8].copy_from_slice(&unsynced.to_le_bytes());
+        self.buf[8..16].copy_from_slice(&lsn.to_le_bytes());
+        self.buf[16..32].copy_from_slice(&sum);
+        let total = frame_len(len);
+        self.buf
+            .resize(usize::try_from(total).unwrap_or(usize::MAX), 0);
+        let result = self.write_at_end(total, sync);
+        if let Err(e) = result {
+            self.broken = true;
+            return Err(self.io_error(e));
+        }
+        self.write_at += total;
+        Ok(())
+    }
+
+    fn write_at_end(&mut self, total: u64, sync: bool) -> io::Result<()> {
+        let end = self.write_at + total;
+        if end > self.len {
+            // Grow with zeros written now, so later appends overwrite
+            // allocated blocks and their syncs rarely touch metadata.
+            let new_len = end.max(self.len + GROW_BYTES);
+            let zeros = vec![0_u8; usize::try_from(new_len - self.len).unwrap_or(usize::MAX)];
+            self.storage.backend.set_len(new_len)?;
+            self.storage.backend.write(self.len, &zeros)?;
+            self.len = new_len;
+        }
+        self.storage.backend.write(self.write_at, &self.buf)?;
+        if sync {
+            self.storage.backend.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// The database now durably holds everything up to [`Self::last_lsn`]:
+    /// the log starts again with an anchor, an empty frame carrying that
+    /// LSN, so a later open can tell this journal from one that lost frames
+    /// (see [`super::Recovered::anchored`]).
+    pub(in crate::store::redb) fn checkpointed(&mut self) -> Result<(), JournalError> {
+        self.checkpointed_lsn = self.last_lsn;
+        self.write_at = HEADER_LEN;
+        let anchor = Frame {
+            next_token: 0,
+            next_outbox: 0,
+            changes: Vec::new(),
+        };
+        self.write_frame(self.checkpointed_lsn, &anchor, 0, true)
+    }
+
+    pub(super) fn write_header(&mut self) -> io::Result<()> {
+        let mut head = vec![0_u8; usize::try_from(HEADER_LEN).unwrap_or(4096)];
+        head[..16].copy_from_slice(MAGIC);
+        head[16..20].copy_from_slice(&VERSION.to_le_bytes());
+        head[24..40].copy_from_slice(&self.id);
+        let sum = blake3::hash(&head[..40]);
+        head[40..48].copy_from_slice(&sum.as_bytes()[..8]);
+        if self.len < HEADER_LEN {
+            self.storage.backend.set_len(HEADER_LEN)?;
+        }
+        self.storage.backend.write(0, &head)?;
+        self.storage.backend.sync_data()?;
+        self.len = self.len.max(HEADER_LEN);
+        Ok(())
+    }
+
+    fn io_error(&self, source: io::Error) -> JournalError {
+        JournalError::Io {
+            file: self.storage.name.clone(),
+            source,
+        }
+    }
+}
