@@ -56,7 +56,7 @@ fn transfer(
             409,
             "idempotency key reused with a different request".into(),
         ),
-        Begin::Unknown(in_doubt) => (503, format!("outcome unknown ({})", in_doubt.reference)),
+        Begin::InDoubt(in_doubt) => (503, format!("outcome unknown ({})", in_doubt.reference)),
         Begin::Tombstoned { .. } => (409, "idempotency key expired".into()),
     })
 }

@@ -1,7 +1,7 @@
 //! Errors: [`OpenError`] for opening a database, [`Error`] for everything an
 //! open engine is asked to do.
 //!
-//! Expected outcomes of a request (replay, processing, mismatch, unknown,
+//! Expected outcomes of a request (replay, processing, mismatch, in doubt,
 //! tombstoned) are variants of [`crate::Begin`], not errors. An [`Error`]
 //! means the engine could not do what was asked: bad input, a fenced claim,
 //! a corrupt record, or a storage failure. Every error about an idempotency
@@ -77,36 +77,32 @@ pub enum OpenError {
         path: PathBuf,
     },
 
-    /// A value of the database's meta table (the format version, the next
-    /// fencing token or outbox sequence number, the journal's id and
-    /// position, the stored expiry settings) is damaged: its checksum does
-    /// not match its bytes and key, its length is wrong for its key, or a
-    /// value that must be there is missing (its key was damaged). Trusting
-    /// it could hand out fencing tokens again or skip journal frames, so
-    /// the open is refused; an open from a path refuses before writing
-    /// anything. Restore the file from a backup. A read-only open checks
-    /// the values it uses (the format and the journal's); `verify` lists
-    /// every damaged one.
-    #[error("{path}: the meta value {key:?} is damaged: {reason}")]
-    CorruptMeta {
-        /// The database file (`<backend>` for a storage backend).
-        path: PathBuf,
-        /// The meta key (`next_token`, `journal_lsn`, ...).
-        key: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-
-    /// The file is damaged: redb's integrity check (run on every writable
+    /// The database is damaged; `what` says where.
+    ///
+    /// [`Corrupted::File`]: redb's integrity check (run on every writable
     /// open from a path: every page's checksum) failed, or the storage
     /// library panicked while opening it, or the backend itself failed by
     /// panicking. Nothing was written to it.
-    #[error("{path}: the database file is corrupt: {detail}")]
+    ///
+    /// [`Corrupted::Meta`]: a value of the database's meta table (the
+    /// format version, the next fencing token or outbox sequence number,
+    /// the journal's id and position, the stored expiry settings) is
+    /// damaged: its checksum does not match its bytes and key, its length
+    /// is wrong for its key, or a value that must be there is missing (its
+    /// key was damaged). Trusting it could hand out fencing tokens again or
+    /// skip journal frames, so the open is refused; an open from a path
+    /// refuses before writing anything. Restore the file from a backup. A
+    /// read-only open checks the values it uses (the format and the
+    /// journal's); `verify` lists every damaged one.
+    #[error("{path}: {what} is corrupt: {reason}")]
     Corrupt {
-        /// The database file.
+        /// The database file (`<backend>` for a storage backend).
         path: PathBuf,
-        /// The panic's message.
-        detail: String,
+        /// Which value is damaged: the file as a whole or a meta value.
+        what: Corrupted,
+        /// What is wrong with it (for the file, the check's or the panic's
+        /// message).
+        reason: String,
     },
 
     /// A read-only open met a file that needs recovery after a crash
@@ -307,44 +303,17 @@ pub enum Error {
         state: crate::State,
     },
 
-    /// A stored record could not be decoded, or its checksum does not match
-    /// its bytes and key (the file was damaged). The record is left as is;
+    /// A stored value could not be decoded, or its checksum does not match
+    /// its bytes and key (the file was damaged); `what` names the value
+    /// ([`Corrupted::Record`] with its key, [`Corrupted::RecordKey`],
+    /// [`Corrupted::OutboxMessage`] with its sequence number,
+    /// [`Corrupted::Entity`] with its id). A corrupt record is left as is:
     /// it is never replayed, never treated as absent, and other keys keep
     /// working.
-    #[error("record for {key} is corrupt: {reason}")]
-    CorruptRecord {
-        /// The key whose record failed to decode.
-        key: IdempotencyKey,
-        /// What the decoder found.
-        reason: String,
-    },
-
-    /// A stored record's key bytes are not a valid scope and key (only
-    /// listings and scrubs meet it: no request can look it up).
-    #[error("record key {key_hex} is corrupt: {reason}")]
-    CorruptKey {
-        /// The stored key bytes, as lower-case hex.
-        key_hex: String,
-        /// What is wrong with them.
-        reason: String,
-    },
-
-    /// A stored outbox message could not be decoded, or its checksum does
-    /// not match its bytes and sequence number.
-    #[error("outbox message #{seq} is corrupt: {reason}")]
-    CorruptOutboxMessage {
-        /// The message's outbox sequence number.
-        seq: u64,
-        /// What the decoder found.
-        reason: String,
-    },
-
-    /// A stored entity state could not be decoded, or its checksum does not
-    /// match its bytes and id.
-    #[error("entity {entity:?} is corrupt: {reason}")]
-    CorruptEntity {
-        /// The entity id.
-        entity: String,
+    #[error("{what} is corrupt: {reason}")]
+    Corrupt {
+        /// Which stored value is damaged.
+        what: Corrupted,
         /// What the decoder found.
         reason: String,
     },
@@ -427,6 +396,44 @@ pub enum Error {
     /// function).
     #[error(transparent)]
     Open(#[from] OpenError),
+}
+
+/// Which stored value an [`Error::Corrupt`] or [`OpenError::Corrupt`] is
+/// about, naming it by the key or number it is stored under.
+///
+/// `Display` reads as the subject of "... is corrupt" (e.g. `record for
+/// scope/key`, `outbox message #7`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Corrupted {
+    /// An idempotency record, by its key.
+    Record(IdempotencyKey),
+    /// A record's stored key bytes (as lower-case hex), which are not a
+    /// valid scope and key (only listings and scrubs meet them: no request
+    /// can look them up).
+    RecordKey(String),
+    /// An outbox message, by its sequence number.
+    OutboxMessage(u64),
+    /// An entity's stored state, by the entity id.
+    Entity(String),
+    /// A value of the meta table, by its key (`next_token`,
+    /// `journal_lsn`, ...); only in [`OpenError::Corrupt`].
+    Meta(&'static str),
+    /// The database file as a whole; only in [`OpenError::Corrupt`].
+    File,
+}
+
+impl std::fmt::Display for Corrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Corrupted::Record(key) => write!(f, "record for {key}"),
+            Corrupted::RecordKey(key_hex) => write!(f, "record key {key_hex}"),
+            Corrupted::OutboxMessage(seq) => write!(f, "outbox message #{seq}"),
+            Corrupted::Entity(entity) => write!(f, "entity {entity:?}"),
+            Corrupted::Meta(key) => write!(f, "the meta value {key:?}"),
+            Corrupted::File => f.write_str("the database file"),
+        }
+    }
 }
 
 /// A claim handed back unused inside [`Error::ResponseTooLarge`]; turn it

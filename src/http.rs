@@ -188,11 +188,11 @@ pub enum Disposition {
     /// with it runs the handler again ([`crate::Failure::Retryable`]). Only
     /// correct if nothing happened.
     Retry,
-    /// *Unknown*: the work may have happened (e.g. a provider call timed
+    /// *In doubt*: the work may have happened (e.g. a provider call timed
     /// out, or the handler failed after acting): the record becomes UNKNOWN,
     /// is never re-executed, and retries get 503 until a
     /// [`crate::Resolver`] settles it.
-    Unknown,
+    InDoubt,
 }
 
 /// Who a request comes from, for scoping keys (see the [module

@@ -21,6 +21,13 @@
 //! - **Expiry** by TTL, decided at read time and cleaned up by a background
 //!   sweeper, with an optional tombstone policy ([`ExpiryPolicy`]).
 //!
+//! Names: a record's *state* is UNKNOWN ([`State::Unknown`], printed
+//! `UNKNOWN`); a *value* that describes such a record, or an outcome that
+//! leaves one, is *in doubt* ([`InDoubt`], [`Begin::InDoubt`],
+//! [`Failure::InDoubt`], [`Resolution::StillInDoubt`],
+//! [`Engine::recover_in_doubt`]). To *settle* is only ever to resolve an
+//! in-doubt record.
+//!
 //! Features: `http` adds a tower layer for the IETF `Idempotency-Key`
 //! header draft (`idempotency::http`); `postgres` adds
 //! `EngineBuilder::open_postgres` (see the README's "Many servers:
@@ -124,7 +131,7 @@ pub use engine::inspect::{RecordFilter, RecordInfo, Stats};
 pub use engine::local::LocalRun;
 pub use engine::outbox::Outbox;
 pub use envelope::Envelope;
-pub use error::{BoxError, Error, OpenError, Result, ReturnedClaim, StorageError};
+pub use error::{BoxError, Corrupted, Error, OpenError, Result, ReturnedClaim, StorageError};
 pub use fingerprint::{
     Fingerprint, FingerprintBuilder, FingerprintError, FINGERPRINT_ALGORITHM_VERSION,
 };
@@ -137,7 +144,7 @@ pub use resolver::{Resolution, Resolver};
 pub use state::State;
 pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};
-pub use verify::{Problem, VerifyReport};
+pub use verify::{Damage, VerifyReport};
 
 /// The PostgreSQL client crate the `postgres` feature uses, for the
 /// transaction a local write gets ([`LocalTx::postgres`]) and for tools

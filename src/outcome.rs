@@ -67,8 +67,8 @@ pub struct InDoubt {
     /// provider asked earlier could answer "not executed" for a call still
     /// in flight. Until this instant `recover_in_doubt` skips the record and,
     /// on an engine with a resolver, `begin` answers `Processing` (without
-    /// one, `begin` answers `Unknown` carrying this instant). An explicit
-    /// `Failure::Unknown` makes it settleable at once.
+    /// one, `begin` answers `InDoubt` carrying this instant). An explicit
+    /// `Failure::InDoubt` makes it settleable at once.
     pub resolvable_at_ms: u64,
     /// Why it became UNKNOWN (lease ran out, dropped claim, app's reason).
     pub reason: String,
@@ -87,7 +87,7 @@ pub enum Failure {
     /// Side effects may have happened (e.g. the provider call timed out): the
     /// record becomes UNKNOWN (in doubt) and waits for recovery; never
     /// re-executed.
-    Unknown {
+    InDoubt {
         /// Shown to operators and resolvers.
         reason: String,
     },

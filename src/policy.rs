@@ -34,10 +34,10 @@ impl ExpiryPolicy {
 /// Which records [`crate::Engine::purge`] may delete.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PurgeMode {
-    /// Only settled records: COMPLETED, `FINAL_FAILURE` and TOMBSTONE. A
+    /// Only finished records: COMPLETED, `FINAL_FAILURE` and TOMBSTONE. A
     /// PROCESSING or UNKNOWN record is refused, and so is a record that does
     /// not decode.
-    SettledOnly,
+    FinishedOnly,
     /// Any record, including PROCESSING and UNKNOWN ones and records that do
     /// not decode. Deleting a record whose work may be running or may have
     /// run lets a retry execute it again: a possible double execution.

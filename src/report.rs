@@ -22,7 +22,7 @@ pub struct RecoveryReport {
     pub not_executed: u64,
     /// Records still in doubt after this run (the resolver could not tell,
     /// its answer was refused, or the record is not resolvable yet).
-    pub still_unknown: u64,
+    pub still_in_doubt: u64,
     /// Records settled by someone else meanwhile (skipped).
     pub skipped: u64,
 }

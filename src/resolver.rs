@@ -16,7 +16,7 @@ pub enum Resolution {
     NotExecuted,
     /// The provider cannot tell yet. The record stays UNKNOWN and its
     /// attempt count grows.
-    StillUnknown,
+    StillInDoubt,
 }
 
 /// Answers for in-doubt records by *querying*, never by re-executing.
@@ -24,14 +24,14 @@ pub enum Resolution {
 /// Typical implementation: look up [`InDoubt::reference`] at the payment
 /// provider (the app passed the claim's reference to the provider as its
 /// idempotency key or transaction id). A query that fails (network error,
-/// provider outage) should answer [`Resolution::StillUnknown`].
+/// provider outage) should answer [`Resolution::StillInDoubt`].
 ///
 /// Resolvers run on the calling thread (of `begin` or
 /// [`crate::Engine::recover_in_doubt`]), never on the engine's writer
 /// thread, so a slow provider does not hold up other keys.
 pub trait Resolver: Send + Sync {
     /// Settles one in-doubt record. `in_doubt.attempts` counts earlier
-    /// `StillUnknown` answers; `in_doubt.age` is how long it has been
+    /// `StillInDoubt` answers; `in_doubt.age` is how long it has been
     /// UNKNOWN.
     fn resolve(&self, in_doubt: &InDoubt) -> Resolution;
 }

@@ -9,23 +9,23 @@ pub struct VerifyReport {
     pub records: u64,
     /// Everything found wrong; empty when the file is sound as far as the
     /// engine can check.
-    pub problems: Vec<Problem>,
+    pub damage: Vec<Damage>,
 }
 
 impl VerifyReport {
     /// Whether nothing was found wrong.
     pub fn is_sound(&self) -> bool {
-        self.problems.is_empty()
+        self.damage.is_empty()
     }
 }
 
-/// One thing a scrub found wrong. Keys are kept as the stored record key
+/// One piece of damage a scrub found ([`crate::Engine::verify`]). Keys are kept as the stored record key
 /// bytes in lower-case hex (`[scope length][scope][key]`), since a damaged
 /// key may not be a valid key any more; `Display` shows `scope/key` where
 /// the bytes still are one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Problem {
+pub enum Damage {
     /// A record's stored key bytes are not a valid scope and key.
     BadKey {
         /// The stored key bytes, in hex.
@@ -34,7 +34,7 @@ pub enum Problem {
     /// A record's value does not decode, or fails its checksum: its bytes
     /// or its key bytes were damaged (the reason says which check failed).
     /// A request for its key gets an error naming the key
-    /// ([`crate::Error::CorruptRecord`]), never a replay.
+    /// ([`crate::Error::Corrupt`]), never a replay.
     Undecodable {
         /// The stored key bytes, in hex.
         key_hex: String,
@@ -96,7 +96,7 @@ pub enum Problem {
     /// position, the stored expiry settings) fails its checksum, has the
     /// wrong length for its key, or is missing where it must be; or the
     /// table holds a key the engine does not know (a damaged key). A
-    /// writable open refuses such a file ([`crate::OpenError::CorruptMeta`]):
+    /// writable open refuses such a file ([`crate::OpenError::Corrupt`]):
     /// restore it from a backup.
     BadMetaValue {
         /// The meta key, as stored.
@@ -123,16 +123,16 @@ fn shown(key_hex: &str) -> String {
         .map_or_else(|| key_hex.to_string(), |key| key.to_string())
 }
 
-impl fmt::Display for Problem {
+impl fmt::Display for Damage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Problem::BadKey { key_hex } => {
+            Damage::BadKey { key_hex } => {
                 write!(f, "record key {key_hex} is not a valid scope and key")
             }
-            Problem::Undecodable { key_hex, reason } => {
+            Damage::Undecodable { key_hex, reason } => {
                 write!(f, "record {} does not decode: {reason}", shown(key_hex))
             }
-            Problem::StrayIndexEntry {
+            Damage::StrayIndexEntry {
                 index,
                 at_ms,
                 key_hex,
@@ -141,7 +141,7 @@ impl fmt::Display for Problem {
                 "{index} index entry at {at_ms} ms names record {}, which is missing or belongs elsewhere",
                 shown(key_hex)
             ),
-            Problem::MissingIndexEntry {
+            Damage::MissingIndexEntry {
                 index,
                 at_ms,
                 key_hex,
@@ -150,22 +150,22 @@ impl fmt::Display for Problem {
                 "record {} is missing from the {index} index (expected at {at_ms} ms)",
                 shown(key_hex)
             ),
-            Problem::UnreachableRecord { key_hex } => write!(
+            Damage::UnreachableRecord { key_hex } => write!(
                 f,
                 "record {} is stored but a lookup of its key does not find it (a damaged page of the records table)",
                 shown(key_hex)
             ),
-            Problem::UnreachableEntity { entity } => write!(
+            Damage::UnreachableEntity { entity } => write!(
                 f,
                 "entity {entity:?} is stored but a lookup of its id does not find it (a damaged page of the entities table)"
             ),
-            Problem::UndecodableOutboxMessage { seq, reason } => {
+            Damage::UndecodableOutboxMessage { seq, reason } => {
                 write!(f, "outbox message #{seq} does not decode: {reason}")
             }
-            Problem::UndecodableEntity { entity, reason } => {
+            Damage::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
             }
-            Problem::BadMetaValue { key, reason } => {
+            Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }
         }

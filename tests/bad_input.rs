@@ -267,8 +267,8 @@ fn stale_fencing_token_is_refused_and_record_untouched() -> TestResult {
     let a = claimed(engine.begin(&k, fp()?)?)?;
     clock.advance(Duration::from_millis(1001));
     let pending = match engine.begin(&k, fp()?)? {
-        Begin::Unknown(p) => p,
-        other => return Err(format!("expected Unknown, got {other:?}").into()),
+        Begin::InDoubt(p) => p,
+        other => return Err(format!("expected InDoubt, got {other:?}").into()),
     };
     assert_eq!(pending.fencing_token, a.fencing_token());
     engine.resolve(&k, Resolution::NotExecuted)?;

@@ -174,7 +174,7 @@ fn build(path: &Path) -> TestResult {
                 let c = claimed(engine.begin(&k, fp(i)?)?)?;
                 engine.fail(
                     c,
-                    Failure::Unknown {
+                    Failure::InDoubt {
                         reason: format!("provider timed out for {i}"),
                     },
                 )?;
@@ -225,7 +225,7 @@ fn describe(b: idempotency::Result<Begin>) -> String {
         }
         Ok(Begin::Processing { retry_after }) => format!("processing {retry_after:?}"),
         Ok(Begin::Mismatch) => "mismatch".into(),
-        Ok(Begin::Unknown(u)) => format!("unknown {u:?}"),
+        Ok(Begin::InDoubt(u)) => format!("unknown {u:?}"),
         Ok(Begin::Tombstoned {
             expired_at_ms,
             reusable_at_ms,
@@ -264,7 +264,7 @@ fn flip_trial_in_child_process() -> TestResult {
     }
     match engine.verify() {
         Ok(report) => {
-            for problem in &report.problems {
+            for problem in &report.damage {
                 println!("{MARK}problem {}", problem.to_string().replace('\n', " "));
             }
         }

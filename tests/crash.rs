@@ -234,7 +234,7 @@ fn crash_and_retry(point: &str, want: Retry) -> TestResult {
                 match provider.find(&p.reference) {
                     Ok(Some(charge)) => Resolution::Completed(receipt(&charge)),
                     Ok(None) => Resolution::NotExecuted,
-                    Err(_) => Resolution::StillUnknown,
+                    Err(_) => Resolution::StillInDoubt,
                 }
             })
             .open_existing(dir.path().join("idem.redb"))?

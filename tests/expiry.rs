@@ -142,7 +142,7 @@ fn stale_processing_goes_unknown_and_is_never_swept_away() -> TestResult {
         let info = engine.record(&k)?.ok_or("UNKNOWN record was deleted")?;
         assert_eq!(info.state, State::Unknown);
         let answer = engine.begin(&k, fp()?)?;
-        assert!(matches!(answer, Begin::Unknown(_)), "got {answer:?}");
+        assert!(matches!(answer, Begin::InDoubt(_)), "got {answer:?}");
     }
     assert_eq!(engine.in_doubt(10)?.len(), 1);
     drop(holder);
@@ -169,7 +169,7 @@ fn lease_boundaries_before_any_sweep() -> TestResult {
             ("processing", Begin::Processing { retry_after }) => {
                 assert_eq!(*retry_after, Duration::from_millis(LEASE_MS - offset));
             }
-            ("unknown", Begin::Unknown(p)) => {
+            ("unknown", Begin::InDoubt(p)) => {
                 assert_eq!(p.unknown_since_ms, start + offset);
                 assert!(p.reason.contains("lease"), "{}", p.reason);
             }
@@ -213,12 +213,12 @@ fn clock_stepping_back_never_revives_a_lease() -> TestResult {
     let mut holder = claimed(engine.begin(&k, fp()?)?)?;
     clock.set(T0 + LEASE_MS + 1);
     let answer = engine.begin(&k, fp()?)?;
-    assert!(matches!(answer, Begin::Unknown(_)), "got {answer:?}");
+    assert!(matches!(answer, Begin::InDoubt(_)), "got {answer:?}");
     clock.set(T0);
     for _ in 0..3 {
         let answer = engine.begin(&k, fp()?)?;
         assert!(
-            matches!(answer, Begin::Unknown(_)),
+            matches!(answer, Begin::InDoubt(_)),
             "clock went back: {answer:?}"
         );
         assert_eq!(engine.sweep_now()?, SweepCounts::default());
@@ -240,7 +240,7 @@ fn clock_stepping_back_never_revives_a_lease() -> TestResult {
     clock.set(T0);
     let answer = engine.begin(&k2, fp()?)?;
     assert!(
-        matches!(answer, Begin::Unknown(_)),
+        matches!(answer, Begin::InDoubt(_)),
         "clock went back: {answer:?}"
     );
     assert_eq!(engine.record(&k2)?.ok_or("missing")?.state, State::Unknown);

@@ -208,7 +208,7 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     let engine = builder(&clock).open(&path)?;
     assert_answers_as_written(&engine)?;
     let report = engine.verify()?;
-    assert!(report.is_sound(), "{:?}", report.problems);
+    assert!(report.is_sound(), "{:?}", report.damage);
     assert_eq!(report.records, 7);
 
     // Fencing tokens keep growing past every stored one.
@@ -268,7 +268,7 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     let r = replay(engine.begin(&key("new")?, fp(60)?)?)?;
     assert_eq!(r.envelope.body, b"ok");
     let report = engine.verify()?;
-    assert!(report.is_sound(), "{:?}", report.problems);
+    assert!(report.is_sound(), "{:?}", report.damage);
     assert_eq!(report.records, 8);
     drop(engine);
     let engine = builder(&clock).open_read_only(&path)?;
@@ -287,7 +287,7 @@ fn a_read_only_open_of_a_format1_database_answers_and_writes_nothing() -> TestRe
     let engine = builder(&clock).open_read_only(&path)?;
     assert_answers_as_written(&engine)?;
     let report = engine.verify()?;
-    assert!(report.is_sound(), "{:?}", report.problems);
+    assert!(report.is_sound(), "{:?}", report.damage);
     assert_eq!(report.records, 7);
     drop(engine);
     assert!(
@@ -337,7 +337,7 @@ fn write_format1_fixture() -> TestResult {
     let c = claimed(engine.begin(&key("timed-out")?, fp(30)?)?)?;
     engine.fail(
         c,
-        Failure::Unknown {
+        Failure::InDoubt {
             reason: "provider timed out".into(),
         },
     )?;

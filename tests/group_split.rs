@@ -2,9 +2,10 @@
 //!
 //! - a 1-byte bound (every operation its own frame) under many concurrent
 //!   callers mixing claims, completions, failures, purges, transitions,
-//!   completions with messages and whole-table reads (settles): every
-//!   caller gets exactly one answer, nothing hangs, and everything
-//!   acknowledged is there, byte for byte, after a reopen;
+//!   completions with messages and whole-table reads (which commit the
+//!   open transaction): every caller gets exactly one answer, nothing
+//!   hangs, and everything acknowledged is there, byte for byte, after a
+//!   reopen;
 //! - SIGKILL while bursts of large responses with headers are being split
 //!   into frames: after a reopen every acknowledged completion replays
 //!   byte for byte and no acknowledged claim can be claimed again.
@@ -109,7 +110,7 @@ fn one_byte_groups_under_concurrent_mixed_ops_answer_everyone() -> TestResult {
                             engine
                                 .fail(
                                     claim,
-                                    Failure::Unknown {
+                                    Failure::InDoubt {
                                         reason: "timeout".into(),
                                     },
                                 )
@@ -121,7 +122,7 @@ fn one_byte_groups_under_concurrent_mixed_ops_answer_everyone() -> TestResult {
                                 .complete(claim, envelope(&name, 10))
                                 .map_err(|e| format!("{name}: {e}"))?;
                             engine
-                                .purge(&k, PurgeMode::SettledOnly)
+                                .purge(&k, PurgeMode::FinishedOnly)
                                 .map_err(|e| format!("{name}: {e}"))?;
                             acked.push((name, "purged"));
                         }
@@ -139,7 +140,7 @@ fn one_byte_groups_under_concurrent_mixed_ops_answer_everyone() -> TestResult {
                                 }
                                 other => return Err(format!("{entity}: {other:?}")),
                             }
-                            // A whole-table read settles the open transaction.
+                            // A whole-table read commits the open transaction.
                             engine
                                 .records(&RecordFilter::default())
                                 .map_err(|e| e.to_string())?;
@@ -165,7 +166,7 @@ fn one_byte_groups_under_concurrent_mixed_ops_answer_everyone() -> TestResult {
     }
     assert!(engine.poisoned().is_none());
     let report = engine.verify()?;
-    assert!(report.problems.is_empty(), "{report:?}");
+    assert!(report.damage.is_empty(), "{report:?}");
 
     drop(Arc::try_unwrap(engine).map_err(|_| "engine still shared")?);
     let engine = open()?;
@@ -300,7 +301,7 @@ fn kill_while_large_responses_are_split_loses_no_acknowledged_completion() -> Te
             }
         }
         let report = engine.verify()?;
-        assert!(report.problems.is_empty(), "round {round}: {report:?}");
+        assert!(report.damage.is_empty(), "round {round}: {report:?}");
         assert!(
             completed.len() > 5,
             "round {round}: only {} completions",

@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use idempotency::http::IdempotencyLayer;
-use idempotency::{Engine, OpenError};
+use idempotency::{Corrupted, Engine, OpenError};
 
 #[path = "common/backends.rs"]
 mod harness;
@@ -133,8 +133,12 @@ fn a_server_never_starts_on_a_damaged_redb_file() -> TestResult {
     bytes[at + 3] ^= 0x20;
     std::fs::write(&path, &bytes)?;
     match Engine::builder().open(&path) {
-        Err(OpenError::Corrupt { detail, .. }) => {
-            assert!(!detail.is_empty());
+        Err(OpenError::Corrupt {
+            what: Corrupted::File,
+            reason,
+            ..
+        }) => {
+            assert!(!reason.is_empty());
         }
         Err(other) => return Err(format!("expected OpenError::Corrupt, got {other}").into()),
         Ok(_) => return Err("an engine opened a damaged file".into()),

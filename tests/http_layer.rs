@@ -98,7 +98,7 @@ async fn start_with(
                     runs.fetch_add(1, Ordering::SeqCst);
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        Extension(Disposition::Unknown),
+                        Extension(Disposition::InDoubt),
                         "provider timed out",
                     )
                 }
@@ -482,7 +482,7 @@ async fn dispositions_are_configurable() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn handler_marked_unknown_is_503_with_retry_after() -> TestResult {
-    let app = start(|l| l.unknown_retry_after(Duration::from_millis(1500))).await?;
+    let app = start(|l| l.in_doubt_retry_after(Duration::from_millis(1500))).await?;
     let r = app.post("/timeout", Some("u-1"), PAYMENT).await?;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.text().await?, "provider timed out");

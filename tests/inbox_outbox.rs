@@ -69,7 +69,7 @@ fn duplicate_and_concurrent_deliveries_have_one_effect() -> TestResult {
         match h.join().map_err(|_| "delivery thread panicked")?? {
             Processed::Done => done += 1,
             Processed::Duplicate | Processed::Processing { .. } => {}
-            Processed::Unknown(p) => return Err(format!("unexpected unknown {p:?}").into()),
+            Processed::InDoubt(p) => return Err(format!("unexpected unknown {p:?}").into()),
         }
     }
     assert_eq!(done, 1);
@@ -89,7 +89,7 @@ fn duplicate_and_concurrent_deliveries_have_one_effect() -> TestResult {
                         Ok(true)
                     }
                     Receive::Duplicate | Receive::Processing { .. } => Ok(false),
-                    Receive::Unknown(_) => Ok(false),
+                    Receive::InDoubt(_) => Ok(false),
                 }
             })
         })

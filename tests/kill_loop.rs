@@ -327,7 +327,7 @@ fn check_key(
         // Claimed only: the complete may have committed with its ack line
         // lost in the kill, so a replay is fine if it is the right one.
         (None, Begin::Replay(r)) if r.envelope == want => tally.replays += 1,
-        (None, Begin::Processing { .. } | Begin::Unknown(_)) => {}
+        (None, Begin::Processing { .. } | Begin::InDoubt(_)) => {}
         (None, other) => fail(format!("acknowledged claim answers {other:?}")),
     }
     Ok(())
@@ -405,9 +405,7 @@ fn sigkill_loop_keeps_every_acknowledged_claim_and_completion() -> TestResult {
     }
     let report = engine.verify()?;
     if !report.is_sound() {
-        tally
-            .failures
-            .push(format!("verify: {:?}", report.problems));
+        tally.failures.push(format!("verify: {:?}", report.damage));
     }
     drop(engine);
 

@@ -135,7 +135,7 @@ fn worker(engine: &Engine, log: &File, round: u64, t: usize) -> TestResult {
             1 => {
                 engine.complete(claim, Envelope::new(1, 200, body(&name)))?;
                 append(log, format!("completed {name} -"))?;
-                engine.purge(&key(&name)?, PurgeMode::SettledOnly)?;
+                engine.purge(&key(&name)?, PurgeMode::FinishedOnly)?;
                 append(log, format!("purged {name} -"))?;
             }
             4 => {
@@ -283,7 +283,7 @@ fn check(
         let done = acks.completed.contains(name) || acks.local.contains(name);
         match answer {
             Begin::Replay(r) if r.envelope.body == body(name) => {}
-            Begin::Processing { .. } | Begin::Unknown(_) if !done => {}
+            Begin::Processing { .. } | Begin::InDoubt(_) if !done => {}
             other => fails.push(format!("{name}: {other:?} (completed: {done})")),
         }
     }
@@ -343,7 +343,7 @@ fn sigkill_amid_every_kind_of_write_loses_nothing_acknowledged() -> TestResult {
     check(&engine, &acks, &all, &mut fails)?;
     let report = engine.verify()?;
     if !report.is_sound() {
-        fails.push(format!("verify: {:?}", report.problems));
+        fails.push(format!("verify: {:?}", report.damage));
     }
     drop(engine);
     let file = redb::Database::open(&db)?;

@@ -10,8 +10,8 @@
 //! redb directly (so redb's own page checksums still pass, as they do for
 //! damage that arises above the disk), and:
 //!
-//! - a writable open refuses the file with `OpenError::CorruptMeta` naming
-//!   the key and the file, and writes nothing;
+//! - a writable open refuses the file with `OpenError::Corrupt` naming
+//!   the key (`Corrupted::Meta`) and the file, and writes nothing;
 //! - a read-only open refuses it the same way when it uses the value (the
 //!   format, the journal's position; the expiry settings when taken from
 //!   the database), and otherwise opens, and `verify` names the key;
@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use common::claimed;
 use idempotency::{
-    Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, OpenError,
-    OutgoingMessage, Problem,
+    Corrupted, Damage, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey,
+    OpenError, OutgoingMessage,
 };
 use meta_table::{meta_values, Meta, KEYS, META};
 use redb::{ReadableTable, TableDefinition};
@@ -123,17 +123,19 @@ fn copy(from: &Path, dir: &Path, name: &str) -> Result<PathBuf, Box<dyn Error>> 
     Ok(to)
 }
 
-/// Asserts that `result` is `OpenError::CorruptMeta` for `key` in `path`,
-/// and that its message names both.
+/// Asserts that `result` is `OpenError::Corrupt` naming `Corrupted::Meta`
+/// for `key` in `path`, and that its message names both.
 fn assert_corrupt_meta<T>(result: Result<T, OpenError>, path: &Path, key: &str) -> TestResult {
     let Err(err) = result else {
         return Err(format!("opened {} with a damaged {key}", path.display()).into());
     };
     match &err {
-        OpenError::CorruptMeta {
-            path: p, key: k, ..
+        OpenError::Corrupt {
+            path: p,
+            what: Corrupted::Meta(k),
+            ..
         } if p == path && *k == key => {}
-        other => return Err(format!("{key}: expected CorruptMeta, got {other:?}").into()),
+        other => return Err(format!("{key}: expected a corrupt meta value, got {other:?}").into()),
     }
     let text = err.to_string();
     assert!(text.contains(key), "{text}");
@@ -145,9 +147,9 @@ fn assert_corrupt_meta<T>(result: Result<T, OpenError>, path: &Path, key: &str) 
 fn meta_problems(engine: &Engine) -> Result<Vec<String>, Box<dyn Error>> {
     let report = engine.verify()?;
     let mut keys = Vec::new();
-    for p in report.problems {
+    for p in report.damage {
         match p {
-            Problem::BadMetaValue { key, .. } => keys.push(key),
+            Damage::BadMetaValue { key, .. } => keys.push(key),
             other => return Err(format!("a problem besides the meta table: {other}").into()),
         }
     }

@@ -103,7 +103,7 @@ fn fingerprint(fp: usize) -> Fingerprint {
 enum Answer {
     Completed(u8),
     NotExecuted,
-    StillUnknown,
+    StillInDoubt,
 }
 
 impl Answer {
@@ -111,7 +111,7 @@ impl Answer {
         match self {
             Answer::Completed(n) => Resolution::Completed(envelope(STATUS_RESOLVED, n)),
             Answer::NotExecuted => Resolution::NotExecuted,
-            Answer::StillUnknown => Resolution::StillUnknown,
+            Answer::StillInDoubt => Resolution::StillInDoubt,
         }
     }
 }
@@ -120,7 +120,7 @@ impl Answer {
 enum How {
     Retryable,
     Final(u8),
-    Unknown,
+    InDoubt,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -200,7 +200,7 @@ fn answer_strategy() -> impl Strategy<Value = Answer> {
         3 => (0u8..3).prop_map(Answer::Completed),
         1 => Just(Answer::Completed(BIG)),
         4 => Just(Answer::NotExecuted),
-        4 => Just(Answer::StillUnknown),
+        4 => Just(Answer::StillInDoubt),
     ]
 }
 
@@ -218,7 +218,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), prop_oneof![
             Just(How::Retryable),
             body_strategy().prop_map(How::Final),
-            Just(How::Unknown),
+            Just(How::InDoubt),
         ]).prop_map(|(claim, how)| Op::Fail { claim, how }),
         2 => any::<usize>().prop_map(|claim| Op::DropClaim { claim }),
         1 => any::<usize>().prop_map(|claim| Op::Extend { claim }),
@@ -327,7 +327,7 @@ enum Answered {
         retry_after_ms: u64,
     },
     Mismatch,
-    Unknown(Seen),
+    InDoubt(Seen),
     Expired {
         expired_at: u64,
         reusable_at: u64,
@@ -567,7 +567,7 @@ impl Model {
                 self.set_outcome(k, State::Completed, (STATUS_RESOLVED, b), now);
             }
             Answer::NotExecuted => self.recs[k] = None,
-            Answer::StillUnknown => {
+            Answer::StillInDoubt => {
                 // A PROCESSING record whose lease ended moves to UNKNOWN in
                 // the same write (read-time truth).
                 if let Some((claimed_at, lease_until)) = self.recs[k]
@@ -636,7 +636,7 @@ impl Model {
             });
         }
         if !self.resolver_in_begin {
-            return Ok(Answered::Unknown(self.in_doubt(k, now)));
+            return Ok(Answered::InDoubt(self.in_doubt(k, now)));
         }
         calls.push(self.in_doubt(k, now));
         match answer {
@@ -645,9 +645,9 @@ impl Model {
                 self.settle(k, answer, now)?;
                 Ok(self.replay(k))
             }
-            Answer::StillUnknown => {
+            Answer::StillInDoubt => {
                 self.settle(k, answer, now)?;
-                Ok(Answered::Unknown(self.in_doubt(k, now)))
+                Ok(Answered::InDoubt(self.in_doubt(k, now)))
             }
         }
     }
@@ -883,7 +883,7 @@ impl Executions {
         match answer {
             Answer::NotExecuted => self.allowed[k] = true,
             Answer::Completed(_) => self.outcome_at[k] = Some(now),
-            Answer::StillUnknown => {}
+            Answer::StillInDoubt => {}
         }
     }
 }
@@ -991,7 +991,7 @@ impl Harness {
                 script.calls.push(seen(p));
                 script
                     .answer
-                    .map_or(Resolution::StillUnknown, Answer::resolution)
+                    .map_or(Resolution::StillInDoubt, Answer::resolution)
             });
         }
         let engine = match &self.disk {
@@ -1281,7 +1281,7 @@ impl Harness {
                         retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                     }),
                     Ok(Begin::Mismatch) => Ok(Answered::Mismatch),
-                    Ok(Begin::Unknown(p)) => Ok(Answered::Unknown(seen(&p))),
+                    Ok(Begin::InDoubt(p)) => Ok(Answered::InDoubt(seen(&p))),
                     Ok(Begin::Tombstoned {
                         expired_at_ms,
                         reusable_at_ms,
@@ -1297,7 +1297,7 @@ impl Harness {
                     Ok(Answered::Replay { .. }) => c.replays += 1,
                     Ok(Answered::InProgress { .. }) => c.processing_answers += 1,
                     Ok(Answered::Mismatch) => c.mismatches += 1,
-                    Ok(Answered::Unknown(_)) => c.unknown_answers += 1,
+                    Ok(Answered::InDoubt(_)) => c.in_doubt_answers += 1,
                     Ok(Answered::Expired { .. }) => c.tombstone_answers += 1,
                     Err(_) => {}
                 }
@@ -1382,7 +1382,7 @@ impl Harness {
                             (STATUS_FINAL, body(n)),
                             now,
                         ),
-                        How::Unknown => {
+                        How::InDoubt => {
                             self.model
                                 .mark_unknown(k, token, "provider timed out", now, true)
                         }
@@ -1391,7 +1391,7 @@ impl Harness {
                 let failure = match how {
                     How::Retryable => Failure::Retryable,
                     How::Final(n) => Failure::Final(envelope(STATUS_FINAL, n)),
-                    How::Unknown => Failure::Unknown {
+                    How::InDoubt => Failure::InDoubt {
                         reason: "provider timed out".into(),
                     },
                 };
@@ -1403,7 +1403,7 @@ impl Harness {
                     match how {
                         How::Retryable => self.executions.allowed[k] = true,
                         How::Final(_) => self.executions.outcome_at[k] = Some(now),
-                        How::Unknown => {}
+                        How::InDoubt => {}
                     }
                 }
                 prop_assert_eq!(actual, expected, "fail {:?} k{} token {}", how, k, token);
@@ -1516,9 +1516,9 @@ impl Harness {
                 if actual.is_ok() {
                     self.executions.settled(k, answer, now);
                 }
-                // "UNKNOWN records resolved": a StillUnknown answer resolves
+                // "UNKNOWN records resolved": a StillInDoubt answer resolves
                 // nothing.
-                if expected.is_ok() && answer != Answer::StillUnknown {
+                if expected.is_ok() && answer != Answer::StillInDoubt {
                     self.counters.resolved += 1;
                 }
                 prop_assert_eq!(actual, expected, "resolve k{} {:?}", k, answer);
@@ -1532,20 +1532,20 @@ impl Harness {
                         .as_ref()
                         .is_some_and(|r| r.lease_until > now)
                     {
-                        report.still_unknown += 1;
+                        report.still_in_doubt += 1;
                         continue;
                     }
                     calls.push(self.model.in_doubt(k, now));
                     // A refused answer (an envelope over the size limit)
                     // leaves the record UNKNOWN and recovery goes on.
                     if self.model.settle(k, answers[k], now).is_err() {
-                        report.still_unknown += 1;
+                        report.still_in_doubt += 1;
                         continue;
                     }
                     match answers[k] {
                         Answer::Completed(_) => report.completed += 1,
                         Answer::NotExecuted => report.not_executed += 1,
-                        Answer::StillUnknown => report.still_unknown += 1,
+                        Answer::StillInDoubt => report.still_in_doubt += 1,
                     }
                 }
                 let expected = Ok(report);
@@ -1555,7 +1555,7 @@ impl Harness {
                     answers
                         .get(key_index(&p.key))
                         .copied()
-                        .unwrap_or(Answer::StillUnknown)
+                        .unwrap_or(Answer::StillInDoubt)
                         .resolution()
                 };
                 let actual = self
@@ -1592,7 +1592,7 @@ impl Harness {
                 let mode = if force {
                     PurgeMode::Force
                 } else {
-                    PurgeMode::SettledOnly
+                    PurgeMode::FinishedOnly
                 };
                 let actual = self.engine().purge(&key(k), mode).map_err(|e| failed(&e));
                 if actual.is_ok() {
@@ -1688,7 +1688,7 @@ impl Harness {
                 (State::Tombstone, _) => stats.tombstones += 1,
             }
         }
-        stats.oldest_unknown_age = self
+        stats.oldest_in_doubt_age = self
             .model
             .recovery_queue(now)
             .first()
@@ -1820,10 +1820,10 @@ fn regressions_on(backend: Backend) -> Result<(), TestCaseError> {
         key,
         fp: 0,
         long_lease: false,
-        answer: Answer::StillUnknown,
+        answer: Answer::StillInDoubt,
     };
     let first = 0;
-    // `Engine::resolve` counted a StillUnknown answer as resolved (fixed in
+    // `Engine::resolve` counted a StillInDoubt answer as resolved (fixed in
     // engine.rs: it settles nothing, as in recover_in_doubt and begin).
     run_sequence(
         forget,
@@ -1831,11 +1831,11 @@ fn regressions_on(backend: Backend) -> Result<(), TestCaseError> {
             begin(1),
             Op::Fail {
                 claim: first,
-                how: How::Unknown,
+                how: How::InDoubt,
             },
             Op::Resolve {
                 key: 1,
-                answer: Answer::StillUnknown,
+                answer: Answer::StillInDoubt,
             },
         ],
     )?;
@@ -1854,7 +1854,7 @@ fn regressions_on(backend: Backend) -> Result<(), TestCaseError> {
                 answers: [
                     Answer::Completed(BIG),
                     Answer::NotExecuted,
-                    Answer::StillUnknown,
+                    Answer::StillInDoubt,
                 ],
                 limit: KEYS,
             },

@@ -426,13 +426,13 @@ fn complete_during_cut_fails_and_the_key_is_never_claimable_again() -> TestResul
     s.clock.advance(LEASE + Duration::from_millis(1));
     for e in [&s.engine, &s.direct] {
         match e.begin(&k, fp()?)? {
-            Begin::Unknown(d) => {
+            Begin::InDoubt(d) => {
                 assert_eq!(
                     (d.fencing_token, d.reference.as_str()),
                     (token, reference.as_str())
                 );
             }
-            other => return Err(format!("after the lease: expected Unknown, got {other:?}").into()),
+            other => return Err(format!("after the lease: expected InDoubt, got {other:?}").into()),
         }
     }
     let listed = s.engine.in_doubt(100)?;
@@ -590,8 +590,8 @@ fn begin_whose_claim_landed_but_whose_answer_was_lost_is_never_claimable() -> Te
     s.clock.advance(LEASE + Duration::from_millis(1));
     for e in [&s.engine, &s.direct] {
         match e.begin(&k, fp()?)? {
-            Begin::Unknown(d) => assert_eq!(d.fencing_token, token),
-            other => return Err(format!("after the lease: expected Unknown, got {other:?}").into()),
+            Begin::InDoubt(d) => assert_eq!(d.fencing_token, token),
+            other => return Err(format!("after the lease: expected InDoubt, got {other:?}").into()),
         }
     }
     // Recovery learns nothing ran: only now may the key run, under a new token.

@@ -371,8 +371,8 @@ impl ChildCtx<'_> {
                     bump(&self.counters.exec_errors);
                     eprintln!("execute {name}: {e}");
                     let reason = format!("side-table insert failed: {e}");
-                    if let Err(e) = self.engine.fail(claim, Failure::Unknown { reason }) {
-                        eprintln!("fail(Unknown) {name}: {e}");
+                    if let Err(e) = self.engine.fail(claim, Failure::InDoubt { reason }) {
+                        eprintln!("fail(InDoubt) {name}: {e}");
                     }
                     return Ok(());
                 }
@@ -425,7 +425,7 @@ impl ChildCtx<'_> {
                 bump(&self.counters.processing);
                 std::thread::sleep(retry_after.min(Duration::from_millis(10)));
             }
-            Begin::Unknown(_) => bump(&self.counters.unknown),
+            Begin::InDoubt(_) => bump(&self.counters.unknown),
             other @ (Begin::Mismatch | Begin::Tombstoned { .. }) => {
                 self.violation(format!("{name}: unexpected {other:?}"));
             }
@@ -823,7 +823,7 @@ struct Audit {
     executed_but_unknown: u64,
     replays: u64,
     processing_answers: u64,
-    unknown_answers: u64,
+    in_doubt_answers: u64,
     child_begin_errors: u64,
     child_complete_errors: u64,
     child_execute_errors: u64,
@@ -993,7 +993,7 @@ fn audit(url: &str, prefix: &str, dir: &Path, kills: u64, restarts: u64) -> Test
         executed_but_unknown,
         replays: get("replays"),
         processing_answers: get("processing"),
-        unknown_answers: get("unknown"),
+        in_doubt_answers: get("unknown"),
         child_begin_errors: get("begin_errors"),
         child_complete_errors: get("complete_errors"),
         child_execute_errors: get("exec_errors"),

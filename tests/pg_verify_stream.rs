@@ -65,7 +65,7 @@ fn verify_counts_every_row_at_page_boundaries() -> TestResult {
         let report = engine.verify()?;
         assert_eq!(report.records, rows, "{rows} rows");
         assert_eq!(
-            report.problems.len() as u64,
+            report.damage.len() as u64,
             rows.saturating_sub(1),
             "{rows} rows"
         );
@@ -101,14 +101,14 @@ fn verify_during_writes_sees_one_snapshot() -> TestResult {
     for _ in 0..10 {
         let report = engine.verify()?;
         assert!(report.records >= 3_000);
-        assert_eq!(report.problems.len(), 2_999, "only the copies are bad");
+        assert_eq!(report.damage.len(), 2_999, "only the copies are bad");
     }
     stop.store(true, Ordering::SeqCst);
     let written = writer.join().map_err(|_| "writer panicked")??;
     assert!(written > 0);
     let report = engine.verify()?;
     assert_eq!(report.records, 3_000 + written);
-    assert_eq!(report.problems.len(), 2_999);
+    assert_eq!(report.damage.len(), 2_999);
     Ok(())
 }
 
@@ -150,7 +150,7 @@ fn verify_whose_connection_is_killed_mid_stream_counts_nothing_twice() -> TestRe
         killed += hit;
         let report = verifier.join().map_err(|_| "verify panicked")??;
         assert_eq!(report.records, rows, "killed {hit}");
-        assert_eq!(report.problems.len() as u64, rows - 1, "killed {hit}");
+        assert_eq!(report.damage.len() as u64, rows - 1, "killed {hit}");
     }
     assert!(killed > 0, "never killed a verify mid-stream");
     Ok(())

@@ -76,7 +76,7 @@ fn produce(engine: &Engine, t: usize, tx: &crossbeam_channel::Sender<Done>) -> T
             }
             2 => {
                 engine.complete(claim, Envelope::new(1, 200, body(&name)))?;
-                engine.purge(&key(&name)?, PurgeMode::SettledOnly)?;
+                engine.purge(&key(&name)?, PurgeMode::FinishedOnly)?;
                 tx.send(Done::Purged(name))?;
             }
             3 => {

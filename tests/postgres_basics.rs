@@ -14,7 +14,7 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use idempotency::{
-    Begin, Clock, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError, SystemClock,
+    Begin, Clock, Corrupted, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError, SystemClock,
 };
 
 type TestResult = Result<(), Box<dyn StdError + Send + Sync>>;
@@ -214,7 +214,7 @@ fn leases_follow_the_database_clock_not_the_app_servers() -> TestResult {
         panic!("a fresh key must be claimed");
     };
     assert!(
-        matches!(skewed.begin(&k2, fp("{}"))?, Begin::Unknown(_)),
+        matches!(skewed.begin(&k2, fp("{}"))?, Begin::InDoubt(_)),
         "with local clocks an hour apart the lease looks run out"
     );
     Ok(())
@@ -387,11 +387,14 @@ fn a_changed_record_byte_is_an_error_and_a_format1_row_still_reads() -> TestResu
         &[],
     )?;
     match engine.begin(&key("damaged"), fp("{}")) {
-        Err(idempotency::Error::CorruptRecord { key: k, reason }) => {
+        Err(idempotency::Error::Corrupt {
+            what: Corrupted::Record(k),
+            reason,
+        }) => {
             assert_eq!(k, key("damaged"));
             assert!(reason.contains("checksum does not match"), "{reason}");
         }
-        other => panic!("expected CorruptRecord, got {other:?}"),
+        other => panic!("expected a corrupt record, got {other:?}"),
     }
     for k in ["legacy", "good"] {
         match engine.begin(&key(k), fp("{}"))? {
@@ -400,8 +403,8 @@ fn a_changed_record_byte_is_an_error_and_a_format1_row_still_reads() -> TestResu
         }
     }
     let report = engine.verify()?;
-    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
-    let text = report.problems[0].to_string();
+    assert_eq!(report.damage.len(), 1, "{:?}", report.damage);
+    let text = report.damage[0].to_string();
     assert!(
         text.contains("pg-basics/damaged") && text.contains("checksum does not match"),
         "{text}"
@@ -438,9 +441,9 @@ fn verify_checks_every_row_of_a_table_longer_than_a_page() -> TestResult {
     )?;
     let report = engine.verify()?;
     assert_eq!(report.records, copies + 1);
-    assert_eq!(report.problems.len(), copies as usize);
+    assert_eq!(report.damage.len(), copies as usize);
     assert!(report
-        .problems
+        .damage
         .iter()
         .all(|p| p.to_string().contains("checksum does not match")));
     Ok(())

@@ -116,7 +116,7 @@ struct Scripted {
 
 fn scripted_engine(clock: &ManualClock) -> Result<(Engine, Scripted), idempotency::Error> {
     let s = Scripted {
-        answer: Arc::new(Mutex::new(Resolution::StillUnknown)),
+        answer: Arc::new(Mutex::new(Resolution::StillInDoubt)),
         asked: Arc::new(Mutex::new(Vec::new())),
     };
     let (answer, asked) = (s.answer.clone(), s.asked.clone());
@@ -209,12 +209,12 @@ fn begin_consults_the_resolver_not_executed() -> TestResult {
 }
 
 #[test]
-fn begin_consults_the_resolver_still_unknown() -> TestResult {
+fn begin_consults_the_resolver_still_in_doubt() -> TestResult {
     let clock = ManualClock::new(T0);
     let (engine, script) = scripted_engine(&clock)?;
     let k = key("resolved-still-unknown")?;
     let old = stale_claim(&engine, &clock, &k)?;
-    script.set(Resolution::StillUnknown);
+    script.set(Resolution::StillInDoubt);
 
     for want in 1..=3u32 {
         let p = unknown(engine.begin(&k, fp()?)?)?;
@@ -284,7 +284,7 @@ fn failure_kinds_and_dropped_claims() -> TestResult {
     let c = claimed(engine.begin(&k, fp()?)?)?;
     engine.fail(
         c,
-        Failure::Unknown {
+        Failure::InDoubt {
             reason: "provider timed out".into(),
         },
     )?;
@@ -375,7 +375,7 @@ fn an_oversized_resolver_answer_does_not_stop_recovery() -> TestResult {
         let c = claimed(engine.begin(&key(k)?, fp()?)?)?;
         engine.fail(
             c,
-            Failure::Unknown {
+            Failure::InDoubt {
                 reason: "timeout".into(),
             },
         )?;
@@ -392,7 +392,7 @@ fn an_oversized_resolver_answer_does_not_stop_recovery() -> TestResult {
         report,
         RecoveryReport {
             not_executed: 1,
-            still_unknown: 1,
+            still_in_doubt: 1,
             ..RecoveryReport::default()
         }
     );
@@ -450,7 +450,7 @@ fn a_dropped_claim_is_not_resolved_before_its_lease_ends() -> TestResult {
     Ok(())
 }
 
-/// An explicit `Failure::Unknown` means the holder stopped acting: the
+/// An explicit `Failure::InDoubt` means the holder stopped acting: the
 /// resolver may settle it at once.
 #[test]
 fn an_explicit_unknown_failure_is_resolvable_at_once() -> TestResult {
@@ -462,7 +462,7 @@ fn an_explicit_unknown_failure_is_resolvable_at_once() -> TestResult {
     let c = claimed(engine.begin(&k, fp()?)?)?;
     engine.fail(
         c,
-        Failure::Unknown {
+        Failure::InDoubt {
             reason: "provider timed out".into(),
         },
     )?;
@@ -526,17 +526,17 @@ fn lease_ended_claim_is_in_doubt_in_every_view_before_any_sweep() -> TestResult 
     );
     let stats = engine.stats()?;
     assert_eq!((stats.processing, stats.unknown), (0, 2));
-    assert_eq!(stats.oldest_unknown_age, Some(Duration::ZERO));
+    assert_eq!(stats.oldest_in_doubt_age, Some(Duration::ZERO));
 
     engine.resolve(&a, Resolution::NotExecuted)?;
     assert!(
         engine.record(&a)?.is_none(),
         "not executed releases the key"
     );
-    engine.resolve(&b, Resolution::StillUnknown)?;
+    engine.resolve(&b, Resolution::StillInDoubt)?;
     let rec = engine.record(&b)?.ok_or("b vanished")?;
     assert_eq!((rec.state, rec.attempts), (State::Unknown, 1));
-    let report = engine.recover_in_doubt(&|_: &InDoubt| Resolution::StillUnknown, 10)?;
-    assert_eq!(report.still_unknown, 1);
+    let report = engine.recover_in_doubt(&|_: &InDoubt| Resolution::StillInDoubt, 10)?;
+    assert_eq!(report.still_in_doubt, 1);
     Ok(())
 }

@@ -12,7 +12,7 @@ mod storage_faults;
 
 use std::error::Error;
 
-use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
+use idempotency::{Begin, Corrupted, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
 use storage_faults::FailingBackend;
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -46,7 +46,16 @@ fn a_panic_while_opening_is_a_corrupt_file_error() -> TestResult {
     let err = open(backend.clone())
         .err()
         .ok_or("opened although reads panic")?;
-    assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            OpenError::Corrupt {
+                what: Corrupted::File,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("corrupt"), "{err}");
     backend.faults().panic_on_read(false);
     let engine = open(backend)?;

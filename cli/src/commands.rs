@@ -12,7 +12,8 @@ use std::fmt;
 use std::io::Write;
 
 use idempotency::{
-    Engine, Envelope, IdempotencyKey, PurgeMode, RecordFilter, RecordInfo, Resolution, State,
+    Corrupted, Engine, Envelope, IdempotencyKey, PurgeMode, RecordFilter, RecordInfo, Resolution,
+    State,
 };
 use serde_json::{json, Value};
 
@@ -141,8 +142,14 @@ pub fn inspect<W: Write>(
 /// The key and reason of a row that did not decode.
 fn corrupt_parts(e: &idempotency::Error) -> (String, String) {
     match e {
-        idempotency::Error::CorruptRecord { key, reason } => (key.to_string(), reason.clone()),
-        idempotency::Error::CorruptKey { key_hex, reason } => (key_hex.clone(), reason.clone()),
+        idempotency::Error::Corrupt {
+            what: Corrupted::Record(key),
+            reason,
+        } => (key.to_string(), reason.clone()),
+        idempotency::Error::Corrupt {
+            what: Corrupted::RecordKey(key_hex),
+            reason,
+        } => (key_hex.clone(), reason.clone()),
         other => ("?".into(), other.to_string()),
     }
 }
@@ -338,7 +345,7 @@ pub fn resolve<W: Write>(
         Resolution::NotExecuted => {
             "not executed: the next request with this key executes afresh".to_string()
         }
-        Resolution::StillUnknown => "still unknown".to_string(),
+        Resolution::StillInDoubt => "still unknown".to_string(),
     };
     engine.resolve(key, resolution)?;
     writeln!(out, "resolved {key} as {what}")?;
@@ -378,7 +385,7 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
                 "tombstones": s.tombstones,
                 "expired": s.expired,
                 "corrupt": s.corrupt,
-                "longest_in_doubt_ms": s.oldest_unknown_age.map(duration_ms),
+                "longest_in_doubt_ms": s.oldest_in_doubt_age.map(duration_ms),
             }),
         );
     }
@@ -395,7 +402,7 @@ pub fn stats<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
         writeln!(out, "{name:<15}{n}")?;
     }
     let longest = s
-        .oldest_unknown_age
+        .oldest_in_doubt_age
         .map_or_else(|| "-".to_string(), |d| human_ms(duration_ms(d)));
     writeln!(out, "{:<15}{longest}", "max in doubt")?;
     Ok(())
@@ -414,7 +421,10 @@ pub fn purge<W: Write, E: Write>(
     let info = match engine.record(key) {
         Ok(info) => info.ok_or_else(|| CliError(format!("no record for {key}")))?,
         // A record that does not decode can only be deleted by force.
-        Err(idempotency::Error::CorruptRecord { .. }) if force => {
+        Err(idempotency::Error::Corrupt {
+            what: Corrupted::Record(_),
+            ..
+        }) if force => {
             engine.purge(key, PurgeMode::Force)?;
             writeln!(out, "purged corrupt record {key}")?;
             writeln!(
@@ -424,7 +434,12 @@ pub fn purge<W: Write, E: Write>(
             )?;
             return Ok(());
         }
-        Err(e @ idempotency::Error::CorruptRecord { .. }) => {
+        Err(
+            e @ idempotency::Error::Corrupt {
+                what: Corrupted::Record(_),
+                ..
+            },
+        ) => {
             return Err(Box::new(CliError(format!(
                 "{e}; re-run with --force to delete it"
             ))))
@@ -452,7 +467,7 @@ pub fn purge<W: Write, E: Write>(
             if force {
                 PurgeMode::Force
             } else {
-                PurgeMode::SettledOnly
+                PurgeMode::FinishedOnly
             },
         )?
         .unwrap_or(info.state);
@@ -481,7 +496,7 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     let report = engine.verify()?;
     if json {
         let problems: Vec<Value> = report
-            .problems
+            .damage
             .iter()
             .map(|p| Value::String(p.to_string()))
             .collect();
@@ -490,7 +505,7 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
             &json!({ "records": report.records, "sound": report.is_sound(), "problems": problems }),
         )?;
     } else {
-        for problem in &report.problems {
+        for problem in &report.damage {
             writeln!(out, "{}", escape_controls(&problem.to_string()))?;
         }
         if report.is_sound() {
@@ -506,7 +521,7 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     } else {
         Err(CliError(format!(
             "{} problems found in {} records",
-            report.problems.len(),
+            report.damage.len(),
             report.records
         ))
         .into())

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use idempotency::Envelope;
+use idempotency::{Corrupted, Envelope};
 use redb::{ReadableTable, TableDefinition};
 use serde_json::Value;
 
@@ -249,7 +249,7 @@ fn a_flipped_byte_in_a_value_is_an_error_naming_the_key() -> TestResult {
         .err()
         .ok_or("a damaged record answered")?;
     assert!(
-        matches!(&err, idempotency::Error::CorruptRecord { key, .. } if key.key() == "flipped"),
+        matches!(&err, idempotency::Error::Corrupt { what: Corrupted::Record(key), .. } if key.key() == "flipped"),
         "{err:?}"
     );
     assert!(matches!(

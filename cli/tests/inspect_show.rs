@@ -26,7 +26,7 @@ fn populated(dir: &std::path::Path) -> TestResult<std::path::PathBuf> {
         fp(r#"{"n":4}"#)?,
     )?;
     let reason = "provider timed out".to_string();
-    engine.fail(unknown, Failure::Unknown { reason })?;
+    engine.fail(unknown, Failure::InDoubt { reason })?;
     let running = claim(&engine, &key("shop:pay", "c-running")?, fp(r#"{"n":3}"#)?)?;
     // Closing the engine while the claim lives leaves the record PROCESSING
     // (the claim's drop cannot reach a closed engine).

@@ -17,7 +17,7 @@ fn stored_text_cannot_forge_rows_or_fields() -> TestResult {
     let c = claim(&engine, &key("shop:pay", "k\u{202e}1")?, fp("{}")?)?;
     engine.fail(
         c,
-        Failure::Unknown {
+        Failure::InDoubt {
             reason: forged.into(),
         },
     )?;

@@ -24,7 +24,7 @@ fn with_unknown(dir: &Path, key_name: &str) -> TestResult<(PathBuf, String)> {
     let claim = claim(&engine, &key(SCOPE, key_name)?, fp(BODY)?)?;
     let reference = claim.reference().to_string();
     let reason = "provider timed out after 30 s".to_string();
-    engine.fail(claim, Failure::Unknown { reason })?;
+    engine.fail(claim, Failure::InDoubt { reason })?;
     Ok((path, reference))
 }
 
@@ -162,7 +162,7 @@ fn age_is_the_time_since_the_claim_in_every_view() -> TestResult {
     // In doubt only from the fail on, 300 ms after the claim.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let reason = "provider timed out".to_string();
-    engine.fail(c, Failure::Unknown { reason })?;
+    engine.fail(c, Failure::InDoubt { reason })?;
     drop(engine);
 
     let text = idem_ok(args(&["unknown"], &path))?;

@@ -389,7 +389,7 @@ fn resolve(provider: &Provider, pending: &InDoubt) -> Resolution {
         Ok(None) => Resolution::NotExecuted,
         Err(e) => {
             eprintln!("resolver: {}: {e}", pending.reference);
-            Resolution::StillUnknown
+            Resolution::StillInDoubt
         }
     }
 }
@@ -416,14 +416,14 @@ fn payment_envelope(charge: &Charge) -> Envelope {
 /// A failure after which the charge may or may not have happened: the
 /// layer marks the key UNKNOWN (never re-executed; a retry asks the
 /// resolver). The body carries no internals.
-fn outcome_unknown(status: StatusCode, title: &str) -> Response {
+fn outcome_in_doubt(status: StatusCode, title: &str) -> Response {
     let mut response = problem(
         status,
         title,
         "the payment's outcome is being checked with the provider; retry later with the same \
          Idempotency-Key",
     );
-    response.extensions_mut().insert(Disposition::Unknown);
+    response.extensions_mut().insert(Disposition::InDoubt);
     response
 }
 
@@ -501,7 +501,7 @@ async fn create_payment(
         Ok(Err(ChargeError::Timeout)) => {
             // The provider may have charged: never retry blindly. The
             // layer marks the key UNKNOWN; a retry asks the resolver.
-            let mut response = outcome_unknown(
+            let mut response = outcome_in_doubt(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Payment provider timed out",
             );
@@ -514,11 +514,11 @@ async fn create_payment(
             // The ledger write failed: the charge may or may not be durable.
             // The cause (paths, OS errors) goes to the log, not to clients.
             eprintln!("payments: the provider's ledger write failed: {e}");
-            outcome_unknown(StatusCode::BAD_GATEWAY, "Payment provider failed")
+            outcome_in_doubt(StatusCode::BAD_GATEWAY, "Payment provider failed")
         }
         Err(join) => {
             eprintln!("payments: the charge task failed: {join}");
-            outcome_unknown(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed")
+            outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed")
         }
     }
 }

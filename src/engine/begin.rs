@@ -19,7 +19,7 @@ use crate::outcome::{InDoubt, Replay};
 /// | `Replay` | the stored status, headers and body |
 /// | `Processing` | 409 Conflict with `Retry-After` |
 /// | `Mismatch` | 409 (or 422) problem+json: key reused with a different request |
-/// | `Unknown` | 503 with `Retry-After` until recovery settles it |
+/// | `InDoubt` | 503 with `Retry-After` until recovery settles it |
 /// | `Tombstoned` | 409 Conflict, problem+json: key expired and may not be reused yet |
 #[derive(Debug)]
 #[must_use = "a Claimed outcome must be completed or failed"]
@@ -42,7 +42,7 @@ pub enum Begin {
     /// recorded: the record is in doubt. It is never executed again by
     /// `begin`; resolve it with a [`crate::Resolver`] (query the provider by
     /// `reference`).
-    Unknown(InDoubt),
+    InDoubt(InDoubt),
     /// The key's record expired and is kept as a tombstone: the key may not
     /// be reused until `reusable_at_ms`. The work does not run.
     Tombstoned {

@@ -33,7 +33,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`max_group_bytes`](Self::max_group_bytes) | 64 MiB (67,108,864 bytes) per group commit |
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
 /// | response schema version | none (replays are never checked) |
-/// | resolver | none (`begin` answers [`crate::Begin::Unknown`]) |
+/// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
 #[must_use]
 pub struct EngineBuilder {
     cfg: Config,
@@ -238,16 +238,18 @@ impl EngineBuilder {
     /// # Errors
     ///
     /// [`OpenError::NotADatabase`] if the file is not a redb database
-    /// (nothing is written to it); [`OpenError::Corrupt`] if the integrity
-    /// check finds damage (nothing is written); [`OpenError::Journal`] if
+    /// (nothing is written to it); [`OpenError::Corrupt`] with
+    /// [`Corrupted::File`](crate::Corrupted::File) if the integrity check
+    /// finds damage (nothing is written); [`OpenError::Journal`] if
     /// the journal is damaged before its end, belongs to another database,
     /// or, after a crash, lacks the frame of the last checkpoint (deleted,
     /// emptied or an older copy); [`OpenError::UnsupportedFormat`] if it
     /// holds records of an unknown format version;
     /// [`OpenError::PreReleaseFormat`] if a pre-release build of format 2
-    /// wrote it; [`OpenError::CorruptMeta`] if a value of its meta table
-    /// (format, counters, journal position, expiry settings) is damaged
-    /// (nothing is written);
+    /// wrote it; [`OpenError::Corrupt`] with
+    /// [`Corrupted::Meta`](crate::Corrupted::Meta) if a value of its meta
+    /// table (format, counters, journal position, expiry settings) is
+    /// damaged (nothing is written);
     /// [`OpenError::AlreadyOpen`] if another handle holds it;
     /// [`OpenError::Storage`]; [`OpenError::ThreadStart`].
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
@@ -293,8 +295,8 @@ impl EngineBuilder {
     /// journal is missing or lacks the last checkpoint's frame;
     /// [`OpenError::NoEngineTables`] for a redb file
     /// without the engine's tables; [`OpenError::UnsupportedFormat`];
-    /// [`OpenError::PreReleaseFormat`]; [`OpenError::CorruptMeta`] if a
-    /// meta value the open uses (the format, the journal's position, the
+    /// [`OpenError::PreReleaseFormat`]; [`OpenError::Corrupt`] with
+    /// [`Corrupted::Meta`](crate::Corrupted::Meta) if a meta value the open uses (the format, the journal's position, the
     /// expiry settings when taken from the database) is damaged (the others
     /// are reported by [`crate::Engine::verify`]);
     /// [`OpenError::NotADatabase`]; [`OpenError::AlreadyOpen`].

@@ -12,7 +12,7 @@ use crate::store::{Abandon, Backend, Claimed, InDoubtRequest};
 /// Proof that this caller won the atomic insert of a PROCESSING record.
 ///
 /// Finish it with [`crate::Engine::complete`] or [`crate::Engine::fail`].
-/// A claim dropped without an outcome counts as [`crate::Failure::Unknown`]:
+/// A claim dropped without an outcome counts as [`crate::Failure::InDoubt`]:
 /// the work may have had side effects, so the key is kept for recovery and
 /// never re-executed. (If the engine is already closed when the claim drops,
 /// the lease running out has the same effect.)

@@ -12,7 +12,7 @@ use crate::engine::begin::Begin;
 use crate::engine::claim::Claim;
 use crate::engine::config::Config;
 use crate::envelope::Envelope;
-use crate::error::{Error, Result, ReturnedClaim};
+use crate::error::{Corrupted, Error, Result, ReturnedClaim};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
@@ -63,7 +63,7 @@ pub(crate) struct Counters {
     pub(crate) replays: Counter,
     pub(crate) mismatches: Counter,
     pub(crate) processing_answers: Counter,
-    pub(crate) unknown_answers: Counter,
+    pub(crate) in_doubt_answers: Counter,
     pub(crate) tombstone_answers: Counter,
     pub(crate) moved_to_unknown: Counter,
     pub(crate) resolved: Counter,
@@ -78,7 +78,7 @@ impl Default for Counters {
             replays: Counter::new("idempotency_replays_total"),
             mismatches: Counter::new("idempotency_mismatches_total"),
             processing_answers: Counter::new("idempotency_processing_answers_total"),
-            unknown_answers: Counter::new("idempotency_unknown_answers_total"),
+            in_doubt_answers: Counter::new("idempotency_in_doubt_answers_total"),
             tombstone_answers: Counter::new("idempotency_tombstone_answers_total"),
             moved_to_unknown: Counter::new("idempotency_moved_to_unknown_total"),
             resolved: Counter::new("idempotency_resolved_total"),
@@ -215,8 +215,8 @@ impl Core {
                 }
             }
             Held::InDoubt => {
-                c.unknown_answers.add(1);
-                Begin::Unknown(Self::in_doubt_of(key.clone(), &record, now_ms))
+                c.in_doubt_answers.add(1);
+                Begin::InDoubt(Self::in_doubt_of(key.clone(), &record, now_ms))
             }
         })
     }
@@ -250,8 +250,8 @@ impl Core {
                 Ok(Some(Begin::Claimed(self.claim(key, claimed))))
             }
             Ok(Settled::StillInDoubt(record)) => {
-                c.unknown_answers.add(1);
-                Ok(Some(Begin::Unknown(Self::in_doubt_of(
+                c.in_doubt_answers.add(1);
+                Ok(Some(Begin::InDoubt(Self::in_doubt_of(
                     key.clone(),
                     &record,
                     now_ms,
@@ -276,8 +276,8 @@ impl Core {
         } else {
             ReplayKind::Completed
         };
-        let resp = rec.response.ok_or_else(|| Error::CorruptRecord {
-            key: key.clone(),
+        let resp = rec.response.ok_or_else(|| Error::Corrupt {
+            what: Corrupted::Record(key.clone()),
             reason: "completed record has no stored response".into(),
         })?;
         let (stored, resource) = resp.into_envelope();
@@ -338,7 +338,7 @@ impl Core {
                 Settlement::Completed(StoredResponse::new(envelope, None))
             }
             Resolution::NotExecuted => Settlement::NotExecuted,
-            Resolution::StillUnknown => Settlement::StillUnknown,
+            Resolution::StillInDoubt => Settlement::StillInDoubt,
         })
     }
 

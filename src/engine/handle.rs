@@ -72,7 +72,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// A corrupt record for this key ([`Error::CorruptRecord`]), an upcaster
+    /// A corrupt record for this key ([`Error::Corrupt`] with
+    /// [`Corrupted::Record`](crate::Corrupted::Record)), an upcaster
     /// failure on replay ([`Error::Upcast`]), a resolver answer over
     /// `max_response_bytes` ([`Error::ResponseTooLarge`]; the record stays
     /// UNKNOWN), storage errors, [`Error::Poisoned`].
@@ -170,7 +171,7 @@ impl Engine {
                     .finish(claim, Completion::FinalFailure, envelope, None, Vec::new())
             }
             Failure::Retryable => self.core.release(claim),
-            Failure::Unknown { reason } => self.core.abandon(claim, reason),
+            Failure::InDoubt { reason } => self.core.abandon(claim, reason),
         }
     }
 
@@ -211,13 +212,14 @@ impl Engine {
     /// work is entirely local (a ledger row in the same file).
     ///
     /// Returns [`LocalRun::Executed`], or [`LocalRun::Skipped`] with what
-    /// `begin` would have answered (replay, processing, mismatch, unknown,
+    /// `begin` would have answered (replay, processing, mismatch, in doubt,
     /// tombstoned) when the key is not free; the resolver is not consulted.
     ///
     /// # Errors
     ///
     /// [`Error::LocalWrite`] (rolled back; nothing stored),
-    /// [`Error::ResponseTooLarge`], [`Error::CorruptRecord`], storage errors.
+    /// [`Error::ResponseTooLarge`], [`Error::Corrupt`] (a corrupt record),
+    /// storage errors.
     pub fn execute_local<F>(
         &self,
         key: &IdempotencyKey,
@@ -252,7 +254,7 @@ impl Engine {
     /// concurrently by someone else is counted in `skipped`; a resolver
     /// answer the engine refuses (a `Completed` envelope over
     /// `max_response_bytes`) leaves that record UNKNOWN, is counted in
-    /// `still_unknown`, and recovery goes on with the next record.
+    /// `still_in_doubt`, and recovery goes on with the next record.
     pub fn recover_in_doubt(
         &self,
         resolver: &dyn Resolver,
@@ -266,7 +268,7 @@ impl Engine {
     /// [`Resolution::NotExecuted`] is refused until the record's
     /// [`InDoubt::resolvable_at_ms`] (a dropped claim's work may still be
     /// running until its lease ends, and a retry would then execute it a
-    /// second time); `Completed` and `StillUnknown` are taken at once. Check
+    /// second time); `Completed` and `StillInDoubt` are taken at once. Check
     /// with the provider first. A PROCESSING record whose lease has ended
     /// counts as UNKNOWN (read-time truth, as in `begin`): it is resolved
     /// here without waiting for a sweep.
@@ -290,8 +292,9 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`]; under [`PurgeMode::SettledOnly`],
-    /// [`Error::InvalidState`] or [`Error::CorruptRecord`]; storage errors.
+    /// [`Error::NotFound`]; under [`PurgeMode::FinishedOnly`],
+    /// [`Error::InvalidState`] or [`Error::Corrupt`] (a corrupt record);
+    /// storage errors.
     pub fn purge(&self, key: &IdempotencyKey, mode: PurgeMode) -> Result<Option<State>> {
         self.core.store.purge(key.clone(), mode)
     }
@@ -332,7 +335,7 @@ impl Engine {
     /// [`Error::InvalidEntity`] for an empty or over-long (more than
     /// [`crate::MAX_ENTITY_BYTES`] bytes) entity id or state name, or one
     /// with a control character;
-    /// [`Error::CorruptEntity`]; storage errors.
+    /// [`Error::Corrupt`] (a corrupt entity state); storage errors.
     pub fn transition(&self, entity: &str, from: &[&str], to: &str) -> Result<Transition> {
         entity::transition(&self.core, entity, from, to)
     }
@@ -342,7 +345,7 @@ impl Engine {
     /// # Errors
     ///
     /// [`Error::InvalidEntity`] for an id `transition` would refuse;
-    /// storage errors; [`Error::CorruptEntity`].
+    /// storage errors; [`Error::Corrupt`] (a corrupt entity state).
     pub fn entity_state(&self, entity: &str) -> Result<Option<(String, u64)>> {
         entity::state(&self.core, entity)
     }
@@ -370,15 +373,16 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptRecord`], storage errors.
+    /// [`Error::Corrupt`] (a corrupt record), storage errors.
     pub fn record(&self, key: &IdempotencyKey) -> Result<Option<RecordInfo>> {
         inspect::record(&self.core, key)
     }
 
     /// Lists records in key order (grouped by scope). A record that does not
-    /// decode is listed as an `Err` naming its key ([`Error::CorruptRecord`],
-    /// or [`Error::CorruptKey`] when the key bytes themselves are bad), so
-    /// one bad record does not hide the rest.
+    /// decode is listed as an `Err` naming its key ([`Error::Corrupt`] with
+    /// [`Corrupted::Record`](crate::Corrupted::Record), or with
+    /// [`Corrupted::RecordKey`](crate::Corrupted::RecordKey) when the key
+    /// bytes themselves are bad), so one bad record does not hide the rest.
     ///
     /// # Errors
     ///
@@ -415,8 +419,8 @@ impl Engine {
     ///
     /// Storage errors (a panic inside redb on a damaged file included).
     pub fn verify(&self) -> Result<VerifyReport> {
-        let (problems, records) = self.core.store.verify()?;
-        Ok(VerifyReport { records, problems })
+        let (damage, records) = self.core.store.verify()?;
+        Ok(VerifyReport { records, damage })
     }
 
     /// Why the engine is poisoned, if it is: a write failed (a full disk,

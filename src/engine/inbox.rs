@@ -49,8 +49,8 @@ pub enum Receive<'e> {
         retry_after: Duration,
     },
     /// A consumer crashed mid-processing (lease ran out) or failed it as
-    /// unknown: in doubt, never reprocessed automatically; resolve it.
-    Unknown(InDoubt),
+    /// in doubt: UNKNOWN, never reprocessed automatically; resolve it.
+    InDoubt(InDoubt),
 }
 
 /// The answer to [`Inbox::process_local`].
@@ -66,12 +66,12 @@ pub enum Processed {
         retry_after: Duration,
     },
     /// A `receive`-based consumer crashed holding it: resolve it first.
-    Unknown(InDoubt),
+    InDoubt(InDoubt),
 }
 
 /// The right to process one message once.
 ///
-/// Dropped without `ack` or `release`, it counts as unknown (the
+/// Dropped without `ack` or `release`, it counts as in doubt (the
 /// processing may have had side effects), like a dropped [`Claim`].
 pub struct Ticket<'e> {
     core: &'e Core,
@@ -129,7 +129,7 @@ impl<'e> Inbox<'e> {
                     claim,
                 }),
                 Begin::Processing { retry_after } => Receive::Processing { retry_after },
-                Begin::Unknown(in_doubt) => Receive::Unknown(in_doubt),
+                Begin::InDoubt(in_doubt) => Receive::InDoubt(in_doubt),
                 // Processed (or processed long ago and tombstoned): never again.
                 Begin::Replay(_) | Begin::Tombstoned { .. } | Begin::Mismatch => Receive::Duplicate,
             },
@@ -160,7 +160,7 @@ impl<'e> Inbox<'e> {
             LocalRun::Skipped(Begin::Processing { retry_after }) => {
                 Processed::Processing { retry_after }
             }
-            LocalRun::Skipped(Begin::Unknown(in_doubt)) => Processed::Unknown(in_doubt),
+            LocalRun::Skipped(Begin::InDoubt(in_doubt)) => Processed::InDoubt(in_doubt),
             LocalRun::Skipped(
                 Begin::Claimed(_) | Begin::Replay(_) | Begin::Mismatch | Begin::Tombstoned { .. },
             ) => Processed::Duplicate,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::engine::core::Core;
 use crate::envelope::Envelope;
-use crate::error::{Error, Result};
+use crate::error::{Corrupted, Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::state::State;
@@ -106,7 +106,7 @@ pub struct Stats {
     /// Processing answers (another caller held the key).
     pub processing_answers: u64,
     /// UNKNOWN answers given to `begin`.
-    pub unknown_answers: u64,
+    pub in_doubt_answers: u64,
     /// Tombstoned answers.
     pub tombstone_answers: u64,
     /// Stale claims moved to UNKNOWN by sweeps.
@@ -136,7 +136,7 @@ pub struct Stats {
     pub corrupt: u64,
     /// How long the oldest in-doubt record (UNKNOWN, or PROCESSING with its
     /// lease ended) has been in doubt (whole milliseconds), if any.
-    pub oldest_unknown_age: Option<Duration>,
+    pub oldest_in_doubt_age: Option<Duration>,
 }
 
 /// The record stored for `key`, as stored.
@@ -158,8 +158,8 @@ pub(crate) fn records(core: &Core, filter: &RecordFilter) -> Result<Vec<Result<R
         let key = match key {
             Ok(key) => key,
             Err(raw) => {
-                out.push(Err(Error::CorruptKey {
-                    key_hex: hex(&raw),
+                out.push(Err(Error::Corrupt {
+                    what: Corrupted::RecordKey(hex(&raw)),
                     reason: "not a valid scope and key".into(),
                 }));
                 return true;
@@ -174,8 +174,8 @@ pub(crate) fn records(core: &Core, filter: &RecordFilter) -> Result<Vec<Result<R
                     out.push(Ok(RecordInfo::new(key, &rec)));
                 }
             }
-            Err(e) => out.push(Err(Error::CorruptRecord {
-                key,
+            Err(e) => out.push(Err(Error::Corrupt {
+                what: Corrupted::Record(key),
                 reason: e.to_string(),
             })),
         }
@@ -192,7 +192,7 @@ pub(crate) fn stats(core: &Core) -> Result<Stats> {
         replays: c.replays.get(),
         mismatches: c.mismatches.get(),
         processing_answers: c.processing_answers.get(),
-        unknown_answers: c.unknown_answers.get(),
+        in_doubt_answers: c.in_doubt_answers.get(),
         tombstone_answers: c.tombstone_answers.get(),
         moved_to_unknown: c.moved_to_unknown.get(),
         resolved: c.resolved.get(),
@@ -216,7 +216,7 @@ pub(crate) fn stats(core: &Core) -> Result<Stats> {
         true
     })?;
     if let Some(since) = core.store.oldest_in_doubt_ms(now_ms)? {
-        stats.oldest_unknown_age = Some(Duration::from_millis(now_ms.saturating_sub(since)));
+        stats.oldest_in_doubt_age = Some(Duration::from_millis(now_ms.saturating_sub(since)));
     }
     Ok(stats)
 }

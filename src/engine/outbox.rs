@@ -29,7 +29,7 @@ impl<'e> Outbox<'e> {
     ///
     /// # Errors
     ///
-    /// Storage errors; [`crate::Error::CorruptOutboxMessage`] for an entry
+    /// Storage errors; [`crate::Error::Corrupt`] for an entry
     /// that does not decode.
     pub fn take(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
         self.core.store.outbox(limit)

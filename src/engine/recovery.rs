@@ -33,7 +33,7 @@ pub(crate) fn recover(
         // A dropped claim's work may still be running until its lease
         // ends; it is not safe to settle yet.
         if in_doubt.resolvable_at_ms > now_ms {
-            report.still_unknown += 1;
+            report.still_in_doubt += 1;
             continue;
         }
         // One bad answer (an envelope over the size limit) must not stop
@@ -42,7 +42,7 @@ pub(crate) fn recover(
             Ok(settlement) => settlement,
             Err(e) => {
                 tracing::error!(key = %in_doubt.key, error = %e, "resolver answer refused");
-                report.still_unknown += 1;
+                report.still_in_doubt += 1;
                 continue;
             }
         };
@@ -60,7 +60,7 @@ pub(crate) fn recover(
                 core.counters.resolved.add(1);
                 report.not_executed += 1;
             }
-            Ok(Settled::StillInDoubt(_)) => report.still_unknown += 1,
+            Ok(Settled::StillInDoubt(_)) => report.still_in_doubt += 1,
             Err(Error::Fenced { .. } | Error::NotFound { .. }) => report.skipped += 1,
             Err(e) => return Err(e),
         }
@@ -97,7 +97,7 @@ pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution)
     let settlement = core.settlement(key, resolution)?;
     // "Still unknown" settles nothing: not counted as resolved, as in
     // `recover` and `begin`.
-    let resolved = !matches!(settlement, Settlement::StillUnknown);
+    let resolved = !matches!(settlement, Settlement::StillInDoubt);
     core.store.settle(SettleRequest {
         key: key.clone(),
         token: rec.token,

@@ -12,7 +12,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::config::Config;
-use super::problem::Problem;
+use super::problem::ProblemDetails;
 use super::route::BodyMode;
 use super::{header, Caller, CallerKind, Route, IDEMPOTENCY_KEY};
 use crate::{canonical, BoxError, Fingerprint, IdempotencyKey};
@@ -45,7 +45,7 @@ pub(crate) enum Head {
 
 /// Decides, from the head alone, whether the request is ours and under
 /// which key.
-pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, Problem> {
+pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, ProblemDetails> {
     if !cfg.methods.contains(&parts.method) {
         return Ok(Head::Pass);
     }
@@ -56,7 +56,7 @@ pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, Problem> {
         Ok(Some(key)) => key,
         Ok(None) if !required => return Ok(Head::Pass),
         Ok(None) => {
-            return Err(Problem::new(
+            return Err(ProblemDetails::new(
                 StatusCode::BAD_REQUEST,
                 "missing-key",
                 "Idempotency-Key required",
@@ -64,7 +64,7 @@ pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, Problem> {
             ))
         }
         Err(detail) => {
-            return Err(Problem::new(
+            return Err(ProblemDetails::new(
                 StatusCode::BAD_REQUEST,
                 "malformed-key",
                 "Malformed Idempotency-Key",
@@ -78,7 +78,7 @@ pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, Problem> {
         None => default_scope(cfg, parts, route_path)?,
     };
     let key = IdempotencyKey::new(scope, client_key).map_err(|e| {
-        Problem::new(
+        ProblemDetails::new(
             StatusCode::BAD_REQUEST,
             "invalid-scope",
             "Invalid idempotency scope",
@@ -99,7 +99,7 @@ pub(crate) async fn admit<B>(
     key: IdempotencyKey,
     route: Option<Route>,
     body: B,
-) -> Result<Admitted, Problem>
+) -> Result<Admitted, ProblemDetails>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -128,13 +128,13 @@ where
     })
 }
 
-fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Problem> {
+fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, ProblemDetails> {
     let mut scope = format!("{} {route}", parts.method);
     if let Some(name) = &cfg.tenant_header {
         let mut values = parts.headers.get_all(name).iter();
         if let Some(value) = values.next() {
             let invalid = |detail: String| {
-                Problem::new(
+                ProblemDetails::new(
                     StatusCode::BAD_REQUEST,
                     "invalid-scope",
                     "Invalid idempotency scope",
@@ -208,13 +208,13 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Problem>
+async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, ProblemDetails>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let too_large = |what: String| {
-        Problem::new(
+        ProblemDetails::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",
             "Request body too large",
@@ -237,7 +237,7 @@ where
         }
         Err(e) => {
             tracing::info!(error = %e, "request body could not be read");
-            Err(Problem::new(
+            Err(ProblemDetails::new(
                 StatusCode::BAD_REQUEST,
                 "unreadable-body",
                 "Unreadable request body",
@@ -279,7 +279,7 @@ impl FingerprintJob {
     ///
     /// An empty body is an absent body: fingerprinted as empty bytes
     /// whatever the content type or route, never refused.
-    pub(crate) fn run(&self) -> Result<Fingerprinted, Problem> {
+    pub(crate) fn run(&self) -> Result<Fingerprinted, ProblemDetails> {
         let builder = Fingerprint::builder()
             .part("method", self.method.as_bytes())
             .part("path", self.path.as_bytes())
@@ -294,7 +294,7 @@ impl FingerprintJob {
             }
         };
         let invalid = |e: &dyn std::fmt::Display| {
-            Problem::new(
+            ProblemDetails::new(
                 StatusCode::BAD_REQUEST,
                 "invalid-body",
                 "Request body is not valid JSON",

@@ -269,7 +269,7 @@ where
                         if let Some(record) = self.record.take() {
                             let reason = format!("the response body failed while streaming: {e}");
                             drop(
-                                record.spawn(|_| Outcome::Fail(crate::Failure::Unknown { reason })),
+                                record.spawn(|_| Outcome::Fail(crate::Failure::InDoubt { reason })),
                             );
                         }
                         self.state = TeeState::Done;

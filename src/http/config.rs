@@ -70,7 +70,7 @@ pub(crate) struct Config {
     /// Per-status overrides of the class defaults.
     pub(crate) by_status: Vec<(StatusCode, Disposition)>,
     pub(crate) panics: Disposition,
-    pub(crate) unknown_retry_after: Duration,
+    pub(crate) in_doubt_retry_after: Duration,
     pub(crate) schema_version: u32,
     /// `Some(retry_after)`: refuse at capacity instead of waiting.
     pub(crate) shed: Option<Duration>,

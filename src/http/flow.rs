@@ -20,7 +20,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::admit::{self, Admitted, FingerprintJob, Fingerprinted, Head};
 use super::body::{Recording, RequestBody, ResponseBody};
 use super::config::Config;
-use super::problem::Problem;
+use super::problem::ProblemDetails;
 use super::replay;
 use super::runtime::{Holding, Runtime};
 use super::store::{self, Outcome, Stored, POINTER_DIGESTS};
@@ -36,7 +36,7 @@ type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 // A future, so the shed path has the same type as the served path.
 #[allow(clippy::unused_async)]
 pub(crate) async fn overloaded<B, E>(retry_after: Duration) -> Answer<B, E> {
-    Ok(Problem::new(
+    Ok(ProblemDetails::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "overloaded",
         "Server at capacity",
@@ -121,7 +121,7 @@ where
                     continue;
                 }
                 let after = cfg.runtime.expected_remaining(&route, &key, retry_after);
-                break Problem::new(
+                break ProblemDetails::new(
                     StatusCode::CONFLICT,
                     "processing",
                     "Request processing",
@@ -130,22 +130,22 @@ where
                 .retry_after(ceil_secs(after));
             }
             Begin::Mismatch => break mismatch(&cfg, key, fingerprinted.digests).await,
-            Begin::Unknown(in_doubt) => {
+            Begin::InDoubt(in_doubt) => {
                 tracing::info!(key = %in_doubt.key, reference = %in_doubt.reference, "outcome unknown");
-                break Problem::new(
+                break ProblemDetails::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "outcome-unknown",
                     "Outcome being recovered",
                     "an earlier request with this Idempotency-Key may have had effects that \
                      were not recorded; it is being recovered and will not be executed again",
                 )
-                .retry_after(ceil_secs(cfg.unknown_retry_after));
+                .retry_after(ceil_secs(cfg.in_doubt_retry_after));
             }
             Begin::Tombstoned { reusable_at_ms, .. } => {
                 let now_ms = cfg.engine.clock().now_ms();
                 let wait = Duration::from_millis(reusable_at_ms.saturating_sub(now_ms));
                 let at = std::time::UNIX_EPOCH + Duration::from_millis(reusable_at_ms);
-                break Problem::new(
+                break ProblemDetails::new(
                     StatusCode::CONFLICT,
                     "key-expired",
                     "Idempotency-Key expired",
@@ -179,8 +179,8 @@ async fn mismatch(
     cfg: &Config,
     key: IdempotencyKey,
     digests: Option<Vec<(String, String)>>,
-) -> Problem {
-    let problem = Problem::new(
+) -> ProblemDetails {
+    let problem = ProblemDetails::new(
         cfg.mismatch_status,
         "key-mismatch",
         "Idempotency-Key reused",
@@ -218,9 +218,9 @@ fn ceil_secs(d: Duration) -> u64 {
 /// A 503 for a failed engine call (storage failing, the engine poisoned or
 /// closed): nothing was run, and a retry with the same key is safe. The
 /// error goes to the log only.
-fn engine_problem(e: &dyn std::fmt::Display) -> Problem {
+fn engine_problem(e: &dyn std::fmt::Display) -> ProblemDetails {
     tracing::error!(error = %e, "idempotency engine failed");
-    Problem::new(
+    ProblemDetails::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "engine-error",
         "Idempotency store unavailable",
@@ -234,8 +234,8 @@ fn engine_problem(e: &dyn std::fmt::Display) -> Problem {
 /// record is an error, never a replay of wrong bytes and never a fresh
 /// run): nothing was run, and retrying does not help until an operator
 /// repairs the record (`idem verify` lists it). No `Retry-After`.
-fn corrupt_problem() -> Problem {
-    Problem::new(
+fn corrupt_problem() -> ProblemDetails {
+    ProblemDetails::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "stored-record-corrupt",
         "Stored record damaged",
@@ -245,8 +245,8 @@ fn corrupt_problem() -> Problem {
 }
 
 /// The handler answered but its outcome could not be recorded.
-fn not_recorded(cfg: &Config) -> Problem {
-    Problem::new(
+fn not_recorded(cfg: &Config) -> ProblemDetails {
+    ProblemDetails::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "outcome-not-recorded",
         "Outcome not recorded",
@@ -254,7 +254,7 @@ fn not_recorded(cfg: &Config) -> Problem {
          Idempotency-Key: it will not run again, and the retry is answered once the outcome \
          is recovered",
     )
-    .retry_after(ceil_secs(cfg.unknown_retry_after))
+    .retry_after(ceil_secs(cfg.in_doubt_retry_after))
 }
 
 /// The fingerprint, to compute or already known.
@@ -264,7 +264,7 @@ enum Job {
     Ready(Fingerprint),
 }
 
-type BeginAnswer = Result<(Begin, Fingerprinted), Problem>;
+type BeginAnswer = Result<(Begin, Fingerprinted), ProblemDetails>;
 
 /// Where a blocking `begin` leaves its answer. If the request future is
 /// dropped before taking it, a won claim is released (the handler never
@@ -343,7 +343,12 @@ async fn begin_blocking(
             };
             match begun {
                 Ok(begin) => Ok((begin, fingerprinted)),
-                Err(e @ crate::Error::CorruptRecord { .. }) => {
+                Err(
+                    e @ crate::Error::Corrupt {
+                        what: crate::Corrupted::Record(_),
+                        ..
+                    },
+                ) => {
                     tracing::error!(%key, error = %e, "stored record is damaged");
                     Err(corrupt_problem())
                 }
@@ -426,17 +431,17 @@ where
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             let reason = "the inner service returned an error".to_string();
-            store::settle(engine, claim, Outcome::Fail(Failure::Unknown { reason })).await;
+            store::record_on_pool(engine, claim, Outcome::Fail(Failure::InDoubt { reason })).await;
             return Err(e);
         }
         Err(panic) => {
             let failure = match cfg.panics {
                 Disposition::Retry => Failure::Retryable,
-                Disposition::Store | Disposition::Unknown => Failure::Unknown {
+                Disposition::Store | Disposition::InDoubt => Failure::InDoubt {
                     reason: "the handler panicked".into(),
                 },
             };
-            store::settle(engine, claim, Outcome::Fail(failure)).await;
+            store::record_on_pool(engine, claim, Outcome::Fail(failure)).await;
             std::panic::resume_unwind(panic);
         }
     };
@@ -445,7 +450,7 @@ where
     let failure = match disposition(cfg, &mut head) {
         Disposition::Store => None,
         Disposition::Retry => Some(Failure::Retryable),
-        Disposition::Unknown => Some(Failure::Unknown {
+        Disposition::InDoubt => Some(Failure::InDoubt {
             reason: format!("the handler answered {status} with its outcome unknown"),
         }),
     };
@@ -453,7 +458,7 @@ where
         // Not stored: recorded before the head goes out; the body streams
         // through. If recording fails, the answer still says "not done" or
         // "unknown", which is true either way.
-        if store::settle(engine, claim, Outcome::Fail(failure)).await {
+        if store::record_on_pool(engine, claim, Outcome::Fail(failure)).await {
             holding.finished();
         }
         return Ok(Response::from_parts(head, ResponseBody::inner(body)));
@@ -469,8 +474,13 @@ where
                 Err(e) => {
                     let reason = format!("the response body failed: {e}");
                     tracing::error!(key = %claim.key(), %reason, "response body failed");
-                    store::settle(engine, claim, Outcome::Fail(Failure::Unknown { reason })).await;
-                    return Ok(Problem::new(
+                    store::record_on_pool(
+                        engine,
+                        claim,
+                        Outcome::Fail(Failure::InDoubt { reason }),
+                    )
+                    .await;
+                    return Ok(ProblemDetails::new(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         "response-error",
                         "Response failed",
@@ -480,7 +490,7 @@ where
                     .into_response());
                 }
             };
-            if !store::settle(engine, claim, stored.with_body(bytes.to_vec())).await {
+            if !store::record_on_pool(engine, claim, stored.with_body(bytes.to_vec())).await {
                 return Ok(not_recorded(cfg).into_response());
             }
             holding.finished();
@@ -489,7 +499,7 @@ where
         Some(len) => {
             // Too large to keep, known now: record the completion without
             // the body, then stream it.
-            if !store::settle(engine, claim, stored.not_retained(Some(len))).await {
+            if !store::record_on_pool(engine, claim, stored.not_retained(Some(len))).await {
                 return Ok(not_recorded(cfg).into_response());
             }
             holding.finished();

@@ -12,7 +12,7 @@ use super::body::ResponseBody;
 type Inner<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
 /// The future returned by [`IdempotencyService`](super::IdempotencyService):
-/// resolves to the response once the request's outcome is settled (see
+/// resolves to the response once the request's outcome is recorded (see
 /// [`IdempotencyLayer`](super::IdempotencyLayer) for when that is).
 ///
 /// Dropping it while the handler runs leaves the key UNKNOWN; see the

@@ -21,7 +21,7 @@ use crate::Engine;
 ///
 /// Each response is classified by the taxonomy of [`Disposition`]:
 /// *retryable* (nothing happened: the key is released, a retry runs),
-/// *final* (stored and replayed to every retry) or *unknown* (the work may
+/// *final* (stored and replayed to every retry) or *in doubt* (the work may
 /// have happened: the record becomes UNKNOWN, is never re-executed, and
 /// retries get 503 until a [`crate::Resolver`] settles it). By default:
 ///
@@ -32,7 +32,7 @@ use crate::Engine;
 /// | 408, 425, 429 | retryable: released | "not processed, try again" (timeout reading the request, too early, rate limited); the retry after the advertised delay must run, not get the refusal back |
 /// | other 4xx (402, 404, 409, …) | final: stored as a final failure | a business refusal: the same request gets the same answer |
 /// | 503 with `Retry-After` | retryable: released | the conventional "overloaded, try later", sent before work starts |
-/// | other 5xx (500, 502, 503 without `Retry-After`, 504, …) | unknown | the handler may have acted before failing (charged a card, then failed to render); running it again could do it twice |
+/// | other 5xx (500, 502, 503 without `Retry-After`, 504, …) | in doubt | the handler may have acted before failing (charged a card, then failed to render); running it again could do it twice |
 ///
 /// The handler's own word wins: a handler that failed before acting
 /// inserts [`Disposition::Retry`] into its response extensions (and one
@@ -65,7 +65,7 @@ use crate::Engine;
 ///   client goes away mid-stream, the completion is recorded as "not
 ///   retained".
 ///
-/// Only *final* responses are stored; retryable and unknown ones are
+/// Only *final* responses are stored; retryable and in-doubt ones are
 /// recorded (released, or marked UNKNOWN) before their head is sent, and
 /// their body streams through untouched.
 ///
@@ -110,7 +110,7 @@ use crate::Engine;
 ///   the work may have happened, so the claim is failed as UNKNOWN (never
 ///   re-executed); the error is passed on (for a body read before sending,
 ///   a 500 [`response-error`](super#response-error)).
-/// - **The handler panics**: the claim is settled as
+/// - **The handler panics**: the claim is failed as
 ///   [`on_panic`](Self::on_panic) says (UNKNOWN by default, or released),
 ///   then the panic continues to unwind.
 /// - **The response future is dropped** while the handler runs (the client
@@ -141,9 +141,9 @@ use crate::Engine;
 /// | [`stored_headers`](Self::stored_headers) | all end-to-end headers but the never-stored list above |
 /// | [`on_status`](Self::on_status) | 400, 408, 411, 413, 415, 422, 425, 429: [`Disposition::Retry`] |
 /// | [`on_client_error`](Self::on_client_error) | [`Disposition::Store`] |
-/// | [`on_server_error`](Self::on_server_error) | [`Disposition::Unknown`] (503 with `Retry-After`: [`Disposition::Retry`]) |
-/// | [`on_panic`](Self::on_panic) | [`Disposition::Unknown`] |
-/// | [`unknown_retry_after`](Self::unknown_retry_after) | 1 s |
+/// | [`on_server_error`](Self::on_server_error) | [`Disposition::InDoubt`] (503 with `Retry-After`: [`Disposition::Retry`]) |
+/// | [`on_panic`](Self::on_panic) | [`Disposition::InDoubt`] |
+/// | [`in_doubt_retry_after`](Self::in_doubt_retry_after) | 1 s |
 /// | [`response_schema_version`](Self::response_schema_version) | 1 |
 /// | [`max_in_flight`](Self::max_in_flight) | 512 |
 /// | [`load_shed`](Self::load_shed) | off: wait for capacity |
@@ -170,10 +170,10 @@ impl IdempotencyLayer {
                 mismatch_status: StatusCode::CONFLICT,
                 headers: HeaderPolicy::AllExcept(Vec::new()),
                 client_errors: Disposition::Store,
-                server_errors: Disposition::Unknown,
+                server_errors: Disposition::InDoubt,
                 by_status: RELEASED.iter().map(|&s| (s, Disposition::Retry)).collect(),
-                panics: Disposition::Unknown,
-                unknown_retry_after: Duration::from_secs(1),
+                panics: Disposition::InDoubt,
+                in_doubt_retry_after: Duration::from_secs(1),
                 schema_version: 1,
                 shed: None,
                 runtime: Runtime::new(DEFAULT_MAX_IN_FLIGHT),
@@ -321,8 +321,8 @@ impl IdempotencyLayer {
 
     /// The `Retry-After` sent with 503 `outcome-unknown` and
     /// `outcome-not-recorded`, rounded up to whole seconds (at least 1).
-    pub fn unknown_retry_after(mut self, after: Duration) -> Self {
-        self.cfg().unknown_retry_after = after;
+    pub fn in_doubt_retry_after(mut self, after: Duration) -> Self {
+        self.cfg().in_doubt_retry_after = after;
         self
     }
 

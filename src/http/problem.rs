@@ -11,7 +11,7 @@ const TYPE_BASE: &str = "https://docs.rs/idempotency/latest/idempotency/http/ind
 /// One problem answer, before it becomes a response. Its text is meant for
 /// clients: it never holds internal error text (that goes to the log).
 #[derive(Debug)]
-pub(crate) struct Problem {
+pub(crate) struct ProblemDetails {
     pub(crate) status: StatusCode,
     /// The anchor of its documentation, e.g. `missing-key`.
     pub(crate) kind: &'static str,
@@ -22,14 +22,14 @@ pub(crate) struct Problem {
     pub(crate) members: Vec<(&'static str, serde_json::Value)>,
 }
 
-impl Problem {
+impl ProblemDetails {
     pub(crate) fn new(
         status: StatusCode,
         kind: &'static str,
         title: &'static str,
         detail: impl Into<String>,
-    ) -> Problem {
-        Problem {
+    ) -> ProblemDetails {
+        ProblemDetails {
             status,
             kind,
             title,
@@ -39,12 +39,12 @@ impl Problem {
         }
     }
 
-    pub(crate) fn retry_after(mut self, secs: u64) -> Problem {
+    pub(crate) fn retry_after(mut self, secs: u64) -> ProblemDetails {
         self.retry_after_secs = Some(secs.max(1));
         self
     }
 
-    pub(crate) fn member(mut self, name: &'static str, value: serde_json::Value) -> Problem {
+    pub(crate) fn member(mut self, name: &'static str, value: serde_json::Value) -> ProblemDetails {
         self.members.push((name, value));
         self
     }

@@ -5,7 +5,7 @@ use http::header::{HeaderName, HeaderValue, LOCATION};
 use http::{Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::problem::Problem;
+use super::problem::ProblemDetails;
 use super::store::{NOT_RETAINED, RESERVED_PREFIX};
 use super::IDEMPOTENT_REPLAYED;
 use crate::Envelope;
@@ -37,7 +37,7 @@ pub(crate) fn replay_response<B>(envelope: Envelope) -> Response<ResponseBody<B>
 }
 
 fn not_retained_response<B>(envelope: &Envelope) -> Response<ResponseBody<B>> {
-    let problem = Problem::new(
+    let problem = ProblemDetails::new(
         StatusCode::CONFLICT,
         "response-not-retained",
         "Completed; response not retained",

@@ -62,7 +62,7 @@ pub(crate) fn record(engine: &Engine, claim: Claim, outcome: Outcome) -> bool {
 
 /// [`record`] on the blocking pool. Runs to completion even if the caller
 /// is dropped.
-pub(crate) async fn settle(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> bool {
+pub(crate) async fn record_on_pool(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> bool {
     let key = claim.key().clone();
     match tokio::task::spawn_blocking(move || record(&engine, claim, outcome)).await {
         Ok(ok) => ok,

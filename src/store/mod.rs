@@ -120,7 +120,7 @@ pub(crate) struct InDoubtRequest {
 pub(crate) enum Settlement {
     Completed(StoredResponse),
     NotExecuted,
-    StillUnknown,
+    StillInDoubt,
 }
 
 /// Settling the in-doubt record owned by `token`.
@@ -162,7 +162,7 @@ pub(crate) type Scanned = (
 /// Reads see a snapshot of the last commit and never wait for writes.
 /// Writes are durable before they return; a refused write changes nothing
 /// and returns the refusal (`Error::Fenced`, `Error::NotFound`,
-/// `Error::InvalidState`, `Error::CorruptRecord`); a storage failure poisons
+/// `Error::InvalidState`, `Error::Corrupt`); a storage failure poisons
 /// the backend, after which every call returns `Error::Poisoned`.
 pub(crate) trait Backend: Send + Sync + 'static {
     /// `Error::Poisoned` once a write has failed.
@@ -233,7 +233,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Scrubs the whole store: every value decodes, every key is valid, and
     /// every index entry matches its record and back. Returns the problems
     /// and how many records were checked.
-    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)>;
+    fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)>;
 
     /// Finishes queued writes and stops; later calls return `Error::Closed`.
     fn close(&self);

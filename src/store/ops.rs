@@ -11,7 +11,7 @@
 //! refused op leaves its transaction untouched; only a storage error
 //! (`OpError::Fatal`) can interrupt an op midway.
 
-use crate::error::Error;
+use crate::error::{Corrupted, Error};
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::policy::PurgeMode;
@@ -76,13 +76,13 @@ pub(crate) trait Txn {
 /// The operations, over any [`Txn`].
 pub(crate) trait Ops: Txn + Sized {
     /// The record for `key`; a value that does not decode is refused with
-    /// `Error::CorruptRecord`.
+    /// `Error::Corrupt`.
     fn get(&mut self, key: &IdempotencyKey) -> OpResult<Option<Record>, Self::Fatal> {
         match self.load(key).map_err(OpError::Fatal)? {
             None => Ok(None),
             Some(Ok(rec)) => Ok(Some(rec)),
-            Some(Err(e)) => Err(OpError::Refused(Error::CorruptRecord {
-                key: key.clone(),
+            Some(Err(e)) => Err(OpError::Refused(Error::Corrupt {
+                what: Corrupted::Record(key.clone()),
                 reason: e.to_string(),
             })),
         }
@@ -249,7 +249,7 @@ pub(crate) trait Ops: Txn + Sized {
                 tracing::info!(key = %key, token = req.token, "in-doubt record resolved: not executed");
                 Ok(Settled::NotExecuted(not_executed(self, key, &rec)?))
             }
-            Settlement::StillUnknown => {
+            Settlement::StillInDoubt => {
                 let new = match rec.state {
                     RecordState::Processing => {
                         rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now)
@@ -281,8 +281,8 @@ pub(crate) trait Ops: Txn + Sized {
                 return Ok(None);
             }
             Some(Err(e)) => {
-                return Err(OpError::Refused(Error::CorruptRecord {
-                    key: key.clone(),
+                return Err(OpError::Refused(Error::Corrupt {
+                    what: Corrupted::Record(key.clone()),
                     reason: format!("{e} (purge with force to delete it)"),
                 }))
             }
@@ -306,8 +306,8 @@ pub(crate) trait Ops: Txn + Sized {
         let current = match self.load_entity(entity).map_err(OpError::Fatal)? {
             None => None,
             Some(loaded) => Some(loaded.map_err(|e| {
-                OpError::Refused(Error::CorruptEntity {
-                    entity: entity.to_owned(),
+                OpError::Refused(Error::Corrupt {
+                    what: Corrupted::Entity(entity.to_owned()),
                     reason: e.to_string(),
                 })
             })?),

@@ -167,7 +167,7 @@ both_backends! {
         clock.advance(Duration::from_millis(1));
         let stats = engine.stats()?;
         assert_eq!((stats.processing, stats.unknown), (0, 30), "read-time UNKNOWN");
-        assert_eq!(stats.oldest_unknown_age, Some(Duration::ZERO));
+        assert_eq!(stats.oldest_in_doubt_age, Some(Duration::ZERO));
         let swept = engine.sweep_now()?;
         assert_eq!((swept.moved_to_unknown, swept.deleted, swept.tombstoned, swept.more), (30, 0, 0, false));
 
@@ -178,7 +178,7 @@ both_backends! {
         let stats = engine.stats()?;
         assert_eq!((stats.unknown, stats.completed, stats.expired), (30, 1, 0));
         assert_eq!((stats.moved_to_unknown, stats.expired_deleted), (30, 200));
-        assert_eq!(stats.oldest_unknown_age, Some(Duration::from_millis(TTL_MS - LEASE_MS)));
+        assert_eq!(stats.oldest_in_doubt_age, Some(Duration::from_millis(TTL_MS - LEASE_MS)));
         assert_eq!(engine.sweep_now()?, SweepCounts::default(), "the index kept entries");
         drop(holders);
         Ok(())

@@ -114,13 +114,13 @@ both_backends! {
             // Recovered as not executed.
             let c = claimed(engine.begin(&k, fp(1)?)?)?;
             tokens.push(c.fencing_token());
-            engine.fail(c, Failure::Unknown { reason: "timeout".into() })?;
+            engine.fail(c, Failure::InDoubt { reason: "timeout".into() })?;
             engine.resolve(&k, Resolution::NotExecuted)?;
             // Purged.
             let c = claimed(engine.begin(&k, fp(1)?)?)?;
             tokens.push(c.fencing_token());
             engine.complete(c, Envelope::new(1, 201, "3"))?;
-            engine.purge(&k, idempotency::PurgeMode::SettledOnly)?;
+            engine.purge(&k, idempotency::PurgeMode::FinishedOnly)?;
         }
         // Reopened: the counter carries on.
         let engine = h.open(builder())?;

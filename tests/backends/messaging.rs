@@ -42,7 +42,7 @@ both_backends! {
                                 Ok(1)
                             }
                             Receive::Duplicate | Receive::Processing { .. } => Ok(0),
-                            Receive::Unknown(p) => panic!("unexpected unknown {p:?}"),
+                            Receive::InDoubt(p) => panic!("unexpected unknown {p:?}"),
                         }
                     })
                 })

@@ -60,7 +60,7 @@ both_backends! {
 
         let in_doubt = key("unknown")?;
         let c = claimed(engine.begin(&in_doubt, ten)?)?;
-        engine.fail(c, Failure::Unknown { reason: "provider timed out".into() })?;
+        engine.fail(c, Failure::InDoubt { reason: "provider timed out".into() })?;
 
         let cases = [
             (&processing, State::Processing),
@@ -87,7 +87,7 @@ both_backends! {
         assert_eq!(replay(engine.begin(&completed, same)?)?.envelope, original);
         assert_eq!(replay(engine.begin(&failed, same)?)?.envelope.status, 402);
         let a = engine.begin(&in_doubt, same)?;
-        assert!(matches!(a, Begin::Unknown(_)), "got {a:?}");
+        assert!(matches!(a, Begin::InDoubt(_)), "got {a:?}");
         let a = engine.begin(&tomb, same)?;
         assert!(matches!(a, Begin::Tombstoned { .. }), "got {a:?}");
 

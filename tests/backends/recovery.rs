@@ -27,7 +27,7 @@ struct Scripted {
 impl Scripted {
     fn new() -> Scripted {
         Scripted {
-            answer: Arc::new(Mutex::new(Resolution::StillUnknown)),
+            answer: Arc::new(Mutex::new(Resolution::StillInDoubt)),
             asked: Arc::default(),
         }
     }
@@ -139,13 +139,13 @@ both_backends! {
 both_backends! {
     /// The provider cannot tell yet: Unknown each time, attempts counted
     /// and shown to the resolver; nothing is claimed.
-    fn resolver_still_unknown(h: &Harness) -> TestResult {
+    fn resolver_still_in_doubt(h: &Harness) -> TestResult {
         let clock = ManualClock::new(T0);
         let script = Scripted::new();
         let engine = scripted(h, &clock, &script)?;
         let k = key("resolved-still-unknown")?;
         let old = stale_claim(&engine, &clock, &k)?;
-        script.set(Resolution::StillUnknown);
+        script.set(Resolution::StillInDoubt);
         for want in 1..=3u32 {
             let p = unknown(engine.begin(&k, fp(1)?)?)?;
             assert_eq!(p.attempts, want);
@@ -179,7 +179,7 @@ both_backends! {
         for (i, name) in names.into_iter().enumerate() {
             clock.set(T0 + 10 * i as u64);
             let c = claimed(engine.begin(&key(name)?, fp(1)?)?)?;
-            engine.fail(c, Failure::Unknown { reason: format!("timeout {i}") })?;
+            engine.fail(c, Failure::InDoubt { reason: format!("timeout {i}") })?;
         }
         let listed: Vec<String> = engine.in_doubt(10)?.iter().map(|d| d.key.key().to_owned()).collect();
         assert_eq!(listed, names);
@@ -190,13 +190,13 @@ both_backends! {
                 "a-completed" => Resolution::Completed(Envelope::new(1, 201, "provider")),
                 "b-not-executed" => Resolution::NotExecuted,
                 "d-too-large" => Resolution::Completed(Envelope::new(1, 200, vec![b'x'; 1000])),
-                _ => Resolution::StillUnknown,
+                _ => Resolution::StillInDoubt,
             }
         };
         let report = engine.recover_in_doubt(&resolver, 4)?;
         assert_eq!(
             report,
-            RecoveryReport { completed: 1, not_executed: 1, still_unknown: 2, ..RecoveryReport::default() }
+            RecoveryReport { completed: 1, not_executed: 1, still_in_doubt: 2, ..RecoveryReport::default() }
         );
         assert_eq!(*asked.lock().unwrap_or_else(PoisonError::into_inner), names[..4]);
         assert_eq!(replay(engine.begin(&key("a-completed")?, fp(1)?)?)?.envelope.body, b"provider");

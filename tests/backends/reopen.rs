@@ -93,7 +93,7 @@ both_backends! {
             let c = claimed(engine.begin(&keys[2], fp(1)?)?)?;
             engine.fail(c, Failure::Final(Envelope::new(1, 402, "declined")))?;
             let c = claimed(engine.begin(&keys[3], fp(1)?)?)?;
-            engine.fail(c, Failure::Unknown { reason: "timeout".into() })?;
+            engine.fail(c, Failure::InDoubt { reason: "timeout".into() })?;
             let before = keys
                 .iter()
                 .map(|k| engine.record(k))

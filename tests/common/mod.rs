@@ -36,10 +36,10 @@ pub fn replay(b: Begin) -> Result<Replay, Unexpected> {
     }
 }
 
-/// The pending record of a `Begin::Unknown`.
+/// The pending record of a `Begin::InDoubt`.
 pub fn unknown(b: Begin) -> Result<InDoubt, Unexpected> {
     match b {
-        Begin::Unknown(p) => Ok(p),
-        other => Err(Unexpected(format!("expected Unknown, got {other:?}"))),
+        Begin::InDoubt(p) => Ok(p),
+        other => Err(Unexpected(format!("expected InDoubt, got {other:?}"))),
     }
 }

@@ -39,7 +39,7 @@ use r2d2_postgres::postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::clock::Clock;
-use crate::error::{Error, OpenError, Result};
+use crate::error::{Corrupted, Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::policy::PurgeMode;
@@ -324,8 +324,8 @@ impl PgStore {
             (Some(token), Some(bytes)) => {
                 let record = crate::store::codec::decode(req.key.record_key(), bytes)
                     .map(|rec| txn::with_token(rec, txn::sql_u64(token), &req.key))
-                    .map_err(|e| Error::CorruptRecord {
-                        key: req.key.clone(),
+                    .map_err(|e| Error::Corrupt {
+                        what: Corrupted::Record(req.key.clone()),
                         reason: e.to_string(),
                     })?;
                 Ok(ReadOrClaim::Read(Some(record)))
@@ -566,7 +566,7 @@ impl Backend for PgStore {
         guard("running a local write", || self.shared()?.local(write))
     }
 
-    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
+    fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
         self.open_check()?;
         guard("verifying the database", || self.shared()?.verify())
     }

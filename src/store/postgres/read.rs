@@ -3,7 +3,7 @@
 
 use postgres::types::Type;
 
-use crate::error::{Error, Result};
+use crate::error::{Corrupted, Error, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::codec;
@@ -22,8 +22,8 @@ const SCAN_PAGE: i64 = 1_000;
 fn decode(key: &IdempotencyKey, bytes: &[u8], token: i64) -> Result<Record> {
     codec::decode(key.record_key(), bytes)
         .map(|rec| with_token(rec, sql_u64(token), key))
-        .map_err(|e| Error::CorruptRecord {
-            key: key.clone(),
+        .map_err(|e| Error::Corrupt {
+            what: Corrupted::Record(key.clone()),
             reason: e.to_string(),
         })
 }

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::key::IdempotencyKey;
 use crate::store::codec;
 use crate::store::record::hex;
-use crate::verify::Problem;
+use crate::verify::Damage;
 
 use super::shared::Shared;
 use super::txn::{sql_i64, sql_u64, state_code, with_token};
@@ -20,7 +20,7 @@ impl Shared {
     /// Checks every record in one snapshot (a read-only `REPEATABLE READ`
     /// transaction), streamed through a portal [`PAGE_ROWS`] rows at a
     /// time. Returns the problems found and the number of records checked.
-    pub(super) fn verify(&self) -> Result<(Vec<Problem>, u64)> {
+    pub(super) fn verify(&self) -> Result<(Vec<Damage>, u64)> {
         let what = "verifying the database";
         let sql = format!(
             "SELECT scope, key, state, token, lease_until_ms, unknown_since_ms, expires_at_ms, record
@@ -54,11 +54,11 @@ impl Shared {
 
 /// One record row: its key is valid, its record decodes, and the indexed
 /// columns agree with the record.
-fn check_row(row: &postgres::Row, problems: &mut Vec<Problem>) {
+fn check_row(row: &postgres::Row, problems: &mut Vec<Damage>) {
     let (scope, key): (&str, &str) = (row.get(0), row.get(1));
     let key_hex = hex(&record_key(scope, key));
     if IdempotencyKey::parse_any(scope, key).is_err() {
-        problems.push(Problem::BadKey {
+        problems.push(Damage::BadKey {
             key_hex: key_hex.clone(),
         });
     }
@@ -70,7 +70,7 @@ fn check_row(row: &postgres::Row, problems: &mut Vec<Problem>) {
             Err(_) => rec,
         },
         Err(e) => {
-            problems.push(Problem::Undecodable {
+            problems.push(Damage::Undecodable {
                 key_hex,
                 reason: e.to_string(),
             });
@@ -93,7 +93,7 @@ fn check_row(row: &postgres::Row, problems: &mut Vec<Problem>) {
     );
     if columns != expected {
         let (index, at_ms) = rec.index();
-        problems.push(Problem::MissingIndexEntry {
+        problems.push(Damage::MissingIndexEntry {
             index,
             at_ms,
             key_hex,

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use redb::{ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableError};
 
-use crate::error::OpenError;
+use crate::error::{Corrupted, OpenError};
 use crate::policy::ExpiryPolicy;
 use crate::store::codec::{self, DecodeError, FORMAT_VERSION, FORMAT_VERSION_1};
 
@@ -166,9 +166,9 @@ impl MetaError {
                 context,
                 source: Box::new(e),
             },
-            MetaError::Damaged { key, reason } => OpenError::CorruptMeta {
+            MetaError::Damaged { key, reason } => OpenError::Corrupt {
                 path: path.to_path_buf(),
-                key: key.name(),
+                what: Corrupted::Meta(key.name()),
                 reason,
             },
         }
@@ -481,7 +481,7 @@ pub(super) fn migrate_from_format_1(t: &mut Writable<'_>) -> Result<(), MetaErro
 }
 
 /// One thing wrong with a meta table: the key as stored, and why.
-pub(super) struct Problem {
+pub(super) struct MetaDamage {
     /// The key this build knows it as (`None`: a key it does not know).
     pub(super) key: Option<Key>,
     pub(super) name: String,
@@ -493,15 +493,15 @@ pub(super) struct Problem {
 /// values, missing ones (`next_token` and `next_outbox_seq` in format 2, a
 /// partner of a present one), and keys this build does not know (a
 /// damaged key, or another program's). One problem per key.
-pub(super) fn problems(t: &impl Readable, format: Format) -> Result<Vec<Problem>, redb::Error> {
-    let mut found: Vec<Problem> = Vec::new();
+pub(super) fn damage(t: &impl Readable, format: Format) -> Result<Vec<MetaDamage>, redb::Error> {
+    let mut found: Vec<MetaDamage> = Vec::new();
     let mut note = |result: Result<(), MetaError>| -> Result<(), redb::Error> {
         match result {
             Ok(()) => Ok(()),
             Err(MetaError::Storage(e)) => Err(e),
             Err(MetaError::Damaged { key, reason }) => {
                 if !found.iter().any(|p| p.key == Some(key)) {
-                    found.push(Problem {
+                    found.push(MetaDamage {
                         key: Some(key),
                         name: key.name().to_string(),
                         reason,
@@ -527,7 +527,7 @@ pub(super) fn problems(t: &impl Readable, format: Format) -> Result<Vec<Problem>
         let (name, _) = entry?;
         let name = name.value();
         if Key::named(name).is_none() {
-            found.push(Problem {
+            found.push(MetaDamage {
                 key: None,
                 name: name.to_string(),
                 reason: "a key this build does not know (damaged key bytes, or another program's)"
@@ -541,7 +541,7 @@ pub(super) fn problems(t: &impl Readable, format: Format) -> Result<Vec<Problem>
 /// Refuses a meta table with a damaged or missing value (keys this build
 /// does not know are left to `verify`: they do this build no harm).
 pub(super) fn check(t: &impl Readable, format: Format) -> Result<(), MetaError> {
-    match problems(t, format)?
+    match damage(t, format)?
         .into_iter()
         .find_map(|p| p.key.map(|k| (k, p.reason)))
     {
@@ -590,7 +590,7 @@ pub(super) fn read_meta<T>(
 ///
 /// [`OpenError::UnsupportedFormat`] for a format this build does not read,
 /// [`OpenError::PreReleaseFormat`] for a pre-release build's format 2,
-/// [`OpenError::CorruptMeta`] for a damaged `format_version`.
+/// [`OpenError::Corrupt`] for a damaged `format_version`.
 pub(super) fn file_format(
     db: &impl ReadableDatabase,
     path: &Path,
@@ -610,7 +610,7 @@ pub(super) fn file_format(
 }
 
 /// Refuses a file of `format` with a damaged or missing meta value
-/// ([`OpenError::CorruptMeta`], naming the key).
+/// ([`OpenError::Corrupt`], naming the key).
 pub(super) fn check_meta(
     db: &impl ReadableDatabase,
     format: Format,
@@ -713,7 +713,7 @@ mod tests {
                 }
             ))
         );
-        assert!(problems(&t, Format::V2)?.is_empty());
+        assert!(damage(&t, Format::V2)?.is_empty());
         // Every key is stored, under its own name.
         let mut names: Vec<String> = Vec::new();
         for entry in t.iter()? {
@@ -809,7 +809,7 @@ mod tests {
                 .value()
                 .to_vec();
             t.insert("next_tokem", v.as_slice())?;
-            let found = problems(&t, Format::V2)?;
+            let found = damage(&t, Format::V2)?;
             let names: Vec<(&str, Option<Key>)> =
                 found.iter().map(|p| (p.name.as_str(), p.key)).collect();
             assert_eq!(
@@ -819,7 +819,7 @@ mod tests {
             // Alone, a key this build does not know is not refused.
             t.insert(Key::NextToken.name(), v.as_slice())?;
             assert!(check(&t, Format::V2).is_ok());
-            assert_eq!(problems(&t, Format::V2)?.len(), 1);
+            assert_eq!(damage(&t, Format::V2)?.len(), 1);
             // Nor is the format's absence taken for a new file.
             t.remove(Key::FormatVersion.name())?;
             assert!(matches!(
@@ -901,7 +901,7 @@ mod tests {
         t.insert(Key::ExpiryPolicy.name(), [0_u8].as_slice())?;
         let e = |e: MetaError| format!("{e:?}");
         assert_eq!(read_format(&t).map_err(e)?, Some(Found::Format(Format::V1)));
-        assert!(problems(&t, Format::V1)?.is_empty());
+        assert!(damage(&t, Format::V1)?.is_empty());
         assert_eq!(
             read_counter(&t, Counter::NextToken, Format::V1).map_err(e)?,
             Some(9)

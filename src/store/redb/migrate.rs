@@ -9,8 +9,8 @@
 //! dropped: it stays an error naming its key at request time, and
 //! `Engine::verify` lists it. A meta value that is not what its key holds
 //! is different: the counters and the journal's position cannot be
-//! guessed, so it fails the migration (`OpenError::CorruptMeta`) and
-//! nothing is written. Index tables hold no values and are not touched.
+//! guessed, so it fails the migration (`OpenError::Corrupt` naming
+//! `Corrupted::Meta`) and nothing is written. Index tables hold no values and are not touched.
 
 use std::path::Path;
 
@@ -241,6 +241,7 @@ fn put<'k, K: redb::Key + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Corrupted;
     use crate::message::OutboxEntry;
     use crate::store::codec::FORMAT_VERSION;
     use crate::store::record::EntityState;
@@ -325,7 +326,7 @@ mod tests {
                 meta::read_format(&t).map_err(|e| format!("{e:?}"))?,
                 Some(Found::Format(Format::V2))
             );
-            assert!(meta::problems(&t, Format::V2)?.is_empty());
+            assert!(meta::damage(&t, Format::V2)?.is_empty());
             let counter = |c| meta::read_counter(&t, c, Format::V2).map_err(|e| format!("{e:?}"));
             assert_eq!(counter(Counter::NextToken)?, Some(7));
             assert_eq!(counter(Counter::NextOutboxSeq)?, Some(1));
@@ -360,7 +361,7 @@ mod tests {
             .err()
             .ok_or("migrated a damaged next_token")?;
         assert!(
-            matches!(&err, OpenError::CorruptMeta { key: "next_token", path, .. } if path == Path::new("f1.redb")),
+            matches!(&err, OpenError::Corrupt { what: Corrupted::Meta("next_token"), path, .. } if path == Path::new("f1.redb")),
             "{err:?}"
         );
         let txn = db.begin_read()?;

@@ -26,7 +26,7 @@ use parking_lot::{Mutex, RwLock};
 use redb::Database;
 
 use crate::clock::Clock;
-use crate::error::{Error, OpenError, Result};
+use crate::error::{Corrupted, Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::policy::PurgeMode;
@@ -91,7 +91,8 @@ pub(crate) fn open_contained<T>(
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|panic| {
         Err(OpenError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!(
+            what: Corrupted::File,
+            reason: format!(
                 "the storage library panicked while opening it: {}",
                 writer::panic_message(panic.as_ref())
             ),
@@ -398,13 +399,13 @@ impl RedbStore {
     fn db(&self) -> Result<Arc<Database>> {
         let (db, overlay) = self.snapshot()?;
         if overlay.held() {
-            self.settle_open()?;
+            self.commit_open()?;
         }
         Ok(db)
     }
 
     /// Asks the writer to commit its open transaction; waits for it.
-    fn settle_open(&self) -> Result<()> {
+    fn commit_open(&self) -> Result<()> {
         let (tx, poison) = {
             let live = self.live.read_recursive();
             (live.tx.clone(), live.poison.clone())
@@ -412,14 +413,14 @@ impl RedbStore {
         if poison.cause().is_some() || writer::on_writer_of(&poison) {
             return Ok(());
         }
-        settle(&tx, &poison)
+        request_commit(&tx, &poison)
     }
 }
 
-/// Sends the writer a [`Msg::Settle`] and waits for its answer.
-fn settle(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
+/// Sends the writer a [`Msg::Commit`] and waits for its answer.
+fn request_commit(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
     let (reply, answer) = reply::reply();
-    if tx.send(Msg::Settle(reply)).is_err() {
+    if tx.send(Msg::Commit(reply)).is_err() {
         return Err(closed(poison));
     }
     answer.recv().unwrap_or_else(|| Err(closed(poison)))
@@ -645,14 +646,14 @@ impl Backend for RedbStore {
     fn flush(&self) -> Result<()> {
         let (tx, poison) = self.writer()?;
         self.send_detached(&tx);
-        settle(&tx, &poison)
+        request_commit(&tx, &poison)
     }
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
         self.submit(Box::new(move |t: &mut Tables<'_>| t.local(write)), true)
     }
 
-    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
+    fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
         contained("verifying the database", || verify::verify(&*self.db()?))
     }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use redb::{Database, DatabaseError, Durability, ReadableDatabase};
 
-use crate::error::OpenError;
+use crate::error::{Corrupted, OpenError};
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
 
@@ -123,7 +123,8 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
         }
         DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => OpenError::Corrupt {
             path: path.to_path_buf(),
-            detail,
+            what: Corrupted::File,
+            reason: detail,
         },
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),

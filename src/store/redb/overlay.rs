@@ -9,7 +9,7 @@
 //! then in redb's last commit, so it sees every write acknowledged before
 //! it started and nothing that is not yet durable. Reads over whole tables
 //! (lists, scans, counts) ask the writer to commit first instead (see
-//! `RedbStore::settle`).
+//! `RedbStore::commit_open`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,7 +5,7 @@ use redb::{
     ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use crate::error::{Error, OpenError, Result};
+use crate::error::{Corrupted, Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::codec;
@@ -204,12 +204,11 @@ pub(super) fn outbox(db: &impl ReadableDatabase, limit: usize) -> Result<Vec<Out
     let mut out = Vec::new();
     for entry in table.iter().context(what)?.take(limit) {
         let (seq, bytes) = entry.context(what)?;
-        let entry = codec::decode_outbox(seq.value(), bytes.value()).map_err(|e| {
-            Error::CorruptOutboxMessage {
-                seq: seq.value(),
+        let entry =
+            codec::decode_outbox(seq.value(), bytes.value()).map_err(|e| Error::Corrupt {
+                what: Corrupted::OutboxMessage(seq.value()),
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         out.push(entry);
     }
     Ok(out)
@@ -230,19 +229,19 @@ pub(super) fn entity(db: &impl ReadableDatabase, entity: &str) -> Result<Option<
 }
 
 /// A stored entity state; one that does not decode or fails its checksum
-/// is `Error::CorruptEntity` naming the entity.
+/// is `Error::Corrupt` naming the entity.
 fn decode_entity(entity: &str, bytes: &[u8]) -> Result<EntityState> {
-    codec::decode_entity(entity, bytes).map_err(|e| Error::CorruptEntity {
-        entity: entity.to_owned(),
+    codec::decode_entity(entity, bytes).map_err(|e| Error::Corrupt {
+        what: Corrupted::Entity(entity.to_owned()),
         reason: e.to_string(),
     })
 }
 
 /// The record stored under `rkey` (`key`'s record key); a value that does
-/// not decode or fails its checksum is `Error::CorruptRecord` naming `key`.
+/// not decode or fails its checksum is `Error::Corrupt` naming `key`.
 fn decode_record(key: &IdempotencyKey, rkey: &[u8], bytes: &[u8]) -> Result<Record> {
-    codec::decode(rkey, bytes).map_err(|e| Error::CorruptRecord {
-        key: key.clone(),
+    codec::decode(rkey, bytes).map_err(|e| Error::Corrupt {
+        what: Corrupted::Record(key.clone()),
         reason: e.to_string(),
     })
 }

@@ -200,7 +200,7 @@ impl Backend for RedbReader {
         read_only("local write")
     }
 
-    fn verify(&self) -> Result<(Vec<crate::verify::Problem>, u64)> {
+    fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
         contained("verifying the database", || super::verify::verify(&self.db))
     }
 

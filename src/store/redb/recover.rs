@@ -100,7 +100,7 @@ fn frames_beside(stored: &StoredJournal, db_path: &Path) -> Result<Vec<(u64, Fra
 ///
 /// [`OpenError::Journal`] when the journal is damaged, another database's,
 /// or (after a crash) lacks the last checkpoint's frame;
-/// [`OpenError::CorruptMeta`] when the journal's meta values are damaged;
+/// [`OpenError::Corrupt`] when the journal's meta values are damaged;
 /// [`OpenError::Storage`] when the meta table or the journal cannot be
 /// read.
 pub(super) fn check_before_open(

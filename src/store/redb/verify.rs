@@ -13,7 +13,7 @@ use redb::{ReadableDatabase, ReadableTable, TableError};
 use crate::error::Result;
 use crate::store::codec;
 use crate::store::record::hex;
-use crate::verify::Problem;
+use crate::verify::Damage;
 
 use super::meta::{self, Found, MetaError};
 use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
@@ -21,10 +21,10 @@ use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RE
 /// Scrubs the whole database in one read snapshot; returns every problem
 /// found (none: the file is sound as far as the engine can tell) and how
 /// many records were checked.
-pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> {
+pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
     let what = "verifying the database";
     let txn = db.begin_read().context(what)?;
-    let mut problems = meta_problems(&txn)?;
+    let mut problems = meta_damage(&txn)?;
     let records = txn.open_table(RECORDS).context(what)?;
     // (index, instant, record key) every sound record expects.
     let mut expected = BTreeSet::new();
@@ -36,7 +36,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         checked += 1;
         let rkey = k.value().to_vec();
         if crate::key::IdempotencyKey::from_record_key(&rkey).is_none() {
-            problems.push(Problem::BadKey {
+            problems.push(Damage::BadKey {
                 key_hex: hex(&rkey),
             });
         }
@@ -44,7 +44,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         // its key up.
         let found = records.get(rkey.as_slice()).context(what)?;
         if found.is_none_or(|f| f.value() != v.value()) {
-            problems.push(Problem::UnreachableRecord {
+            problems.push(Damage::UnreachableRecord {
                 key_hex: hex(&rkey),
             });
         }
@@ -54,7 +54,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
                 expected.insert((index, at, rkey));
             }
             Err(e) => {
-                problems.push(Problem::Undecodable {
+                problems.push(Damage::Undecodable {
                     key_hex: hex(&rkey),
                     reason: e.to_string(),
                 });
@@ -79,7 +79,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         // A record that does not decode has no expected entry: its index
         // entry is not a second problem.
         if !undecodable.contains(rkey) {
-            problems.push(Problem::StrayIndexEntry {
+            problems.push(Damage::StrayIndexEntry {
                 index,
                 at_ms: *at,
                 key_hex: hex(rkey),
@@ -87,7 +87,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         }
     }
     for (index, at, rkey) in expected.difference(&found) {
-        problems.push(Problem::MissingIndexEntry {
+        problems.push(Damage::MissingIndexEntry {
             index,
             at_ms: *at,
             key_hex: hex(rkey),
@@ -97,7 +97,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
     for entry in outbox.iter().context(what)? {
         let (seq, v) = entry.context(what)?;
         if let Err(e) = codec::decode_outbox(seq.value(), v.value()) {
-            problems.push(Problem::UndecodableOutboxMessage {
+            problems.push(Damage::UndecodableOutboxMessage {
                 seq: seq.value(),
                 reason: e.to_string(),
             });
@@ -108,12 +108,12 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
         let (id, v) = entry.context(what)?;
         let found = entities.get(id.value()).context(what)?;
         if found.is_none_or(|f| f.value() != v.value()) {
-            problems.push(Problem::UnreachableEntity {
+            problems.push(Damage::UnreachableEntity {
                 entity: id.value().to_string(),
             });
         }
         if let Err(e) = codec::decode_entity(id.value(), v.value()) {
-            problems.push(Problem::UndecodableEntity {
+            problems.push(Damage::UndecodableEntity {
                 entity: id.value().to_string(),
                 reason: e.to_string(),
             });
@@ -123,14 +123,14 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Problem>, u64)> 
 }
 
 /// What is wrong with the meta table in `txn`'s snapshot.
-fn meta_problems(txn: &redb::ReadTransaction) -> Result<Vec<Problem>> {
+fn meta_damage(txn: &redb::ReadTransaction) -> Result<Vec<Damage>> {
     let what = "verifying the meta table";
     let table = match txn.open_table(META) {
         Ok(table) => table,
         Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
         Err(e) => return Err(e).context(what),
     };
-    let bad = |key: &str, reason: String| Problem::BadMetaValue {
+    let bad = |key: &str, reason: String| Damage::BadMetaValue {
         key: key.to_string(),
         reason,
     };
@@ -149,7 +149,7 @@ fn meta_problems(txn: &redb::ReadTransaction) -> Result<Vec<Problem>> {
         Err(MetaError::Damaged { key, reason }) => return Ok(vec![bad(key.name(), reason)]),
         Err(MetaError::Storage(e)) => return Err(e).context(what),
     };
-    Ok(meta::problems(&table, format)
+    Ok(meta::damage(&table, format)
         .context(what)?
         .into_iter()
         .map(|p| bad(&p.name, p.reason))

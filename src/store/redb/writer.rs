@@ -20,7 +20,7 @@
 //!    [`Overlay`] (what point reads see before redb commits them), and
 //!    only then answers their callers;
 //! 3. every [`GROUPS_PER_COMMIT`] groups (or [`COMMIT_IDLE`] without work,
-//!    or when a whole-table read asks: [`Msg::Settle`]) the writer waits
+//!    or when a whole-table read asks: [`Msg::Commit`]) the writer waits
 //!    until the open transaction's frames are durable and commits it with
 //!    `Durability::None`, so nothing becomes visible in redb before it is
 //!    durable, and empties the overlay.
@@ -81,7 +81,7 @@ pub(super) enum Msg {
     Job(Box<dyn Job>),
     /// Commit what the open transaction holds, so every read (lists and
     /// scans too) sees every write acknowledged before this message.
-    Settle(ReplyTx<Result<()>>),
+    Commit(ReplyTx<Result<()>>),
     /// Finish the queued work and exit.
     Shutdown,
 }
@@ -174,7 +174,7 @@ impl Writer {
             open: None,
         };
         let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(self.max_batch);
-        let mut settles: Vec<ReplyTx<Result<()>>> = Vec::new();
+        let mut commit_waiters: Vec<ReplyTx<Result<()>>> = Vec::new();
         let mut shutdown = false;
         while !shutdown {
             let msg = match self.wait(&state) {
@@ -195,19 +195,19 @@ impl Writer {
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(()),
             };
             match msg {
-                Ok(msg) => shutdown = sort(msg, &mut batch, &mut settles),
+                Ok(msg) => shutdown = sort(msg, &mut batch, &mut commit_waiters),
                 Err(()) => break,
             }
             while !shutdown && batch.len() < self.max_batch {
                 match self.rx.try_recv() {
-                    Ok(msg) => shutdown = sort(msg, &mut batch, &mut settles),
+                    Ok(msg) => shutdown = sort(msg, &mut batch, &mut commit_waiters),
                     Err(_) => break,
                 }
             }
             self.process(std::mem::take(&mut batch), &mut state);
-            if !settles.is_empty() {
+            if !commit_waiters.is_empty() {
                 let result = self.commit_open(&mut state, None);
-                for reply in settles.drain(..) {
+                for reply in commit_waiters.drain(..) {
                     reply.send(match &result {
                         Ok(()) => Ok(()),
                         Err(_) => Err(self
@@ -231,7 +231,7 @@ impl Writer {
         while let Ok(msg) = self.rx.try_recv() {
             match msg {
                 Msg::Job(job) => job.fail(Error::Closed),
-                Msg::Settle(reply) => reply.send(Err(Error::Closed)),
+                Msg::Commit(reply) => reply.send(Err(Error::Closed)),
                 Msg::Shutdown => {}
             }
         }
@@ -600,10 +600,14 @@ enum Wait {
 }
 
 /// Puts a message where it belongs; whether it says to shut down.
-fn sort(msg: Msg, batch: &mut Vec<Box<dyn Job>>, settles: &mut Vec<ReplyTx<Result<()>>>) -> bool {
+fn sort(
+    msg: Msg,
+    batch: &mut Vec<Box<dyn Job>>,
+    commit_waiters: &mut Vec<ReplyTx<Result<()>>>,
+) -> bool {
     match msg {
         Msg::Job(job) => batch.push(job),
-        Msg::Settle(reply) => settles.push(reply),
+        Msg::Commit(reply) => commit_waiters.push(reply),
         Msg::Shutdown => return true,
     }
     false
