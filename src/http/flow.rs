@@ -148,26 +148,30 @@ where
                 .retry_after(ceil_secs(cfg.unknown_retry_after))
                 .lease_ends_at(in_doubt.resolvable_at_ms);
             }
-            Begin::Tombstoned { reusable_at_ms, .. } => {
-                let now_ms = cfg.engine.clock().now_ms();
-                let wait = Duration::from_millis(reusable_at_ms.saturating_sub(now_ms));
-                let at = std::time::UNIX_EPOCH + Duration::from_millis(reusable_at_ms);
-                break Problem::new(
-                    cfg.expired_status,
-                    "key-expired",
-                    "Idempotency-Key expired",
-                    format!(
-                        "this Idempotency-Key expired; it may not be reused before {} \
-                         (in {} s); use a new key",
-                        httpdate::fmt_http_date(at),
-                        ceil_secs(wait)
-                    ),
-                )
-                .instant("reusable_at", reusable_at_ms);
-            }
+            Begin::Tombstoned { reusable_at_ms, .. } => break expired(&cfg, reusable_at_ms),
         }
     };
     Ok(problem.into_response())
+}
+
+/// The answer for a key whose record expired and is kept as a tombstone
+/// until `reusable_at_ms`.
+fn expired(cfg: &Config, reusable_at_ms: u64) -> Problem {
+    let now_ms = cfg.engine.clock().now_ms();
+    let wait = Duration::from_millis(reusable_at_ms.saturating_sub(now_ms));
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(reusable_at_ms);
+    Problem::new(
+        cfg.expired_status,
+        "key-expired",
+        "Idempotency-Key expired",
+        format!(
+            "this Idempotency-Key expired; it may not be reused before {} \
+             (in {} s); use a new key",
+            httpdate::fmt_http_date(at),
+            ceil_secs(wait)
+        ),
+    )
+    .instant("reusable_at", reusable_at_ms)
 }
 
 /// Waits until this process's claim on `key` is done, or for one poll
