@@ -288,6 +288,10 @@ pub enum Disposition {
 /// (once per process) when a request carries cookies but none of the
 /// caller's credentials.
 ///
+/// Changing the caller changes scopes. Before this default, the whole
+/// `Cookie` header counted too: a request that carried cookies and was
+/// first sent before an upgrade is a new request when retried after it.
+///
 /// ## How this maps to Stripe
 ///
 /// Stripe scopes idempotency keys per account: the same key sent by two
