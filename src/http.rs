@@ -11,17 +11,36 @@
 //! ```
 //! use std::sync::Arc;
 //!
-//! use axum::{routing::post, Router};
-//! use idempotency::http::{IdempotencyLayer, Route};
+//! use axum::extract::Extension;
+//! use axum::http::StatusCode;
+//! use axum::routing::{get, post};
+//! use axum::Router;
+//! use idempotency::http::{ClaimInfo, IdempotencyLayer, Route};
 //! use idempotency::Engine;
+//!
+//! // `Option`: the layer inserts `ClaimInfo` only into requests it claims
+//! // a key for. A request it passes through (a GET here, or a POST without
+//! // a key on a route whose key is optional) has none, and a plain
+//! // `Extension<ClaimInfo>` would answer those with 500.
+//! async fn create_payment(claim: Option<Extension<ClaimInfo>>) -> (StatusCode, String) {
+//!     match claim {
+//!         // Pass `reference` to the payment provider as its idempotency key.
+//!         Some(Extension(claim)) => (StatusCode::CREATED, claim.reference),
+//!         None => (StatusCode::CREATED, "not claimed".into()),
+//!     }
+//! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
 //! let engine = Arc::new(Engine::builder().open(dir.path().join("idem.redb"))?);
 //! let layer = IdempotencyLayer::new(engine)
-//!     .route(Route::new("/payments").require_key().json_pointers(["/amount", "/currency"]));
+//!     // Every POST and PATCH needs a key, including on paths no `Route`
+//!     // matches: a mistyped pattern cannot make the key optional.
+//!     .require_key(true)
+//!     .route(Route::new("/payments").json_pointers(["/amount", "/currency"]));
 //! let app: Router = Router::new()
-//!     .route("/payments", post(|| async { (axum::http::StatusCode::CREATED, "{}") }))
+//!     .route("/payments", post(create_payment))
+//!     .route("/health", get(|| async { "ok" }))
 //!     .layer(layer);
 //! // axum::serve(listener, app).await?;
 //! # let _ = app;
@@ -43,7 +62,7 @@
 //! | retry while the first still runs | 409, `Retry-After`, [`processing`](#processing) (or, on a route with [`Route::wait_for_outcome`], the outcome once it is there) |
 //! | same key, different request | 409 (or 422, see [`IdempotencyLayer::mismatch_status`]), [`key-mismatch`](#key-mismatch) |
 //! | earlier attempt's outcome unknown | 503, `Retry-After`, [`outcome-unknown`](#outcome-unknown), unless the engine's [`crate::Resolver`] settles it during `begin` (then a replay, or a fresh run if the work never happened) |
-//! | key expired and tombstoned | 409, [`key-expired`](#key-expired) |
+//! | key expired and tombstoned | 409 (or 410, see [`IdempotencyLayer::expired_status`]), [`key-expired`](#key-expired) |
 //! | missing key where required | 400, [`missing-key`](#missing-key) |
 //! | malformed (or blank) key | 400, [`malformed-key`](#malformed-key) |
 //! | body not JSON on a JSON route | 400, [`invalid-body`](#invalid-body); nothing is stored |
@@ -70,12 +89,38 @@
 //! or else the request path), then ` tenant={value}` when the [`tenant
 //! header`](IdempotencyLayer::tenant_header) is present, then
 //! ` caller={digest}` identifying the caller (see [`Caller`]): by default a
-//! keyed blake3 digest of the request's `Authorization` and `Cookie`
-//! headers, never stored in clear. Two callers with different credentials
-//! therefore never share a record. Requests that carry no credentials are
-//! one anonymous caller. Sharing keys between all callers is an explicit
-//! opt-in ([`Caller::shared`]); [`IdempotencyLayer::scope`] replaces the
-//! whole computation.
+//! keyed blake3 digest of the request's `Authorization` header, never
+//! stored in clear. Two callers with different credentials therefore never
+//! share a record. Cookies count only by name ([`Caller::cookies`]): a
+//! whole `Cookie` header changes between a request and its retry (a load
+//! balancer's cookie, one set by the first response), which would make the
+//! retry a new caller and run the handler twice. Requests that carry no
+//! credentials are one anonymous caller, so **apps whose users are told
+//! apart by a session cookie must name it** ([`Caller::cookies`]) or
+//! return the user from [`Caller::from_fn`]. Sharing keys between all
+//! callers is an explicit opt-in ([`Caller::shared`]);
+//! [`IdempotencyLayer::scope`] replaces the whole computation.
+//!
+//! # Routes
+//!
+//! A [`Route`] sets a path's key requirement, body fingerprint, lease and
+//! wait. A request that matches no route gets the layer's defaults, so a
+//! route whose pattern never matches (a typo, or a pattern written with an
+//! axum `nest` prefix while the layer sits inside the nest, which strips
+//! it) silently falls back to them. Two guards: require keys at the layer
+//! ([`IdempotencyLayer::require_key`]) and mark the exceptions
+//! ([`Route::optional_key`]), and watch the log: while any route is
+//! configured, the layer warns (`tracing`, once per path, for at most 64
+//! distinct paths) about each POST or PATCH path that matched none.
+//!
+//! # The claim in the handler
+//!
+//! A claimed request reaches the handler with a [`ClaimInfo`] in its
+//! extensions. Requests the layer passes through carry none: other
+//! methods (a GET), and requests without a key where the key is optional.
+//! Extract it as `Option<Extension<ClaimInfo>>` (axum answers a missing
+//! plain `Extension<ClaimInfo>` with 500), or require keys so that every
+//! POST and PATCH reaching the handler is claimed.
 //!
 //! The fingerprint covers the method, the path, the query string and the
 //! body: canonical JSON (whole document or the route's JSON Pointers) when
@@ -86,7 +131,22 @@
 //!
 //! # Problem types
 //!
-//! Each refusal's `type` is this page's URL with one of these fragments.
+//! Each refusal's `type` is the tag URI (RFC 4151)
+//! `tag:idempotency.invalid,2026:http-problems#` followed by one of the
+//! names below, e.g. `tag:idempotency.invalid,2026:http-problems#processing`.
+//! It identifies the problem and is not a page to fetch (RFC 9457 section
+//! 3.1.1 has clients compare it, never dereference it); its tagging
+//! authority is under `.invalid` (RFC 6761), a name that never resolves.
+//! The fragment is the heading here.
+//!
+//! Besides RFC 9457's `type`, `title`, `status` and `detail`, every body has
+//! the member `retryable`: `true` when sending the same request with the
+//! same key again can succeed (after `Retry-After`, if given), `false` when
+//! the request or the key must change first. The `processing` and
+//! `outcome-unknown` bodies carry `lease_ends_at`, an RFC 3339 UTC
+//! timestamp: when the lease of the claim that holds the key ends. Until
+//! then the earlier request may still be running; a retry after it finds
+//! that request's outcome, or a record in doubt that the engine recovers.
 //!
 //! ### malformed-key
 //! 400: the `Idempotency-Key` header is not one structured-field string or
@@ -105,14 +165,19 @@
 //! ### processing
 //! 409: a request with this key is still being processed; retry after
 //! `Retry-After` seconds (an estimate of when it finishes, see
-//! [`IdempotencyLayer`]).
+//! [`IdempotencyLayer`]). Retryable; carries `lease_ends_at`.
 //! ### key-mismatch
 //! 409 or 422: the key was used before for a different request. On a route
 //! that fingerprints JSON Pointers, the member `pointers` lists the
 //! pointers whose values differ from the stored request's (names only,
 //! never values), when the first request's outcome is stored.
 //! ### key-expired
-//! 409: the key's record expired and the key may not be reused yet.
+//! 409, or 410 Gone with [`IdempotencyLayer::expired_status`]: the key's
+//! record expired (its response is no longer kept) and the key may not be
+//! reused before `reusable_at` (an RFC 3339 timestamp member). Only engines
+//! that keep tombstones ([`crate::ExpiryPolicy::Tombstone`]) can tell an
+//! expired key from a new one. Not retryable: look the operation up, or
+//! use a new key.
 //! ### response-not-retained
 //! 409: the request with this key completed, but its response was larger
 //! than the store keeps (the engine's `max_response_bytes`), so it cannot
@@ -122,6 +187,8 @@
 //! ### outcome-unknown
 //! 503: an earlier attempt with this key may have had effects that were
 //! never recorded; it is being recovered. Retry after `Retry-After` seconds.
+//! Carries `lease_ends_at` (the earlier attempt's lease end: before it,
+//! that attempt may still be running).
 //! ### outcome-not-recorded
 //! 503: the handler answered, but its outcome could not be recorded (the
 //! store failed, e.g. the disk is full), so its answer is withheld. Retry
@@ -136,6 +203,10 @@
 //! 503 with `Retry-After`: the idempotency store failed (storage error,
 //! engine poisoned or closed); the request was not run and a retry with the
 //! same key is safe. The cause goes to the log, never into the body.
+//! ### stored-record-corrupt
+//! 500: the stored record for this key is damaged; the request was not
+//! run. Not retryable until an operator repairs the record (`idem verify`
+//! lists it).
 
 mod admit;
 mod body;
@@ -150,6 +221,8 @@ mod route;
 mod runtime;
 mod service;
 mod store;
+mod timestamp;
+mod unmatched;
 
 use std::fmt;
 use std::sync::Arc;
@@ -201,6 +274,24 @@ pub enum Disposition {
 /// Identities are hashed (keyed blake3, 128 bits, hex) before they enter
 /// the scope, so credentials never reach the database or the logs.
 ///
+/// The default is the `Authorization` header alone. A retry must be the
+/// same caller as its first request, or it runs again: so only what
+/// identifies the caller may count, never what changes between a request
+/// and its retry. A whole `Cookie` header is such a thing (a load balancer
+/// or an analytics script adds a cookie, the first response sets one), so
+/// cookies count only by name ([`Caller::cookies`]).
+///
+/// **Cookie-session apps must say which cookie holds the session**
+/// ([`Caller::cookies`], or [`Caller::from_fn`] returning the session's
+/// user): under the default, their requests carry no `Authorization`, are
+/// all the one anonymous caller, and share keys. The layer logs a warning
+/// (once per process) when a request carries cookies but none of the
+/// caller's credentials.
+///
+/// Changing the caller changes scopes. Before this default, the whole
+/// `Cookie` header counted too: a request that carried cookies and was
+/// first sent before an upgrade is a new request when retried after it.
+///
 /// ## How this maps to Stripe
 ///
 /// Stripe scopes idempotency keys per account: the same key sent by two
@@ -214,7 +305,11 @@ pub struct Caller(CallerKind);
 
 #[derive(Clone)]
 pub(crate) enum CallerKind {
-    Headers(Vec<HeaderName>),
+    /// The values of these headers and of these cookies (by name).
+    Credentials {
+        headers: Vec<HeaderName>,
+        cookies: Vec<String>,
+    },
     Custom(Arc<CallerFn>),
     Shared,
 }
@@ -224,15 +319,36 @@ type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 impl Caller {
     /// The values of these request headers identify the caller (all of the
     /// present ones, in this order). A request with none of them is the
-    /// anonymous caller. The default is `Authorization` and `Cookie`.
+    /// anonymous caller. The default is `Authorization` alone.
     ///
-    /// The whole header value counts: a client whose cookies change between
-    /// a request and its retry (a cookie set by the first response) is a
-    /// different caller on the retry, which then runs again. Apps with
-    /// cookie sessions should use [`Caller::from_fn`] and return the
-    /// session's user or account id.
+    /// The whole header value counts. Naming `Cookie` here makes the whole
+    /// cookie jar the identity: a retry whose jar gained or changed a cookie
+    /// (one set by the first response, or by a load balancer) is then a
+    /// different caller and runs again; name the session cookie with
+    /// [`Caller::cookies`] instead.
     pub fn headers(names: impl IntoIterator<Item = HeaderName>) -> Caller {
-        Caller(CallerKind::Headers(names.into_iter().collect()))
+        Caller::headers_and_cookies(names, Vec::<String>::new())
+    }
+
+    /// The values of these cookies (from the request's `Cookie` headers,
+    /// RFC 6265 section 5.4: `name=value` pairs separated by `;`, names
+    /// compared exactly) identify the caller; other cookies do not count.
+    /// A request with none of them is the anonymous caller.
+    pub fn cookies<N: Into<String>>(names: impl IntoIterator<Item = N>) -> Caller {
+        Caller::headers_and_cookies(Vec::new(), names)
+    }
+
+    /// Both: these headers' values (as [`Caller::headers`]) and these
+    /// cookies' values (as [`Caller::cookies`]), e.g. `Authorization` for
+    /// API clients and the `session` cookie for browsers.
+    pub fn headers_and_cookies<N: Into<String>>(
+        headers: impl IntoIterator<Item = HeaderName>,
+        cookies: impl IntoIterator<Item = N>,
+    ) -> Caller {
+        Caller(CallerKind::Credentials {
+            headers: headers.into_iter().collect(),
+            cookies: cookies.into_iter().map(Into::into).collect(),
+        })
     }
 
     /// The app's own identity, from the request head (e.g. the account id
@@ -252,14 +368,18 @@ impl Caller {
 
 impl Default for Caller {
     fn default() -> Caller {
-        Caller::headers([http::header::AUTHORIZATION, http::header::COOKIE])
+        Caller::headers([http::header::AUTHORIZATION])
     }
 }
 
 impl fmt::Debug for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
-            CallerKind::Headers(names) => f.debug_tuple("Caller::headers").field(names).finish(),
+            CallerKind::Credentials { headers, cookies } => f
+                .debug_struct("Caller::headers_and_cookies")
+                .field("headers", headers)
+                .field("cookies", cookies)
+                .finish(),
             CallerKind::Custom(_) => f.write_str("Caller::from_fn(..)"),
             CallerKind::Shared => f.write_str("Caller::shared()"),
         }
@@ -267,7 +387,17 @@ impl fmt::Debug for Caller {
 }
 
 /// The claim a request runs under, inserted into the request extensions
-/// before the handler is called (with axum: `Extension<ClaimInfo>`).
+/// before the handler is called.
+///
+/// Only claimed requests carry it. Requests the layer passes through have
+/// none: a method the layer does not apply to (GET, by default), or a
+/// request without an `Idempotency-Key` on a route where the key is
+/// optional (the layer's default). With axum, extract
+/// `Option<Extension<ClaimInfo>>`: a plain `Extension<ClaimInfo>` answers
+/// such requests 500. It is always there when the handler's route requires
+/// a key ([`Route::require_key`], [`IdempotencyLayer::require_key`]) and
+/// the method is one the layer applies to. See the [module
+/// docs](self#the-claim-in-the-handler).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimInfo {
     /// The scoped key.

@@ -137,7 +137,14 @@ const PAYMENT: &str = r#"{"amount": 1000, "currency": "EUR"}"#;
 #[tokio::test(flavor = "multi_thread")]
 async fn callers_with_different_credentials_never_share_records() -> TestResult {
     let runs = Arc::new(AtomicUsize::new(0));
-    let s = serve(Engine::builder(), |l| l, counting(runs.clone())).await?;
+    // The default (`Authorization`) plus the session cookie, by name.
+    let caller = Caller::headers_and_cookies([axum::http::header::AUTHORIZATION], ["session"]);
+    let s = serve(
+        Engine::builder(),
+        |l| l.caller(caller),
+        counting(runs.clone()),
+    )
+    .await?;
     let send = |auth: &'static str| {
         s.post("/payments", "\"order-1\"")
             .header("authorization", auth)
@@ -155,7 +162,7 @@ async fn callers_with_different_credentials_never_share_records() -> TestResult 
     assert!(replayed(&again), "alice's own retry replays");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 
-    // Cookies identify a caller too.
+    // Named cookies identify a caller too.
     for cookie in ["session=a", "session=b"] {
         let r = s
             .post("/payments", "\"order-2\"")

@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::provider::{read_ledger, Charge, DECLINE_ABOVE};
-use crate::server::{provider_path, FAULT_HEADER};
+use crate::server::{provider_path, DEFAULT_MISMATCH_STATUS, FAULT_HEADER};
 use crate::store::{Store, TABLE_PREFIX};
 
 mod in_process;
@@ -637,7 +637,8 @@ async fn lost_responses(
     Ok(row)
 }
 
-/// The same key with a different amount: 409, nothing charged.
+/// The same key with a different amount: 422 (the draft's answer, the
+/// server's default `--mismatch-status`), nothing charged.
 async fn tampered_retry(
     client: &Client,
     audit: &mut Audit,
@@ -653,11 +654,12 @@ async fn tampered_retry(
     let key = format!("{run}-pay-0");
     let answer = client.pay(&key, 99_999, "order", None).await;
     row.requests += 1;
-    if answer.status == Some(409) {
+    let mismatch = Some(DEFAULT_MISMATCH_STATUS.as_u16());
+    if answer.status == mismatch {
         row.conflicts += 1;
     }
     audit.expect(
-        answer.status == Some(409) && answer.problem_type() == "key-mismatch",
+        answer.status == mismatch && answer.problem_type() == "key-mismatch",
         || {
             format!(
                 "{key}: tampered retry got {:?} {}",

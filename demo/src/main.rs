@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use idempotency::ExpiryPolicy;
 use payments_demo::store::Store;
 use payments_demo::{demo, server};
@@ -43,7 +44,7 @@ const USAGE: &str = "usage:
   payments demo [--store STORE]
   payments serve [--addr ADDR] [--store STORE] [--ledger PATH] [--lease-ms MS]
                  [--ttl DURATION] [--expiry tombstone|tombstone:DURATION|forget]
-                 [--header-read-timeout DURATION]
+                 [--header-read-timeout DURATION] [--mismatch-status 422|409|400]
                  [--crash-after-charge] [--exit-on-stdin-eof]
 
 STORE holds the idempotency records: the path of a redb file, or a PostgreSQL
@@ -56,10 +57,13 @@ directory. demo's expiry and full-disk phases run in its own process on
 engines of their own (a manual clock; an in-memory disk), whatever STORE is.
 serve defaults: --addr 127.0.0.1:8080 --store payments.redb --lease-ms 10000
   --ttl 24h --expiry tombstone:30d --header-read-timeout 10s
+  --mismatch-status 422
 DURATION is a whole number with a unit: 500ms, 30s, 10m, 24h, 7d.
 --ttl: how long a completed payment is replayed. --expiry: what a reused key
 gets after that: `tombstone` (409 for the tombstone's lifetime, never a second
 charge) or `forget` (the key is new again: a retry that late charges again).
+--mismatch-status: the answer to a key reused with a different request: 422
+(the IETF Idempotency-Key draft's), 409 or 400 (Stripe's).
 The simulated provider keeps its own ledger file: by default beside a redb
 store (payments.redb -> payments.provider.jsonl) and payments.provider.jsonl
 with PostgreSQL; --ledger names another. demo keeps it in a temporary
@@ -95,6 +99,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
         keep: DEFAULT_TOMBSTONE_KEEP,
     };
     let mut header_read_timeout = Duration::from_secs(10);
+    let mut mismatch_status = server::DEFAULT_MISMATCH_STATUS;
     let mut crash_after_charge = false;
     let mut exit_on_stdin_eof = false;
     while let Some(arg) = args.next() {
@@ -108,6 +113,9 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             "--expiry" if command == "serve" => expiry = parse_expiry(&value()?)?,
             "--header-read-timeout" if command == "serve" => {
                 header_read_timeout = parse_duration(&value()?)?;
+            }
+            "--mismatch-status" if command == "serve" => {
+                mismatch_status = parse_mismatch_status(&value()?)?;
             }
             "--crash-after-charge" if command == "serve" => crash_after_charge = true,
             "--exit-on-stdin-eof" if command == "serve" => exit_on_stdin_eof = true,
@@ -151,6 +159,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
                 ttl,
                 expiry,
                 header_read_timeout,
+                mismatch_status,
                 crash_after_charge,
                 exit_on_stdin_eof,
             }))?;
@@ -184,6 +193,17 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{s:?} is too long"))
 }
 
+/// `422`, `409` or `400`: the statuses a key reused with a different
+/// request may get (the draft's, the layer's default, Stripe's).
+fn parse_mismatch_status(s: &str) -> Result<StatusCode, String> {
+    match s {
+        "422" => Ok(StatusCode::UNPROCESSABLE_ENTITY),
+        "409" => Ok(StatusCode::CONFLICT),
+        "400" => Ok(StatusCode::BAD_REQUEST),
+        _ => Err(format!("--mismatch-status {s:?}: expected 422, 409 or 400")),
+    }
+}
+
 /// `tombstone`, `tombstone:DURATION` or `forget`.
 fn parse_expiry(s: &str) -> Result<ExpiryPolicy, String> {
     match s.split_once(':') {
@@ -212,6 +232,18 @@ mod tests {
         assert!(parse_duration("30").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("1w").is_err());
+    }
+
+    #[test]
+    fn mismatch_status_is_one_of_three() {
+        assert_eq!(
+            parse_mismatch_status("422"),
+            Ok(StatusCode::UNPROCESSABLE_ENTITY)
+        );
+        assert_eq!(parse_mismatch_status("409"), Ok(StatusCode::CONFLICT));
+        assert_eq!(parse_mismatch_status("400"), Ok(StatusCode::BAD_REQUEST));
+        assert!(parse_mismatch_status("500").is_err());
+        assert!(parse_mismatch_status("conflict").is_err());
     }
 
     #[test]

@@ -28,6 +28,10 @@ use crate::store::Store;
 /// the provider charge and then time out.
 pub const FAULT_HEADER: &str = "x-simulate-fault";
 
+/// What `serve` answers a key reused with a different request, unless
+/// `--mismatch-status` says otherwise: 422, the IETF draft's status.
+pub const DEFAULT_MISMATCH_STATUS: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
+
 /// How `serve` runs.
 pub struct ServeOptions {
     /// Where to listen.
@@ -47,6 +51,9 @@ pub struct ServeOptions {
     /// A connection that has not sent a whole request head within this
     /// time is closed, so slow clients cannot hold connections open.
     pub header_read_timeout: Duration,
+    /// The status for a key reused with a different request (the layer's
+    /// `mismatch_status`): 422, 409 or 400.
+    pub mismatch_status: StatusCode,
     /// Abort the process right after the provider charged, before the
     /// outcome is recorded (fault injection for the demo).
     pub crash_after_charge: bool,
@@ -120,7 +127,12 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         (provider, Arc::new(engine))
     };
 
-    let app = app(engine.clone(), provider.clone(), opts.crash_after_charge);
+    let app = app(
+        engine.clone(),
+        provider.clone(),
+        opts.crash_after_charge,
+        opts.mismatch_status,
+    );
 
     eprintln!(
         "engine {}, provider ledger {}, lease {} ms, ttl {} s, expiry {:?}{}",
@@ -221,18 +233,24 @@ pub fn with_resolver(builder: EngineBuilder, provider: Arc<Provider>) -> EngineB
     builder.resolver(move |pending: &InDoubt| resolve(&provider, pending))
 }
 
-/// The API: `POST /payments` behind the idempotency layer (key required;
-/// amount, currency and customer fingerprinted; the tenant from
-/// `X-Merchant-Id`) and `GET /payments/{id}`, charging through `provider`.
-/// `crash_after_charge` aborts the process after the first charge.
-pub fn app(engine: Arc<Engine>, provider: Arc<Provider>, crash_after_charge: bool) -> Router {
+/// The API: `POST /payments` behind the idempotency layer (a key required
+/// on every POST and PATCH, so that a route pattern that does not match
+/// cannot make it optional; amount, currency and customer fingerprinted;
+/// the tenant from `X-Merchant-Id`; a reused key with a different request
+/// answered `mismatch_status`) and `GET /payments/{id}`, charging through
+/// `provider`. `crash_after_charge` aborts the process after the first
+/// charge.
+pub fn app(
+    engine: Arc<Engine>,
+    provider: Arc<Provider>,
+    crash_after_charge: bool,
+    mismatch_status: StatusCode,
+) -> Router {
     let layer = IdempotencyLayer::new(engine)
-        .route(Route::new("/payments").require_key().json_pointers([
-            "/amount",
-            "/currency",
-            "/customer",
-        ]))
+        .require_key(true)
+        .route(Route::new("/payments").json_pointers(["/amount", "/currency", "/customer"]))
         .tenant_header(header::HeaderName::from_static("x-merchant-id"))
+        .mismatch_status(mismatch_status)
         .max_body_bytes(16 * 1024);
     let state = AppState {
         provider,
@@ -267,7 +285,7 @@ impl InProcess {
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let app = app(engine, provider, false);
+        let app = app(engine, provider, false, DEFAULT_MISMATCH_STATUS);
         let task = tokio::spawn(serve_http1(
             listener,
             app,
@@ -444,10 +462,21 @@ fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
 
 async fn create_payment(
     State(app): State<AppState>,
-    Extension(claim): Extension<ClaimInfo>,
+    // Always there: the layer requires a key on every POST, so each one
+    // that reaches this handler is claimed. `Option` all the same, so that
+    // a change to the layer's settings is a 500 problem, not axum's 500.
+    claim: Option<Extension<ClaimInfo>>,
     headers: HeaderMap,
     Json(req): Json<CreatePayment>,
 ) -> Response {
+    let Some(Extension(claim)) = claim else {
+        eprintln!("payments: a POST /payments reached the handler without a claim");
+        return problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Not claimed",
+            "the payment was not run: the idempotency layer did not claim this request",
+        );
+    };
     if req.amount == 0 || req.currency.len() != 3 || req.customer.is_empty() {
         return problem(
             StatusCode::UNPROCESSABLE_ENTITY,

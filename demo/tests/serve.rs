@@ -1,5 +1,6 @@
 //! `payments serve` as an operator runs it: the safe expiry default (a key
-//! reused after its TTL is never charged again), a header-read timeout that
+//! reused after its TTL is never charged again), the mismatch status it is
+//! given (422 by default, as the IETF draft says), a header-read timeout that
 //! cuts off clients sending their request head too slowly (a slowloris
 //! holds a connection forever otherwise), and a start that fails without
 //! leaving files behind.
@@ -168,6 +169,34 @@ fn a_request_head_sent_too_slowly_is_cut_off() -> Result<()> {
     );
     // Other clients are still served.
     assert_eq!(pay(server.addr, "fast", 500)?, 201);
+    Ok(())
+}
+
+#[test]
+fn a_changed_request_gets_the_mismatch_status_asked_for() -> Result<()> {
+    for (args, status) in [(&[][..], 422), (&["--mismatch-status", "409"][..], 409)] {
+        let dir = tempfile::tempdir()?;
+        let server = Server::start(&dir.path().join("payments.redb"), args)?;
+        assert_eq!(pay(server.addr, "order-1", 500)?, 201);
+        // Same key, another amount: refused, never charged.
+        assert_eq!(pay(server.addr, "order-1", 900)?, status, "{args:?}");
+        drop(server);
+        assert_eq!(ledger_lines(dir.path())?, 1);
+    }
+    Ok(())
+}
+
+#[test]
+fn an_unknown_mismatch_status_is_refused_at_start() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let output = Command::new(env!("CARGO_BIN_EXE_payments"))
+        .args(["serve", "--mismatch-status", "500", "--store"])
+        .arg(dir.path().join("payments.redb"))
+        .stdin(Stdio::null())
+        .output()?;
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--mismatch-status"), "{stderr}");
     Ok(())
 }
 

@@ -2,10 +2,11 @@
 //! is its fingerprint.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, COOKIE};
 use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
@@ -52,6 +53,9 @@ pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, ProblemDet
     let path = parts.uri.path();
     let route = cfg.routes.iter().find(|r| r.matches(path));
     let required = route.and_then(|r| r.require_key).unwrap_or(cfg.require_key);
+    if route.is_none() && !cfg.routes.is_empty() {
+        cfg.unmatched.warn(&parts.method, path, required);
+    }
     let client_key = match header::parse_key(&parts.headers.get_all(&IDEMPOTENCY_KEY)) {
         Ok(Some(key)) => key,
         Ok(None) if !required => return Ok(Head::Pass),
@@ -186,17 +190,64 @@ fn caller_digest(caller: &Caller, secret: Option<&[u8; 32]>, parts: &Parts) -> O
             put(&mut hasher, f(parts)?.as_bytes());
             any = true;
         }
-        CallerKind::Headers(names) => {
-            for name in names {
+        CallerKind::Credentials { headers, cookies } => {
+            // Headers hash as before cookies existed here (name, value), so
+            // an `Authorization` caller's scope is unchanged.
+            for name in headers {
                 for value in parts.headers.get_all(name) {
                     put(&mut hasher, name.as_str().as_bytes());
                     put(&mut hasher, value.as_bytes());
                     any = true;
                 }
             }
+            for name in cookies {
+                for value in cookie_values(&parts.headers, name) {
+                    // A marker no header name can spell (':' is not a
+                    // token character), so a cookie never hashes like a
+                    // header.
+                    put(&mut hasher, b"cookie:");
+                    put(&mut hasher, name.as_bytes());
+                    put(&mut hasher, value);
+                    any = true;
+                }
+            }
+            if !any && cookies.is_empty() && parts.headers.contains_key(COOKIE) {
+                warn_cookies_ignored();
+            }
         }
     }
     any.then(|| hex(&hasher.finalize().as_bytes()[..16]))
+}
+
+/// The values of the cookie `name` in the request's `Cookie` headers, in
+/// order (RFC 6265 section 5.4: `name=value` pairs separated by `;`; the
+/// name compared exactly, the value taken as sent).
+fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
+        .filter_map(move |pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            let (n, v) = pair.split_at(eq);
+            (n.trim_ascii() == name.as_bytes()).then(|| v[1..].trim_ascii())
+        })
+}
+
+/// Logs, once per process, that a request's cookies were not used to tell
+/// callers apart: a cookie-session app on the default caller scopes all its
+/// users as one anonymous caller.
+fn warn_cookies_ignored() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "a request with an Idempotency-Key carries cookies but none of the credentials the \
+             caller scope reads (by default Authorization): it is scoped as the anonymous caller, \
+             whose keys every such request shares. If cookies identify your users, name the \
+             session cookie with Caller::cookies or use Caller::from_fn (logged once)"
+        );
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -422,6 +473,63 @@ mod tests {
             .expect("valid")
             .into_parts();
         assert_eq!(caller_digest(&caller, None, &anonymous), None);
+    }
+
+    fn with_cookies(auth: Option<&'static str>, cookies: &[&'static str]) -> Parts {
+        let mut req = http::Request::post("/p");
+        if let Some(auth) = auth {
+            req = req.header("authorization", auth);
+        }
+        for c in cookies {
+            req = req.header("cookie", *c);
+        }
+        let (parts, ()) = req.body(()).expect("valid request").into_parts();
+        parts
+    }
+
+    #[test]
+    fn cookies_count_only_by_name() {
+        let parts = with_cookies(None, &["a=1; session = s1 ;lb=x", "session=s2; x"]);
+        let values: Vec<&[u8]> = cookie_values(&parts.headers, "session").collect();
+        assert_eq!(values, [&b"s1"[..], b"s2"]);
+        assert_eq!(cookie_values(&parts.headers, "Session").count(), 0);
+
+        let by_session = Caller::cookies(["session"]);
+        let one = caller_digest(&by_session, None, &with_cookies(None, &["session=s1"]));
+        let more = caller_digest(
+            &by_session,
+            None,
+            &with_cookies(None, &["session=s1; lb=xyz", "_ga=1"]),
+        );
+        let other = caller_digest(&by_session, None, &with_cookies(None, &["session=s2"]));
+        assert!(one.is_some());
+        assert_eq!(one, more, "an extra cookie is the same caller");
+        assert_ne!(one, other, "another session is another caller");
+        assert_eq!(
+            caller_digest(&by_session, None, &with_cookies(None, &["lb=xyz"])),
+            None
+        );
+    }
+
+    #[test]
+    fn the_default_caller_is_the_authorization_header_alone() {
+        let caller = Caller::default();
+        let bare = caller_digest(&caller, None, &with_cookies(Some("Bearer t"), &[]));
+        let jar = caller_digest(&caller, None, &with_cookies(Some("Bearer t"), &["lb=1"]));
+        assert!(bare.is_some());
+        assert_eq!(bare, jar);
+        // A cookie and a header of the same name and value never hash alike.
+        let header = Caller::headers([http::header::HeaderName::from_static("session")]);
+        let (parts, ()) = http::Request::post("/p")
+            .header("session", "s1")
+            .header("cookie", "session=s1")
+            .body(())
+            .expect("valid")
+            .into_parts();
+        assert_ne!(
+            caller_digest(&header, None, &parts),
+            caller_digest(&Caller::cookies(["session"]), None, &parts)
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 
 use super::runtime::Runtime;
+use super::unmatched::Unmatched;
 use super::{Caller, Disposition, Route};
 use crate::Engine;
 
@@ -17,38 +18,60 @@ pub(crate) type ScopeFn = Arc<dyn Fn(&Parts, &str) -> String + Send + Sync>;
 /// Which response headers are stored for replay.
 #[derive(Clone, Debug)]
 pub(crate) enum HeaderPolicy {
-    /// All but [`NEVER_STORED`] and these.
+    /// All but [`UNSTORABLE`], [`CREDENTIALS`] and these.
     AllExcept(Vec<HeaderName>),
-    /// Only these (still never one of [`NEVER_STORED`]).
+    /// Only these (never one of [`UNSTORABLE`]; a credential only when
+    /// named here).
     Only(Vec<HeaderName>),
 }
 
-/// Response headers never stored: hop-by-hop headers (RFC 9110 section
-/// 7.6.1, plus the obsolete `Keep-Alive` and `Proxy-Connection`), which
-/// describe one connection; credentials (`Set-Cookie`, `Authorization`,
-/// `Proxy-Authorization`), which must not be handed to whoever sends the
-/// key next; `Date`, which must describe the replay; and `Content-Length`,
-/// which the server computes for the body actually sent. Headers named by
-/// the response's `Connection` header are hop-by-hop too and skipped.
-pub(crate) const NEVER_STORED: [HeaderName; 12] = [
+impl HeaderPolicy {
+    /// Whether a response header of this name is stored (headers named by
+    /// the response's `Connection` header and the layer's reserved names
+    /// are skipped by the caller).
+    pub(crate) fn stores(&self, name: &HeaderName) -> bool {
+        if UNSTORABLE.contains(name) {
+            return false;
+        }
+        match self {
+            HeaderPolicy::AllExcept(excluded) => {
+                !excluded.contains(name) && !CREDENTIALS.contains(name)
+            }
+            HeaderPolicy::Only(names) => names.contains(name),
+        }
+    }
+}
+
+/// Response headers that cannot be replayed, whatever the configuration:
+/// hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
+/// `Keep-Alive` and `Proxy-Connection`), which describe one connection;
+/// `Date`, which must describe the replay; and `Content-Length`, which the
+/// server computes for the body actually sent. Headers named by the
+/// response's `Connection` header are hop-by-hop too and skipped.
+pub(crate) const UNSTORABLE: [HeaderName; 11] = [
     http::header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     http::header::PROXY_AUTHENTICATE,
-    http::header::PROXY_AUTHORIZATION,
     http::header::TE,
     http::header::TRAILER,
     http::header::TRANSFER_ENCODING,
     http::header::UPGRADE,
-    http::header::SET_COOKIE,
     http::header::DATE,
     http::header::CONTENT_LENGTH,
+    // The layer's own replay marker, added to every replay.
+    super::IDEMPOTENT_REPLAYED,
 ];
 
-/// Also never stored, kept apart because `http` has no constants for them.
-pub(crate) const NEVER_STORED_EXTRA: [HeaderName; 2] = [
-    http::header::AUTHORIZATION,
+/// Credentials (`Set-Cookie`, `Set-Cookie2`, `Authorization`,
+/// `Proxy-Authorization`): not stored unless named in
+/// `IdempotencyLayer::stored_headers`, since a stored one is handed to
+/// whoever retries with the key next.
+pub(crate) const CREDENTIALS: [HeaderName; 4] = [
+    http::header::SET_COOKIE,
     HeaderName::from_static("set-cookie2"),
+    http::header::AUTHORIZATION,
+    http::header::PROXY_AUTHORIZATION,
 ];
 
 #[derive(Clone)]
@@ -64,6 +87,8 @@ pub(crate) struct Config {
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) max_body_bytes: usize,
     pub(crate) mismatch_status: StatusCode,
+    /// Status of the `key-expired` answer (409 or 410).
+    pub(crate) expired_status: StatusCode,
     pub(crate) headers: HeaderPolicy,
     pub(crate) client_errors: Disposition,
     pub(crate) server_errors: Disposition,
@@ -75,6 +100,8 @@ pub(crate) struct Config {
     /// `Some(retry_after)`: refuse at capacity instead of waiting.
     pub(crate) shed: Option<Duration>,
     pub(crate) runtime: Arc<Runtime>,
+    /// Paths warned about for matching no route (shared by clones).
+    pub(crate) unmatched: Arc<Unmatched>,
 }
 
 /// Statuses that refuse a request before any work, released by default:

@@ -121,13 +121,19 @@ where
                     continue;
                 }
                 let after = cfg.runtime.expected_remaining(&route, &key, retry_after);
+                let lease_end = cfg
+                    .engine
+                    .clock()
+                    .now_ms()
+                    .saturating_add(crate::clock::duration_ms(retry_after));
                 break ProblemDetails::new(
                     StatusCode::CONFLICT,
                     "processing",
                     "Request processing",
                     "a request with this Idempotency-Key is still being processed",
                 )
-                .retry_after(ceil_secs(after));
+                .retry_after(ceil_secs(after))
+                .lease_ends_at(lease_end);
             }
             Begin::Mismatch => break mismatch(&cfg, key, fingerprinted.digests).await,
             Begin::InDoubt(in_doubt) => {
@@ -139,27 +145,33 @@ where
                     "an earlier request with this Idempotency-Key may have had effects that \
                      were not recorded; it is being recovered and will not be executed again",
                 )
-                .retry_after(ceil_secs(cfg.in_doubt_retry_after));
+                .retry_after(ceil_secs(cfg.in_doubt_retry_after))
+                .lease_ends_at(in_doubt.resolvable_at_ms);
             }
-            Begin::Tombstoned { reusable_at_ms, .. } => {
-                let now_ms = cfg.engine.clock().now_ms();
-                let wait = Duration::from_millis(reusable_at_ms.saturating_sub(now_ms));
-                let at = std::time::UNIX_EPOCH + Duration::from_millis(reusable_at_ms);
-                break ProblemDetails::new(
-                    StatusCode::CONFLICT,
-                    "key-expired",
-                    "Idempotency-Key expired",
-                    format!(
-                        "this Idempotency-Key expired; it may not be reused before {} \
-                         (in {} s); use a new key",
-                        httpdate::fmt_http_date(at),
-                        ceil_secs(wait)
-                    ),
-                );
-            }
+            Begin::Tombstoned { reusable_at_ms, .. } => break expired(&cfg, reusable_at_ms),
         }
     };
     Ok(problem.into_response())
+}
+
+/// The answer for a key whose record expired and is kept as a tombstone
+/// until `reusable_at_ms`.
+fn expired(cfg: &Config, reusable_at_ms: u64) -> ProblemDetails {
+    let now_ms = cfg.engine.clock().now_ms();
+    let wait = Duration::from_millis(reusable_at_ms.saturating_sub(now_ms));
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(reusable_at_ms);
+    ProblemDetails::new(
+        cfg.expired_status,
+        "key-expired",
+        "Idempotency-Key expired",
+        format!(
+            "this Idempotency-Key expired; it may not be reused before {} \
+             (in {} s); use a new key",
+            httpdate::fmt_http_date(at),
+            ceil_secs(wait)
+        ),
+    )
+    .instant("reusable_at", reusable_at_ms)
 }
 
 /// Waits until this process's claim on `key` is done, or for one poll

@@ -8,9 +8,10 @@ use http::header::HeaderName;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
-use super::config::{Config, HeaderPolicy, DEFAULT_MAX_IN_FLIGHT, RELEASED};
+use super::config::{Config, HeaderPolicy, DEFAULT_MAX_IN_FLIGHT, RELEASED, UNSTORABLE};
 use super::runtime::Runtime;
 use super::service::IdempotencyService;
+use super::store::RESERVED_PREFIX;
 use super::{Caller, Disposition, Route};
 use crate::Engine;
 
@@ -73,9 +74,10 @@ use crate::Engine;
 /// hop-by-hop ones (`Connection` and those it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Proxy-Authenticate`, `TE`, `Trailer`,
 /// `Transfer-Encoding`, `Upgrade`), credentials (`Set-Cookie`,
-/// `Set-Cookie2`, `Authorization`, `Proxy-Authorization`), `Date` and
-/// `Content-Length`; see [`stored_headers`](Self::stored_headers) and
-/// [`exclude_headers`](Self::exclude_headers). So `Content-Encoding`,
+/// `Set-Cookie2`, `Authorization`, `Proxy-Authorization`; stored only when
+/// named in [`stored_headers`](Self::stored_headers)), `Date` and
+/// `Content-Length`; see also [`exclude_headers`](Self::exclude_headers).
+/// So `Content-Encoding`,
 /// `Content-Type`, `Location`, `ETag` and the like replay as sent.
 ///
 /// # Retry-After for a request in progress
@@ -132,13 +134,14 @@ use crate::Engine;
 /// | [`methods`](Self::methods) | POST, PATCH |
 /// | [`require_key`](Self::require_key) | `false` (a request without a key passes through) |
 /// | [`route`](Self::route) | none: body fingerprint by content type |
-/// | [`caller`](Self::caller) | [`Caller::headers`]: `Authorization`, `Cookie` (hashed) |
+/// | [`caller`](Self::caller) | [`Caller::headers`]: `Authorization` (hashed); cookies only by name ([`Caller::cookies`]) |
 /// | [`caller_secret`](Self::caller_secret) | none: the digest is keyed by a fixed context string |
 /// | [`scope`](Self::scope) | `"{method} {route}"` plus ` tenant={value}` plus ` caller={digest}` |
 /// | [`tenant_header`](Self::tenant_header) | none |
 /// | [`max_body_bytes`](Self::max_body_bytes) | 1 MiB (1,048,576 bytes) |
 /// | [`mismatch_status`](Self::mismatch_status) | 409 Conflict |
-/// | [`stored_headers`](Self::stored_headers) | all end-to-end headers but the never-stored list above |
+/// | [`expired_status`](Self::expired_status) | 409 Conflict |
+/// | [`stored_headers`](Self::stored_headers) | all end-to-end headers but the hop-by-hop ones, credentials, `Date` and `Content-Length` (see above) |
 /// | [`on_status`](Self::on_status) | 400, 408, 411, 413, 415, 422, 425, 429: [`Disposition::Retry`] |
 /// | [`on_client_error`](Self::on_client_error) | [`Disposition::Store`] |
 /// | [`on_server_error`](Self::on_server_error) | [`Disposition::InDoubt`] (503 with `Retry-After`: [`Disposition::Retry`]) |
@@ -168,6 +171,7 @@ impl IdempotencyLayer {
                 scope: None,
                 max_body_bytes: 1 << 20,
                 mismatch_status: StatusCode::CONFLICT,
+                expired_status: StatusCode::CONFLICT,
                 headers: HeaderPolicy::AllExcept(Vec::new()),
                 client_errors: Disposition::Store,
                 server_errors: Disposition::InDoubt,
@@ -177,6 +181,7 @@ impl IdempotencyLayer {
                 schema_version: 1,
                 shed: None,
                 runtime: Runtime::new(DEFAULT_MAX_IN_FLIGHT),
+                unmatched: Arc::default(),
             }),
         }
     }
@@ -265,17 +270,75 @@ impl IdempotencyLayer {
         self
     }
 
+    /// Status for a key used after its record expired, while the engine
+    /// keeps its tombstone: 409 Conflict (the default) or 410 Gone. Either
+    /// way the problem type is [`key-expired`](super#key-expired), with the
+    /// member `reusable_at`, and the handler does not run.
+    ///
+    /// 410 tells a client that the key is known and gone, as opposed to
+    /// never seen: one that derives keys from its own data (an order id)
+    /// can then look the operation up before it mints a new key. It needs
+    /// [`ExpiryPolicy::Tombstone`](crate::ExpiryPolicy::Tombstone) on the
+    /// engine: under [`ExpiryPolicy::Forget`](crate::ExpiryPolicy::Forget)
+    /// (the engine's default) an expired record is gone, the key is new
+    /// again and the request runs; so does a request after the tombstone's
+    /// own lifetime. A reused key with a *different* request is answered
+    /// [`key-mismatch`](super#key-mismatch) while the tombstone lasts (the
+    /// fingerprint is checked first).
+    ///
+    /// # Panics
+    ///
+    /// If `status` is neither 409 nor 410 (a configuration error).
+    pub fn expired_status(mut self, status: StatusCode) -> Self {
+        assert!(
+            status == StatusCode::CONFLICT || status == StatusCode::GONE,
+            "expired_status must be 409 Conflict or 410 Gone, not {status}"
+        );
+        self.cfg().expired_status = status;
+        self
+    }
+
     /// Stores only these response headers (every value of each, in order)
-    /// instead of all end-to-end headers; the never-stored list (see
-    /// above) still applies. Other headers are sent only with the original
-    /// response, so a replay may then lack what is needed to read its body.
+    /// instead of all end-to-end headers. Other headers are sent only with
+    /// the original response, so a replay may then lack what is needed to
+    /// read its body.
+    ///
+    /// A credential named here (`Set-Cookie`, `Set-Cookie2`,
+    /// `Authorization`, `Proxy-Authorization`) **is** stored and replayed:
+    /// an explicit opt-in, e.g. for a login endpoint whose retry must get
+    /// the session cookie its lost response carried. The risk: the stored
+    /// cookie is handed to whoever retries with the key and passes the
+    /// [`caller`](Self::caller) scope, so keep a caller scope that
+    /// identifies the client (never [`Caller::shared`] or anonymous
+    /// callers on such a route), and know that the replay sends the cookie
+    /// as it was set (an expiry date, a session since revoked).
+    ///
+    /// # Panics
+    ///
+    /// If a name is one that cannot be replayed (hop-by-hop headers,
+    /// `Date`, `Content-Length`, `Idempotent-Replayed`) or one the layer
+    /// reserves (prefix `idempotency-layer-`): a configuration error,
+    /// refused rather than ignored.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.cfg().headers = HeaderPolicy::Only(names.into_iter().collect());
+        let names: Vec<HeaderName> = names.into_iter().collect();
+        for name in &names {
+            assert!(
+                !UNSTORABLE.contains(name),
+                "stored_headers: {name} cannot be replayed (it describes one connection or \
+                 one response: hop-by-hop, Date, Content-Length, Idempotent-Replayed)"
+            );
+            assert!(
+                !name.as_str().starts_with(RESERVED_PREFIX),
+                "stored_headers: {name} uses the layer's reserved prefix {RESERVED_PREFIX}"
+            );
+        }
+        self.cfg().headers = HeaderPolicy::Only(names);
         self
     }
 
     /// Never stores these response headers either (on top of the
-    /// never-stored list), e.g. a per-response trace id. Replaces a
+    /// hop-by-hop headers, credentials, `Date` and `Content-Length`), e.g.
+    /// a per-response trace id. Replaces a
     /// [`stored_headers`](Self::stored_headers) list.
     pub fn exclude_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.cfg().headers = HeaderPolicy::AllExcept(names.into_iter().collect());
@@ -365,6 +428,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("custom_scope", &c.scope.is_some())
             .field("max_body_bytes", &c.max_body_bytes)
             .field("mismatch_status", &c.mismatch_status)
+            .field("expired_status", &c.expired_status)
             .field("headers", &c.headers)
             .field("client_errors", &c.client_errors)
             .field("by_status", &c.by_status)

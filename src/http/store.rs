@@ -19,7 +19,7 @@ use std::sync::Arc;
 use http::header::{CONNECTION, LOCATION};
 use http::{HeaderMap, StatusCode};
 
-use super::config::{Config, HeaderPolicy, NEVER_STORED, NEVER_STORED_EXTRA};
+use super::config::{Config, HeaderPolicy};
 use super::IDEMPOTENT_REPLAYED;
 use crate::{Claim, Engine, Envelope, Failure};
 
@@ -179,13 +179,7 @@ fn stored_headers(policy: &HeaderPolicy, headers: &HeaderMap) -> Vec<(String, Ve
     let mut out = Vec::new();
     for (name, value) in headers {
         let n = name.as_str();
-        let wanted = match policy {
-            HeaderPolicy::AllExcept(excluded) => !excluded.contains(name),
-            HeaderPolicy::Only(names) => names.contains(name),
-        };
-        if !wanted
-            || NEVER_STORED.contains(name)
-            || NEVER_STORED_EXTRA.contains(name)
+        if !policy.stores(name)
             || n.starts_with(RESERVED_PREFIX)
             || *name == IDEMPOTENT_REPLAYED
             || named_by_connection.iter().any(|c| c == n)
@@ -229,6 +223,7 @@ mod tests {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        assert_eq!(names, ["etag"]);
+        // Named explicitly, a credential is stored (issue 25 item 6).
+        assert_eq!(names, ["set-cookie", "etag"]);
     }
 }

@@ -142,9 +142,15 @@ impl Record {
     /// Same fingerprint under the same algorithm version. A record written
     /// under another fingerprint version cannot be compared and counts as a
     /// mismatch (the safe answer: never a replay of a different request).
+    ///
+    /// The 32 bytes are compared in constant time: `blake3::Hash`'s
+    /// equality is documented as constant-time (it runs the
+    /// `constant_time_eq` crate's 32-byte comparison), so how long a
+    /// mismatch takes does not tell a client how many leading bytes of a
+    /// stored fingerprint its request matched.
     pub(crate) fn fingerprint_matches(&self, fp: &Fingerprint) -> bool {
-        self.fingerprint_version == FINGERPRINT_ALGORITHM_VERSION
-            && &self.fingerprint == fp.as_bytes()
+        let same = blake3::Hash::from_bytes(self.fingerprint) == *fp.as_bytes();
+        self.fingerprint_version == FINGERPRINT_ALGORITHM_VERSION && same
     }
 
     /// The record with its outcome stored: COMPLETED or `FINAL_FAILURE`,
@@ -268,4 +274,26 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
             let _ = write!(s, "{b:02x}");
             s
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_match_only_in_full_and_under_the_same_version() {
+        let stored = [7u8; 32];
+        let mut rec = Record::processing(Fingerprint::from_bytes(stored), 1, "r".into(), 0, 1);
+        assert!(rec.fingerprint_matches(&Fingerprint::from_bytes(stored)));
+        for i in [0, 15, 31] {
+            let mut other = stored;
+            other[i] ^= 1;
+            assert!(
+                !rec.fingerprint_matches(&Fingerprint::from_bytes(other)),
+                "byte {i} differs"
+            );
+        }
+        rec.fingerprint_version = FINGERPRINT_ALGORITHM_VERSION.wrapping_add(1);
+        assert!(!rec.fingerprint_matches(&Fingerprint::from_bytes(stored)));
+    }
 }
