@@ -21,6 +21,11 @@
 //!
 //! Input size is not limited here; callers bound it.
 //!
+//! Strings are written as the code points they spell (escapes undone, then
+//! re-escaped minimally): no Unicode normalization, so NFC and NFD
+//! spellings of the same text stay different, and member names that differ
+//! only in normalization are not duplicates.
+//!
 //! # Numbers: a deliberate deviation from RFC 8785
 //!
 //! RFC 8785 rounds every number through an IEEE 754 double. Here numbers keep

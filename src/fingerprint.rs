@@ -6,6 +6,30 @@
 //! number spelling (`1` vs `1.0`) do not change a fingerprint, while any
 //! change of value does. What exactly is hashed is mapped at the top of
 //! `fingerprint/builder.rs`.
+//!
+//! # Unicode: code points, no normalization
+//!
+//! Strings (values and member names) are hashed as the Unicode code points
+//! they spell once JSON escapes are undone, so `"\u00e9"` and `"é"` are
+//! the same string. No normalization is applied: `é` as one code point
+//! (U+00E9, NFC) and as `e` plus a combining acute accent (U+0065 U+0301,
+//! NFD) are different strings, so two requests that differ only in that
+//! spelling have different fingerprints (a retry that changes it is
+//! [`Begin::Mismatch`](crate::Begin::Mismatch)), and two member names that
+//! differ only in it are two members, not duplicates. An app that wants
+//! such spellings to count as one request normalizes the fields (to NFC,
+//! say) before fingerprinting them.
+//!
+//! ```
+//! use idempotency::Fingerprint;
+//!
+//! let nfc = Fingerprint::of_json("{\"name\": \"Jos\u{e9}\"}".as_bytes(), &[])?;
+//! let nfd = Fingerprint::of_json("{\"name\": \"Jose\u{301}\"}".as_bytes(), &[])?;
+//! let escaped = Fingerprint::of_json(br#"{"name": "Jos\u00e9"}"#, &[])?;
+//! assert_ne!(nfc, nfd);
+//! assert_eq!(nfc, escaped);
+//! # Ok::<_, idempotency::FingerprintError>(())
+//! ```
 
 mod builder;
 
@@ -31,6 +55,10 @@ const BODY_PART: &str = "body";
 /// A request fingerprint: a 32-byte blake3 hash of a request's business
 /// fields, computed by [`FINGERPRINT_ALGORITHM_VERSION`] 1 (see the module
 /// docs for exactly what is hashed).
+///
+/// Strings are compared as Unicode code points, without normalization:
+/// NFC and NFD spellings of the same text are different requests (an app
+/// that wants otherwise normalizes before fingerprinting).
 ///
 /// `Display` and [`Fingerprint::to_hex`] give 64 lowercase hex digits;
 /// `Debug` gives the first 16, as `Fingerprint(0123456789abcdef…)`.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::clock::duration_ms;
 
 /// What happens to a COMPLETED or `FINAL_FAILURE` record once its TTL has run
-/// out. See the README's expiry table.
+/// out. See the expiry table in `docs/expiry.md`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ExpiryPolicy {
     /// The record is deleted: reusing the key is a new request. The default.

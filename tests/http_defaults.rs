@@ -264,7 +264,7 @@ enum Fate {
     Unknown,
 }
 
-/// The README's and `IdempotencyLayer`'s default table, row by row.
+/// The default table of `docs/http.md` and `IdempotencyLayer`, row by row.
 #[tokio::test(flavor = "multi_thread")]
 async fn default_status_table() -> TestResult {
     let runs = Arc::new(AtomicUsize::new(0));

@@ -2,7 +2,7 @@
 //! the `metrics` facade: an app that installs an exporter (Prometheus or
 //! another) must see claims, replays, mismatches, processing and unknown
 //! answers, and the group-commit batch sizes and latencies, under the
-//! names the README documents.
+//! names `docs/metrics.md` documents.
 
 use std::collections::HashMap;
 use std::error::Error;

@@ -26,7 +26,7 @@
 //! PostgreSQL database (then only the provider's ledger is a temporary file);
 //! the expiry phase's engine file is always a temporary one.
 //!
-//! `serve` keeps the API up for curl; README.md ("The payments example") has
+//! `serve` keeps the API up for curl; demo/README.md ("Trying it by hand") has
 //! the curl lines.
 
 use std::net::SocketAddr;

@@ -56,7 +56,7 @@ impl Counter {
 }
 
 /// Counters since the engine was opened. The metric names are listed in
-/// the README's "Metrics" section.
+/// `docs/metrics.md`.
 #[derive(Debug)]
 pub(crate) struct Counters {
     pub(crate) claims: Counter,

@@ -410,7 +410,7 @@ impl Engine {
     /// (they would run its work again), shows up here: as a value failing
     /// its checksum and an index entry without its record. A full scan: for
     /// operators (`idem verify`), not hot paths. Works on a read-only
-    /// engine. The README's "Damaged files" says what is detected when.
+    /// engine. `docs/operations.md` ("Damaged files") says what is detected when.
     ///
     /// Values of record format 1 (no checksum: PostgreSQL rows written by
     /// an older build) are checked only for decoding.
