@@ -132,7 +132,11 @@ impl Answer {
             .map(str::to_owned)
             .unwrap_or_else(|| {
                 let s = String::from_utf8_lossy(&self.body);
-                s.chars().take(60).collect()
+                if s.trim_start().starts_with('<') {
+                    "(an HTML page)".to_owned()
+                } else {
+                    s.chars().take(60).collect()
+                }
             });
         if text.is_empty() {
             self.status.to_string()

@@ -38,7 +38,7 @@ pub(crate) async fn run(t: &Target) -> Vec<Check> {
         hooked(
             t,
             "classify.4xx-stored",
-            "draft 2.6 SHOULD (error replayed)",
+            "draft 2.6 SHOULD; ours: stored",
             402,
             Expect::Replayed,
         )

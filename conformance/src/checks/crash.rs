@@ -51,7 +51,7 @@ pub(crate) async fn run(t: &Target) -> Check {
                 SOURCE,
                 Verdict::Fail,
                 format!(
-                    "in flight: {}; after {attempts} retries: {}",
+                    "in flight: {}; after {attempts} attempts: {}",
                     show(t, &first),
                     show(t, &other)
                 ),
@@ -88,7 +88,7 @@ pub(crate) async fn run(t: &Target) -> Check {
         SOURCE,
         verdict,
         format!(
-            "in flight: {}; settled after {attempts} retries: {}; again: {}{why}{note}",
+            "in flight: {}; settled after {attempts} attempts: {}; again: {}{why}{note}",
             show(t, &first),
             show(t, &Ok(settled.clone())),
             show(t, &again)
