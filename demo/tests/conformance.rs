@@ -19,9 +19,9 @@ use idem_conformance::{Config, Restart, Verdict};
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The server's settings: a TTL short enough to wait out, and a lease that
-/// outlasts a slow request (1 s plus the provider's 150 ms) but is short
-/// enough for the crash check to wait out.
-const SERVE_ARGS: [&str; 4] = ["--ttl", "2s", "--lease-ms", "2000"];
+/// outlasts a slow request (1 s plus the provider's 150 ms) with room for a
+/// loaded machine, yet is short enough for the crash check to wait out.
+const SERVE_ARGS: [&str; 4] = ["--ttl", "2s", "--lease-ms", "3000"];
 
 /// A `payments serve` child; killed when dropped.
 struct Server {
