@@ -206,6 +206,21 @@ impl Provider {
         let ledger = self.ledger.lock();
         ledger.by_reference.values().find(|c| c.id == id).cloned()
     }
+
+    /// The charges made for the client's `Idempotency-Key` `client_key`,
+    /// oldest first: how many times requests with that key were executed
+    /// (the conformance kit counts executions from outside with it).
+    pub fn by_client_key(&self, client_key: &str) -> Vec<Charge> {
+        let ledger = self.ledger.lock();
+        let mut charges: Vec<Charge> = ledger
+            .by_reference
+            .values()
+            .filter(|c| c.client_key == client_key)
+            .cloned()
+            .collect();
+        charges.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        charges
+    }
 }
 
 impl Ledger {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -25,12 +25,22 @@ use crate::provider::{Charge, ChargeError, Fault, Provider};
 use crate::store::Store;
 
 /// Request header for the demo's fault injection: `provider-timeout` makes
-/// the provider charge and then time out.
+/// the provider charge and then time out; `slow` charges, then holds the
+/// answer for [`SLOW`] (a request in flight, for the conformance kit).
 pub const FAULT_HEADER: &str = "x-simulate-fault";
 
 /// What `serve` answers a key reused with a different request, unless
 /// `--mismatch-status` says otherwise: 422, the IETF draft's status.
 pub const DEFAULT_MISMATCH_STATUS: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
+
+/// Request header for the conformance kit (conformance/README.md): a status
+/// from 400 to 599 that the payment answers at once, before charging (a 503
+/// with `Retry-After: 1`). Not fingerprinted, so a retry without it is the
+/// same request.
+pub const STATUS_HEADER: &str = "x-simulate-status";
+
+/// How long `x-simulate-fault: slow` holds a charged payment's answer.
+pub const SLOW: Duration = Duration::from_secs(1);
 
 /// How `serve` runs.
 pub struct ServeOptions {
@@ -237,9 +247,10 @@ pub fn with_resolver(builder: EngineBuilder, provider: Arc<Provider>) -> EngineB
 /// on every POST and PATCH, so that a route pattern that does not match
 /// cannot make it optional; amount, currency and customer fingerprinted;
 /// the tenant from `X-Merchant-Id`; a reused key with a different request
-/// answered `mismatch_status`) and `GET /payments/{id}`, charging through
-/// `provider`. `crash_after_charge` aborts the process after the first
-/// charge.
+/// answered `mismatch_status`), `GET /payments/{id}` and
+/// `GET /charges?key=KEY` (the charges made for a client's key: the
+/// conformance kit's execution count), charging through `provider`.
+/// `crash_after_charge` aborts the process after the first charge.
 pub fn app(
     engine: Arc<Engine>,
     provider: Arc<Provider>,
@@ -259,6 +270,7 @@ pub fn app(
     Router::new()
         .route("/payments", post(create_payment))
         .route("/payments/{id}", get(get_payment))
+        .route("/charges", get(charges_for_key))
         .layer(layer)
         .with_state(state)
 }
@@ -477,6 +489,9 @@ async fn create_payment(
             "the payment was not run: the idempotency layer did not claim this request",
         );
     };
+    if let Some(value) = headers.get(STATUS_HEADER) {
+        return simulated_status(value);
+    }
     if req.amount == 0 || req.currency.len() != 3 || req.customer.is_empty() {
         return problem(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -484,9 +499,10 @@ async fn create_payment(
             "amount must be positive, currency a 3-letter code, customer non-empty",
         );
     }
-    let fault = match headers.get(FAULT_HEADER).map(HeaderValue::as_bytes) {
-        Some(b"provider-timeout") => Fault::TimeoutAfterCharge,
-        _ => Fault::None,
+    let (fault, slow) = match headers.get(FAULT_HEADER).map(HeaderValue::as_bytes) {
+        Some(b"provider-timeout") => (Fault::TimeoutAfterCharge, false),
+        Some(b"slow") => (Fault::None, true),
+        _ => (Fault::None, false),
     };
     let provider = app.provider.clone();
     let client_key = claim.key.key().to_owned();
@@ -509,6 +525,10 @@ async fn create_payment(
                 // the window the resolver exists for.
                 eprintln!("fault injection: aborting after charge {}", charge.id);
                 std::process::abort();
+            }
+            if slow {
+                // Charged, outcome not yet recorded: the key is in flight.
+                tokio::time::sleep(SLOW).await;
             }
             let envelope = payment_envelope(&charge);
             let mut response = (StatusCode::CREATED, envelope.body).into_response();
@@ -550,6 +570,51 @@ async fn create_payment(
             outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed")
         }
     }
+}
+
+/// The answer `x-simulate-status: NNN` asks for (see [`STATUS_HEADER`]).
+fn simulated_status(value: &HeaderValue) -> Response {
+    let status = value
+        .to_str()
+        .ok()
+        .and_then(|s| s.parse::<u16>().ok())
+        .filter(|n| (400..=599).contains(n))
+        .and_then(|n| StatusCode::from_u16(n).ok());
+    let Some(status) = status else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Invalid x-simulate-status",
+            "x-simulate-status must be a status from 400 to 599",
+        );
+    };
+    let mut response = problem(
+        status,
+        "Simulated failure",
+        "x-simulate-status asked for this status; nothing was charged",
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+#[derive(Deserialize)]
+struct ChargesQuery {
+    key: String,
+}
+
+/// `GET /charges?key=KEY`: `{"key": KEY, "count": N, "ids": [...]}`, the
+/// charges made under the client's `Idempotency-Key` KEY.
+async fn charges_for_key(State(app): State<AppState>, Query(q): Query<ChargesQuery>) -> Response {
+    let ids: Vec<String> = app
+        .provider
+        .by_client_key(&q.key)
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    Json(serde_json::json!({ "key": q.key, "count": ids.len(), "ids": ids })).into_response()
 }
 
 async fn get_payment(State(app): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
