@@ -111,6 +111,8 @@ pub struct Opts {
     pub many_conns: usize,
     pub max_requests: u64,
     pub modes: Vec<Mode>,
+    /// The command that reproduces this run, for the report.
+    pub command: String,
 }
 
 fn value<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>, String> {
@@ -152,6 +154,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             many_conns: 1000,
             max_requests: 10_000_000,
             modes: Mode::ALL.to_vec(),
+            command: String::new(),
         }
     } else {
         Opts {
@@ -161,6 +164,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             many_conns: 0,
             max_requests: 10_000,
             modes: Mode::ALL.to_vec(),
+            command: String::new(),
         }
     };
     if let Some(s) = value::<f64>(args, "--secs")? {
@@ -176,6 +180,18 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             .map(|m| Mode::parse(m).ok_or_else(|| format!("unknown mode {m:?}\nusage: {USAGE}")))
             .collect::<Result<_, _>>()?;
     }
+    let given: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|&a| a != "--bench")
+        .collect();
+    let pg = std::env::var_os("IDEMPOTENCY_TEST_PG").is_some();
+    opts.command = format!(
+        "{}cargo bench -p idempotency-bench --bench http{}{}",
+        if pg { "scripts/with-postgres " } else { "" },
+        if given.is_empty() { "" } else { " -- " },
+        given.join(" ")
+    );
     if opts.modes.contains(&Mode::Pg) && std::env::var_os("IDEMPOTENCY_TEST_PG").is_none() {
         println!(
             "NOTE pg mode skipped: IDEMPOTENCY_TEST_PG is not set \

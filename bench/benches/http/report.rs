@@ -11,6 +11,9 @@ use super::{Mode, Opts};
 
 type Key = (Mode, Workload, usize);
 
+/// A ratio row: its name, the two series, and the figure compared.
+type Row = (String, Key, Key, fn(&Sample) -> f64);
+
 /// The samples of a run, by (mode, workload, connections), in round order.
 pub struct Run {
     samples: HashMap<Key, Vec<(usize, Sample)>>,
@@ -169,9 +172,10 @@ impl Run {
         let hi = self.loads.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let c = opts.conns;
         println!("\n---- markdown for BENCHMARKS.md ----\n");
+        println!("```sh\n{}\n```\n", opts.command);
         println!(
             "Run {} UTC on commit {}, {:.1} minutes; 1-minute load average {lo:.1}–{hi:.1} \
-             (read at each slot's end); {} rounds of {:.0} s slots at {c} connections, \
+             (read at each slot's end); {} round(s) of {:.1} s slots at {c} connections, \
              modes in rotating order; medians over rounds.\n",
             self.start_utc,
             commit(),
@@ -218,7 +222,7 @@ impl Run {
         let r = Workload::Replay;
         let req: fn(&Sample) -> f64 = |s| s.req_s;
         let p99: fn(&Sample) -> f64 = |s| s.p99_us;
-        let rows: Vec<(String, Key, Key, fn(&Sample) -> f64)> = vec![
+        let rows: Vec<Row> = vec![
             (
                 "unique keys, req/s: ours (in-memory) / peer".into(),
                 (Mode::Mem, u, c),
