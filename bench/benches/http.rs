@@ -126,7 +126,11 @@ fn value<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>,
     }
 }
 
-fn parse_opts(args: &[String]) -> Result<Opts, String> {
+/// The run's settings from the command line; `Ok(None)` if a name filter
+/// is given (as for criterion benches, e.g. `cargo bench -p
+/// idempotency-bench -- paired`) that does not name this bench: it then
+/// does nothing, so such a filter across every bench still works.
+fn parse_opts(args: &[String]) -> Result<Option<Opts>, String> {
     const FLAGS: [&str; 6] = [
         "--secs",
         "--rounds",
@@ -140,6 +144,15 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         if FLAGS.contains(&args[i].as_str()) {
             i += 2;
         } else if args[i] == "--bench" {
+            i += 1;
+        } else if !args[i].starts_with('-') {
+            if !args[i].contains("http") && !"http".contains(args[i].as_str()) {
+                println!(
+                    "http bench skipped: the filter {:?} does not name it",
+                    args[i]
+                );
+                return Ok(None);
+            }
             i += 1;
         } else {
             return Err(format!("unknown argument {:?}\nusage: {USAGE}", args[i]));
@@ -180,11 +193,12 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             .map(|m| Mode::parse(m).ok_or_else(|| format!("unknown mode {m:?}\nusage: {USAGE}")))
             .collect::<Result<_, _>>()?;
     }
-    let given: Vec<&str> = args
-        .iter()
-        .map(String::as_str)
-        .filter(|&a| a != "--bench")
-        .collect();
+    let mut given: Vec<&str> = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        if FLAGS.contains(&a.as_str()) {
+            given.extend(args.get(i..i + 2).into_iter().flatten().map(String::as_str));
+        }
+    }
     let pg = std::env::var_os("IDEMPOTENCY_TEST_PG").is_some();
     opts.command = format!(
         "{}cargo bench -p idempotency-bench --bench http{}{}",
@@ -199,7 +213,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         );
         opts.modes.retain(|&m| m != Mode::Pg);
     }
-    Ok(opts)
+    Ok(Some(opts))
 }
 
 /// A child's command line: `--serve MODE --dir DIR --pg-prefix P
@@ -230,7 +244,8 @@ fn main() {
         return;
     }
     let opts = match parse_opts(&args) {
-        Ok(opts) => opts,
+        Ok(Some(opts)) => opts,
+        Ok(None) => return,
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(2);
