@@ -13,6 +13,8 @@
 pub(crate) mod classify;
 pub(crate) mod codec;
 #[cfg(test)]
+mod codec_golden;
+#[cfg(test)]
 mod codec_props;
 pub(crate) mod config;
 mod local_tx;
