@@ -24,6 +24,7 @@ mod poison;
 pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
+mod wire;
 
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
