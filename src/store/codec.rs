@@ -201,12 +201,7 @@ pub(crate) fn decode_entity(id: &str, bytes: &[u8]) -> Result<EntityState, Decod
 
 /// The meta value (format 2) with `payload` under the meta key `name`.
 pub(crate) fn encode_meta(name: &str, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + payload.len() + CHECKSUM_BYTES);
-    out.push(FORMAT_VERSION);
-    out.extend_from_slice(payload);
-    let sum = checksum(META_TAG, name.as_bytes(), &out);
-    out.extend_from_slice(&sum);
-    out
+    framed(META_TAG, name.as_bytes(), payload)
 }
 
 /// The payload of the format-2 meta value `bytes` stored under the meta
@@ -224,6 +219,17 @@ pub(crate) fn decode_meta<'b>(name: &str, bytes: &'b [u8]) -> Result<&'b [u8], D
         }
         Some(&v) => Err(DecodeError::UnknownVersion(v)),
     }
+}
+
+/// `payload` framed as a format-2 value of the table `tag` names under
+/// `key`: `[2][payload][checksum]`.
+fn framed(tag: &[u8], key: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut value = Vec::with_capacity(1 + payload.len() + CHECKSUM_BYTES);
+    value.push(FORMAT_VERSION);
+    value.extend_from_slice(payload);
+    let sum = checksum(tag, key, &value);
+    value.extend_from_slice(&sum);
+    value
 }
 
 /// A format-2 value split into `[version][body]` and its stored checksum.
@@ -316,18 +322,6 @@ pub(crate) fn decode_all(bytes: &[u8]) -> bool {
     decode(rkey, bytes).is_ok()
 }
 
-/// Frames `payload` as a format-2 value of the table `tag` names under
-/// `key`, with a correct checksum: `[2][payload][checksum]`.
-#[cfg(any(test, fuzzing))]
-fn framed(tag: &[u8], key: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut value = Vec::with_capacity(1 + payload.len() + CHECKSUM_BYTES);
-    value.push(FORMAT_VERSION);
-    value.extend_from_slice(payload);
-    let sum = checksum(tag, key, &value);
-    value.extend_from_slice(&sum);
-    value
-}
-
 /// Feeds the postcard `payload`, framed with a correct checksum for each
 /// decoder (record, outbox, entity, meta under [`FUZZ_KEY`]), to every
 /// decoder; returns whether it decoded as a record. Random bytes almost
@@ -338,7 +332,7 @@ pub(crate) fn decode_all_framed(payload: &[u8]) -> bool {
     let (rkey, seq, id) = FUZZ_KEY;
     let _ = decode_outbox(seq, &framed(OUTBOX_TAG, &seq.to_le_bytes(), payload));
     let _ = decode_entity(id, &framed(ENTITY_TAG, id.as_bytes(), payload));
-    let _ = decode_meta("next_token", &framed(META_TAG, b"next_token", payload));
+    let _ = decode_meta("next_token", &encode_meta("next_token", payload));
     decode(rkey, &framed(RECORD_TAG, rkey, payload)).is_ok()
 }
 
