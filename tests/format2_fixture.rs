@@ -10,9 +10,15 @@
 //! written, a different fingerprint refused in every state, `verify`
 //! sound, and no stored value rewritten by a writable open.
 //!
-//! The fixture is committed; `write_format2_fixture` (ignored) is how it
-//! was made: `cargo test --release --test format2_fixture -- --ignored
-//! write_format2_fixture`. Never regenerate it with a newer format (a
+//! `format2-crashed.redb` and its journal hold the same mix written by an
+//! engine that crashed (a child process that aborted) before any
+//! checkpoint: the writes are frames of the journal only, which an open
+//! must apply.
+//!
+//! The fixtures are committed; `write_format2_fixture` and
+//! `write_format2_crashed_fixture` (ignored) are how they were made:
+//! `cargo test --release --test format2_fixture -- --ignored --exact
+//! write_format2_fixture` (and `write_format2_crashed_fixture`). Never regenerate it with a newer format (a
 //! layout change gets a fixture of its own, and this one stays).
 
 mod common;
@@ -354,20 +360,10 @@ fn journal_chain(journal: &[u8]) -> Result<&[u8], Box<dyn Error>> {
     Ok(&journal[..pos])
 }
 
-/// Writes `tests/fixtures/format2.redb` and its journal (by hand only;
-/// see the module docs).
-#[test]
-#[ignore = "writes tests/fixtures/format2.redb; run by hand, with format 2 only"]
-fn write_format2_fixture() -> TestResult {
-    let path = fixture();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(fixture_journal());
-    let clock = ManualClock::new(T0);
-    let engine = builder(&clock).open(&path)?;
-
+/// Writes the fixture's mix of values but the inbox mark through `engine`
+/// (whose clock is `clock`, at `T0`); returns the claim of `crashed`,
+/// which its caller forgets, so the record stays PROCESSING.
+fn write_mix(engine: &Engine, clock: &ManualClock) -> Result<idempotency::Claim, Box<dyn Error>> {
     // Expires (under the tombstone policy) before the others are written.
     let c = claimed(engine.begin(&key("expired")?, fp(50)?)?)?;
     engine.complete(c, Envelope::new(1, 200, "old"))?;
@@ -413,11 +409,35 @@ fn write_format2_fixture() -> TestResult {
         engine.transition("order-1", &["created"], "paid")?,
         idempotency::Transition::Applied { version: 2 }
     ));
+    Ok(crashed)
+}
+
+/// Marks inbox message `msg-1` of consumer `mailer` processed, with a
+/// local write (which commits to the database file durably: a checkpoint).
+fn mark_inbox(engine: &Engine) -> TestResult {
     let inbox = engine.inbox("mailer")?;
     assert!(matches!(
         inbox.process_local("msg-1", |_| Ok(()))?,
         idempotency::Processed::Done
     ));
+    Ok(())
+}
+
+/// Writes `tests/fixtures/format2.redb` and its journal (by hand only;
+/// see the module docs).
+#[test]
+#[ignore = "writes tests/fixtures/format2.redb; run by hand, with format 2 only"]
+fn write_format2_fixture() -> TestResult {
+    let path = fixture();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(fixture_journal());
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock).open(&path)?;
+    let crashed = write_mix(&engine, &clock)?;
+    mark_inbox(&engine)?;
     // The crashed holder never reports back: its record stays PROCESSING.
     std::mem::forget(crashed);
     drop(engine);
@@ -426,5 +446,149 @@ fn write_format2_fixture() -> TestResult {
     let journal = std::fs::read(fixture_journal())?;
     let kept = journal_chain(&journal)?.to_vec();
     std::fs::write(fixture_journal(), kept)?;
+    Ok(())
+}
+
+/// The environment variable that makes `crashed_fixture_child` write.
+const CHILD_DIR_VAR: &str = "IDEMPOTENCY_FORMAT2_CHILD_DIR";
+
+/// The child process of `write_format2_crashed_fixture`: writes the mix
+/// into a fresh database in `$IDEMPOTENCY_FORMAT2_CHILD_DIR` and aborts
+/// before any checkpoint, so the writes live only in the journal. A no-op
+/// without the variable.
+#[test]
+#[ignore = "the child process of write_format2_crashed_fixture"]
+fn crashed_fixture_child() -> TestResult {
+    let Ok(dir) = std::env::var(CHILD_DIR_VAR) else {
+        return Ok(());
+    };
+    let clock = ManualClock::new(T0);
+    let engine = builder(&clock).open(Path::new(&dir).join("format2-crashed.redb"))?;
+    // First: the inbox's local write checkpoints, and the frames are to
+    // come after the last checkpoint.
+    mark_inbox(&engine)?;
+    let crashed = write_mix(&engine, &clock)?;
+    std::mem::forget(crashed);
+    println!("\nALL WRITTEN");
+    std::process::abort()
+}
+
+/// Writes `tests/fixtures/format2-crashed.redb` and its journal: a
+/// format-2 database whose engine crashed (a child process that aborted),
+/// so its writes since the open are frames of the journal only (by hand
+/// only; see the module docs).
+#[test]
+#[ignore = "writes tests/fixtures/format2-crashed.redb; run by hand, with format 2 only"]
+fn write_format2_crashed_fixture() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
+        .arg(std::env::current_exe()?)
+        .args([
+            "--exact",
+            "crashed_fixture_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR_VAR, dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() || !stdout.contains("ALL WRITTEN\n") {
+        return Err(format!(
+            "the child did not write and abort: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    std::fs::copy(dir.path().join("format2-crashed.redb"), crashed_fixture())?;
+    let journal = std::fs::read(dir.path().join("format2-crashed.redb.journal"))?;
+    std::fs::write(crashed_fixture_journal(), journal_chain(&journal)?)?;
+    Ok(())
+}
+
+fn crashed_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2-crashed.redb")
+}
+
+fn crashed_fixture_journal() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2-crashed.redb.journal")
+}
+
+/// The LSNs of the frames in `journal`'s chain.
+fn journal_lsns(journal: &[u8]) -> Result<Vec<u64>, Box<dyn Error>> {
+    let chain = journal_chain(journal)?;
+    let mut pos = JOURNAL_HEADER;
+    let mut out = Vec::new();
+    while pos < chain.len() {
+        let len = u32::from_le_bytes(chain[pos..pos + 4].try_into()?) as usize;
+        out.push(u64::from_le_bytes(chain[pos + 8..pos + 16].try_into()?));
+        pos += (FRAME_HEADER + len).div_ceil(8) * 8;
+    }
+    Ok(out)
+}
+
+/// A format-2 database left by a crash: its writes are journal frames
+/// (version-2 frames of postcard `Frame`s) that the database file does not
+/// hold. A writable open applies them and answers as written; a read-only
+/// open refuses (applying them writes) and writes nothing.
+#[test]
+fn a_crashed_format2_database_recovers_from_its_journal_and_answers_as_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("format2-crashed.redb");
+    let journal = dir.path().join("format2-crashed.redb.journal");
+    std::fs::copy(crashed_fixture(), &path)?;
+    std::fs::copy(crashed_fixture_journal(), &journal)?;
+
+    // The file says it was not closed cleanly, and the journal holds
+    // frames past the LSN the file holds. (redb must repair the file
+    // before it reads it: a copy is repaired, to read its meta table.)
+    let probe = dir.path().join("probe.redb");
+    std::fs::copy(&path, &probe)?;
+    let (meta, records_held) = {
+        let db = redb::Database::open(&probe)?;
+        let txn = db.begin_read()?;
+        let mut meta = Vec::new();
+        for entry in txn.open_table(meta_table::META)?.iter()? {
+            let (k, v) = entry?;
+            meta.push((k.value().to_string(), v.value().to_vec()));
+        }
+        (meta, txn.open_table(RECORDS)?.iter()?.count())
+    };
+    // Only the inbox mark (a local write, durable in the file itself).
+    assert_eq!(records_held, 1);
+    let payload = |key: &str| -> Result<Vec<u8>, Box<dyn Error>> {
+        let (_, v) = meta.iter().find(|(k, _)| k == key).ok_or("missing")?;
+        Ok(v[1..v.len() - 8].to_vec())
+    };
+    assert_eq!(payload("journal_clean")?, [0]);
+    let held = u64::from_le_bytes(<[u8; 8]>::try_from(payload("journal_lsn")?.as_slice())?);
+    let lsns = journal_lsns(&std::fs::read(&journal)?)?;
+    let pending = lsns.iter().filter(|&&l| l > held).count();
+    assert!(pending >= 10, "{held} {lsns:?}");
+
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let before = (std::fs::read(&path)?, std::fs::read(&journal)?);
+    let refused = builder(&clock).open_read_only(&path);
+    assert!(
+        matches!(refused, Err(idempotency::OpenError::NeedsRecovery { .. })),
+        "{:?}",
+        refused.err()
+    );
+    assert!((std::fs::read(&path)?, std::fs::read(&journal)?) == before);
+
+    let engine = builder(&clock).open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.problems);
+    assert_eq!(report.records, 8);
+    drop(engine);
+    // Applied and checkpointed: the file alone now answers, read-only too.
+    let engine = builder(&clock).open_read_only(&path)?;
+    assert_answers_as_written(&engine)?;
     Ok(())
 }
