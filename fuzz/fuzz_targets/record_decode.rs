@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // Accepted: a mode byte and at least one byte of value.
     let (mode, value) = (data[0], &data[1..]);
-    if mode % 2 == 0 {
+    if mode.is_multiple_of(2) {
         assert!(
             value.first().is_some_and(|v| FORMAT_VERSIONS.contains(v)),
             "accepted another version"

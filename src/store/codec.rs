@@ -346,7 +346,7 @@ pub(crate) fn decode_all_framed(payload: &[u8]) -> bool {
 pub(crate) fn fuzz_decode(input: &[u8]) -> bool {
     match input.split_first() {
         None => false,
-        Some((mode, value)) if mode % 2 == 0 => decode_all(value),
+        Some((mode, value)) if mode.is_multiple_of(2) => decode_all(value),
         Some((_, payload)) => decode_all_framed(payload),
     }
 }

@@ -19,7 +19,7 @@ const RKEY: &[u8] = b"\x04shoppay-1";
 
 /// Bytes of lower-case hex.
 fn unhex(s: &str) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("odd hex length {}", s.len()).into());
     }
     (0..s.len())
