@@ -154,14 +154,17 @@ pub use verify::{Damage, VerifyReport};
 #[cfg(feature = "postgres")]
 pub use postgres;
 
-/// Decodes bytes as a stored record, for the `record_decode` fuzz target
-/// (built only under `cfg(fuzzing)`). Returns whether they decoded as a
-/// record; the same bytes also go through the outbox and entity decoders,
-/// which must not panic either.
+/// Decodes a fuzz input as a stored record, for the `record_decode` fuzz
+/// target (built only under `cfg(fuzzing)`). Byte 0 picks the mode: even,
+/// the rest is a stored value as is; odd, the rest is a payload the hook
+/// frames with a correct checksum first, so mutations reach the field
+/// decoders. Returns whether it decoded as a record; the same bytes also
+/// go through the outbox, entity and meta decoders, which must not panic
+/// either.
 #[cfg(fuzzing)]
 #[doc(hidden)]
-pub fn __fuzz_decode_record(bytes: &[u8]) -> bool {
-    store::codec::decode_all(bytes)
+pub fn __fuzz_decode_record(input: &[u8]) -> bool {
+    store::codec::fuzz_decode(input)
 }
 
 /// The README's Rust snippets, compiled and run as doctests.

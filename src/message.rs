@@ -1,8 +1,6 @@
 //! Outbox messages: what an app sends with an outcome, and what the relay
 //! reads back.
 
-use serde::{Deserialize, Serialize};
-
 /// A message to publish once the transaction that carries it commits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutgoingMessage {
@@ -23,7 +21,10 @@ impl OutgoingMessage {
 }
 
 /// A stored, not yet published outbox message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// How it is stored is the store's business (a private wire struct), not
+/// this type's: its fields may change without changing the disk format.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutboxEntry {
     /// Position in the outbox (commit order). Pass it to
     /// [`crate::Outbox::mark_published`].

@@ -13,6 +13,8 @@
 pub(crate) mod classify;
 pub(crate) mod codec;
 #[cfg(test)]
+mod codec_golden;
+#[cfg(test)]
 mod codec_props;
 pub(crate) mod config;
 mod local_tx;
@@ -22,6 +24,7 @@ mod poison;
 pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
+mod wire;
 
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;

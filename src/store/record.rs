@@ -3,14 +3,12 @@
 //! and changes them only through the functions here, so the state machine
 //! is written once.
 
-use serde::{Deserialize, Serialize};
-
 use crate::envelope::Envelope;
 use crate::fingerprint::{Fingerprint, FINGERPRINT_ALGORITHM_VERSION};
 use crate::state::State;
 
-/// Record states as stored. Discriminants are part of the format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Record states (stored as `wire::StateWire`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RecordState {
     Processing = 0,
     Completed = 1,
@@ -31,13 +29,13 @@ impl From<RecordState> for State {
     }
 }
 
-/// A stored response (version 1 of the envelope layout).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A stored response: the envelope and the resource (stored as
+/// `wire::ResponseWire`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StoredResponse {
     pub(crate) schema_version: u32,
     pub(crate) status: u16,
     pub(crate) headers: Vec<(String, Vec<u8>)>,
-    #[serde(with = "super::codec::byte_buf")]
     pub(crate) body: Vec<u8>,
     pub(crate) resource: Option<String>,
 }
@@ -81,8 +79,8 @@ pub(crate) enum Completion {
     FinalFailure,
 }
 
-/// One idempotency record, format version 1.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One idempotency record (stored as `wire::RecordWire`, see `codec.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Record {
     pub(crate) state: RecordState,
     pub(crate) fingerprint: [u8; 32],
@@ -244,8 +242,8 @@ impl Record {
     }
 }
 
-/// An entity's stored state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// An entity's stored state (stored as `wire::EntityWire`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct EntityState {
     pub(crate) state: String,
     pub(crate) version: u64,

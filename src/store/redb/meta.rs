@@ -919,4 +919,105 @@ mod tests {
         assert_eq!(damaged_key(check(&t, Format::V1)), Some(Key::ExpiryPolicy));
         Ok(())
     }
+
+    /// Golden bytes of every meta value (format 2 is released: they may
+    /// never change): each value as this build writes it, compared with
+    /// committed hex, and the committed hex read back by the readers.
+    /// Every value differs from the others, so a swapped key or payload
+    /// fails too.
+    #[test]
+    fn meta_values_have_their_golden_bytes() -> TestResult {
+        let golden: [(&str, &str); 8] = GOLDEN_META;
+        let db = full()?;
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(META)?;
+            let mut stored = Vec::new();
+            for entry in t.iter()? {
+                let (k, v) = entry?;
+                stored.push((k.value().to_string(), crate::store::record::hex(v.value())));
+            }
+            let stored: Vec<(&str, &str)> = stored
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            assert_eq!(stored, golden, "a meta value's encoding changed");
+            // The other policy and the other clean flag.
+            write_expiry(&mut t, 60_000, ExpiryPolicy::Forget)?;
+            write_clean(&mut t, true)?;
+            for (key, hex) in [
+                (Key::ExpiryPolicy, GOLDEN_FORGET),
+                (Key::JournalClean, GOLDEN_CLEAN),
+            ] {
+                let v = t.get(key.name())?.ok_or("missing")?;
+                assert_eq!(crate::store::record::hex(v.value()), hex, "{key:?}");
+            }
+        }
+        txn.abort()?;
+
+        // The committed bytes read back.
+        let unhex = |s: &str| -> Vec<u8> {
+            (0..s.len() / 2)
+                .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap_or(0))
+                .collect()
+        };
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(META)?;
+            for (k, v) in golden {
+                t.insert(k, unhex(v).as_slice())?;
+            }
+            let e = |e: MetaError| format!("{e:?}");
+            assert_eq!(read_format(&t).map_err(e)?, Some(Found::Format(Format::V2)));
+            assert!(problems(&t, Format::V2)?.is_empty());
+            assert_eq!(
+                required_counter(&t, Counter::NextToken).map_err(e)?,
+                1 << 40
+            );
+            assert_eq!(required_counter(&t, Counter::NextOutboxSeq).map_err(e)?, 1);
+            assert_eq!(
+                read_journal(&t, Format::V2).map_err(e)?,
+                Some(StoredJournal {
+                    id: [7; 16],
+                    lsn: 41,
+                    clean: false
+                })
+            );
+            let keep = std::time::Duration::from_millis(9);
+            assert_eq!(
+                read_expiry(&t, Format::V2).map_err(e)?,
+                Some((60_000, ExpiryPolicy::Tombstone { keep }))
+            );
+            t.insert(Key::ExpiryPolicy.name(), unhex(GOLDEN_FORGET).as_slice())?;
+            t.insert(Key::JournalClean.name(), unhex(GOLDEN_CLEAN).as_slice())?;
+            assert_eq!(
+                read_expiry(&t, Format::V2).map_err(e)?,
+                Some((60_000, ExpiryPolicy::Forget))
+            );
+            assert!(read_journal(&t, Format::V2)
+                .map_err(e)?
+                .is_some_and(|j| j.clean));
+        }
+        txn.abort()?;
+        Ok(())
+    }
+
+    /// The meta table of [`full`], in key order: (key, value as hex).
+    const GOLDEN_META: [(&str, &str); 8] = [
+        ("expiry_policy", "02010900000000000000ea32ab8f67a2cbce"),
+        ("format_version", "025a75823fdb0ae6b9"),
+        ("journal_clean", "0200015db6b188283a68"),
+        (
+            "journal_id",
+            "020707070707070707070707070707070785fa432549e4b96e",
+        ),
+        ("journal_lsn", "0229000000000000000326db9665941dd0"),
+        ("next_outbox_seq", "02010000000000000001ae52b25041ad00"),
+        ("next_token", "020000000000010000411c2c2ca6c43c79"),
+        ("ttl_ms", "0260ea000000000000ea77327e2208b663"),
+    ];
+    /// `expiry_policy` = forget, and `journal_clean` = clean.
+    const GOLDEN_FORGET: &str = "0200f0cc02c63d5550d5";
+    const GOLDEN_CLEAN: &str = "02018ed15df263cdb884";
 }

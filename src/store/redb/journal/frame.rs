@@ -14,32 +14,32 @@ pub(super) const MAX_PAYLOAD: u64 = u32::MAX as u64;
 pub(in crate::store::redb) enum Change {
     /// `idempotency.records`: record key → encoded record.
     PutRecord {
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         key: Vec<u8>,
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         value: Vec<u8>,
     },
     DelRecord {
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         key: Vec<u8>,
     },
     /// An index table (see [`IndexTable`]): `(instant ms, record key)`.
     PutIndex {
         index: IndexTable,
         at: u64,
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         key: Vec<u8>,
     },
     DelIndex {
         index: IndexTable,
         at: u64,
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         key: Vec<u8>,
     },
     /// `idempotency.outbox`: sequence number → encoded message.
     PutOutbox {
         seq: u64,
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         value: Vec<u8>,
     },
     DelOutbox {
@@ -48,7 +48,7 @@ pub(in crate::store::redb) enum Change {
     /// `idempotency.entities`: entity id → encoded state.
     PutEntity {
         id: String,
-        #[serde(with = "crate::store::codec::byte_buf")]
+        #[serde(with = "crate::store::wire::byte_buf")]
         value: Vec<u8>,
     },
 }
