@@ -126,8 +126,19 @@
 //! body: canonical JSON (whole document or the route's JSON Pointers) when
 //! the route is JSON, or when the content type is `application/json` or
 //! `*/*+json`; the raw bytes otherwise. An empty body is an absent body,
-//! whatever the content type or route. Fingerprinting runs on tokio's
-//! blocking pool (with the engine call), never on an async worker.
+//! whatever the content type or route. A body under 64 KiB is
+//! fingerprinted on the async worker that read it; a larger one on tokio's
+//! blocking pool (a large JSON body behind one of a permit per CPU).
+//!
+//! Engine calls on redb go through the engine's async entry points
+//! ([`Engine::begin_async`](crate::Engine::begin_async),
+//! [`Engine::complete_async`](crate::Engine::complete_async),
+//! [`Engine::fail_async`](crate::Engine::fail_async)): writes are queued to
+//! the engine's writer thread and the request's task is woken by the
+//! durable reply; repeats are answered from a snapshot read on the worker.
+//! No thread waits per request. On PostgreSQL (a synchronous client), and
+//! while the engine is poisoned (its next write tries a reopen, which
+//! blocks), they run on tokio's blocking pool instead.
 //!
 //! # Problem types
 //!

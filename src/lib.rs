@@ -132,6 +132,7 @@ pub use engine::inbox::{Inbox, Processed, Receive, Ticket};
 pub use engine::inspect::{RecordFilter, RecordInfo, Stats};
 pub use engine::local::LocalRun;
 pub use engine::outbox::Outbox;
+pub use engine::wait::DurableWrite;
 pub use envelope::Envelope;
 pub use error::{BoxError, Corrupted, Error, OpenError, Result, ReturnedClaim, StorageError};
 pub use fingerprint::{

@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::engine::begin::Begin;
 use crate::engine::claim::Claim;
 use crate::engine::config::Config;
+use crate::engine::wait::block_on;
 use crate::envelope::Envelope;
 use crate::error::{Corrupted, Error, Result, ReturnedClaim};
 use crate::fingerprint::Fingerprint;
@@ -23,7 +24,8 @@ use crate::store::classify::{classify, Class};
 use crate::store::record::RecordState;
 use crate::store::{
     Abandon, Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Completion, Found, Held,
-    InDoubtRequest, ReadOrClaim, Record, SettleRequest, Settled, Settlement, StoredResponse,
+    InDoubtRequest, Pending, ReadOrClaim, Record, SettleRequest, Settled, Settlement,
+    StoredResponse,
 };
 
 /// One counter since the engine was opened, also exported through the
@@ -97,8 +99,22 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    /// Claims `key`, or answers what holds it (see `Engine::begin`).
+    /// Claims `key`, or answers what holds it (see `Engine::begin`),
+    /// parking this thread while a write commits.
     pub(crate) fn begin(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        lease_ms: u64,
+    ) -> Result<Begin> {
+        block_on(self.begin_async(key, fingerprint, lease_ms))
+    }
+
+    /// `begin`, the one implementation: reads run at once on the polling
+    /// thread, writes are awaited (the writer's reply wakes the task). A
+    /// claim committed after this future was dropped is released by the
+    /// store (see `Backend::claim_pending`).
+    pub(crate) async fn begin_async(
         &self,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
@@ -142,7 +158,7 @@ impl Core {
             });
             let found = match seen {
                 Some(found) => found,
-                None => match self.store.claim(claim())? {
+                None => match self.store.claim_pending(claim()).await? {
                     ClaimResult::Claimed(claimed) => {
                         return Ok(Begin::Claimed(self.claim(key, claimed)))
                     }
@@ -151,8 +167,9 @@ impl Core {
             };
             match (&self.cfg.resolver, found.held) {
                 (Some(resolver), Held::InDoubt) if !found.record.may_still_run(found.now_ms) => {
-                    if let Some(answer) =
-                        self.settle_in_begin(key, &found.record, &**resolver, claim())?
+                    if let Some(answer) = self
+                        .settle_in_begin(key, &found.record, &**resolver, claim())
+                        .await?
                     {
                         return Ok(answer);
                     }
@@ -223,7 +240,7 @@ impl Core {
 
     /// Asks the resolver about an in-doubt record whose lease has ended and
     /// stores its answer.
-    fn settle_in_begin(
+    async fn settle_in_begin(
         &self,
         key: &IdempotencyKey,
         record: &Record,
@@ -239,7 +256,7 @@ impl Core {
             settlement,
         };
         let c = &self.counters;
-        match self.store.settle_then_claim(req, claim) {
+        match self.store.settle_then_claim_pending(req, claim).await {
             Ok(Settled::Completed(record)) => {
                 c.resolved.add(1);
                 c.replays.add(1);
@@ -368,10 +385,11 @@ impl Core {
         }
     }
 
-    /// Stores a claim's outcome. A response over the size limit is checked
-    /// before the claim is used: the claim comes back inside
-    /// `Error::ResponseTooLarge`, untouched, so the caller can store a
-    /// smaller answer (the record stays PROCESSING).
+    /// Submits a claim's outcome; the answer comes when it is durable. A
+    /// response over the size limit is checked before the claim is used:
+    /// the claim comes back inside `Error::ResponseTooLarge`, untouched, so
+    /// the caller can store a smaller answer (the record stays
+    /// PROCESSING).
     pub(crate) fn finish(
         &self,
         claim: Claim,
@@ -379,7 +397,21 @@ impl Core {
         envelope: Envelope,
         resource: Option<String>,
         messages: Vec<OutgoingMessage>,
-    ) -> Result<()> {
+    ) -> Pending<()> {
+        match self.finish_checked(claim, completion, envelope, resource, messages) {
+            Ok(pending) => pending,
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
+    fn finish_checked(
+        &self,
+        claim: Claim,
+        completion: Completion,
+        envelope: Envelope,
+        resource: Option<String>,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<Pending<()>> {
         let mut claim = self.own_claim(claim)?;
         // Everything one completion stores: its journal frame must stay
         // far below 4 GiB whatever the caller passes.
@@ -398,27 +430,33 @@ impl Core {
             });
         }
         let (key, token) = claim.finish();
-        self.store.complete(CompleteRequest {
+        Ok(self.store.complete_pending(CompleteRequest {
             key,
             token,
             completion,
             response: StoredResponse::new(envelope, resource),
             messages,
-        })
+        }))
     }
 
     /// Releases a claim (a retryable failure: nothing happened).
-    pub(crate) fn release(&self, claim: Claim) -> Result<()> {
-        let mut claim = self.own_claim(claim)?;
+    pub(crate) fn release(&self, claim: Claim) -> Pending<()> {
+        let mut claim = match self.own_claim(claim) {
+            Ok(claim) => claim,
+            Err(e) => return Pending::ready(Err(e)),
+        };
         let (key, token) = claim.finish();
-        self.store.release(key, token)
+        self.store.release_pending(key, token)
     }
 
     /// Moves a claim's record to UNKNOWN at its holder's request.
-    pub(crate) fn abandon(&self, claim: Claim, reason: String) -> Result<()> {
-        let mut claim = self.own_claim(claim)?;
+    pub(crate) fn abandon(&self, claim: Claim, reason: String) -> Pending<()> {
+        let mut claim = match self.own_claim(claim) {
+            Ok(claim) => claim,
+            Err(e) => return Pending::ready(Err(e)),
+        };
         let (key, token) = claim.finish();
-        self.store.mark_in_doubt(InDoubtRequest {
+        self.store.mark_in_doubt_pending(InDoubtRequest {
             key,
             token,
             reason,

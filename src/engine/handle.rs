@@ -14,6 +14,7 @@ use crate::engine::inspect::{RecordFilter, RecordInfo, Stats};
 use crate::engine::local::LocalRun;
 use crate::engine::outbox::Outbox;
 use crate::engine::sweeper::Sweeper;
+use crate::engine::wait::DurableWrite;
 use crate::engine::{entity, inspect, local, recovery};
 use crate::envelope::Envelope;
 use crate::error::{BoxError, Error, Result};
@@ -33,8 +34,12 @@ use crate::verify::VerifyReport;
 /// group commits, one background sweeper.
 ///
 /// `Engine` is `Send + Sync`; share it between threads by reference or in an
-/// `Arc`. All calls block the calling thread (from async code, call them via
-/// `spawn_blocking`).
+/// `Arc`. The plain calls block the calling thread. From async code use
+/// [`Engine::begin_async`], [`Engine::complete_async`] and
+/// [`Engine::fail_async`], which share their implementation with the plain
+/// calls and wait for the writer without blocking a thread (on redb; on
+/// PostgreSQL they block too, so run them via `spawn_blocking`); call the
+/// other methods via `spawn_blocking`.
 ///
 /// # Close semantics
 ///
@@ -97,6 +102,72 @@ impl Engine {
         self.core.begin(key, fingerprint, duration_ms(lease).max(1))
     }
 
+    /// [`Engine::begin`] for async callers: the same answers and errors
+    /// (one implementation underneath), without a blocking-pool thread.
+    ///
+    /// What runs where, on the redb backend:
+    ///
+    /// - The read that answers a repeated key (a replay, a processing or
+    ///   mismatch answer) runs on the polling thread: a snapshot read of
+    ///   redb's last commit plus the in-memory overlay of acknowledged
+    ///   writes. It does no I/O beyond reading a page of the database file
+    ///   that redb's cache does not hold (a `pread`, normally served by the
+    ///   OS page cache), and never waits for the writer.
+    /// - A claim (a write) is queued to the writer thread and awaited: the
+    ///   writer's reply wakes the task once the claim is durable; no
+    ///   thread waits for it.
+    /// - The calling thread can wait only while the writer's queue is full
+    ///   ([`EngineBuilder::queue_capacity`] operations queued), or while a
+    ///   poisoned engine attempts its reopen (at most once a second; see
+    ///   [`Engine::poisoned`]).
+    /// - With a [`Resolver`], an in-doubt record whose lease has ended is
+    ///   put to the resolver on the polling thread, as `begin` does.
+    ///
+    /// On the PostgreSQL backend every step is a synchronous call on the
+    /// polling thread: call it from `spawn_blocking` there (the HTTP layer
+    /// does).
+    ///
+    /// Dropping the future while a claim is being committed does not leak
+    /// the claim: nobody can have acted on it, so the engine releases it
+    /// (the key is free again) as soon as the commit answers.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::begin`].
+    pub async fn begin_async(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin> {
+        self.core
+            .begin_async(key, fingerprint, self.core.cfg.lease_ms())
+            .await
+    }
+
+    /// [`Engine::begin_with_lease`] for async callers; see
+    /// [`Engine::begin_async`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::begin`].
+    pub async fn begin_with_lease_async(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<Begin> {
+        self.core
+            .begin_async(key, fingerprint, duration_ms(lease).max(1))
+            .await
+    }
+
+    /// Whether a call made now may block the calling thread on more than a
+    /// snapshot read and a queue send (see [`Engine::begin_async`]): on
+    /// PostgreSQL, or while the engine is poisoned.
+    pub(crate) fn calls_may_block(&self) -> bool {
+        self.core.store.may_block()
+    }
+
     /// Stores the claim's response; later `begin`s with the same key and
     /// fingerprint replay it until the TTL runs out. Durable before it
     /// returns.
@@ -119,6 +190,31 @@ impl Engine {
     pub fn complete(&self, claim: Claim, envelope: Envelope) -> Result<()> {
         self.core
             .finish(claim, Completion::Success, envelope, None, Vec::new())
+            .wait()
+    }
+
+    /// [`Engine::complete`] for async callers: the same checks, the same
+    /// write and the same errors, without blocking the calling thread.
+    ///
+    /// The write is queued before this returns (a full writer queue, or
+    /// the reopen attempt of a poisoned engine, is the only wait on the
+    /// calling thread); the returned [`DurableWrite`] resolves once it is
+    /// durable, woken by the engine's writer thread, with no thread of a
+    /// blocking pool involved. Dropping it does not cancel the write: the
+    /// claim's outcome is recorded all the same.
+    ///
+    /// On the PostgreSQL backend the write runs on the calling thread
+    /// before this returns (its client is synchronous): call it from
+    /// `spawn_blocking` there, as the HTTP layer does.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::complete`], from the future.
+    pub fn complete_async(&self, claim: Claim, envelope: Envelope) -> DurableWrite {
+        DurableWrite::new(
+            self.core
+                .finish(claim, Completion::Success, envelope, None, Vec::new()),
+        )
     }
 
     /// [`Engine::complete`], also storing a resource reference (e.g. a payment
@@ -139,6 +235,7 @@ impl Engine {
         let resource = Some(resource.into());
         self.core
             .finish(claim, Completion::Success, envelope, resource, Vec::new())
+            .wait()
     }
 
     /// [`Engine::complete`] that also stores outbox `messages` in the same
@@ -156,6 +253,7 @@ impl Engine {
     ) -> Result<()> {
         self.core
             .finish(claim, Completion::Success, envelope, None, messages)
+            .wait()
     }
 
     /// Ends a claim without success; see [`Failure`] for the three kinds.
@@ -165,14 +263,27 @@ impl Engine {
     /// As for [`Engine::complete`] (the size limit applies to a
     /// [`Failure::Final`] envelope).
     pub fn fail(&self, claim: Claim, failure: Failure) -> Result<()> {
-        match failure {
+        self.fail_async(claim, failure).wait()
+    }
+
+    /// [`Engine::fail`] for async callers: the same write and errors,
+    /// queued before this returns, durable when the returned
+    /// [`DurableWrite`] resolves (see [`Engine::complete_async`] for what
+    /// waits where, and for PostgreSQL). Dropping the future does not
+    /// cancel the write.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::fail`], from the future.
+    pub fn fail_async(&self, claim: Claim, failure: Failure) -> DurableWrite {
+        DurableWrite::new(match failure {
             Failure::Final(envelope) => {
                 self.core
                     .finish(claim, Completion::FinalFailure, envelope, None, Vec::new())
             }
             Failure::Retryable => self.core.release(claim),
             Failure::InDoubt { reason } => self.core.abandon(claim, reason),
-        }
+        })
     }
 
     /// Completes `claim` and runs the app's own write in the same durable

@@ -203,6 +203,7 @@ impl Ticket<'_> {
     pub fn ack_with_messages(self, messages: Vec<OutgoingMessage>) -> Result<()> {
         self.core
             .finish(self.claim, Completion::Success, processed(), None, messages)
+            .wait()
     }
 
     /// Runs the app's own write and marks the message processed in one
@@ -229,7 +230,7 @@ impl Ticket<'_> {
     ///
     /// As for [`crate::Engine::fail`].
     pub fn release(self) -> Result<()> {
-        self.core.release(self.claim)
+        self.core.release(self.claim).wait()
     }
 }
 

@@ -22,3 +22,4 @@ pub(crate) mod local;
 pub(crate) mod outbox;
 pub(crate) mod recovery;
 pub(crate) mod sweeper;
+pub(crate) mod wait;

@@ -115,15 +115,28 @@ impl FingerprintBuilder {
         for pointer in pointers {
             canonical::validate_pointer(pointer)?;
         }
+        let value = canonical::parse(body)?;
+        self.json_pointers_of(name, &value, pointers)
+    }
+
+    /// [`FingerprintBuilder::json`] with pointers, on a body parsed
+    /// already (the HTTP layer parses a pointer route's body once, for the
+    /// fingerprint and its per-pointer digests). The pointers must have
+    /// passed `canonical::validate_pointer`.
+    pub(crate) fn json_pointers_of(
+        mut self,
+        name: &str,
+        value: &canonical::JsonValue,
+        pointers: &[&str],
+    ) -> Result<Self, FingerprintError> {
         let mut pointers = pointers.to_vec();
         pointers.sort_unstable();
         pointers.dedup();
-        let value = canonical::parse(body)?;
         self.write_header(TAG_JSON_POINTERS, name);
         self.write_len(pointers.len());
         for pointer in pointers {
             self.write_bytes(pointer.as_bytes());
-            match canonical::resolve(&value, pointer)? {
+            match canonical::resolve(value, pointer)? {
                 None => {
                     self.hasher.update(&[0]);
                 }

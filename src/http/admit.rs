@@ -1,8 +1,8 @@
 //! Before `begin`: is the request ours, under which scoped key, and what
 //! is its fingerprint.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,19 +34,20 @@ pub(crate) struct Admitted {
 }
 
 /// What the checks on the request head decided.
-pub(crate) enum Head {
+pub(crate) enum Head<'c> {
     /// Not ours: pass the request through.
     Pass,
-    /// Ours: read the body, then fingerprint it.
+    /// Ours: read the body, then fingerprint it. `route` is borrowed from
+    /// the layer's settings (no per-request copy).
     Claim {
         key: IdempotencyKey,
-        route: Option<Route>,
+        route: Option<&'c Route>,
     },
 }
 
 /// Decides, from the head alone, whether the request is ours and under
 /// which key.
-pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, ProblemDetails> {
+pub(crate) fn check_head<'c>(cfg: &'c Config, parts: &Parts) -> Result<Head<'c>, ProblemDetails> {
     if !cfg.methods.contains(&parts.method) {
         return Ok(Head::Pass);
     }
@@ -89,10 +90,7 @@ pub(crate) fn check_head(cfg: &Config, parts: &Parts) -> Result<Head, ProblemDet
             e.to_string(),
         )
     })?;
-    Ok(Head::Claim {
-        key,
-        route: route.cloned(),
-    })
+    Ok(Head::Claim { key, route })
 }
 
 /// Reads the body and prepares its fingerprint (computed later, off the
@@ -101,7 +99,7 @@ pub(crate) async fn admit<B>(
     cfg: &Config,
     parts: &Parts,
     key: IdempotencyKey,
-    route: Option<Route>,
+    route: Option<&Route>,
     body: B,
 ) -> Result<Admitted, ProblemDetails>
 where
@@ -109,19 +107,16 @@ where
     B::Error: Into<BoxError>,
 {
     let body = read_body(&parts.headers, body, cfg.max_body_bytes).await?;
-    let mode = route.as_ref().map_or(BodyMode::Auto, |r| r.body.clone());
-    let json = match mode {
-        BodyMode::Json(pointers) => Some(pointers),
+    let json = match route.map_or(&BodyMode::Auto, |r| &r.body) {
+        BodyMode::Json(pointers) => Some(pointers.clone()),
         BodyMode::Auto if is_json(&parts.headers) => Some(Vec::new()),
         BodyMode::Auto | BodyMode::Raw => None,
     };
     Ok(Admitted {
         key,
-        route: route
-            .as_ref()
-            .map_or_else(String::new, |r| r.pattern.clone()),
-        lease: route.as_ref().and_then(|r| r.lease),
-        wait: route.as_ref().and_then(|r| r.wait),
+        route: route.map_or_else(String::new, |r| r.pattern.clone()),
+        lease: route.and_then(|r| r.lease),
+        wait: route.and_then(|r| r.wait),
         job: FingerprintJob {
             method: parts.method.as_str().to_owned(),
             path: parts.uri.path().to_owned(),
@@ -174,9 +169,13 @@ fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Pro
 /// The caller's identity as 32 hex digits (a keyed blake3 digest), or
 /// `None` for the anonymous caller or shared keys.
 fn caller_digest(caller: &Caller, secret: Option<&[u8; 32]>, parts: &Parts) -> Option<String> {
+    static CONTEXT: OnceLock<blake3::Hasher> = OnceLock::new();
     let mut hasher = match secret {
         Some(key) => blake3::Hasher::new_keyed(key),
-        None => blake3::Hasher::new_derive_key(CALLER_CONTEXT),
+        // Derived once: a fresh hasher, cloned, is the same hasher.
+        None => CONTEXT
+            .get_or_init(|| blake3::Hasher::new_derive_key(CALLER_CONTEXT))
+            .clone(),
     };
     let mut any = false;
     let put = |hasher: &mut blake3::Hasher, bytes: &[u8]| {
@@ -251,10 +250,11 @@ fn warn_cookies_ignored() {
 }
 
 fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(s, "{b:02x}");
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     s
 }
@@ -298,9 +298,9 @@ where
     }
 }
 
-/// The inputs of a request's fingerprint, owned so that it can be computed
-/// on the blocking pool: canonicalizing a large JSON body takes long enough
-/// to stall an async worker.
+/// The inputs of a request's fingerprint, owned so that a large one can be
+/// computed on the blocking pool: canonicalizing a large JSON body takes
+/// long enough to stall an async worker.
 pub(crate) struct FingerprintJob {
     method: String,
     path: String,
@@ -317,13 +317,24 @@ pub(crate) struct Fingerprinted {
     pub(crate) digests: Option<Vec<(String, String)>>,
 }
 
-/// JSON bodies from this size on (bytes) take a fingerprinting permit.
-const HEAVY_JSON_BYTES: usize = 64 * 1024;
+/// Bodies from this size on (bytes) are fingerprinted on the blocking
+/// pool; smaller ones on the async worker that read them. Canonicalizing
+/// 64 KiB of JSON takes a few hundred microseconds, hashing 64 KiB of raw
+/// bytes a few tens: a worker can afford that, and saves a thread handoff
+/// (most request bodies are under 1 KiB).
+pub(crate) const INLINE_FINGERPRINT_BYTES: usize = 64 * 1024;
 
 impl FingerprintJob {
-    /// Whether this job needs one of the layer's fingerprinting permits.
+    /// Whether this job is fingerprinted on the async worker (a body under
+    /// [`INLINE_FINGERPRINT_BYTES`]).
+    pub(crate) fn runs_inline(&self) -> bool {
+        self.body.len() < INLINE_FINGERPRINT_BYTES
+    }
+
+    /// Whether this job needs one of the layer's fingerprinting permits (a
+    /// JSON body not fingerprinted inline).
     pub(crate) fn is_heavy(&self) -> bool {
-        self.json.is_some() && self.body.len() >= HEAVY_JSON_BYTES
+        self.json.is_some() && !self.runs_inline()
     }
 
     /// Computes the fingerprint (blocking work).
@@ -352,35 +363,60 @@ impl FingerprintJob {
                 format!("the request body is not valid JSON: {e}"),
             )
         };
+        if pointers.is_empty() {
+            let fingerprint = builder
+                .json("body", &self.body, &[])
+                .map_err(|e| invalid(&e))?
+                .finish();
+            return Ok(Fingerprinted {
+                fingerprint,
+                digests: None,
+            });
+        }
+        // A pointer route: the body is parsed once, for the fingerprint and
+        // the per-pointer digests both.
         let refs: Vec<&str> = pointers.iter().map(String::as_str).collect();
+        for pointer in &refs {
+            canonical::validate_pointer(pointer)
+                .map_err(|e| invalid(&crate::FingerprintError::from(e)))?;
+        }
+        let value =
+            canonical::parse(&self.body).map_err(|e| invalid(&crate::FingerprintError::from(e)))?;
         let fingerprint = builder
-            .json("body", &self.body, &refs)
+            .json_pointers_of("body", &value, &refs)
             .map_err(|e| invalid(&e))?
             .finish();
-        let digests = if pointers.is_empty() {
-            None
-        } else {
-            Some(pointer_digests(&self.body, pointers).map_err(|e| invalid(&e))?)
-        };
+        let digests = pointer_digests_of(&value, pointers).map_err(|e| invalid(&e))?;
         Ok(Fingerprinted {
             fingerprint,
-            digests,
+            digests: Some(digests),
         })
     }
 }
 
 /// One short digest (64 bits, hex) of each pointer's canonical value, or
 /// of its absence.
+#[cfg(test)]
 fn pointer_digests(
     body: &[u8],
     pointers: &[String],
 ) -> Result<Vec<(String, String)>, canonical::CanonicalError> {
-    let value = canonical::parse(body)?;
+    pointer_digests_of(&canonical::parse(body)?, pointers)
+}
+
+/// [`pointer_digests`] of a parsed body.
+fn pointer_digests_of(
+    value: &canonical::JsonValue,
+    pointers: &[String],
+) -> Result<Vec<(String, String)>, canonical::CanonicalError> {
+    static POINTERS: OnceLock<blake3::Hasher> = OnceLock::new();
     let mut out = Vec::with_capacity(pointers.len());
     let mut canonical = Vec::new();
     for pointer in pointers {
-        let mut hasher = blake3::Hasher::new_derive_key(POINTER_CONTEXT);
-        match canonical::resolve(&value, pointer)? {
+        let mut hasher = POINTERS
+            .get_or_init(|| blake3::Hasher::new_derive_key(POINTER_CONTEXT))
+            .clone();
+        match canonical::resolve(value, pointer)? {
             None => {
                 hasher.update(&[0]);
             }

@@ -3,7 +3,6 @@
 //! crate is part of this crate's API.
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -11,10 +10,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use tokio::task::JoinHandle;
 
 use super::runtime::Holding;
-use super::store::{self, Outcome, Stored};
+use super::store::{self, Outcome, Recorded, Stored};
 use crate::{BoxError, Claim, Engine};
 
 /// The request body the inner service receives: the original body of a
@@ -189,31 +187,24 @@ pub(crate) struct Recording {
 }
 
 impl Recording {
-    /// Records on the blocking pool; the claim is released from the
-    /// layer's in-flight list once the outcome is durable.
-    fn spawn(
-        self,
-        outcome: impl FnOnce(Stored) -> Outcome + Send + 'static,
-    ) -> Option<JoinHandle<bool>> {
+    /// Submits the outcome (queued before this returns, so it is recorded
+    /// even if the returned future is dropped); the claim is released from
+    /// the layer's in-flight list once the outcome is durable.
+    fn spawn(self, outcome: impl FnOnce(Stored) -> Outcome) -> Recorded {
         let Recording {
             engine,
             claim,
             stored,
             holding,
         } = self;
-        let job = move || {
-            let ok = store::record(&engine, claim, outcome(stored));
+        let recorded = store::submit(engine, claim, outcome(stored));
+        Box::pin(async move {
+            let ok = recorded.await;
             if ok {
                 holding.finished();
             }
             ok
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            Some(runtime.spawn_blocking(job))
-        } else {
-            job();
-            None
-        }
+        })
     }
 }
 
@@ -235,7 +226,7 @@ struct Tee<B> {
 
 enum TeeState {
     Streaming,
-    Recording(JoinHandle<bool>),
+    Recording(Recorded),
     Done,
 }
 
@@ -277,10 +268,10 @@ where
                     }
                     Poll::Ready(None) => self.finish(),
                 },
-                TeeState::Recording(join) => {
-                    let recorded = match Pin::new(join).poll(cx) {
+                TeeState::Recording(recording) => {
+                    let recorded = match recording.as_mut().poll(cx) {
                         Poll::Pending => return Poll::Pending,
-                        Poll::Ready(joined) => joined.unwrap_or(false),
+                        Poll::Ready(recorded) => recorded,
                     };
                     self.state = TeeState::Done;
                     if !recorded {
@@ -323,10 +314,7 @@ where
             Some(body) => stored.with_body(body),
             None => stored.not_retained(Some(seen)),
         };
-        self.state = match record.spawn(outcome) {
-            Some(join) => TeeState::Recording(join),
-            None => TeeState::Done,
-        };
+        self.state = TeeState::Recording(record.spawn(outcome));
     }
 }
 

@@ -86,19 +86,14 @@ where
         Err(problem) => return Ok(problem.into_response()),
     };
     let body = job.body.clone();
-    let job = if job.is_heavy() {
-        // Waits (asynchronously) for a fingerprinting permit: a bound on
-        // the CPU and memory that large JSON bodies take at once.
-        let permit = cfg.runtime.fingerprints.clone().acquire_owned().await.ok();
-        Job::Compute(job, permit)
-    } else {
-        Job::Compute(job, None)
+    let fingerprinted = match fingerprint(&cfg, job).await {
+        Ok(fingerprinted) => fingerprinted,
+        Err(problem) => return Ok(problem.into_response()),
     };
-    let (mut begin, fingerprinted) =
-        match begin_blocking(cfg.engine.clone(), key.clone(), job, lease).await {
-            Ok(answer) => answer,
-            Err(problem) => return Ok(problem.into_response()),
-        };
+    let mut begin = match begin(&cfg, &key, fingerprinted.fingerprint, lease).await {
+        Ok(begin) => begin,
+        Err(problem) => return Ok(problem.into_response()),
+    };
     let deadline = wait.map(|w| Instant::now() + w);
     let problem = loop {
         match begin {
@@ -113,9 +108,8 @@ where
             Begin::Processing { retry_after } => {
                 if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                     wait_for(&cfg.runtime, &key, deadline).await;
-                    let job = Job::Ready(fingerprinted.fingerprint);
-                    match begin_blocking(cfg.engine.clone(), key.clone(), job, lease).await {
-                        Ok((again, _)) => begin = again,
+                    match self::begin(&cfg, &key, fingerprinted.fingerprint, lease).await {
+                        Ok(again) => begin = again,
                         Err(problem) => break problem,
                     }
                     continue;
@@ -201,8 +195,14 @@ async fn mismatch(
     let Some(digests) = digests else {
         return problem;
     };
-    let engine = cfg.engine.clone();
-    let record = tokio::task::spawn_blocking(move || engine.record(&key)).await;
+    // A point read: a snapshot read on a healthy redb engine, done here;
+    // a network round trip on PostgreSQL, done on the blocking pool.
+    let record = if cfg.engine.calls_may_block() {
+        let engine = cfg.engine.clone();
+        tokio::task::spawn_blocking(move || engine.record(&key)).await
+    } else {
+        Ok(cfg.engine.record(&key))
+    };
     let stored = match record {
         Ok(Ok(Some(record))) => record.response,
         Ok(Err(e)) => {
@@ -269,14 +269,70 @@ fn not_recorded(cfg: &Config) -> ProblemDetails {
     .retry_after(ceil_secs(cfg.in_doubt_retry_after))
 }
 
-/// The fingerprint, to compute or already known.
-enum Job {
-    /// With the fingerprinting permit of a large JSON body.
-    Compute(FingerprintJob, Option<OwnedSemaphorePermit>),
-    Ready(Fingerprint),
+/// Computes the request's fingerprint: on this worker for a body under
+/// [`admit::INLINE_FINGERPRINT_BYTES`], else on the blocking pool (a large
+/// JSON body first waits, asynchronously, for a fingerprinting permit: a
+/// bound on the CPU and memory that canonicalizing takes at once).
+async fn fingerprint(cfg: &Config, job: FingerprintJob) -> Result<Fingerprinted, ProblemDetails> {
+    if job.runs_inline() {
+        return job.run();
+    }
+    let permit = if job.is_heavy() {
+        cfg.runtime.fingerprints.clone().acquire_owned().await.ok()
+    } else {
+        None
+    };
+    let joined = tokio::task::spawn_blocking(move || {
+        let fingerprinted = job.run();
+        drop(permit);
+        fingerprinted
+    })
+    .await;
+    joined.unwrap_or_else(|e| {
+        Err(engine_problem(&format_args!(
+            "fingerprinting did not finish: {e}"
+        )))
+    })
 }
 
-type BeginAnswer = Result<(Begin, Fingerprinted), ProblemDetails>;
+/// Runs `begin`: awaited on this worker when the engine's calls do not
+/// block (redb, healthy: see [`Engine::begin_async`]), else on the
+/// blocking pool (PostgreSQL, or a poisoned engine whose next write tries
+/// a reopen). A claim won after the request future was dropped is released
+/// either way (by the store, or by [`begin_blocking`]'s handoff).
+async fn begin(
+    cfg: &Config,
+    key: &IdempotencyKey,
+    fingerprint: Fingerprint,
+    lease: Option<Duration>,
+) -> Result<Begin, ProblemDetails> {
+    let engine = &cfg.engine;
+    if engine.calls_may_block() {
+        return begin_blocking(engine.clone(), key.clone(), fingerprint, lease).await;
+    }
+    let begun = match lease {
+        Some(lease) => engine.begin_with_lease_async(key, fingerprint, lease).await,
+        None => engine.begin_async(key, fingerprint).await,
+    };
+    begun.map_err(|e| begin_problem(key, &e))
+}
+
+/// The answer to a failed `begin`.
+fn begin_problem(key: &IdempotencyKey, e: &crate::Error) -> ProblemDetails {
+    if let crate::Error::Corrupt {
+        what: crate::Corrupted::Record(_),
+        ..
+    } = e
+    {
+        tracing::error!(%key, error = %e, "stored record is damaged");
+        corrupt_problem()
+    } else {
+        tracing::error!(%key, error = %e, "begin failed");
+        engine_problem(e)
+    }
+}
+
+type BeginAnswer = Result<Begin, ProblemDetails>;
 
 /// Where a blocking `begin` leaves its answer. If the request future is
 /// dropped before taking it, a won claim is released (the handler never
@@ -300,7 +356,7 @@ impl Drop for AbandonOnDrop {
     fn drop(&mut self) {
         let previous = std::mem::replace(&mut *self.0.slot.lock(), Slot::Abandoned);
         if let Slot::Ready(answer) = previous {
-            let Ok((Begin::Claimed(claim), _)) = *answer else {
+            let Ok(Begin::Claimed(claim)) = *answer else {
                 return;
             };
             let engine = self.0.engine.clone();
@@ -320,12 +376,11 @@ fn release(engine: &Engine, claim: Claim) {
     }
 }
 
-/// Fingerprints the request (if needed) and runs `begin`, both on the
-/// blocking pool.
+/// Runs the synchronous `begin` on the blocking pool.
 async fn begin_blocking(
     engine: Arc<Engine>,
     key: IdempotencyKey,
-    job: Job,
+    fingerprint: Fingerprint,
     lease: Option<Duration>,
 ) -> BeginAnswer {
     let handoff = Arc::new(Handoff {
@@ -336,44 +391,15 @@ async fn begin_blocking(
     let worker = handoff.clone();
     let joined = tokio::task::spawn_blocking(move || {
         let engine = &worker.engine;
-        let answer = match job {
-            Job::Compute(job, permit) => {
-                let fingerprinted = job.run();
-                drop(permit);
-                fingerprinted
-            }
-            Job::Ready(fingerprint) => Ok(Fingerprinted {
-                fingerprint,
-                digests: None,
-            }),
-        }
-        .and_then(|fingerprinted| {
-            let fingerprint = fingerprinted.fingerprint;
-            let begun = match lease {
-                Some(lease) => engine.begin_with_lease(&key, fingerprint, lease),
-                None => engine.begin(&key, fingerprint),
-            };
-            match begun {
-                Ok(begin) => Ok((begin, fingerprinted)),
-                Err(
-                    e @ crate::Error::Corrupt {
-                        what: crate::Corrupted::Record(_),
-                        ..
-                    },
-                ) => {
-                    tracing::error!(%key, error = %e, "stored record is damaged");
-                    Err(corrupt_problem())
-                }
-                Err(e) => {
-                    tracing::error!(%key, error = %e, "begin failed");
-                    Err(engine_problem(&e))
-                }
-            }
-        });
+        let begun = match lease {
+            Some(lease) => engine.begin_with_lease(&key, fingerprint, lease),
+            None => engine.begin(&key, fingerprint),
+        };
+        let answer = begun.map_err(|e| begin_problem(&key, &e));
         let mut slot = worker.slot.lock();
         if matches!(*slot, Slot::Abandoned) {
             drop(slot);
-            if let Ok((Begin::Claimed(claim), _)) = answer {
+            if let Ok(Begin::Claimed(claim)) = answer {
                 release(engine, claim);
             }
         } else {
@@ -443,7 +469,7 @@ where
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             let reason = "the inner service returned an error".to_string();
-            store::record_on_pool(engine, claim, Outcome::Fail(Failure::InDoubt { reason })).await;
+            store::record_outcome(engine, claim, Outcome::Fail(Failure::InDoubt { reason })).await;
             return Err(e);
         }
         Err(panic) => {
@@ -453,7 +479,7 @@ where
                     reason: "the handler panicked".into(),
                 },
             };
-            store::record_on_pool(engine, claim, Outcome::Fail(failure)).await;
+            store::record_outcome(engine, claim, Outcome::Fail(failure)).await;
             std::panic::resume_unwind(panic);
         }
     };
@@ -470,7 +496,7 @@ where
         // Not stored: recorded before the head goes out; the body streams
         // through. If recording fails, the answer still says "not done" or
         // "unknown", which is true either way.
-        if store::record_on_pool(engine, claim, Outcome::Fail(failure)).await {
+        if store::record_outcome(engine, claim, Outcome::Fail(failure)).await {
             holding.finished();
         }
         return Ok(Response::from_parts(head, ResponseBody::inner(body)));
@@ -486,7 +512,7 @@ where
                 Err(e) => {
                     let reason = format!("the response body failed: {e}");
                     tracing::error!(key = %claim.key(), %reason, "response body failed");
-                    store::record_on_pool(
+                    store::record_outcome(
                         engine,
                         claim,
                         Outcome::Fail(Failure::InDoubt { reason }),
@@ -502,7 +528,7 @@ where
                     .into_response());
                 }
             };
-            if !store::record_on_pool(engine, claim, stored.with_body(bytes.to_vec())).await {
+            if !store::record_outcome(engine, claim, stored.with_body(bytes.to_vec())).await {
                 return Ok(not_recorded(cfg).into_response());
             }
             holding.finished();
@@ -511,7 +537,7 @@ where
         Some(len) => {
             // Too large to keep, known now: record the completion without
             // the body, then stream it.
-            if !store::record_on_pool(engine, claim, stored.not_retained(Some(len))).await {
+            if !store::record_outcome(engine, claim, stored.not_retained(Some(len))).await {
                 return Ok(not_recorded(cfg).into_response());
             }
             holding.finished();

@@ -123,9 +123,11 @@ use crate::Engine;
 ///   ran. Once the handler has answered, recording the outcome runs to
 ///   completion even if the future is dropped.
 ///
-/// The engine's calls block (they wait for an fsync); the layer runs them,
-/// and fingerprinting, with [`tokio::task::spawn_blocking`], so the service
-/// must be polled inside a tokio runtime.
+/// On redb the layer awaits the engine's async calls (a durable write wakes
+/// the request's task; no thread waits for the fsync); on PostgreSQL, while
+/// the engine is poisoned, and for bodies of 64 KiB or more (fingerprinting)
+/// it uses [`tokio::task::spawn_blocking`]. The service must be polled
+/// inside a tokio runtime.
 ///
 /// ## Defaults
 ///

@@ -14,6 +14,7 @@
 //!   Pointer's value (see [`super::admit`]), to name the differing pointers
 //!   of a later mismatch.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::header::{CONNECTION, LOCATION};
@@ -60,17 +61,50 @@ pub(crate) fn record(engine: &Engine, claim: Claim, outcome: Outcome) -> bool {
     }
 }
 
-/// [`record`] on the blocking pool. Runs to completion even if the caller
-/// is dropped.
-pub(crate) async fn record_on_pool(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> bool {
-    let key = claim.key().clone();
-    match tokio::task::spawn_blocking(move || record(&engine, claim, outcome)).await {
-        Ok(ok) => ok,
-        Err(e) => {
-            tracing::error!(%key, error = %e, "recording the outcome did not finish");
-            false
-        }
+/// A recording under way: resolves to whether the outcome is durable.
+pub(crate) type Recorded = std::pin::Pin<Box<dyn Future<Output = bool> + Send + Sync>>;
+
+/// Records an outcome without blocking this thread: queued to the engine's
+/// writer at once and awaited (see [`Engine::complete_async`]) on a healthy
+/// redb engine; on the blocking pool where engine calls block (PostgreSQL,
+/// or a poisoned engine trying to reopen). Either way the write is under
+/// way before this returns, and runs to completion even if the returned
+/// future is dropped.
+pub(crate) fn submit(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> Recorded {
+    if engine.calls_may_block() {
+        let key = claim.key().clone();
+        let job = move || record(&engine, claim, outcome);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let ok = job();
+            return Box::pin(std::future::ready(ok));
+        };
+        let join = runtime.spawn_blocking(job);
+        return Box::pin(async move {
+            join.await.unwrap_or_else(|e| {
+                tracing::error!(%key, error = %e, "recording the outcome did not finish");
+                false
+            })
+        });
     }
+    let key = claim.key().clone();
+    let write = match outcome {
+        Outcome::Complete(envelope) => engine.complete_async(claim, envelope),
+        Outcome::Fail(failure) => engine.fail_async(claim, failure),
+    };
+    Box::pin(async move {
+        match write.await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(%key, error = %e, "could not record the outcome");
+                false
+            }
+        }
+    })
+}
+
+/// [`submit`], awaited.
+pub(crate) async fn record_outcome(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> bool {
+    submit(engine, claim, outcome).await
 }
 
 /// A final response's status and stored headers, before its body is known.

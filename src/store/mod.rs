@@ -19,11 +19,13 @@ mod codec_props;
 pub(crate) mod config;
 mod local_tx;
 pub(crate) mod ops;
-mod poison;
+pub(crate) mod pending;
+pub(crate) mod poison;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
+pub(crate) mod reply;
 mod wire;
 
 use crate::error::Result;
@@ -38,6 +40,7 @@ use crate::transition::Transition;
 pub(crate) use self::classify::Held;
 pub use self::local_tx::LocalTx;
 pub(crate) use self::local_tx::{LocalTarget, LocalWrite};
+pub(crate) use self::pending::Pending;
 pub(crate) use self::record::{Completion, EntityState, Record, StoredResponse};
 
 /// A won claim, as the store recorded it.
@@ -200,6 +203,41 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> Result<ReadOrClaim> {
         let _ = claim;
         Ok(ReadOrClaim::Read(self.record(key)?))
+    }
+
+    /// Whether a call made now may block the calling thread on more than
+    /// a local snapshot read: a backend whose every call is a network
+    /// round trip (PostgreSQL), or a poisoned one whose next write tries a
+    /// reopen (joins a thread, syncs a probe file). When false, a point
+    /// read runs on the caller's thread without waiting for I/O beyond a
+    /// page read from the file, and the `*_pending` writes are answered by
+    /// the writer's reply without any thread waiting.
+    fn may_block(&self) -> bool {
+        true
+    }
+
+    // Writes, submitted: the answer comes with the durable commit. Dropping
+    // the `Pending` does not cancel the write; a won claim nobody hears
+    // about is released (its holder never learned it won, so no work ran).
+    // The defaults do the synchronous call at once.
+    fn claim_pending(&self, req: ClaimRequest) -> Pending<ClaimResult> {
+        Pending::ready(self.claim(req))
+    }
+    fn complete_pending(&self, req: CompleteRequest) -> Pending<()> {
+        Pending::ready(self.complete(req))
+    }
+    fn release_pending(&self, key: IdempotencyKey, token: u64) -> Pending<()> {
+        Pending::ready(self.release(key, token))
+    }
+    fn mark_in_doubt_pending(&self, req: InDoubtRequest) -> Pending<()> {
+        Pending::ready(self.mark_in_doubt(req))
+    }
+    fn settle_then_claim_pending(
+        &self,
+        req: SettleRequest,
+        claim: ClaimRequest,
+    ) -> Pending<Settled<Claimed>> {
+        Pending::ready(self.settle_then_claim(req, claim))
     }
 
     // Writes, durable before they return.

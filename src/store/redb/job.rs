@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::store::poison::Poison;
+use crate::store::reply::ReplyTx;
 
-use super::reply::ReplyTx;
 use super::tables::{OpError, Tables};
 
 /// One queued operation. It stays in the writer's hands from the moment

@@ -10,7 +10,6 @@ mod overlay;
 mod read;
 mod read_only;
 mod recover;
-mod reply;
 mod sweep;
 mod syncer;
 mod tables;
@@ -34,8 +33,10 @@ use crate::report::SweepCounts;
 use crate::state::State;
 use crate::store::config::StoreConfig;
 use crate::store::ops::Ops;
+use crate::store::pending::{closed, Pending};
 use crate::store::poison::Poison;
 use crate::store::record::{EntityState, Record};
+use crate::store::reply::{self, Unheard};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
     LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
@@ -189,17 +190,61 @@ pub(crate) struct RedbStore {
     /// The database file, for a read view while a reopen fails (see
     /// `open::open_read_view`).
     file: Option<std::path::PathBuf>,
-    /// Notices of dropped claims that found the writer's queue full: sent
-    /// (waiting) before the next call's own message, so `flush` covers
-    /// them.
-    detached: Mutex<Vec<Msg>>,
-    /// Notices pushed to `detached` and not yet in the writer's queue
-    /// (taken by a caller that may still be waiting for room).
-    detached_pending: AtomicUsize,
-    /// Held while notices go from `detached` into the queue: a `flush`
-    /// that finds notices pending waits here until another caller's
-    /// notices are queued, so its own message comes after them.
-    detached_sending: Mutex<()>,
+    /// Notices nobody waits for that found the writer's queue full.
+    detached: Arc<Detached>,
+}
+
+/// Jobs nobody waits for (the notice of a dropped claim, the release of a
+/// claim whose caller went away) that found the writer's queue full: sent
+/// (waiting) before the next call's own message, so `flush` covers them.
+#[derive(Default)]
+struct Detached {
+    queue: Mutex<Vec<Msg>>,
+    /// Notices pushed to `queue` and not yet in the writer's queue (taken
+    /// by a caller that may still be waiting for room).
+    pending: AtomicUsize,
+    /// Held while notices go from `queue` into the writer's queue: a
+    /// `flush` that finds notices pending waits here until another
+    /// caller's notices are queued, so its own message comes after them.
+    sending: Mutex<()>,
+}
+
+impl Detached {
+    /// Queues `job` without ever blocking: it may run in `Drop` on an async
+    /// worker, inside a local write on the writer thread, or on the writer
+    /// or syncer thread handing on an unheard answer. With the queue full,
+    /// the next call (or `flush`) sends it.
+    fn send(&self, tx: &Sender<Msg>, job: Box<dyn job::Job>) {
+        if let Err(crossbeam_channel::TrySendError::Full(msg)) = tx.try_send(Msg::Job(job)) {
+            let mut queue = self.queue.lock();
+            queue.push(msg);
+            self.pending.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The hook for a claim answer nobody heard (an async `begin` dropped while
+/// its claim was being committed): the caller never learned it won, so no
+/// work ran, and the claim is released at once instead of being left to
+/// run out its lease and turn UNKNOWN.
+fn release_unheard<T: Send + 'static>(
+    key: IdempotencyKey,
+    token_of: fn(&T) -> Option<u64>,
+    tx: Sender<Msg>,
+    detached: Arc<Detached>,
+) -> Unheard<Result<T>> {
+    Box::new(move |answer: Result<T>| {
+        let Some(token) = answer.as_ref().ok().and_then(token_of) else {
+            return;
+        };
+        tracing::warn!(%key, token, "claim won by a caller that went away; released");
+        let job = Call::new(
+            Box::new(move |t: &mut Tables<'_>| t.release(&key, token)),
+            false,
+            None,
+        );
+        detached.send(&tx, Box::new(job));
+    })
 }
 
 impl RedbStore {
@@ -230,9 +275,7 @@ impl RedbStore {
             reopen,
             last_reopen: Mutex::new(None),
             file,
-            detached: Mutex::new(Vec::new()),
-            detached_pending: AtomicUsize::new(0),
-            detached_sending: Mutex::new(()),
+            detached: Arc::new(Detached::default()),
         })
     }
 
@@ -245,25 +288,52 @@ impl RedbStore {
     }
 
     fn submit<T: Send + 'static>(&self, op: job::Op<T>, isolated: bool) -> Result<T> {
-        let (tx, poison) = self.writer()?;
+        self.submit_pending(op, isolated, |_, _| None).wait()
+    }
+
+    /// Sends `op` to the writer; its answer comes through the returned
+    /// [`Pending`]. `unheard` makes the hook for an answer nobody takes.
+    ///
+    /// Blocks the caller only while the writer's queue is full
+    /// (backpressure: `queue_capacity` operations are waiting already), or
+    /// to reopen a poisoned backend (see [`Backend::may_block`]).
+    fn submit_pending<T: Send + 'static>(
+        &self,
+        op: job::Op<T>,
+        isolated: bool,
+        unheard: impl FnOnce(&Sender<Msg>, &Arc<Detached>) -> Option<Unheard<Result<T>>>,
+    ) -> Pending<T> {
+        let (tx, poison) = match self.writer() {
+            Ok(writer) => writer,
+            Err(e) => return Pending::ready(Err(e)),
+        };
         self.send_detached(&tx);
-        let (reply, answer) = reply::reply();
+        let (reply, answer) = reply::reply_with(unheard(&tx, &self.detached));
         let job = Call::new(op, isolated, Some(reply));
         if tx.send(Msg::Job(Box::new(job))).is_err() {
-            return Err(closed(&poison));
+            return Pending::ready(Err(closed(&poison)));
         }
-        answer.recv().unwrap_or_else(|| Err(closed(&poison)))
+        Pending::reply(answer, poison)
+    }
+
+    /// [`Self::submit_pending`] of a plain operation.
+    fn call_pending<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Tables<'_>) -> Result<T, OpError> + Send + 'static,
+    ) -> Pending<T> {
+        self.submit_pending(Box::new(op), false, |_, _| None)
     }
 
     /// Queues the notices of dropped claims that found the queue full,
     /// waiting for room (never called on the writer thread: `writer`
     /// refuses that first).
     fn send_detached(&self, tx: &Sender<Msg>) {
-        if self.detached_pending.load(Ordering::Acquire) == 0 {
+        let detached = &*self.detached;
+        if detached.pending.load(Ordering::Acquire) == 0 {
             return;
         }
-        let _sending = self.detached_sending.lock();
-        let waiting = std::mem::take(&mut *self.detached.lock());
+        let _sending = detached.sending.lock();
+        let waiting = std::mem::take(&mut *detached.queue.lock());
         let taken = waiting.len();
         for msg in waiting {
             if tx.send(msg).is_err() {
@@ -271,7 +341,7 @@ impl RedbStore {
             }
         }
         // Only now: a flush that saw them pending waited for `_sending`.
-        self.detached_pending.fetch_sub(taken, Ordering::AcqRel);
+        detached.pending.fetch_sub(taken, Ordering::AcqRel);
     }
 
     /// The writer's queue, reopening the database first if the backend is
@@ -426,14 +496,6 @@ fn request_commit(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
     answer.recv().unwrap_or_else(|| Err(closed(poison)))
 }
 
-/// Why a call could not reach the writer.
-fn closed(poison: &Poison) -> Error {
-    match poison.cause() {
-        Some(cause) => Error::Poisoned { cause },
-        None => Error::Closed,
-    }
-}
-
 /// Starts a writer thread on a prepared database, after applying what its
 /// journal holds beyond the last checkpoint.
 fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
@@ -570,20 +632,67 @@ impl Backend for RedbStore {
         })
     }
 
+    fn may_block(&self) -> bool {
+        // Healthy: writes go to the writer's queue (4,096 deep by default)
+        // and point reads are snapshot reads. Poisoned: the next write
+        // tries a reopen on the caller's thread.
+        self.live.read_recursive().poison.cause().is_some()
+    }
+
+    fn claim_pending(&self, req: ClaimRequest) -> Pending<ClaimResult> {
+        let key = req.key.clone();
+        let op = Box::new(move |t: &mut Tables<'_>| t.claim(&req));
+        self.submit_pending(op, false, |tx, detached| {
+            let token_of = |r: &ClaimResult| match r {
+                ClaimResult::Claimed(c) => Some(c.token),
+                ClaimResult::Held(_) => None,
+            };
+            Some(release_unheard(key, token_of, tx.clone(), detached.clone()))
+        })
+    }
+
+    fn complete_pending(&self, req: CompleteRequest) -> Pending<()> {
+        self.call_pending(move |t| t.complete(req))
+    }
+
+    fn release_pending(&self, key: IdempotencyKey, token: u64) -> Pending<()> {
+        self.call_pending(move |t| t.release(&key, token))
+    }
+
+    fn mark_in_doubt_pending(&self, req: InDoubtRequest) -> Pending<()> {
+        self.call_pending(move |t| t.mark_in_doubt(req))
+    }
+
+    fn settle_then_claim_pending(
+        &self,
+        req: SettleRequest,
+        claim: ClaimRequest,
+    ) -> Pending<Settled<Claimed>> {
+        let key = claim.key.clone();
+        let op = Box::new(move |t: &mut Tables<'_>| t.settle_then_claim(req, &claim));
+        self.submit_pending(op, false, |tx, detached| {
+            let token_of = |r: &Settled<Claimed>| match r {
+                Settled::NotExecuted(c) => Some(c.token),
+                Settled::Completed(_) | Settled::StillInDoubt(_) => None,
+            };
+            Some(release_unheard(key, token_of, tx.clone(), detached.clone()))
+        })
+    }
+
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult> {
-        self.call(move |t| t.claim(&req))
+        self.claim_pending(req).wait()
     }
 
     fn complete(&self, req: CompleteRequest) -> Result<()> {
-        self.call(move |t| t.complete(req))
+        self.complete_pending(req).wait()
     }
 
     fn release(&self, key: IdempotencyKey, token: u64) -> Result<()> {
-        self.call(move |t| t.release(&key, token))
+        self.release_pending(key, token).wait()
     }
 
     fn mark_in_doubt(&self, req: InDoubtRequest) -> Result<()> {
-        self.call(move |t| t.mark_in_doubt(req))
+        self.mark_in_doubt_pending(req).wait()
     }
 
     fn mark_in_doubt_detached(&self, req: InDoubtRequest) {
@@ -599,16 +708,7 @@ impl Backend for RedbStore {
             false,
             None,
         );
-        // Never blocks: it may run in `Drop` on an async worker or inside a
-        // local write on the writer thread itself. With the queue full, the
-        // next call (or `flush`) sends it.
-        if let Err(crossbeam_channel::TrySendError::Full(msg)) =
-            tx.try_send(Msg::Job(Box::new(job)))
-        {
-            let mut detached = self.detached.lock();
-            detached.push(msg);
-            self.detached_pending.fetch_add(1, Ordering::AcqRel);
-        }
+        self.detached.send(&tx, Box::new(job));
     }
 
     fn extend(&self, key: IdempotencyKey, token: u64, lease_ms: u64) -> Result<u64> {
@@ -624,7 +724,7 @@ impl Backend for RedbStore {
         req: SettleRequest,
         claim: ClaimRequest,
     ) -> Result<Settled<Claimed>> {
-        self.call(move |t| t.settle_then_claim(req, &claim))
+        self.settle_then_claim_pending(req, claim).wait()
     }
 
     fn sweep(&self, limit: usize) -> Result<SweepCounts> {

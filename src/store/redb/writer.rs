@@ -50,9 +50,9 @@ use super::job::{fail_all, poison_backend, Job};
 use super::journal::{Change, Frame, Journal, JournalError};
 use super::meta::{self, Counter, MetaError};
 use super::overlay::Overlay;
-use super::reply::ReplyTx;
 use super::syncer::{Handed, Syncer};
 use super::tables::{Sequences, Tables, META};
+use crate::store::reply::ReplyTx;
 
 /// Journal bytes after which the writer checkpoints. A checkpoint writes
 /// every page dirtied since the last one, so a longer interval writes
