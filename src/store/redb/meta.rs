@@ -970,7 +970,7 @@ mod tests {
             }
             let e = |e: MetaError| format!("{e:?}");
             assert_eq!(read_format(&t).map_err(e)?, Some(Found::Format(Format::V2)));
-            assert!(problems(&t, Format::V2)?.is_empty());
+            assert!(damage(&t, Format::V2)?.is_empty());
             assert_eq!(
                 required_counter(&t, Counter::NextToken).map_err(e)?,
                 1 << 40
