@@ -163,7 +163,9 @@ impl Engine {
 
     /// Whether a call made now may block the calling thread on more than a
     /// snapshot read and a queue send (see [`Engine::begin_async`]): on
-    /// PostgreSQL, or while the engine is poisoned.
+    /// PostgreSQL, or while the engine is poisoned. The HTTP layer asks it
+    /// to choose between awaiting the engine and tokio's blocking pool.
+    #[cfg(feature = "http")]
     pub(crate) fn calls_may_block(&self) -> bool {
         self.core.store.may_block()
     }

@@ -211,7 +211,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// reopen (joins a thread, syncs a probe file). When false, a point
     /// read runs on the caller's thread without waiting for I/O beyond a
     /// page read from the file, and the `*_pending` writes are answered by
-    /// the writer's reply without any thread waiting.
+    /// the writer's reply without any thread waiting. (Asked only by the
+    /// HTTP layer, through `Engine::calls_may_block`.)
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     fn may_block(&self) -> bool {
         true
     }
