@@ -15,17 +15,18 @@
 //! write_format1_fixture`. Never regenerate it with a newer format.
 
 mod common;
+#[path = "common/fixture_engine.rs"]
+mod fixture_engine;
 #[path = "common/meta_table.rs"]
 mod meta_table;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::{claimed, replay, unknown};
+use fixture_engine::{builder, fp, key, DAY};
 use idempotency::{
-    Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, OutgoingMessage, Receive, ReplayKind,
+    Begin, Engine, Envelope, Failure, ManualClock, OutgoingMessage, Receive, ReplayKind,
 };
 use meta_table::{meta_values, KEYS, META};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -34,30 +35,9 @@ type TestResult = Result<(), Box<dyn Error>>;
 
 /// When the fixture was written (ms since the Unix epoch).
 const T0: u64 = 1_790_000_000_000;
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format1.redb")
-}
-
-fn builder(clock: &ManualClock) -> EngineBuilder {
-    Engine::builder()
-        .clock(clock.clone())
-        .sweep_interval(None)
-        .ttl(30 * DAY)
-        .lease(Duration::from_secs(30))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep: 10 * DAY })
-}
-
-fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
-    IdempotencyKey::new("shop:pay", k)
-}
-
-fn fp(amount: u32) -> Result<Fingerprint, idempotency::FingerprintError> {
-    Fingerprint::of_json(
-        format!(r#"{{"amount":{amount},"currency":"EUR"}}"#).as_bytes(),
-        &[],
-    )
 }
 
 /// A fresh copy of the fixture in `dir`.

@@ -22,18 +22,19 @@
 //! layout change gets a fixture of its own, and this one stays).
 
 mod common;
+#[path = "common/fixture_engine.rs"]
+mod fixture_engine;
 #[path = "common/meta_table.rs"]
 mod meta_table;
 
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::{claimed, replay, unknown};
+use fixture_engine::{builder, fp, key, DAY};
 use idempotency::{
-    Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, OutgoingMessage, Receive, ReplayKind, State,
+    Begin, Engine, Envelope, Failure, ManualClock, OutgoingMessage, Receive, ReplayKind, State,
 };
 use meta_table::{meta_values, KEYS};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -42,7 +43,6 @@ type TestResult = Result<(), Box<dyn Error>>;
 
 /// When the fixture was written (ms since the Unix epoch).
 const T0: u64 = 1_795_000_000_000;
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The journal's header length and the bytes of a frame before its
 /// payload (`src/store/redb/journal.rs`).
@@ -55,26 +55,6 @@ fn fixture() -> PathBuf {
 
 fn fixture_journal() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2.redb.journal")
-}
-
-fn builder(clock: &ManualClock) -> EngineBuilder {
-    Engine::builder()
-        .clock(clock.clone())
-        .sweep_interval(None)
-        .ttl(30 * DAY)
-        .lease(Duration::from_secs(30))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep: 10 * DAY })
-}
-
-fn key(k: &str) -> Result<IdempotencyKey, idempotency::Error> {
-    IdempotencyKey::new("shop:pay", k)
-}
-
-fn fp(amount: u32) -> Result<Fingerprint, idempotency::FingerprintError> {
-    Fingerprint::of_json(
-        format!(r#"{{"amount":{amount},"currency":"EUR"}}"#).as_bytes(),
-        &[],
-    )
 }
 
 /// A fresh copy of the fixture and its journal in `dir`.
