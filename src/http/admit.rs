@@ -173,10 +173,10 @@ fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Pro
 /// the whole scope, so the request is served rather than refused; a scope
 /// that fits is kept as it is.
 fn fit_scope(method: &http::Method, scope: String) -> String {
+    static LONG: OnceLock<blake3::Hasher> = OnceLock::new();
     if scope.len() <= crate::MAX_KEY_BYTES {
         return scope;
     }
-    static LONG: OnceLock<blake3::Hasher> = OnceLock::new();
     let mut hasher = LONG
         .get_or_init(|| blake3::Hasher::new_derive_key(LONG_SCOPE_CONTEXT))
         .clone();
