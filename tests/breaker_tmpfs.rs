@@ -67,9 +67,15 @@ fn a_full_tmpfs_gives_503s_never_a_wrong_answer_and_recovers() -> TestResult {
         eprintln!("cannot mount a tmpfs here; skipped");
         return Ok(());
     }
-    let result = full_disk(&mnt);
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
-    result
+    // Unmounted even when an assertion panics.
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&mnt);
+    full_disk(&mnt)
 }
 
 fn full_disk(mnt: &std::path::Path) -> TestResult {
