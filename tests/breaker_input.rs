@@ -165,3 +165,43 @@ async fn concurrent_duplicates_with_different_bodies_run_once() -> TestResult {
     assert!(created >= 1);
     Ok(())
 }
+
+/// Records what happens to a request the layer never claims (a GET) while
+/// every in-flight permit is held by slow claimed POSTs: `poll_ready` takes
+/// a permit before it can see the request, so the GET waits too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_waits_for_a_permit_held_by_slow_posts() -> TestResult {
+    use tower::Service;
+    let engine = Arc::new(Engine::builder().in_memory()?);
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        (StatusCode::CREATED, "slow")
+    };
+    let router = Router::new()
+        .route("/p", post(slow).get(|| async { "get" }))
+        .layer(IdempotencyLayer::new(engine).max_in_flight(2));
+    for i in 0..2 {
+        let mut svc = router.clone();
+        tokio::spawn(async move {
+            let req = Request::post("/p")
+                .header("idempotency-key", format!("k{i}"))
+                .body(Body::from("x"))
+                .expect("valid");
+            let _ = svc.call(req).await;
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let get = router
+        .clone()
+        .oneshot(Request::get("/p").body(Body::empty())?);
+    let waited = tokio::time::timeout(Duration::from_millis(300), get).await;
+    eprintln!(
+        "GET while 2 of 2 permits held: {}",
+        if waited.is_err() {
+            "waited > 300 ms"
+        } else {
+            "served at once"
+        }
+    );
+    Ok(())
+}
