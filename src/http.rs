@@ -99,7 +99,11 @@
 //! apart by a session cookie must name it** ([`Caller::cookies`]) or
 //! return the user from [`Caller::from_fn`]. Sharing keys between all
 //! callers is an explicit opt-in ([`Caller::shared`]);
-//! [`IdempotencyLayer::scope`] replaces the whole computation.
+//! [`IdempotencyLayer::scope`] replaces the whole computation. A scope
+//! longer than a key's scope may be (255 bytes: a long path on a route no
+//! [`Route`] matches, a long tenant value) is replaced by
+//! `"{method} #{digest}"`, a digest of the whole scope, so such a request
+//! is served under a scope of its own rather than refused.
 //!
 //! # Routes
 //!

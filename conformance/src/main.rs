@@ -42,7 +42,15 @@ fn main() -> ExitCode {
 }
 
 fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let Some(args) = parse_args(std::env::args().skip(1))? else {
+    // `args_os`: `std::env::args` panics on an argument that is not UTF-8.
+    let args = std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| format!("argument {a:?} is not valid UTF-8"))
+        })
+        .collect::<Result<Vec<String>, String>>()?;
+    let Some(args) = parse_args(args)? else {
         println!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     };

@@ -20,6 +20,8 @@ use crate::{canonical, BoxError, Fingerprint, IdempotencyKey};
 
 /// blake3 `derive_key` context of the caller digest in the scope.
 const CALLER_CONTEXT: &str = "idempotency http caller v1";
+/// blake3 `derive_key` context of the digest of a scope too long to keep.
+const LONG_SCOPE_CONTEXT: &str = "idempotency http long scope v1";
 /// blake3 `derive_key` context of the per-pointer digests.
 const POINTER_CONTEXT: &str = "idempotency http pointer digest v1";
 
@@ -163,7 +165,23 @@ fn default_scope(cfg: &Config, parts: &Parts, route: &str) -> Result<String, Pro
         scope.push_str(" caller=");
         scope.push_str(&caller);
     }
-    Ok(scope)
+    Ok(fit_scope(&parts.method, scope))
+}
+
+/// A scope too long for a key's scope (a long request path on a route no
+/// `Route` matches, a long tenant value) becomes the method and a digest of
+/// the whole scope, so the request is served rather than refused; a scope
+/// that fits is kept as it is.
+fn fit_scope(method: &http::Method, scope: String) -> String {
+    static LONG: OnceLock<blake3::Hasher> = OnceLock::new();
+    if scope.len() <= crate::MAX_KEY_BYTES {
+        return scope;
+    }
+    let mut hasher = LONG
+        .get_or_init(|| blake3::Hasher::new_derive_key(LONG_SCOPE_CONTEXT))
+        .clone();
+    hasher.update(scope.as_bytes());
+    format!("{method} #{}", hex(&hasher.finalize().as_bytes()[..16]))
 }
 
 /// The caller's identity as 32 hex digits (a keyed blake3 digest), or
