@@ -24,6 +24,9 @@ pub(super) trait Job: Send {
     /// Whether the applied operation was refused (an isolated job is then
     /// rolled back).
     fn refused(&self) -> bool;
+    /// Whether its caller has gone away, so its answer goes to the reply
+    /// slot's hook (see `store::reply`) rather than to anyone waiting.
+    fn unheard(&self) -> bool;
     /// The transaction committed: sends the kept result.
     fn deliver(self: Box<Self>);
     /// Sends `error` instead (the batch failed, or the backend is poisoned
@@ -73,6 +76,10 @@ impl<T: Send + 'static> Job for Call<T> {
         matches!(self.result, Some(Err(_)))
     }
 
+    fn unheard(&self) -> bool {
+        self.reply.as_ref().is_some_and(ReplyTx::is_abandoned)
+    }
+
     fn deliver(self: Box<Self>) {
         if let (Some(to), Some(result)) = (self.reply, self.result) {
             to.send(result);
@@ -83,6 +90,41 @@ impl<T: Send + 'static> Job for Call<T> {
         if let Some(to) = self.reply {
             to.send(Err(error));
         }
+    }
+}
+
+/// The answer to a [`super::writer::Msg::Commit`], handed to the syncer
+/// like a group so it is sent only after every group handed before it has
+/// been answered (and the hooks of answers nobody heard have queued their
+/// follow-up work).
+pub(super) struct CommitAnswer {
+    pub(super) reply: ReplyTx<Result<()>>,
+    pub(super) result: Result<()>,
+}
+
+impl Job for CommitAnswer {
+    fn isolated(&self) -> bool {
+        false
+    }
+
+    fn apply(&mut self, _tables: &mut Tables<'_>) -> Option<redb::Error> {
+        None
+    }
+
+    fn refused(&self) -> bool {
+        false
+    }
+
+    fn unheard(&self) -> bool {
+        false
+    }
+
+    fn deliver(self: Box<Self>) {
+        self.reply.send(self.result);
+    }
+
+    fn fail(self: Box<Self>, error: Error) {
+        self.reply.send(Err(error));
     }
 }
 

@@ -746,6 +746,12 @@ impl Backend for RedbStore {
     fn flush(&self) -> Result<()> {
         let (tx, poison) = self.writer()?;
         self.send_detached(&tx);
+        request_commit(&tx, &poison)?;
+        // The first commit's answer comes after every earlier group was
+        // answered, so an answer nobody heard (an async `begin` dropped
+        // mid-claim) has queued its release by now: a second commit covers
+        // that release too.
+        self.send_detached(&tx);
         request_commit(&tx, &poison)
     }
 

@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::store::config::StoreConfig;
 use crate::store::poison::Poison;
 
-use super::job::{fail_all, poison_backend, Job};
+use super::job::{fail_all, poison_backend, CommitAnswer, Job};
 use super::journal::{Change, Frame, Journal, JournalError};
 use super::meta::{self, Counter, MetaError};
 use super::overlay::Overlay;
@@ -207,15 +207,27 @@ impl Writer {
             self.process(std::mem::take(&mut batch), &mut state);
             if !commit_waiters.is_empty() {
                 let result = self.commit_open(&mut state, None);
-                for reply in commit_waiters.drain(..) {
-                    reply.send(match &result {
-                        Ok(()) => Ok(()),
-                        Err(_) => Err(self
-                            .poison
-                            .cause()
-                            .map_or(Error::Closed, |cause| Error::Poisoned { cause })),
-                    });
-                }
+                // Answered through the syncer, after the groups before them.
+                let answers: Vec<Box<dyn Job>> = commit_waiters
+                    .drain(..)
+                    .map(|reply| -> Box<dyn Job> {
+                        Box::new(CommitAnswer {
+                            reply,
+                            result: match &result {
+                                Ok(()) => Ok(()),
+                                Err(_) => Err(self
+                                    .poison
+                                    .cause()
+                                    .map_or(Error::Closed, |cause| Error::Poisoned { cause })),
+                            },
+                        })
+                    })
+                    .collect();
+                state.syncer.hand(Handed {
+                    lsn: None,
+                    jobs: answers,
+                    changes: Vec::new(),
+                });
             }
         }
         // Everything in redb, and the file marked cleanly closed: the
