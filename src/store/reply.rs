@@ -78,14 +78,6 @@ pub(crate) fn reply_with<T>(unheard: Option<Unheard<T>>) -> (ReplyTx<T>, ReplyRx
 }
 
 impl<T> ReplyTx<T> {
-    /// Whether the caller has gone away: an answer sent now goes to the
-    /// slot's `unheard` hook.
-    pub(crate) fn is_abandoned(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|shared| matches!(shared.state.lock().slot, Slot::Abandoned))
-    }
-
     /// Hands `value` to the caller: wakes a parked one or an async one; if
     /// the caller is gone, to the slot's `unheard` hook (or drops it).
     pub(crate) fn send(mut self, value: T) {

@@ -24,9 +24,6 @@ pub(super) trait Job: Send {
     /// Whether the applied operation was refused (an isolated job is then
     /// rolled back).
     fn refused(&self) -> bool;
-    /// Whether its caller has gone away, so its answer goes to the reply
-    /// slot's hook (see `store::reply`) rather than to anyone waiting.
-    fn unheard(&self) -> bool;
     /// The transaction committed: sends the kept result.
     fn deliver(self: Box<Self>);
     /// Sends `error` instead (the batch failed, or the backend is poisoned
@@ -76,10 +73,6 @@ impl<T: Send + 'static> Job for Call<T> {
         matches!(self.result, Some(Err(_)))
     }
 
-    fn unheard(&self) -> bool {
-        self.reply.as_ref().is_some_and(ReplyTx::is_abandoned)
-    }
-
     fn deliver(self: Box<Self>) {
         if let (Some(to), Some(result)) = (self.reply, self.result) {
             to.send(result);
@@ -112,10 +105,6 @@ impl Job for CommitAnswer {
     }
 
     fn refused(&self) -> bool {
-        false
-    }
-
-    fn unheard(&self) -> bool {
         false
     }
 

@@ -199,13 +199,7 @@ impl Worker {
             self.shared.progress.lock().synced = last;
             self.shared.changed.notify_all();
         }
-        // Answers nobody will hear first: their hooks queue follow-up work
-        // (the release of a claim whose async caller went away) before any
-        // caller of these groups wakes, so a `flush` that such a caller
-        // sends next is queued after that work and covers it.
-        let (unheard, heard): (Vec<_>, Vec<_>) =
-            answers.into_iter().flatten().partition(|job| job.unheard());
-        for job in unheard.into_iter().chain(heard) {
+        for job in answers.into_iter().flatten() {
             job.deliver();
         }
     }
