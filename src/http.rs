@@ -67,6 +67,7 @@
 //! | malformed (or blank) key | 400, [`malformed-key`](#malformed-key) |
 //! | body not JSON on a JSON route | 400, [`invalid-body`](#invalid-body); nothing is stored |
 //! | body above [`IdempotencyLayer::max_body_bytes`] | 413, [`body-too-large`](#body-too-large); nothing is stored |
+//! | body not fully received within [`IdempotencyLayer::body_read_timeout`] | 408, [`body-timeout`](#body-timeout); nothing is stored |
 //! | the layer is at capacity and sheds load ([`IdempotencyLayer::load_shed`]) | 503, `Retry-After`, [`overloaded`](#overloaded); nothing is stored |
 //!
 //! Every refusal above happens *before* any claim: nothing is stored and
@@ -173,6 +174,10 @@
 //! valid scope.
 //! ### unreadable-body
 //! 400: the request body could not be read.
+//! ### body-timeout
+//! 408 (RFC 9110 section 15.5.9): the request body did not fully arrive
+//! within [`IdempotencyLayer::body_read_timeout`]. Retryable: nothing was
+//! claimed, so sending the whole request again with the same key runs it.
 //! ### invalid-body
 //! 400: the route expects JSON and the body is not strict JSON.
 //! ### body-too-large

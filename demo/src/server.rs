@@ -262,7 +262,12 @@ pub fn app(
         .route(Route::new("/payments").json_pointers(["/amount", "/currency", "/customer"]))
         .tenant_header(header::HeaderName::from_static("x-merchant-id"))
         .mismatch_status(mismatch_status)
-        .max_body_bytes(16 * 1024);
+        .max_body_bytes(16 * 1024)
+        // Every POST carries a key (`require_key`), so the layer reads
+        // every body: a client that sends half of one gets 408 after 10 s
+        // instead of holding its slot and connection (the head of a
+        // request is bounded by `--header-read-timeout`).
+        .body_read_timeout(Duration::from_secs(10));
     let state = AppState {
         provider,
         crash_after_charge,

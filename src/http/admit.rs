@@ -108,7 +108,13 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let body = read_body(&parts.headers, body, cfg.max_body_bytes).await?;
+    let body = read_body(
+        &parts.headers,
+        body,
+        cfg.max_body_bytes,
+        cfg.body_read_timeout,
+    )
+    .await?;
     let json = match route.map_or(&BodyMode::Auto, |r| &r.body) {
         BodyMode::Json(pointers) => Some(pointers.clone()),
         BodyMode::Auto if is_json(&parts.headers) => Some(Vec::new()),
@@ -277,7 +283,12 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, ProblemDetails>
+async fn read_body<B>(
+    headers: &HeaderMap,
+    body: B,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ProblemDetails>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -299,7 +310,20 @@ where
             return Err(too_large(format!("the body is {len} bytes")));
         }
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    let Ok(read) = read else {
+        tracing::info!(?timeout, "request body did not arrive in time");
+        return Err(ProblemDetails::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "Request body not received in time",
+            format!(
+                "the request body did not fully arrive within {} ms; nothing was stored",
+                timeout.as_millis()
+            ),
+        ));
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             Err(too_large("the body is larger".into()))

@@ -86,6 +86,8 @@ pub(crate) struct Config {
     pub(crate) caller_key: Option<[u8; 32]>,
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) max_body_bytes: usize,
+    /// Longest wait for a request body, from its first poll to its end.
+    pub(crate) body_read_timeout: std::time::Duration,
     pub(crate) mismatch_status: StatusCode,
     /// Status of the `key-expired` answer (409 or 410).
     pub(crate) expired_status: StatusCode,

@@ -15,6 +15,9 @@ use super::store::RESERVED_PREFIX;
 use super::{Caller, Disposition, Route};
 use crate::Engine;
 
+/// Default of [`IdempotencyLayer::body_read_timeout`].
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A [`tower::Layer`] implementing the `Idempotency-Key` header on an
 /// [`Engine`]; see the [module docs](super) for what requests get.
 ///
@@ -141,6 +144,7 @@ use crate::Engine;
 /// | [`scope`](Self::scope) | `"{method} {route}"` plus ` tenant={value}` plus ` caller={digest}` |
 /// | [`tenant_header`](Self::tenant_header) | none |
 /// | [`max_body_bytes`](Self::max_body_bytes) | 1 MiB (1,048,576 bytes) |
+/// | [`body_read_timeout`](Self::body_read_timeout) | 30 s |
 /// | [`mismatch_status`](Self::mismatch_status) | 409 Conflict |
 /// | [`expired_status`](Self::expired_status) | 409 Conflict |
 /// | [`stored_headers`](Self::stored_headers) | all end-to-end headers but the hop-by-hop ones, credentials, `Date` and `Content-Length` (see above) |
@@ -172,6 +176,7 @@ impl IdempotencyLayer {
                 caller_key: None,
                 scope: None,
                 max_body_bytes: 1 << 20,
+                body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
                 mismatch_status: StatusCode::CONFLICT,
                 expired_status: StatusCode::CONFLICT,
                 headers: HeaderPolicy::AllExcept(Vec::new()),
@@ -260,6 +265,24 @@ impl IdempotencyLayer {
     /// before the body is read).
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.cfg().max_body_bytes = bytes;
+        self
+    }
+
+    /// Longest wait for a request body the layer reads (a request with a
+    /// key, on a covered method), from the first read to the body's end.
+    /// A body that has not fully arrived by then is answered 408 Request
+    /// Timeout ([`body-timeout`](crate::http#body-timeout), RFC 9110
+    /// section 15.5.9) before any claim, and its in-flight slot (see
+    /// [`max_in_flight`](Self::max_in_flight)) is freed: without a bound,
+    /// clients that send half a body hold their slots, and their
+    /// connections, for ever. Default 30 s; clamped to at least 1 ms.
+    ///
+    /// Requests the layer passes through (no key, another method) are read
+    /// by the app: the server should bound those itself (for example
+    /// tower-http's `RequestBodyTimeoutLayer`), and hyper's
+    /// `header_read_timeout` bounds the head of every request.
+    pub fn body_read_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg().body_read_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -429,6 +452,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("caller", &c.caller)
             .field("custom_scope", &c.scope.is_some())
             .field("max_body_bytes", &c.max_body_bytes)
+            .field("body_read_timeout", &c.body_read_timeout)
             .field("mismatch_status", &c.mismatch_status)
             .field("expired_status", &c.expired_status)
             .field("headers", &c.headers)

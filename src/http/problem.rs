@@ -22,11 +22,12 @@ pub(crate) const TYPE_PREFIX: &str = "tag:idempotency.invalid,2026:http-problems
 /// with the same key can succeed without changing anything (the body's
 /// `retryable` member). The module docs list the same names, each under its
 /// own heading (a unit test checks both ways).
-pub(crate) const KINDS: [(&str, bool); 16] = [
+pub(crate) const KINDS: [(&str, bool); 17] = [
     ("malformed-key", false),
     ("missing-key", false),
     ("invalid-scope", false),
     ("unreadable-body", true),
+    ("body-timeout", true),
     ("invalid-body", false),
     ("body-too-large", false),
     ("processing", true),
