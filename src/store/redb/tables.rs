@@ -220,6 +220,24 @@ impl<'t> Tables<'t> {
         self.put_record(rkey, codec::encode(rkey, new))
     }
 
+    /// Removes every index entry naming `rkey`, in any index.
+    fn unindex_everywhere(&mut self, rkey: &[u8]) -> std::result::Result<(), redb::StorageError> {
+        for which in [IndexTable::Leases, IndexTable::Recovery, IndexTable::Expiry] {
+            let mut found = Vec::new();
+            for entry in self.index_table(which).iter()? {
+                let (k, _) = entry?;
+                let (at, key) = k.value();
+                if key == rkey {
+                    found.push(at);
+                }
+            }
+            for at in found {
+                self.del_index(which, at, rkey)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn delete_raw(
         &mut self,
         rkey: &[u8],
@@ -276,9 +294,14 @@ impl Txn for Tables<'_> {
         let rkey = key.record_key();
         match old {
             Some(old) => self.delete_raw(rkey, old)?,
-            // Its index entries are dropped by the next sweep that meets
-            // them.
-            None => self.del_record(rkey)?,
+            // A record that does not decode (a force purge) cannot say
+            // where its index entry is: look for it. A full scan of the
+            // three indexes, for an operator's rare repair; leaving the
+            // entry would have `verify` report it until a sweep met it.
+            None => {
+                self.unindex_everywhere(rkey)?;
+                self.del_record(rkey)?;
+            }
         }
         Ok(())
     }
