@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
-use postgres::types::Type;
+use tokio_postgres::types::Type;
 
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
@@ -143,7 +143,7 @@ pub(super) fn complete(
     now: u64,
     req: &CompleteRequest,
     (record, bytes): Inserted,
-) -> Result<bool, postgres::Error> {
+) -> Result<bool, super::client::PgError> {
     if !req.messages.is_empty() {
         return Ok(false);
     }

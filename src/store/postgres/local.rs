@@ -1,6 +1,6 @@
 //! Local exactly-once on PostgreSQL: the app's statements and the key's
 //! completion in one transaction, which the app's closure gets as a
-//! `postgres::Transaction` (through [`LocalTx::postgres`]).
+//! [`Transaction`] (through [`LocalTx::postgres`]).
 
 use crate::error::{Error, Result};
 use crate::store::local_tx::{run_local, LocalTarget, LocalTx, LocalWrite};
@@ -8,6 +8,7 @@ use crate::store::ops::{OpError, Ops};
 use crate::store::record::{Completion, StoredResponse};
 use crate::store::{ClaimRequest, ClaimResult, CompleteRequest, LocalResult};
 
+use super::client::Transaction;
 use super::shared::{storage, Shared};
 use super::txn::{Fault, PgTxn};
 
@@ -117,11 +118,7 @@ impl Shared {
         Ok(LocalResult::Executed)
     }
 
-    pub(super) fn txn<'t, 'c>(
-        &'t self,
-        tx: &'t mut postgres::Transaction<'c>,
-        now: u64,
-    ) -> PgTxn<'t, 'c> {
+    pub(super) fn txn<'t, 'c>(&'t self, tx: &'t mut Transaction<'c>, now: u64) -> PgTxn<'t, 'c> {
         PgTxn {
             tx,
             names: &self.names,

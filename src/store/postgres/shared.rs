@@ -7,19 +7,18 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use postgres::types::Type;
-use postgres::{Client, Statement};
+use std::time::Duration;
 
-use r2d2_postgres::postgres::NoTls;
-use r2d2_postgres::PostgresConnectionManager;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Config, Statement};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::config::StoreConfig;
 use crate::store::ops::{OpError, OpResult};
 
+use super::client::{Client, PgError};
 use super::clock::DatabaseClock;
-use super::described::Described;
 use super::schema::Names;
 use super::txn::{Fault, PgTxn};
 
@@ -61,7 +60,7 @@ impl PgConn {
         &mut self,
         sql: &str,
         types: &[Type],
-    ) -> std::result::Result<Statement, postgres::Error> {
+    ) -> std::result::Result<Statement, PgError> {
         if let Some(statement) = self.prepared.get(sql) {
             return Ok(statement.clone());
         }
@@ -73,32 +72,37 @@ impl PgConn {
     }
 }
 
-/// r2d2's PostgreSQL manager, with a statement cache per connection and
-/// the pool's generation (raised whenever a call finds a connection lost).
+/// The pool's connection manager: connections with a deadline on every
+/// round trip (`client.rs`), a statement cache per connection, and the
+/// pool's generation (raised whenever a call finds a connection lost).
 #[derive(Debug)]
 pub(super) struct Manager {
-    pub(super) inner: PostgresConnectionManager<NoTls>,
+    pub(super) config: Config,
+    /// The bound on connecting (socket, startup, authentication).
+    pub(super) connect_timeout: Duration,
+    /// The bound on each later round trip.
+    pub(super) deadline: Duration,
     pub(super) generation: Arc<AtomicU64>,
 }
 
 impl r2d2::ManageConnection for Manager {
     type Connection = PgConn;
-    type Error = postgres::Error;
+    type Error = PgError;
 
-    fn connect(&self) -> std::result::Result<PgConn, postgres::Error> {
+    fn connect(&self) -> std::result::Result<PgConn, PgError> {
         Ok(PgConn {
-            client: self.inner.connect()?,
+            client: Client::connect(&self.config, self.connect_timeout, self.deadline)?,
             prepared: HashMap::new(),
             generation: self.generation.load(Ordering::Acquire),
         })
     }
 
-    fn is_valid(&self, conn: &mut PgConn) -> std::result::Result<(), postgres::Error> {
-        self.inner.is_valid(&mut conn.client)
+    fn is_valid(&self, conn: &mut PgConn) -> std::result::Result<(), PgError> {
+        conn.client.batch_execute("")
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        self.inner.has_broken(&mut conn.client)
+        conn.client.is_broken()
     }
 }
 
@@ -126,9 +130,9 @@ enum Attempt {
     Refused(Error),
     Race,
     /// Failed before the commit was sent: nothing was written.
-    Before(postgres::Error),
+    Before(PgError),
     /// The commit itself failed: it may or may not have been applied.
-    Commit(postgres::Error),
+    Commit(PgError),
 }
 
 /// Whether `e` says the connection is gone (closed, reset by the server
@@ -137,10 +141,12 @@ enum Attempt {
 /// or may not have run, so callers retry only what is safe to send again
 /// (reads, statements of a transaction before its commit, and the
 /// one-statement claim, whose retry finds its own row).
-pub(super) fn lost(e: &postgres::Error) -> bool {
-    use postgres::error::SqlState;
+pub(super) fn lost(e: &PgError) -> bool {
     use std::io::ErrorKind;
-    let socket_gone = std::error::Error::source(e)
+    use tokio_postgres::error::SqlState;
+    let socket_gone = e
+        .as_client()
+        .and_then(std::error::Error::source)
         .and_then(|source| source.downcast_ref::<std::io::Error>())
         .is_some_and(|io| {
             matches!(
@@ -165,10 +171,10 @@ pub(super) fn lost(e: &postgres::Error) -> bool {
         })
 }
 
-pub(super) fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> Error {
+pub(super) fn storage(context: &'static str) -> impl FnOnce(PgError) -> Error {
     move |e| Error::Storage {
         context,
-        source: Box::new(Described(e)),
+        source: Box::new(e),
     }
 }
 
@@ -233,7 +239,7 @@ impl Shared {
     pub(super) fn read<T>(
         &self,
         context: &'static str,
-        read: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
+        read: impl FnMut(&mut Conn) -> std::result::Result<T, PgError>,
     ) -> Result<T> {
         self.on_live_conn(context, read, storage(context))
             .map(|(_, value)| value)
@@ -246,8 +252,8 @@ impl Shared {
     pub(super) fn on_live_conn<T>(
         &self,
         context: &'static str,
-        mut f: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
-        fail: impl FnOnce(postgres::Error) -> Error,
+        mut f: impl FnMut(&mut Conn) -> std::result::Result<T, PgError>,
+        fail: impl FnOnce(PgError) -> Error,
     ) -> Result<(Conn, T)> {
         let mut left = self.reconnects();
         loop {
