@@ -181,6 +181,17 @@ pub(crate) struct Client {
     connection: Option<JoinHandle<()>>,
     deadline: Duration,
     broken: bool,
+    /// The server process serving this connection.
+    backend: Option<Backend>,
+}
+
+/// The server process (backend) serving a connection: its process id and
+/// start time (together unique: a process id is reused, never with the
+/// same start time).
+#[derive(Debug, Clone)]
+pub(crate) struct Backend {
+    pub(crate) pid: i32,
+    pub(crate) started: String,
 }
 
 impl Client {
@@ -208,13 +219,31 @@ impl Client {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
             }
         });
-        Ok(Client {
+        let mut client = Client {
             runtime,
             client,
             connection: Some(connection),
             deadline,
             broken: false,
-        })
+            backend: None,
+        };
+        let rows = client.simple_query(
+            "SELECT pg_backend_pid()::text, backend_start::text
+             FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+        )?;
+        client.backend = rows.iter().find_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some(Backend {
+                pid: row.try_get(0).ok().flatten()?.parse().ok()?,
+                started: row.try_get(1).ok().flatten()?.to_owned(),
+            }),
+            _ => None,
+        });
+        Ok(client)
+    }
+
+    /// The server process serving this connection, if the server said.
+    pub(crate) fn backend(&self) -> Option<&Backend> {
+        self.backend.as_ref()
     }
 
     /// Whether the connection is known to be unusable.
@@ -312,6 +341,43 @@ impl Client {
         Ok(Transaction {
             client: self,
             done: false,
+            xact: None,
+        })
+    }
+
+    /// Starts a read-write transaction and learns its id and the server
+    /// process running it, in the same round trip as the `BEGIN` (one
+    /// simple-query batch), so that a COMMIT whose answer is lost can be
+    /// settled by asking the server (`Shared::settle_commit`).
+    pub(crate) fn transaction_tracked(&mut self) -> Result<Transaction<'_>, PgError> {
+        let begun =
+            self.simple_query("BEGIN; SELECT pg_current_xact_id()::text, pg_backend_pid()::text");
+        let messages = match begun {
+            Ok(messages) => messages,
+            Err(e) => {
+                // The BEGIN may have run: leave no transaction open on a
+                // connection that goes back to the pool.
+                if !self.broken && self.batch_execute("ROLLBACK").is_err() {
+                    self.broken = true;
+                }
+                return Err(e);
+            }
+        };
+        let xact = messages.iter().find_map(|message| match message {
+            SimpleQueryMessage::Row(row) => {
+                let xid = row.try_get(0).ok().flatten()?;
+                let pid = row.try_get(1).ok().flatten()?.parse().ok()?;
+                Some(Xact {
+                    xid: xid.to_owned(),
+                    pid,
+                })
+            }
+            _ => None,
+        });
+        Ok(Transaction {
+            client: self,
+            done: false,
+            xact,
         })
     }
 
@@ -351,6 +417,27 @@ impl Drop for Client {
 pub struct Transaction<'a> {
     client: &'a mut Client,
     done: bool,
+    /// Its id and server process, when started with
+    /// [`Client::transaction_tracked`].
+    xact: Option<Xact>,
+}
+
+/// A transaction's id (a `xid8`, as text) and the process id of the
+/// server backend running it.
+#[derive(Debug, Clone)]
+pub(crate) struct Xact {
+    pub(crate) xid: String,
+    pub(crate) pid: i32,
+}
+
+impl Xact {
+    /// The id's low 32 bits, as `pg_stat_activity.backend_xid` shows it.
+    pub(crate) fn xid32(&self) -> Option<String> {
+        self.xid
+            .parse::<u64>()
+            .ok()
+            .map(|xid| (xid & 0xffff_ffff).to_string())
+    }
 }
 
 impl fmt::Debug for Transaction<'_> {
@@ -360,6 +447,12 @@ impl fmt::Debug for Transaction<'_> {
 }
 
 impl Transaction<'_> {
+    /// The transaction's id and server process, if it was started with
+    /// [`Client::transaction_tracked`].
+    pub(crate) fn xact(&self) -> Option<&Xact> {
+        self.xact.as_ref()
+    }
+
     /// Commits the transaction.
     pub(crate) fn commit(mut self) -> Result<(), PgError> {
         self.done = true;
@@ -513,5 +606,108 @@ impl Drop for Transaction<'_> {
                 self.client.broken = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    use super::{Client, PgError, Xact};
+
+    #[test]
+    fn a_timeout_says_how_long_it_waited() {
+        let e = PgError::timeout(Duration::from_millis(1500));
+        assert!(e.to_string().contains("did not answer within 1.5s"), "{e}");
+        assert!(e.is_closed());
+        assert_eq!(e.timed_out_after(), Some(Duration::from_millis(1500)));
+        assert!(e.as_db_error().is_none());
+    }
+
+    #[test]
+    fn the_short_transaction_id_is_the_low_32_bits() {
+        let xact = Xact {
+            xid: (7u64 << 32 | 1234).to_string(),
+            pid: 1,
+        };
+        assert_eq!(xact.xid32().as_deref(), Some("1234"));
+        let bad = Xact {
+            xid: "x".into(),
+            pid: 1,
+        };
+        assert_eq!(bad.xid32(), None);
+    }
+
+    /// A server that accepts the socket and never answers the startup
+    /// message (a stopped postmaster) fails the connect within its bound.
+    #[test]
+    fn a_silent_server_fails_the_connect_in_time() -> Result<(), Box<dyn std::error::Error>> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let config: tokio_postgres::Config =
+            format!("host=127.0.0.1 port={port} user=nobody dbname=nothing").parse()?;
+        let started = Instant::now();
+        let bound = Duration::from_millis(300);
+        let Err(e) = Client::connect(&config, bound, bound) else {
+            return Err("connected to a server that never answered".into());
+        };
+        assert_eq!(e.timed_out_after(), Some(bound), "{e}");
+        assert!(e.to_string().contains("did not answer within"), "{e}");
+        // Generous: this only guards against a hang, not for speed.
+        assert!(started.elapsed() < Duration::from_secs(60));
+        drop(listener);
+        Ok(())
+    }
+
+    /// With a server: a statement running past the client's deadline
+    /// fails with a timeout and breaks the connection (skipped without
+    /// `IDEMPOTENCY_TEST_PG`).
+    #[test]
+    fn a_slow_statement_hits_the_deadline() -> Result<(), Box<dyn std::error::Error>> {
+        let Ok(url) = std::env::var("IDEMPOTENCY_TEST_PG") else {
+            return Ok(());
+        };
+        let config: tokio_postgres::Config = url.parse()?;
+        let deadline = Duration::from_millis(200);
+        let mut client = Client::connect(&config, Duration::from_secs(10), deadline)?;
+        assert!(client.backend().is_some_and(|b| b.pid > 0));
+        let e = match client.batch_execute("SELECT pg_sleep(5)") {
+            Ok(()) => return Err("a 5 s sleep finished within 200 ms".into()),
+            Err(e) => e,
+        };
+        assert_eq!(e.timed_out_after(), Some(deadline), "{e}");
+        assert!(client.is_broken());
+        let again = client.batch_execute("SELECT 1");
+        assert!(
+            again.is_err_and(|e| e.is_closed()),
+            "a broken connection was used again"
+        );
+        Ok(())
+    }
+
+    /// With a server: a tracked transaction knows its id and backend.
+    #[test]
+    fn a_tracked_transaction_knows_its_id() -> Result<(), Box<dyn std::error::Error>> {
+        let Ok(url) = std::env::var("IDEMPOTENCY_TEST_PG") else {
+            return Ok(());
+        };
+        let config: tokio_postgres::Config = url.parse()?;
+        let mut client =
+            Client::connect(&config, Duration::from_secs(10), Duration::from_secs(10))?;
+        let pid = client.backend().map(|b| b.pid);
+        let tx = client.transaction_tracked()?;
+        let xact = tx.xact().cloned().ok_or("no transaction id")?;
+        assert_eq!(Some(xact.pid), pid);
+        tx.commit()?;
+        let row = client.query_typed_one(
+            "SELECT pg_xact_status($1::xid8)",
+            &[(&xact.xid, tokio_postgres::types::Type::TEXT)],
+        )?;
+        assert_eq!(
+            row.get::<_, Option<String>>(0).as_deref(),
+            Some("committed")
+        );
+        Ok(())
     }
 }

@@ -63,7 +63,7 @@ impl Shared {
         let (tx, token, now) = loop {
             tries += 1;
             let now = self.clock.now_ms();
-            let mut tx = conn.transaction().map_err(storage(WHAT))?;
+            let mut tx = conn.transaction_tracked().map_err(storage(WHAT))?;
             let token = match target {
                 LocalTarget::Claimed { token } => token,
                 LocalTarget::Fresh {
@@ -80,7 +80,7 @@ impl Shared {
                         Ok(ClaimResult::Claimed(claimed)) => claimed.token,
                         Ok(ClaimResult::Held(found)) => {
                             // A stale claim moved to UNKNOWN is kept.
-                            tx.commit().map_err(storage(WHAT))?;
+                            self.commit(WHAT, tx)?;
                             return Ok(LocalResult::Held(found));
                         }
                         Err(OpError::Fatal(Fault::Race)) if tries < 16 => continue,
@@ -111,10 +111,7 @@ impl Shared {
                 messages,
             })
             .map_err(refused)?;
-        tx.commit().map_err(|e| Error::Storage {
-            context: "committing a local write to PostgreSQL (the outcome is unknown)",
-            source: Box::new(e),
-        })?;
+        self.commit(WHAT, tx)?;
         Ok(LocalResult::Executed)
     }
 

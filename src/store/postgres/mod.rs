@@ -236,6 +236,7 @@ impl PgStore {
             clock: clock.clone(),
             database_clock,
             connect_timeout: opts.connect_timeout,
+            deadline: opts.deadline(),
             generation,
         });
         let (tx, rx) = crossbeam_channel::bounded::<Detached>(DETACHED_QUEUE);
@@ -328,10 +329,7 @@ impl PgStore {
                     ],
                 )
             },
-            |e| Error::Storage {
-                context: "claiming a key on PostgreSQL (the outcome is unknown)",
-                source: Box::new(e),
-            },
+            shared::storage("claiming a key on PostgreSQL (the outcome is unknown)"),
         )?;
         if let Some(token) = row.get::<_, Option<i64>>(0) {
             let token = txn::sql_u64(token);
@@ -372,18 +370,41 @@ impl PgStore {
         let what = "storing an outcome";
         let s = self.shared()?;
         let mut conn = s.conn(what)?;
-        let done = in_place::complete(
+        let backend = conn.backend().cloned();
+        let old = remembered.1.clone();
+        let done = match in_place::complete(
             &mut conn,
             &s.names,
             s.cfg,
             s.clock.now_ms(),
             req,
             remembered,
-        )
-        .map_err(|e| Error::Storage {
-            context: "storing an outcome on PostgreSQL (the outcome is unknown)",
-            source: Box::new(e),
-        })?;
+        ) {
+            Ok(done) => done,
+            // The statement's answer was lost: once the connection's
+            // backend is gone, the row says whether it ran.
+            Err(e) if e.as_db_error().is_none() || shared::lost(&e) => {
+                drop(conn);
+                s.suspect();
+                let settled = backend
+                    .filter(|backend| s.fence(backend))
+                    .map(|_| s.in_place_landed(req, &old))
+                    .transpose()?
+                    .flatten();
+                match settled {
+                    Some(done) => {
+                        tracing::warn!(error = %e, key = %req.key, done, "an in-place completion's answer was lost; settled by reading the row");
+                        done
+                    }
+                    None => {
+                        return Err(shared::storage(
+                            "storing an outcome on PostgreSQL (the outcome is unknown)",
+                        )(e))
+                    }
+                }
+            }
+            Err(e) => return Err(shared::storage("storing an outcome on PostgreSQL")(e)),
+        };
         if done {
             tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
         }
