@@ -130,6 +130,7 @@ pub(super) struct Shared {
 
 /// Why one attempt at a transaction failed.
 enum Attempt {
+    /// The operation refused (nothing written).
     Refused(Error),
     Race,
     /// Failed before the commit was sent: nothing was written.
@@ -334,7 +335,7 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match self.attempt(context, &mut conn, &mut op) {
                 Ok(value) => return Ok(value),
-                Err(Attempt::Refused(e)) => return Err(e),
+                Err(Attempt::Refused(e) | Attempt::Commit(e)) => return Err(e),
                 Err(Attempt::Race) => races -= 1,
                 Err(Attempt::Before(e)) if lost(&e) && reconnects > 0 => {
                     self.suspect();
@@ -342,7 +343,6 @@ impl Shared {
                     reconnects -= 1;
                 }
                 Err(Attempt::Before(e)) => return Err(storage(context)(e)),
-                Err(Attempt::Commit(e)) => return Err(e),
             }
         }
         Err(Error::Storage {
