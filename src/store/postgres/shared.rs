@@ -600,4 +600,41 @@ mod tests {
         assert!(shared.fence(&backend));
         Ok(())
     }
+
+    /// After a lost in-place completion, the row tells whether it ran:
+    /// the claim's old bytes (it never ran) or the completion (it did).
+    #[test]
+    fn a_lost_in_place_completion_is_read_from_the_row() -> TestResult {
+        use crate::store::record::{Completion, StoredResponse};
+        use crate::store::{Backend, ClaimRequest, ClaimResult, CompleteRequest};
+
+        let Some((store, _)) = store("inplace")? else {
+            return Ok(());
+        };
+        let key = crate::IdempotencyKey::new("settle", "in-place")?;
+        let claimed = store.claim(ClaimRequest {
+            key: key.clone(),
+            fingerprint: crate::Fingerprint::of_json(b"{}", &[])?,
+            lease_ms: 60_000,
+        })?;
+        let ClaimResult::Claimed(claimed) = claimed else {
+            return Err("a fresh key must be claimed".into());
+        };
+        let (_, old) = store
+            .remembered
+            .take(&key, claimed.token)
+            .ok_or("the claim was not remembered")?;
+        let req = CompleteRequest {
+            key: key.clone(),
+            token: claimed.token,
+            completion: Completion::Success,
+            response: StoredResponse::new(crate::Envelope::new(1, 200, b"ok".to_vec()), None),
+            messages: Vec::new(),
+        };
+        let shared = store.shared()?;
+        assert_eq!(shared.in_place_landed(&req, &old)?, Some(false));
+        store.complete(req.clone())?;
+        assert_eq!(shared.in_place_landed(&req, &old)?, Some(true));
+        Ok(())
+    }
 }
