@@ -357,8 +357,13 @@ pub enum Error {
 
     /// A write's connection broke while it was committing, and the
     /// database then said the transaction did not commit (feature
-    /// `postgres`, from `pg_xact_status`): nothing was written, and the
-    /// call may be retried as it is.
+    /// `postgres`, from `pg_xact_status`), or the database refused the
+    /// COMMIT: nothing was written. A `begin` (or any call that takes no
+    /// claim) may be retried as it is. A claim passed to a `complete` or
+    /// `fail` that returns this was consumed, as with any failed write:
+    /// its record is still PROCESSING and becomes UNKNOWN when its lease
+    /// ends (settle it with the resolver, or retry the request with the
+    /// same key once it is).
     #[error("{context}: not committed (the connection broke during COMMIT and the database rolled the transaction back); nothing was written, the call may be retried")]
     NotCommitted {
         /// What the engine was doing.

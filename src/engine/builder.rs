@@ -412,11 +412,15 @@ impl EngineBuilder {
     }
 
     /// How long a call to an engine on PostgreSQL waits for a connection
-    /// (feature `postgres`): a free one from the pool, or a new one while
-    /// the server is unreachable. After that the call fails with
-    /// [`crate::Error::Storage`], so requests fail fast during an outage
-    /// instead of piling up. Default 2 s; at least 1 ms. Opening the engine
-    /// waits up to five times as long for its first connection.
+    /// (feature `postgres`): a free one from the pool (then
+    /// [`crate::Error::Storage`] naming the pool size and the wait), or a
+    /// new one while the server is unreachable. Making a connection (the
+    /// socket, the startup handshake and authentication together) is
+    /// bounded by it too, so a server that accepts the socket and never
+    /// answers (a stopped postmaster) fails the call instead of hanging it.
+    /// Requests fail fast during an outage instead of piling up. Default
+    /// 2 s; at least 1 ms. Opening the engine waits this long for its first
+    /// connection and up to five times as long for the pool's first.
     #[cfg(feature = "postgres")]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.postgres.connect_timeout = timeout.max(Duration::from_millis(1));
