@@ -339,6 +339,37 @@ pub enum Error {
         source: StorageError,
     },
 
+    /// The database did not answer within its bound (feature `postgres`:
+    /// `EngineBuilder::statement_timeout` plus a second per round trip,
+    /// `EngineBuilder::connect_timeout` for a new connection). The
+    /// connection was given up. For a read, nothing changed; for a write,
+    /// the engine settles a lost COMMIT where the server can tell (see
+    /// [`Error::NotCommitted`]) and otherwise the write's outcome is
+    /// unknown, as with [`Error::Storage`]. Retrying the call (with the
+    /// same key) is safe.
+    #[error("{context}: the database did not answer within {after:?}")]
+    Timeout {
+        /// What the engine was doing.
+        context: &'static str,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
+
+    /// A write's connection broke while it was committing, and the
+    /// database then said the transaction did not commit (feature
+    /// `postgres`, from `pg_xact_status`), or the database refused the
+    /// COMMIT: nothing was written. A `begin` (or any call that takes no
+    /// claim) may be retried as it is. A claim passed to a `complete` or
+    /// `fail` that returns this was consumed, as with any failed write:
+    /// its record is still PROCESSING and becomes UNKNOWN when its lease
+    /// ends (settle it with the resolver, or retry the request with the
+    /// same key once it is).
+    #[error("{context}: not committed (the connection broke during COMMIT and the database rolled the transaction back); nothing was written, the call may be retried")]
+    NotCommitted {
+        /// What the engine was doing.
+        context: &'static str,
+    },
+
     /// An earlier commit or I/O failure poisoned the engine: nothing is
     /// written after the disk has said no. An engine opened from a file
     /// reopens it by itself once the disk takes writes again (see

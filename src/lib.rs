@@ -149,11 +149,14 @@ pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};
 pub use verify::{Damage, VerifyReport};
 
-/// The PostgreSQL client crate the `postgres` feature uses, for the
-/// transaction a local write gets ([`LocalTx::postgres`]) and for tools
-/// that share the engine's connection settings.
+/// The synchronous PostgreSQL client crate, for tools that share the
+/// engine's connection settings. Its types (`types::ToSql`,
+/// `types::Type`, `Row`, `Statement`) are the ones [`PgTransaction`] takes
+/// and returns (both crates re-export `tokio_postgres`'s).
 #[cfg(feature = "postgres")]
 pub use postgres;
+#[cfg(feature = "postgres")]
+pub use store::postgres::{PgError, Transaction as PgTransaction};
 
 /// Decodes a fuzz input as a stored record, for the `record_decode` fuzz
 /// target (built only under `cfg(fuzzing)`). Byte 0 picks the mode: even,

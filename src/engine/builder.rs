@@ -51,6 +51,9 @@ struct PostgresSettings {
     prefix: String,
     pool_size: u32,
     connect_timeout: Duration,
+    statement_timeout: Duration,
+    pool_idle_timeout: Option<Duration>,
+    pool_max_lifetime: Option<Duration>,
     database_clock: bool,
 }
 
@@ -66,6 +69,9 @@ impl Default for EngineBuilder {
                 prefix: crate::store::postgres::DEFAULT_PREFIX.to_owned(),
                 pool_size: 16,
                 connect_timeout: Duration::from_secs(2),
+                statement_timeout: Duration::from_secs(5),
+                pool_idle_timeout: Some(Duration::from_secs(600)),
+                pool_max_lifetime: Some(Duration::from_secs(1800)),
                 database_clock: true,
             },
         }
@@ -406,14 +412,56 @@ impl EngineBuilder {
     }
 
     /// How long a call to an engine on PostgreSQL waits for a connection
-    /// (feature `postgres`): a free one from the pool, or a new one while
-    /// the server is unreachable. After that the call fails with
-    /// [`crate::Error::Storage`], so requests fail fast during an outage
-    /// instead of piling up. Default 2 s; at least 1 ms. Opening the engine
-    /// waits up to five times as long for its first connection.
+    /// (feature `postgres`): a free one from the pool (then
+    /// [`crate::Error::Storage`] naming the pool size and the wait), or a
+    /// new one while the server is unreachable. Making a connection (the
+    /// socket, the startup handshake and authentication together) is
+    /// bounded by it too, so a server that accepts the socket and never
+    /// answers (a stopped postmaster) fails the call instead of hanging it.
+    /// Requests fail fast during an outage instead of piling up. Default
+    /// 2 s; at least 1 ms. Opening the engine waits this long for its first
+    /// connection and up to five times as long for the pool's first.
     #[cfg(feature = "postgres")]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.postgres.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest one statement of an engine on PostgreSQL may run
+    /// (feature `postgres`), and so the longest a call waits for the
+    /// server. Sent to the server as the session's `statement_timeout`
+    /// (which also bounds waiting for a row lock), unless the connection
+    /// string's `options` set one; the client itself waits at most this
+    /// plus one second for each answer (so the server's own error, which
+    /// names the statement, usually comes first), and then gives the
+    /// connection up and fails the call with [`crate::Error::Timeout`]:
+    /// a server that stops answering (stopped, or behind a network that
+    /// drops packets) never blocks a caller for longer. The same bound
+    /// applies to the statements an app runs in a local write
+    /// ([`crate::LocalTx::postgres`]). Default 5 s; at least 1 ms. See
+    /// "Bounded waits" in `docs/postgres.md` for the worst case per call.
+    #[cfg(feature = "postgres")]
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.postgres.statement_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a pooled connection of an engine on PostgreSQL may sit
+    /// unused before it is closed (feature `postgres`); `None`: never.
+    /// Default 10 minutes. The pool keeps at least one connection.
+    #[cfg(feature = "postgres")]
+    pub fn pool_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.postgres.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// How long a pooled connection of an engine on PostgreSQL is used at
+    /// most before it is replaced (feature `postgres`); `None`: forever.
+    /// Default 30 minutes (so connections move to a failed-over or
+    /// rebalanced server in time).
+    #[cfg(feature = "postgres")]
+    pub fn pool_max_lifetime(mut self, lifetime: Option<Duration>) -> Self {
+        self.postgres.pool_max_lifetime = lifetime;
         self
     }
 
@@ -462,6 +510,9 @@ impl EngineBuilder {
             prefix: self.postgres.prefix.clone(),
             pool_size: self.postgres.pool_size,
             connect_timeout: self.postgres.connect_timeout,
+            statement_timeout: self.postgres.statement_timeout,
+            pool_idle_timeout: self.postgres.pool_idle_timeout,
+            pool_max_lifetime: self.postgres.pool_max_lifetime,
             database_clock: self.postgres.database_clock,
         };
         let (store, clock, store_cfg) = crate::store::postgres::PgStore::open_contained(

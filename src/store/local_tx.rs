@@ -25,7 +25,7 @@ pub struct LocalTx<'a> {
 enum Inner<'a> {
     Redb(&'a redb::WriteTransaction),
     #[cfg(feature = "postgres")]
-    Postgres(postgres::Transaction<'a>),
+    Postgres(crate::store::postgres::Transaction<'a>),
 }
 
 impl<'a> LocalTx<'a> {
@@ -37,7 +37,7 @@ impl<'a> LocalTx<'a> {
     }
 
     #[cfg(feature = "postgres")]
-    pub(crate) fn on_postgres(txn: postgres::Transaction<'a>) -> LocalTx<'a> {
+    pub(crate) fn on_postgres(txn: crate::store::postgres::Transaction<'a>) -> LocalTx<'a> {
         LocalTx {
             inner: Inner::Postgres(txn),
             outbox: Vec::new(),
@@ -60,9 +60,11 @@ impl<'a> LocalTx<'a> {
     /// `None` on redb. Run the app's own statements on it (on tables other
     /// than the engine's, whose names start with the table prefix). An
     /// error inside it aborts the transaction: return that error from the
-    /// closure, and nothing is written.
+    /// closure, and nothing is written. Each of its round trips waits at
+    /// most `EngineBuilder::statement_timeout` plus a second (see
+    /// [`crate::PgTransaction`]).
     #[cfg(feature = "postgres")]
-    pub fn postgres(&mut self) -> Option<&mut postgres::Transaction<'a>> {
+    pub fn postgres(&mut self) -> Option<&mut crate::store::postgres::Transaction<'a>> {
         match &mut self.inner {
             Inner::Postgres(txn) => Some(txn),
             Inner::Redb(_) => None,
@@ -81,7 +83,12 @@ impl<'a> LocalTx<'a> {
 
     /// The PostgreSQL transaction back, with the queued outbox messages.
     #[cfg(feature = "postgres")]
-    pub(crate) fn into_postgres(self) -> Option<(postgres::Transaction<'a>, Vec<OutgoingMessage>)> {
+    pub(crate) fn into_postgres(
+        self,
+    ) -> Option<(
+        crate::store::postgres::Transaction<'a>,
+        Vec<OutgoingMessage>,
+    )> {
         match self.inner {
             Inner::Postgres(txn) => Some((txn, self.outbox)),
             Inner::Redb(_) => None,

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use postgres::Client;
+use super::client::{Client, PgError};
 
 use crate::clock::Clock;
 
@@ -48,7 +48,7 @@ impl DatabaseClock {
 
     /// Measures the offset again: the database's reading against the
     /// midpoint of the local readings before and after the query.
-    pub(crate) fn sync(&self, client: &mut Client) -> Result<(), postgres::Error> {
+    pub(crate) fn sync(&self, client: &mut Client) -> Result<(), PgError> {
         let before = self.local.now_ms();
         let row = client.query_one(
             "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",

@@ -18,14 +18,14 @@
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
-use postgres::types::Type;
+use tokio_postgres::types::Type;
 
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::store::codec;
 use crate::store::config::StoreConfig;
 use crate::store::ops::{Loaded, Ops, Txn};
-use crate::store::record::{EntityState, Record};
+use crate::store::record::{EntityState, Record, RecordState};
 use crate::store::CompleteRequest;
 
 use super::schema::Names;
@@ -143,7 +143,7 @@ pub(super) fn complete(
     now: u64,
     req: &CompleteRequest,
     (record, bytes): Inserted,
-) -> Result<bool, postgres::Error> {
+) -> Result<bool, super::client::PgError> {
     if !req.messages.is_empty() {
         return Ok(false);
     }
@@ -198,4 +198,43 @@ pub(super) fn complete(
         ],
     )?;
     Ok(written == 1)
+}
+
+impl super::shared::Shared {
+    /// After an in-place completion's answer was lost and its backend is
+    /// gone (`Shared::fence`): `Some(true)` if the row holds the claim's
+    /// completion (the statement ran), `Some(false)` if it does not (the
+    /// statement never ran, and the full path decides).
+    pub(super) fn in_place_landed(
+        &self,
+        req: &CompleteRequest,
+        old: &[u8],
+    ) -> crate::error::Result<Option<bool>> {
+        let what = "reading a record after a lost completion";
+        let sql = format!(
+            "SELECT record FROM {} WHERE scope = $1 AND key = $2",
+            self.names.records
+        );
+        let row = self.read(what, |conn| {
+            conn.query_typed_opt(
+                &sql,
+                &[(&req.key.scope(), Type::TEXT), (&req.key.key(), Type::TEXT)],
+            )
+        })?;
+        let Some(row) = row else {
+            return Ok(Some(false));
+        };
+        let bytes: &[u8] = row.get(0);
+        if bytes == old {
+            return Ok(Some(false));
+        }
+        let landed = self.record(&req.key)?.is_some_and(|rec| {
+            rec.token == req.token
+                && matches!(
+                    rec.state,
+                    RecordState::Completed | RecordState::FinalFailure
+                )
+        });
+        Ok(Some(landed))
+    }
 }

@@ -1,6 +1,6 @@
 //! Local exactly-once on PostgreSQL: the app's statements and the key's
 //! completion in one transaction, which the app's closure gets as a
-//! `postgres::Transaction` (through [`LocalTx::postgres`]).
+//! [`Transaction`] (through [`LocalTx::postgres`]).
 
 use crate::error::{Error, Result};
 use crate::store::local_tx::{run_local, LocalTarget, LocalTx, LocalWrite};
@@ -8,6 +8,7 @@ use crate::store::ops::{OpError, Ops};
 use crate::store::record::{Completion, StoredResponse};
 use crate::store::{ClaimRequest, ClaimResult, CompleteRequest, LocalResult};
 
+use super::client::Transaction;
 use super::shared::{storage, Shared};
 use super::txn::{Fault, PgTxn};
 
@@ -62,7 +63,7 @@ impl Shared {
         let (tx, token, now) = loop {
             tries += 1;
             let now = self.clock.now_ms();
-            let mut tx = conn.transaction().map_err(storage(WHAT))?;
+            let mut tx = conn.transaction_tracked().map_err(storage(WHAT))?;
             let token = match target {
                 LocalTarget::Claimed { token } => token,
                 LocalTarget::Fresh {
@@ -79,7 +80,7 @@ impl Shared {
                         Ok(ClaimResult::Claimed(claimed)) => claimed.token,
                         Ok(ClaimResult::Held(found)) => {
                             // A stale claim moved to UNKNOWN is kept.
-                            tx.commit().map_err(storage(WHAT))?;
+                            self.commit(WHAT, tx)?;
                             return Ok(LocalResult::Held(found));
                         }
                         Err(OpError::Fatal(Fault::Race)) if tries < 16 => continue,
@@ -110,18 +111,11 @@ impl Shared {
                 messages,
             })
             .map_err(refused)?;
-        tx.commit().map_err(|e| Error::Storage {
-            context: "committing a local write to PostgreSQL (the outcome is unknown)",
-            source: Box::new(e),
-        })?;
+        self.commit(WHAT, tx)?;
         Ok(LocalResult::Executed)
     }
 
-    pub(super) fn txn<'t, 'c>(
-        &'t self,
-        tx: &'t mut postgres::Transaction<'c>,
-        now: u64,
-    ) -> PgTxn<'t, 'c> {
+    pub(super) fn txn<'t, 'c>(&'t self, tx: &'t mut Transaction<'c>, now: u64) -> PgTxn<'t, 'c> {
         PgTxn {
             tx,
             names: &self.names,

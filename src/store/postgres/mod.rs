@@ -16,8 +16,8 @@
 //! commit itself failed, its outcome is unknown and the caller is told),
 //! and the next call may well succeed on a fresh connection.
 
+mod client;
 mod clock;
-mod described;
 mod in_place;
 mod local;
 mod read;
@@ -34,9 +34,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
-use postgres::types::Type;
-use r2d2_postgres::postgres::NoTls;
-use r2d2_postgres::PostgresConnectionManager;
+use tokio_postgres::types::Type;
 
 use crate::clock::Clock;
 use crate::error::{Corrupted, Error, OpenError, Result};
@@ -54,6 +52,7 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
+pub use self::client::{PgError, Transaction};
 pub(crate) use self::clock::DatabaseClock;
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
@@ -83,7 +82,22 @@ pub(crate) struct PgOptions {
     pub(crate) prefix: String,
     pub(crate) pool_size: u32,
     pub(crate) connect_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) pool_idle_timeout: Option<Duration>,
+    pub(crate) pool_max_lifetime: Option<Duration>,
     pub(crate) database_clock: bool,
+}
+
+/// How much longer than the server's `statement_timeout` the client waits
+/// for an answer, so the server's own error (which names the statement)
+/// usually arrives first.
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(1);
+
+impl PgOptions {
+    /// The client-side bound on each round trip.
+    fn deadline(&self) -> Duration {
+        self.statement_timeout.saturating_add(DEADLINE_MARGIN)
+    }
 }
 
 /// The PostgreSQL backend.
@@ -149,7 +163,7 @@ impl PgStore {
         local_clock: Arc<dyn Clock>,
     ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
         let names = schema::Names::new(&opts.prefix)?;
-        let config: postgres::Config = opts
+        let config: tokio_postgres::Config = opts
             .url
             .parse()
             .map_err(open_storage("parsing the PostgreSQL connection string"))?;
@@ -167,33 +181,43 @@ impl PgStore {
         if config.get_tcp_user_timeout().is_none() {
             config.tcp_user_timeout(TCP_TIMEOUT);
         }
+        // The server ends a statement that runs too long (or waits too
+        // long for a row lock) itself, with an error that names it, a
+        // little before the client's own deadline would give up.
+        let options = config.get_options().unwrap_or_default().to_owned();
+        if !options.contains("statement_timeout") {
+            let ms = opts.statement_timeout.as_millis().max(1);
+            config.options(format!("{options} -c statement_timeout={ms}").trim_start());
+        }
         // One connection first, outside the pool: a wrong database, user or
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout
         // and keep only "db error"). It prepares the schema.
-        let mut first = config.connect(NoTls).map_err(|e| OpenError::Storage {
-            context: "connecting to PostgreSQL",
-            source: Box::new(described::Described(e)),
-        })?;
+        let mut first = client::Client::connect(&config, opts.connect_timeout, opts.deadline())
+            .map_err(|e| OpenError::Storage {
+                context: "connecting to PostgreSQL",
+                source: Box::new(e),
+            })?;
         let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
             let clock = Arc::new(DatabaseClock::new(local_clock));
             clock.sync(&mut first).map_err(|e| OpenError::Storage {
                 context: "reading the database clock",
-                source: Box::new(described::Described(e)),
+                source: Box::new(e),
             })?;
             (clock.clone(), Some(clock))
         } else {
             (local_clock, None)
         };
         drop(first);
-        let manager = PostgresConnectionManager::new(config, NoTls);
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
         // write is retried once on a fresh one (see `Shared::write`).
         let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let manager = shared::Manager {
-            inner: manager,
+            config,
+            connect_timeout: opts.connect_timeout,
+            deadline: opts.deadline(),
             generation: generation.clone(),
         };
         let pool = r2d2::Pool::builder()
@@ -201,6 +225,8 @@ impl PgStore {
             .min_idle(Some(1))
             .test_on_check_out(false)
             .connection_timeout(opts.connect_timeout.saturating_mul(5))
+            .idle_timeout(opts.pool_idle_timeout)
+            .max_lifetime(opts.pool_max_lifetime)
             .build(manager)
             .map_err(open_storage("connecting to PostgreSQL"))?;
         let shared = Arc::new(Shared {
@@ -210,6 +236,7 @@ impl PgStore {
             clock: clock.clone(),
             database_clock,
             connect_timeout: opts.connect_timeout,
+            deadline: opts.deadline(),
             generation,
         });
         let (tx, rx) = crossbeam_channel::bounded::<Detached>(DETACHED_QUEUE);
@@ -302,10 +329,7 @@ impl PgStore {
                     ],
                 )
             },
-            |e| Error::Storage {
-                context: "claiming a key on PostgreSQL (the outcome is unknown)",
-                source: Box::new(described::Described(e)),
-            },
+            shared::storage("claiming a key on PostgreSQL (the outcome is unknown)"),
         )?;
         if let Some(token) = row.get::<_, Option<i64>>(0) {
             let token = txn::sql_u64(token);
@@ -346,18 +370,41 @@ impl PgStore {
         let what = "storing an outcome";
         let s = self.shared()?;
         let mut conn = s.conn(what)?;
-        let done = in_place::complete(
+        let backend = conn.backend().cloned();
+        let old = remembered.1.clone();
+        let done = match in_place::complete(
             &mut conn,
             &s.names,
             s.cfg,
             s.clock.now_ms(),
             req,
             remembered,
-        )
-        .map_err(|e| Error::Storage {
-            context: "storing an outcome on PostgreSQL (the outcome is unknown)",
-            source: Box::new(e),
-        })?;
+        ) {
+            Ok(done) => done,
+            // The statement's answer was lost: once the connection's
+            // backend is gone, the row says whether it ran.
+            Err(e) if e.as_db_error().is_none() || shared::lost(&e) => {
+                drop(conn);
+                s.suspect();
+                let settled = backend
+                    .filter(|backend| s.fence(backend))
+                    .map(|_| s.in_place_landed(req, &old))
+                    .transpose()?
+                    .flatten();
+                match settled {
+                    Some(done) => {
+                        tracing::warn!(error = %e, key = %req.key, done, "an in-place completion's answer was lost; settled by reading the row");
+                        done
+                    }
+                    None => {
+                        return Err(shared::storage(
+                            "storing an outcome on PostgreSQL (the outcome is unknown)",
+                        )(e))
+                    }
+                }
+            }
+            Err(e) => return Err(shared::storage("storing an outcome on PostgreSQL")(e)),
+        };
         if done {
             tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
         }

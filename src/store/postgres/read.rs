@@ -1,7 +1,7 @@
 //! Reads: each is one statement outside any explicit transaction, so it
 //! sees the last commit and takes no row lock.
 
-use postgres::types::Type;
+use tokio_postgres::types::Type;
 
 use crate::error::{Corrupted, Error, Result};
 use crate::key::IdempotencyKey;

@@ -9,7 +9,7 @@
 //! | `<prefix>entities` | business entity id → state and version |
 //! | `<prefix>tokens`, `<prefix>outbox_seq` | sequences: fencing tokens, outbox sequence numbers |
 
-use postgres::Client;
+use super::client::{Client, PgError};
 
 use crate::error::OpenError;
 use crate::policy::ExpiryPolicy;
@@ -115,10 +115,10 @@ impl Names {
     }
 }
 
-fn storage(context: &'static str) -> impl FnOnce(postgres::Error) -> OpenError {
+fn storage(context: &'static str) -> impl FnOnce(PgError) -> OpenError {
     move |e| OpenError::Storage {
         context,
-        source: Box::new(super::described::Described(e)),
+        source: Box::new(e),
     }
 }
 

@@ -3,7 +3,7 @@
 //! the same database at once take disjoint rows and never wait for each
 //! other, and every row is handled by the shared per-record step.
 
-use postgres::types::Type;
+use tokio_postgres::types::Type;
 
 use crate::key::IdempotencyKey;
 use crate::report::SweepCounts;

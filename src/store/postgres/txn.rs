@@ -4,8 +4,7 @@
 //! has no row yet is claimed with `INSERT … ON CONFLICT DO NOTHING`, so a
 //! concurrent twin loses the insert and the whole transaction is retried.
 
-use postgres::types::Type;
-use postgres::Transaction;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
@@ -14,18 +13,19 @@ use crate::store::config::StoreConfig;
 use crate::store::ops::{Loaded, Txn};
 use crate::store::record::{EntityState, Record, RecordState};
 
+use super::client::{PgError, Transaction};
 use super::schema::Names;
 
 /// A storage failure inside a PostgreSQL transaction.
 #[derive(Debug)]
 pub(crate) enum Fault {
-    Db(postgres::Error),
+    Db(PgError),
     /// Another transaction inserted the key first: retry the transaction.
     Race,
 }
 
-impl From<postgres::Error> for Fault {
-    fn from(e: postgres::Error) -> Fault {
+impl From<PgError> for Fault {
+    fn from(e: PgError) -> Fault {
         Fault::Db(e)
     }
 }
@@ -100,7 +100,7 @@ impl Txn for PgTxn<'_, '_> {
         new: &Record,
     ) -> Result<(), Fault> {
         let bytes = codec::encode(key.record_key(), new);
-        let params: [(&(dyn postgres::types::ToSql + Sync), Type); 8] = [
+        let params: [(&(dyn ToSql + Sync), Type); 8] = [
             (&key.scope(), Type::TEXT),
             (&key.key(), Type::TEXT),
             (&state_code(new.state), Type::INT2),

@@ -18,7 +18,7 @@ const PAGE_ROWS: i32 = 1_000;
 
 impl Shared {
     /// Checks every record in one snapshot (a read-only `REPEATABLE READ`
-    /// transaction), streamed through a portal [`PAGE_ROWS`] rows at a
+    /// transaction), streamed through a cursor [`PAGE_ROWS`] rows at a
     /// time. Returns the problems found and the number of records checked.
     pub(super) fn verify(&self) -> Result<(Vec<Damage>, u64)> {
         let what = "verifying the database";
@@ -27,17 +27,17 @@ impl Shared {
              FROM {} ORDER BY scope, key",
             self.names.records
         );
+        let declare = format!("DECLARE idempotency_verify NO SCROLL CURSOR FOR {sql}");
+        let fetch = format!("FETCH {PAGE_ROWS} FROM idempotency_verify");
         self.read(what, |conn| {
-            let mut tx = conn
-                .build_transaction()
-                .isolation_level(postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()?;
-            let portal = tx.bind(sql.as_str(), &[])?;
+            let mut tx =
+                conn.transaction_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+            tx.batch_execute(&declare)?;
+            let fetch = tx.prepare(&fetch)?;
             let mut problems = Vec::new();
             let mut checked = 0;
             loop {
-                let rows = tx.query_portal(&portal, PAGE_ROWS)?;
+                let rows = tx.query(&fetch, &[])?;
                 if rows.is_empty() {
                     break;
                 }
@@ -54,7 +54,7 @@ impl Shared {
 
 /// One record row: its key is valid, its record decodes, and the indexed
 /// columns agree with the record.
-fn check_row(row: &postgres::Row, problems: &mut Vec<Damage>) {
+fn check_row(row: &tokio_postgres::Row, problems: &mut Vec<Damage>) {
     let (scope, key): (&str, &str) = (row.get(0), row.get(1));
     let key_hex = hex(&record_key(scope, key));
     if IdempotencyKey::parse_any(scope, key).is_err() {
