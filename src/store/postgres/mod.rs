@@ -17,6 +17,7 @@
 //! and the next call may well succeed on a fresh connection.
 
 mod clock;
+mod connstr;
 mod described;
 mod in_place;
 mod local;
@@ -24,6 +25,7 @@ mod read;
 mod schema;
 mod shared;
 mod sweep;
+mod tls;
 mod txn;
 mod verify;
 
@@ -35,7 +37,6 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use postgres::types::Type;
-use r2d2_postgres::postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::clock::Clock;
@@ -149,11 +150,8 @@ impl PgStore {
         local_clock: Arc<dyn Clock>,
     ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
         let names = schema::Names::new(&opts.prefix)?;
-        let config: postgres::Config = opts
-            .url
-            .parse()
-            .map_err(open_storage("parsing the PostgreSQL connection string"))?;
-        let mut config = config;
+        let (config, tls, plan) = tls::configure(&opts.url)?;
+        let mut config = postgres::Config::from(config);
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.connect_timeout);
         }
@@ -171,10 +169,12 @@ impl PgStore {
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout
         // and keep only "db error"). It prepares the schema.
-        let mut first = config.connect(NoTls).map_err(|e| OpenError::Storage {
-            context: "connecting to PostgreSQL",
-            source: Box::new(described::Described(e)),
-        })?;
+        let mut first = config
+            .connect(tls.clone())
+            .map_err(|e| OpenError::Storage {
+                context: "connecting to PostgreSQL",
+                source: Box::new(plan.explain(e)),
+            })?;
         let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
             let clock = Arc::new(DatabaseClock::new(local_clock));
@@ -187,7 +187,7 @@ impl PgStore {
             (local_clock, None)
         };
         drop(first);
-        let manager = PostgresConnectionManager::new(config, NoTls);
+        let manager = PostgresConnectionManager::new(config, tls);
         // Connections are checked by use, not by a probe per checkout: a
         // broken one fails its statement, is dropped by the pool, and the
         // write is retried once on a fresh one (see `Shared::write`).

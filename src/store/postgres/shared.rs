@@ -10,7 +10,6 @@ use std::sync::Arc;
 use postgres::types::Type;
 use postgres::{Client, Statement};
 
-use r2d2_postgres::postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::clock::Clock;
@@ -77,7 +76,7 @@ impl PgConn {
 /// the pool's generation (raised whenever a call finds a connection lost).
 #[derive(Debug)]
 pub(super) struct Manager {
-    pub(super) inner: PostgresConnectionManager<NoTls>,
+    pub(super) inner: PostgresConnectionManager<super::tls::Tls>,
     pub(super) generation: Arc<AtomicU64>,
 }
 
