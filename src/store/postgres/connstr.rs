@@ -153,7 +153,7 @@ pub(crate) fn parse(text: &str) -> Result<ConnStr, ConnStrError> {
         let addrs: Vec<String> = config
             .get_hostaddrs()
             .iter()
-            .map(|a| a.to_string())
+            .map(ToString::to_string)
             .collect();
         for addr in addrs {
             config.host(addr);

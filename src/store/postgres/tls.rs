@@ -190,15 +190,16 @@ fn load_roots(
             let mut store = RootCertStore::empty();
             store.add_parsable_certificates(found.certs);
             if store.is_empty() {
-                let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+                let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
                 return Err(TlsSetupError::NoSystemRoots(errors.join("; ")));
             }
             Ok(Some((store, "the system's trust store".to_owned())))
         }
         RootCert::Default => {
-            let path = std::env::var_os("HOME")
-                .map(|home| Path::new(&home).join(".postgresql").join("root.crt"))
-                .unwrap_or_else(|| PathBuf::from("~/.postgresql/root.crt"));
+            let path = std::env::var_os("HOME").map_or_else(
+                || PathBuf::from("~/.postgresql/root.crt"),
+                |home| Path::new(&home).join(".postgresql").join("root.crt"),
+            );
             if path.exists() {
                 Ok(Some((
                     read_pem(&path)?,
@@ -259,7 +260,7 @@ impl std::error::Error for ConnectError {
 }
 
 /// tokio-postgres's text for its TLS error kind (it has no accessor for
-/// the kind; tests/pg_tls.rs fails if this text changes).
+/// the kind; `tests/pg_tls.rs` fails if this text changes).
 const TLS_KIND: &str = "error performing TLS handshake";
 
 impl Plan {
@@ -287,6 +288,13 @@ impl Plan {
             .and_then(|inner| inner.downcast_ref::<rustls::Error>());
         let roots = self.roots.as_deref().unwrap_or("the trusted CAs");
         match rustls_error {
+            Some(rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+                presented,
+                ..
+            })) if !presented.is_empty() => format!(
+                "sslmode={mode}: the server certificate is not valid for host \"{host}\" (it names {})",
+                presented.join(", ")
+            ),
             Some(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => format!("sslmode={mode}: the server certificate is not valid for host \"{host}\""),
