@@ -155,7 +155,7 @@ fn verify_full_refuses_a_certificate_for_another_host() -> TestResult {
     let text = refused(open(&url, &app))?;
     assert!(
         text.contains(
-            "sslmode=verify-full: the server certificate is not valid for host \"wrong.example\""
+            "sslmode=verify-full: the server certificate is not valid for host \"wrong.example\" (it names localhost, 127.0.0.1)"
         ),
         "{text}"
     );

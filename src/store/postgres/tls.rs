@@ -293,7 +293,7 @@ impl Plan {
                 ..
             })) if !presented.is_empty() => format!(
                 "sslmode={mode}: the server certificate is not valid for host \"{host}\" (it names {})",
-                presented.join(", ")
+                presented.iter().map(|name| plain_name(name)).collect::<Vec<_>>().join(", ")
             ),
             Some(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
@@ -317,6 +317,18 @@ impl Plan {
             },
         }
     }
+}
+
+/// `DnsName("db")` or `IpAddress(10.0.0.1)`, as rustls shows a name, as
+/// `db` or `10.0.0.1`.
+fn plain_name(name: &str) -> &str {
+    name.strip_prefix("DnsName(\"")
+        .and_then(|n| n.strip_suffix("\")"))
+        .or_else(|| {
+            name.strip_prefix("IpAddress(")
+                .and_then(|n| n.strip_suffix(')'))
+        })
+        .unwrap_or(name)
 }
 
 /// Accepts any certificate (`prefer`, `require` without a root file) but
