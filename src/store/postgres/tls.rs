@@ -430,3 +430,49 @@ impl ServerCertVerifier for ChainOnly {
         self.0.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type R = Result<(), Box<dyn std::error::Error>>;
+
+    #[test]
+    fn root_files_that_cannot_serve_are_named() -> R {
+        let dir = tempfile::tempdir()?;
+        let missing = dir.path().join("missing.pem");
+        let e = read_pem(&missing).err().ok_or("read a missing file")?;
+        let text = e.to_string();
+        assert!(text.contains(&missing.display().to_string()), "{text}");
+        assert!(text.contains("os error"), "{text}");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate")?;
+        let e = read_pem(&junk).err().ok_or("read a file without PEM")?;
+        assert!(matches!(e, TlsSetupError::NoCertificate { .. }), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_explicit_root_file_is_required_to_read_whatever_the_mode() -> R {
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let parsed = connstr::parse(&format!(
+                "host=h sslmode={mode} sslrootcert=/nonexistent.pem"
+            ))?;
+            let e = connector(&parsed)
+                .err()
+                .ok_or("accepted a missing sslrootcert")?;
+            assert!(matches!(e, TlsSetupError::Unreadable { .. }), "{mode}: {e}");
+        }
+        // Modes that check nothing do not read it (libpq neither).
+        let parsed = connstr::parse("host=h sslmode=prefer sslrootcert=/nonexistent.pem")?;
+        assert!(connector(&parsed).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn rustls_names_are_shown_plainly() {
+        assert_eq!(plain_name("DnsName(\"db.example.com\")"), "db.example.com");
+        assert_eq!(plain_name("IpAddress(10.0.0.1)"), "10.0.0.1");
+        assert_eq!(plain_name("other"), "other");
+    }
+}
