@@ -99,7 +99,12 @@ impl Proxy {
     fn url(&self, original: &str) -> TestResult<String> {
         let cfg = pg_chaos::config(original)?;
         let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
-        let mut s = format!("host=127.0.0.1 port={} connect_timeout=5", self.addr.port());
+        // Plaintext: the proxy reads the statements going through it (and
+        // the test server has TLS, which `prefer`, the default, would use).
+        let mut s = format!(
+            "host=127.0.0.1 port={} connect_timeout=5 sslmode=disable",
+            self.addr.port()
+        );
         if let Some(u) = cfg.get_user() {
             s += &format!(" user={}", quote(u));
         }

@@ -485,9 +485,16 @@ impl EngineBuilder {
     /// Opens the engine on PostgreSQL (feature `postgres`), creating its
     /// tables on first use. `url` is a libpq-style connection string
     /// (`host=localhost user=app dbname=app`) or URL
-    /// (`postgres://app@localhost/app`); no TLS. Every engine, in any
+    /// (`postgres://app@localhost/app`). Every engine, in any
     /// process, opened with the same database and
     /// [`table_prefix`](Self::table_prefix) shares the same records.
+    ///
+    /// TLS follows libpq's `sslmode` (`disable`, `allow`, `prefer`, the
+    /// default, `require`, `verify-ca`, `verify-full`) and `sslrootcert`
+    /// (a PEM file of CA certificates, or `system`), through rustls; for a
+    /// database across a network use
+    /// `...?sslmode=verify-full&sslrootcert=/path/to/ca.pem`. What each
+    /// mode protects against: `docs/postgres.md`, "TLS".
     ///
     /// A write returns once PostgreSQL has committed it, so it is as
     /// durable as the server's `synchronous_commit` (and replication)
@@ -497,9 +504,12 @@ impl EngineBuilder {
     /// # Errors
     ///
     /// [`OpenError::InvalidTablePrefix`]; [`OpenError::Storage`] if the
-    /// connection string does not parse, the server cannot be reached
-    /// within five times [`connect_timeout`](Self::connect_timeout), or
-    /// creating the schema fails;
+    /// connection string does not parse (a malformed string, an unknown
+    /// `sslmode`), `sslrootcert` cannot be read, the server cannot be
+    /// reached within five times [`connect_timeout`](Self::connect_timeout),
+    /// the TLS handshake is refused (the message names the mode and the
+    /// host), authentication fails, or creating the schema fails (no
+    /// message shows the password);
     /// [`OpenError::UnsupportedSchema`] if the tables were made by a newer
     /// version of the crate (nothing is changed);
     /// [`OpenError::ThreadStart`].

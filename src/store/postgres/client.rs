@@ -19,7 +19,9 @@ use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::{DbError, SqlState};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Config, NoTls, Row, SimpleQueryMessage, Statement, ToStatement};
+use tokio_postgres::{Config, Row, SimpleQueryMessage, Statement, ToStatement};
+
+use super::tls::{Plan, Tls};
 
 /// An error of a PostgreSQL call: what the server or the socket said, or
 /// a deadline that ran out.
@@ -30,6 +32,9 @@ use tokio_postgres::{Config, NoTls, Row, SimpleQueryMessage, Statement, ToStatem
 #[derive(Debug)]
 pub struct PgError {
     kind: Kind,
+    /// A refused connection's explanation (TLS mode and host; never the
+    /// password), shown instead of the client's own text.
+    explained: Option<String>,
 }
 
 #[derive(Debug)]
@@ -48,12 +53,14 @@ impl PgError {
     fn client(e: tokio_postgres::Error) -> PgError {
         PgError {
             kind: Kind::Client(e),
+            explained: None,
         }
     }
 
     fn timeout(after: Duration) -> PgError {
         PgError {
             kind: Kind::Timeout(after),
+            explained: None,
         }
     }
 
@@ -102,18 +109,11 @@ impl PgError {
 
 impl fmt::Display for PgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(text) = &self.explained {
+            return f.write_str(text);
+        }
         match &self.kind {
-            Kind::Client(e) => match (e.as_db_error(), std::error::Error::source(e)) {
-                (Some(db), _) => write!(
-                    f,
-                    "{e}: {} {}: {}",
-                    db.severity(),
-                    db.code().code(),
-                    db.message()
-                ),
-                (None, Some(cause)) => write!(f, "{e}: {cause}"),
-                (None, None) => write!(f, "{e}"),
-            },
+            Kind::Client(e) => f.write_str(&describe(e)),
             Kind::Timeout(after) => write!(
                 f,
                 "PostgreSQL did not answer within {after:?}; the connection was given up"
@@ -134,6 +134,21 @@ impl std::error::Error for PgError {
             Kind::Io(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// `e` with what the server or the socket said (tokio-postgres's own text
+/// is only its kind, e.g. "db error").
+pub(super) fn describe(e: &tokio_postgres::Error) -> String {
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => format!(
+            "{e}: {} {}: {}",
+            db.severity(),
+            db.code().code(),
+            db.message()
+        ),
+        (None, Some(cause)) => format!("{e}: {cause}"),
+        (None, None) => e.to_string(),
     }
 }
 
@@ -198,20 +213,32 @@ impl Client {
     /// Connects with `config`: the socket, the startup handshake and
     /// authentication together within `connect_timeout`. Each later round
     /// trip waits at most `deadline`.
-    pub(crate) fn connect(
+    pub(super) fn connect(
         config: &Config,
+        tls: &Tls,
+        plan: &Plan,
         connect_timeout: Duration,
         deadline: Duration,
     ) -> Result<Client, PgError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| PgError { kind: Kind::Io(e) })?;
-        let connected = runtime
-            .block_on(async { tokio::time::timeout(connect_timeout, config.connect(NoTls)).await });
+            .map_err(|e| PgError {
+                kind: Kind::Io(e),
+                explained: None,
+            })?;
+        let connected = runtime.block_on(async {
+            tokio::time::timeout(connect_timeout, config.connect(tls.clone())).await
+        });
         let (client, connection) = match connected {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Err(PgError::client(e)),
+            Ok(Err(e)) => {
+                let explained = plan.explain_text(&e);
+                return Err(PgError {
+                    kind: Kind::Client(e),
+                    explained: Some(explained),
+                });
+            }
             Err(_) => return Err(PgError::timeout(connect_timeout)),
         };
         let connection = runtime.spawn(async move {
@@ -254,7 +281,10 @@ impl Client {
     /// Fails at once on a connection given up earlier.
     fn check(&self) -> Result<(), PgError> {
         if self.broken {
-            Err(PgError { kind: Kind::Broken })
+            Err(PgError {
+                kind: Kind::Broken,
+                explained: None,
+            })
         } else {
             Ok(())
         }
@@ -610,7 +640,7 @@ impl Drop for Transaction<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::net::TcpListener;
     use std::time::{Duration, Instant};
 
@@ -639,17 +669,32 @@ mod tests {
         assert_eq!(bad.xid32(), None);
     }
 
+    /// A connection to `url`, with its TLS as the string asks.
+    pub(in crate::store::postgres) fn connect_url(
+        url: &str,
+        connect_timeout: Duration,
+        deadline: Duration,
+    ) -> Result<Client, Box<dyn std::error::Error>> {
+        let (config, tls, plan) = crate::store::postgres::tls::configure(url)?;
+        Ok(Client::connect(
+            &config,
+            &tls,
+            &plan,
+            connect_timeout,
+            deadline,
+        )?)
+    }
+
     /// A server that accepts the socket and never answers the startup
     /// message (a stopped postmaster) fails the connect within its bound.
     #[test]
     fn a_silent_server_fails_the_connect_in_time() -> Result<(), Box<dyn std::error::Error>> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
-        let config: tokio_postgres::Config =
-            format!("host=127.0.0.1 port={port} user=nobody dbname=nothing").parse()?;
+        let url = format!("host=127.0.0.1 port={port} user=nobody dbname=nothing sslmode=disable");
         let started = Instant::now();
         let bound = Duration::from_millis(300);
-        let Err(e) = Client::connect(&config, bound, bound) else {
+        let Err(e) = connect_url(&url, bound, bound) else {
             return Err("connected to a server that never answered".into());
         };
         assert_eq!(e.timed_out_after(), Some(bound), "{e}");
@@ -668,9 +713,8 @@ mod tests {
         let Ok(url) = std::env::var("IDEMPOTENCY_TEST_PG") else {
             return Ok(());
         };
-        let config: tokio_postgres::Config = url.parse()?;
         let deadline = Duration::from_millis(200);
-        let mut client = Client::connect(&config, Duration::from_secs(10), deadline)?;
+        let mut client = connect_url(&url, Duration::from_secs(10), deadline)?;
         assert!(client.backend().is_some_and(|b| b.pid > 0));
         let e = match client.batch_execute("SELECT pg_sleep(5)") {
             Ok(()) => return Err("a 5 s sleep finished within 200 ms".into()),
@@ -692,9 +736,7 @@ mod tests {
         let Ok(url) = std::env::var("IDEMPOTENCY_TEST_PG") else {
             return Ok(());
         };
-        let config: tokio_postgres::Config = url.parse()?;
-        let mut client =
-            Client::connect(&config, Duration::from_secs(10), Duration::from_secs(10))?;
+        let mut client = connect_url(&url, Duration::from_secs(10), Duration::from_secs(10))?;
         let pid = client.backend().map(|b| b.pid);
         let tx = client.transaction_tracked()?;
         let xact = tx.xact().cloned().ok_or("no transaction id")?;

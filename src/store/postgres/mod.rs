@@ -18,12 +18,14 @@
 
 mod client;
 mod clock;
+mod connstr;
 mod in_place;
 mod local;
 mod read;
 mod schema;
 mod shared;
 mod sweep;
+mod tls;
 mod txn;
 mod verify;
 
@@ -163,11 +165,7 @@ impl PgStore {
         local_clock: Arc<dyn Clock>,
     ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
         let names = schema::Names::new(&opts.prefix)?;
-        let config: tokio_postgres::Config = opts
-            .url
-            .parse()
-            .map_err(open_storage("parsing the PostgreSQL connection string"))?;
-        let mut config = config;
+        let (mut config, tls, plan) = tls::configure(&opts.url)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.connect_timeout);
         }
@@ -193,11 +191,12 @@ impl PgStore {
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout
         // and keep only "db error"). It prepares the schema.
-        let mut first = client::Client::connect(&config, opts.connect_timeout, opts.deadline())
-            .map_err(|e| OpenError::Storage {
-                context: "connecting to PostgreSQL",
-                source: Box::new(e),
-            })?;
+        let mut first =
+            client::Client::connect(&config, &tls, &plan, opts.connect_timeout, opts.deadline())
+                .map_err(|e| OpenError::Storage {
+                    context: "connecting to PostgreSQL",
+                    source: Box::new(e),
+                })?;
         let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
             let clock = Arc::new(DatabaseClock::new(local_clock));
@@ -216,6 +215,8 @@ impl PgStore {
         let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let manager = shared::Manager {
             config,
+            tls,
+            plan,
             connect_timeout: opts.connect_timeout,
             deadline: opts.deadline(),
             generation: generation.clone(),

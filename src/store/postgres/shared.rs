@@ -78,6 +78,9 @@ impl PgConn {
 #[derive(Debug)]
 pub(super) struct Manager {
     pub(super) config: Config,
+    pub(super) tls: super::tls::Tls,
+    /// Explains a refused connection (TLS mode and host).
+    pub(super) plan: super::tls::Plan,
     /// The bound on connecting (socket, startup, authentication).
     pub(super) connect_timeout: Duration,
     /// The bound on each later round trip.
@@ -91,7 +94,13 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> std::result::Result<PgConn, PgError> {
         Ok(PgConn {
-            client: Client::connect(&self.config, self.connect_timeout, self.deadline)?,
+            client: Client::connect(
+                &self.config,
+                &self.tls,
+                &self.plan,
+                self.connect_timeout,
+                self.deadline,
+            )?,
             prepared: HashMap::new(),
             generation: self.generation.load(Ordering::Acquire),
         })
@@ -515,9 +524,7 @@ mod tests {
 
     /// A store on fresh tables of the test server, and its connection
     /// string; `None` without `IDEMPOTENCY_TEST_PG`.
-    fn store(
-        tag: &str,
-    ) -> Result<Option<(PgStore, tokio_postgres::Config)>, Box<dyn std::error::Error>> {
+    fn store(tag: &str) -> Result<Option<(PgStore, String)>, Box<dyn std::error::Error>> {
         let Ok(url) = std::env::var("IDEMPOTENCY_TEST_PG") else {
             return Ok(None);
         };
@@ -537,15 +544,15 @@ mod tests {
             max_response_bytes: 1 << 20,
         };
         let (store, _, _) = PgStore::open(&opts, cfg, false, Arc::new(crate::clock::SystemClock))?;
-        Ok(Some((store, url.parse()?)))
+        Ok(Some((store, url)))
     }
 
-    fn connect(config: &tokio_postgres::Config) -> Result<Client, Box<dyn std::error::Error>> {
-        Ok(Client::connect(
-            config,
+    fn connect(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
+        crate::store::postgres::client::tests::connect_url(
+            url,
             Duration::from_secs(10),
             Duration::from_secs(10),
-        )?)
+        )
     }
 
     /// A lost COMMIT is settled by the server's word: committed, rolled
