@@ -21,6 +21,7 @@ mod described;
 mod in_place;
 mod local;
 mod read;
+mod read_only;
 mod schema;
 mod shared;
 mod sweep;
@@ -55,6 +56,7 @@ use crate::store::{
 use crate::transition::Transition;
 
 pub(crate) use self::clock::DatabaseClock;
+pub(crate) use self::read_only::{Mode, PgReader};
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
 use self::in_place::Remembered;
@@ -84,6 +86,8 @@ pub(crate) struct PgOptions {
     pub(crate) pool_size: u32,
     pub(crate) connect_timeout: Duration,
     pub(crate) database_clock: bool,
+    /// Whether the open may create the schema, and may write at all.
+    pub(crate) mode: Mode,
 }
 
 /// The PostgreSQL backend.
@@ -167,6 +171,9 @@ impl PgStore {
         if config.get_tcp_user_timeout().is_none() {
             config.tcp_user_timeout(TCP_TIMEOUT);
         }
+        if opts.mode == Mode::ReadOnly {
+            read_only::read_only_sessions(&mut config);
+        }
         // One connection first, outside the pool: a wrong database, user or
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout
@@ -175,7 +182,14 @@ impl PgStore {
             context: "connecting to PostgreSQL",
             source: Box::new(described::Described(e)),
         })?;
-        let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
+        let cfg = match opts.mode {
+            Mode::Create => schema::prepare(&mut first, &names, cfg, stored_expiry)?,
+            Mode::Existing => {
+                read_only::require_tables(&mut first, &names)?;
+                schema::prepare(&mut first, &names, cfg, stored_expiry)?
+            }
+            Mode::ReadOnly => read_only::check(&mut first, &names, cfg, stored_expiry)?,
+        };
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
             let clock = Arc::new(DatabaseClock::new(local_clock));
             clock.sync(&mut first).map_err(|e| OpenError::Storage {

@@ -235,7 +235,7 @@ pub(super) fn prepare(
 }
 
 /// The expiry policy stored as `tombstone_keep_ms` (-1: forget).
-fn policy_of(keep_ms: i64) -> ExpiryPolicy {
+pub(super) fn policy_of(keep_ms: i64) -> ExpiryPolicy {
     match u64::try_from(keep_ms) {
         Ok(keep_ms) => ExpiryPolicy::Tombstone {
             keep: std::time::Duration::from_millis(keep_ms),
