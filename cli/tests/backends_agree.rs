@@ -66,7 +66,10 @@ fn populate(engine: Engine, clock: &ManualClock) -> TestResult {
     let message = OutgoingMessage::new("payments", r#"{"paid":"p_2"}"#);
     engine.complete_with_messages(done, env, vec![message])?;
     let failed = claim(&engine, &key("shop:pay", "c-failed")?, fp(r#"{"n":3}"#)?)?;
-    engine.fail(failed, Failure::Final(Envelope::new(1, 422, "card declined")))?;
+    engine.fail(
+        failed,
+        Failure::Final(Envelope::new(1, 422, "card declined")),
+    )?;
     for (name, body) in [("d-unknown", r#"{"n":4}"#), ("e-unknown", r#"{"n":5}"#)] {
         let c = claim(&engine, &key("shop:refund", name)?, fp(body)?)?;
         let reason = "provider timed out".to_string();
@@ -128,9 +131,7 @@ fn is_duration(word: &str) -> bool {
     }
     let unit = &word[digits..];
     let two_digits_then = |rest: &str, last: char| {
-        rest.len() == 3
-            && rest[..2].bytes().all(|b| b.is_ascii_digit())
-            && rest.ends_with(last)
+        rest.len() == 3 && rest[..2].bytes().all(|b| b.is_ascii_digit()) && rest.ends_with(last)
     };
     match unit.chars().next() {
         _ if unit == "ms" || unit == "s" => true,
@@ -257,8 +258,16 @@ fn agree(redb: &Db, pg: &Db, args: &[&str]) -> TestResult<Option<i32>> {
     let (code_p, out_p, err_p) = pg.run(args)?;
     let t = redb.cli_start;
     assert_eq!(
-        (code_r, normalize(args, &out_r, t)?, normalize_text(&err_r, t)),
-        (code_p, normalize(args, &out_p, t)?, normalize_text(&err_p, t)),
+        (
+            code_r,
+            normalize(args, &out_r, t)?,
+            normalize_text(&err_r, t)
+        ),
+        (
+            code_p,
+            normalize(args, &out_p, t)?,
+            normalize_text(&err_p, t)
+        ),
         "`idem {}` differs between redb (left) and PostgreSQL (right)\n\
          redb stdout:\n{out_r}\nPostgreSQL stdout:\n{out_p}",
         args.join(" ")
@@ -347,7 +356,10 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
     }
     for (scope, name) in keys {
         assert_eq!(agree(&redb, &pg, &["show", scope, name])?, Some(0));
-        assert_eq!(agree(&redb, &pg, &["show", scope, name, "--json"])?, Some(0));
+        assert_eq!(
+            agree(&redb, &pg, &["show", scope, name, "--json"])?,
+            Some(0)
+        );
     }
     // Refusals and missing records: exit 1 on both, same message.
     for args in [
@@ -365,7 +377,13 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
     // The writing commands.
     for args in [
         vec!["resolve", "shop:refund", "d-unknown", "--not-executed"],
-        vec!["resolve", "shop:refund", "e-unknown", "--completed", envelope],
+        vec![
+            "resolve",
+            "shop:refund",
+            "e-unknown",
+            "--completed",
+            envelope,
+        ],
         vec!["purge", "shop:pay", "c-failed"],
         vec!["purge", "shop:pay", "f-running", "--force"],
         vec!["sweep"],
@@ -401,7 +419,10 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
         assert_eq!(agree(&redb, &pg, &args)?, Some(0), "idem {args:?}");
     }
     assert_eq!(agree(&redb, &pg, &["show", "shop:pay", "b-done"])?, Some(1));
-    assert_eq!(agree(&redb, &pg, &["purge", "shop:pay", "b-done"])?, Some(1));
+    assert_eq!(
+        agree(&redb, &pg, &["purge", "shop:pay", "b-done"])?,
+        Some(1)
+    );
     assert_eq!(
         agree(&redb, &pg, &["purge", "shop:pay", "b-done", "--force"])?,
         Some(0)
