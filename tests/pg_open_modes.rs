@@ -1,8 +1,9 @@
 //! `open_postgres_existing` and `open_postgres_read_only`: guards against
 //! an operator tool's open that creates the engine's tables under a wrong
 //! database or prefix, a read-only engine that writes (a claim, a sweep, a
-//! resolution, a purge, a local write), and a read-only open that accepts
-//! tables of a newer schema.
+//! resolution, a purge), a read-only open that accepts
+//! tables of a newer schema, and an existing open that needs the privilege
+//! to create tables.
 //!
 //! Needs a server: `IDEMPOTENCY_TEST_PG` (set by `scripts/with-postgres`).
 //! Without it the tests are skipped, except under `CI=true`, where they fail.
@@ -171,4 +172,30 @@ fn read_only_open_refuses_a_newer_schema() -> TestResult {
         Err(OpenError::UnsupportedSchema { found: 99, .. }) => Ok(()),
         other => Err(format!("expected UnsupportedSchema, got {other:?}").into()),
     }
+}
+
+#[test]
+fn an_existing_open_needs_no_create_privilege() -> TestResult {
+    let Some(url) = server() else { return Ok(()) };
+    let p = prefix();
+    drop(Engine::builder().table_prefix(&p).open_postgres(&url)?);
+    let mut admin = Client::connect(&url, NoTls)?;
+    let role = format!("{p}operator");
+    admin.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {p}meta, {p}records, {p}outbox, {p}entities TO {role};
+         GRANT USAGE ON SEQUENCE {p}tokens, {p}outbox_seq TO {role};"
+    ))?;
+    let as_role = format!("{url} user={role}");
+    let engine = Engine::builder()
+        .table_prefix(&p)
+        .sweep_interval(None)
+        .open_postgres_existing(&as_role)?;
+    let Begin::Claimed(claim) = engine.begin(&key("by-operator")?, fp()?)? else {
+        return Err("expected a claim".into());
+    };
+    engine.complete(claim, Envelope::new(1, 200, "ok"))?;
+    assert!(engine.record(&key("by-operator")?)?.is_some());
+    Ok(())
 }

@@ -461,7 +461,9 @@ impl EngineBuilder {
     }
 
     /// Opens the engine on PostgreSQL tables that already exist (feature
-    /// `postgres`); never creates them. Otherwise as
+    /// `postgres`); never creates them and runs no DDL, so a role with
+    /// `SELECT`, `INSERT`, `UPDATE` and `DELETE` on the tables and `USAGE`
+    /// on their sequences (no `CREATE`) can use it. Otherwise as
     /// [`open_postgres`](Self::open_postgres): the open stores this
     /// engine's TTL and expiry policy (or, with
     /// [`expiry_settings_from_database`](Self::expiry_settings_from_database),

@@ -183,11 +183,8 @@ impl PgStore {
             source: Box::new(described::Described(e)),
         })?;
         let cfg = match opts.mode {
-            Mode::Create => schema::prepare(&mut first, &names, cfg, stored_expiry)?,
-            Mode::Existing => {
-                read_only::require_tables(&mut first, &names)?;
-                schema::prepare(&mut first, &names, cfg, stored_expiry)?
-            }
+            Mode::Create => schema::prepare(&mut first, &names, cfg, stored_expiry, true)?,
+            Mode::Existing => schema::prepare(&mut first, &names, cfg, stored_expiry, false)?,
             Mode::ReadOnly => read_only::check(&mut first, &names, cfg, stored_expiry)?,
         };
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
