@@ -164,6 +164,19 @@ pub enum OpenError {
         reason: &'static str,
     },
 
+    /// An open that never creates tables
+    /// (`EngineBuilder::open_postgres_existing`, `open_postgres_read_only`;
+    /// feature `postgres`) found the engine's tables missing under this
+    /// prefix: a wrong database or prefix, or one no engine has opened yet.
+    /// Nothing was written.
+    #[error("no idempotency tables under prefix {prefix:?} in this PostgreSQL database (missing: {missing}); check the database and the table prefix")]
+    NoPostgresTables {
+        /// The table prefix.
+        prefix: String,
+        /// The missing tables and sequences, comma-separated.
+        missing: String,
+    },
+
     /// The PostgreSQL tables under this prefix were created by a newer
     /// version of the crate (schema version `found`). Nothing was changed.
     #[error("the PostgreSQL tables under prefix {prefix:?} have schema version {found}; this build knows version {supported}; use a newer version of the crate")]
@@ -410,8 +423,9 @@ pub enum Error {
         key: IdempotencyKey,
     },
 
-    /// The engine was opened read-only ([`crate::EngineBuilder::open_read_only`])
-    /// and was asked to write.
+    /// The engine was opened read-only ([`crate::EngineBuilder::open_read_only`],
+    /// or `open_postgres_read_only` with feature `postgres`) and was asked
+    /// to write.
     #[error("engine is read-only: cannot {operation}")]
     ReadOnly {
         /// The write that was refused.

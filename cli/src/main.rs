@@ -1,15 +1,25 @@
 //! `idem`: inspect and repair an idempotency database from the shell.
 //!
-//! The file is opened with `open_existing` and no background sweeper, so the
-//! CLI never creates a database and never changes one unless a command says
-//! so (`resolve`, `sweep`, `purge`). redb locks the file: stop the app (or
-//! use its own admin endpoint) while the CLI runs.
+//! The database is a redb file or a PostgreSQL database: every DB argument
+//! takes a file path or a PostgreSQL connection string (a `postgres://` or
+//! `postgresql://` URL, or libpq's `host=... dbname=...` form; see
+//! `target.rs`), and `--table-prefix` names the tables there.
+//!
+//! The database is opened with no background sweeper and never created:
+//! `open_existing` / `open_postgres_existing` for the commands that change
+//! it (`resolve`, `sweep`, `purge`), `open_read_only` /
+//! `open_postgres_read_only` for the others, which write nothing (on
+//! PostgreSQL their sessions are read-only, so a role with only `SELECT`
+//! on the tables can run them). redb locks the file: stop the app (or use
+//! its own admin endpoint) while the CLI runs. On PostgreSQL the CLI may run
+//! beside the app servers, as one more engine on the same tables.
 
 #![forbid(unsafe_code)]
 
 mod commands;
 mod envelope_json;
 mod render;
+mod target;
 
 use std::error::Error as StdError;
 use std::io::{self, Write};
@@ -17,14 +27,22 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{ArgGroup, Parser, Subcommand};
-use idempotency::{Engine, EngineBuilder, IdempotencyKey, RecordFilter, Resolution, State};
+use idempotency::{
+    Engine, EngineBuilder, IdempotencyKey, OpenError, RecordFilter, Resolution, State,
+};
 
 use crate::commands::{CliError, CliResult};
+use crate::target::Target;
 
 /// Inspect and repair an idempotency database.
 #[derive(Parser, Debug)]
 #[command(name = "idem", version)]
 struct Cli {
+    /// The prefix of the engine's tables on PostgreSQL, as the app gives
+    /// `EngineBuilder::table_prefix` (default `idempotency_`). Only with a
+    /// PostgreSQL connection string.
+    #[arg(long, global = true, value_name = "PREFIX")]
+    table_prefix: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,7 +51,7 @@ struct Cli {
 enum Command {
     /// List records: scope, key, state, age, fingerprint prefix, status.
     Inspect {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// Only records in this scope.
         #[arg(long)]
@@ -51,7 +69,7 @@ enum Command {
     },
     /// Show one record with every field and its stored response.
     Show {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// The record's scope.
         scope: String,
@@ -65,7 +83,7 @@ enum Command {
     /// List records in doubt awaiting recovery, oldest first: UNKNOWN ones
     /// and PROCESSING ones whose lease has ended.
     Unknown {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// One JSON array of objects.
         #[arg(long)]
@@ -77,7 +95,7 @@ enum Command {
     /// Settle one UNKNOWN record after checking with the provider.
     #[command(group(ArgGroup::new("outcome").required(true).args(["not_executed", "completed"])))]
     Resolve {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// The record's scope.
         scope: String,
@@ -99,14 +117,14 @@ enum Command {
     /// Run one sweep pass: stale claims to UNKNOWN, expired records deleted
     /// or tombstoned.
     Sweep {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
     },
     /// Scrub the whole file: every record, outbox message and entity
     /// decodes, every index entry matches its record and back. Read-only;
     /// exits 1 with the list of problems if there is any.
     Verify {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// One JSON object.
         #[arg(long)]
@@ -114,7 +132,7 @@ enum Command {
     },
     /// Count records by state.
     Stats {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// One JSON object.
         #[arg(long)]
@@ -122,7 +140,7 @@ enum Command {
     },
     /// Delete one record (PROCESSING and UNKNOWN only with --force).
     Purge {
-        /// The database file.
+        /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
         /// The record's scope.
         scope: String,
@@ -146,6 +164,10 @@ fn main() -> ExitCode {
     match try_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&*e) => ExitCode::SUCCESS,
+        Err(e) if is_usage(&*e) => {
+            eprintln!("idem: {}", one_line(&*e));
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("idem: {}", one_line(&*e));
             ExitCode::FAILURE
@@ -156,20 +178,27 @@ fn main() -> ExitCode {
 fn try_main(cli: Cli) -> CliResult {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    run(cli.command, &mut out, &mut io::stderr())?;
+    let prefix = cli.table_prefix.as_deref();
+    run(cli.command, prefix, &mut out, &mut io::stderr())?;
     out.flush()?;
     Ok(())
 }
 
-/// Opens the database and runs one command, writing its report to `out`
-/// and warnings to `warn`.
-fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliResult {
+/// Opens the database (tables under `prefix` on PostgreSQL) and runs one
+/// command, writing its report to `out` and warnings to `warn`.
+fn run<W: Write, E: Write>(
+    command: Command,
+    prefix: Option<&str>,
+    out: &mut W,
+    warn: &mut E,
+) -> CliResult {
     // Never sweep unless asked; follow the app's stored TTL and expiry
     // policy, so a sweep or a resolution keeps the app's contract.
-    let builder = || {
-        Engine::builder()
+    let builder = || Opener {
+        builder: Engine::builder()
             .sweep_interval(None)
-            .expiry_settings_from_database()
+            .expiry_settings_from_database(),
+        prefix,
     };
     match command {
         Command::Inspect {
@@ -233,14 +262,55 @@ fn run<W: Write, E: Write>(command: Command, out: &mut W, warn: &mut E) -> CliRe
     }
 }
 
-fn open(path: &Path, builder: EngineBuilder) -> CliResult<Engine> {
-    Ok(builder.open_existing(path)?)
+/// A builder with the CLI's settings, and the table prefix given.
+struct Opener<'a> {
+    builder: EngineBuilder,
+    prefix: Option<&'a str>,
 }
 
-/// For commands that only read: the file is left byte-identical (no header
-/// rewrite, no tables added to another program's file).
-fn open_read_only(path: &Path, builder: EngineBuilder) -> CliResult<Engine> {
-    Ok(builder.open_read_only(path)?)
+/// A mistake in the command line found after parsing (exit code 2, as
+/// clap's own).
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for UsageError {}
+
+/// The builder for `db`: the table prefix applies to PostgreSQL only.
+fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, EngineBuilder)> {
+    let target = target::classify(db);
+    match (&target, opener.prefix) {
+        (Target::File(path), Some(_)) => Err(UsageError(format!(
+            "--table-prefix applies to a PostgreSQL connection string, not to the file {}",
+            path.display()
+        ))
+        .into()),
+        (_, Some(prefix)) => Ok((target, opener.builder.table_prefix(prefix))),
+        (_, None) => Ok((target, opener.builder)),
+    }
+}
+
+/// For commands that write: never creates a database or tables.
+fn open(db: &Path, opener: Opener<'_>) -> CliResult<Engine> {
+    Ok(match target(db, opener)? {
+        (Target::File(path), builder) => builder.open_existing(path)?,
+        (Target::Postgres(url), builder) => builder.open_postgres_existing(url)?,
+    })
+}
+
+/// For commands that only read: a file is left byte-identical (no header
+/// rewrite, no tables added to another program's file); on PostgreSQL
+/// every session is read-only.
+fn open_read_only(db: &Path, opener: Opener<'_>) -> CliResult<Engine> {
+    Ok(match target(db, opener)? {
+        (Target::File(path), builder) => builder.open_read_only(path)?,
+        (Target::Postgres(url), builder) => builder.open_postgres_read_only(url)?,
+    })
 }
 
 fn read_envelope(path: &Path) -> CliResult<idempotency::Envelope> {
@@ -269,6 +339,15 @@ fn one_line(e: &dyn StdError) -> String {
         source = s.source();
     }
     line.replace(['\n', '\r'], " ")
+}
+
+/// A command-line mistake: exit code 2.
+fn is_usage(e: &(dyn StdError + 'static)) -> bool {
+    e.downcast_ref::<UsageError>().is_some()
+        || matches!(
+            e.downcast_ref::<OpenError>(),
+            Some(OpenError::InvalidTablePrefix { .. })
+        )
 }
 
 fn is_broken_pipe(e: &(dyn StdError + 'static)) -> bool {
@@ -321,7 +400,7 @@ mod tests {
             json: false,
         };
         let mut out = Vec::new();
-        let err = run(cmd, &mut out, &mut io::sink())
+        let err = run(cmd, None, &mut out, &mut io::sink())
             .err()
             .ok_or("expected an error")?;
         assert!(one_line(&*err).contains("no such database file"), "{err}");

@@ -514,7 +514,61 @@ impl EngineBuilder {
     /// version of the crate (nothing is changed);
     /// [`OpenError::ThreadStart`].
     #[cfg(feature = "postgres")]
-    pub fn open_postgres(mut self, url: &str) -> Result<Engine, OpenError> {
+    pub fn open_postgres(self, url: &str) -> Result<Engine, OpenError> {
+        self.open_postgres_in(url, crate::store::postgres::Mode::Create)
+    }
+
+    /// Opens the engine on PostgreSQL tables that already exist (feature
+    /// `postgres`); never creates them and runs no DDL, so a role with
+    /// `SELECT`, `INSERT`, `UPDATE` and `DELETE` on the tables and `USAGE`
+    /// on their sequences (no `CREATE`) can use it. Otherwise as
+    /// [`open_postgres`](Self::open_postgres): the open stores this
+    /// engine's TTL and expiry policy (or, with
+    /// [`expiry_settings_from_database`](Self::expiry_settings_from_database),
+    /// takes the stored ones), and writes work. For operator tools, as
+    /// [`open_existing`](Self::open_existing) is for a file.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::NoPostgresTables`] if a table or sequence under the
+    /// [`table_prefix`](Self::table_prefix) is missing (nothing is
+    /// created); otherwise as for [`open_postgres`](Self::open_postgres).
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres_existing(self, url: &str) -> Result<Engine, OpenError> {
+        self.open_postgres_in(url, crate::store::postgres::Mode::Existing)
+    }
+
+    /// Opens existing PostgreSQL tables read-only (feature `postgres`), for
+    /// operator tools, as [`open_read_only`](Self::open_read_only) does a
+    /// file: reads work; every write returns [`crate::Error::ReadOnly`];
+    /// no sweeper runs, whatever
+    /// [`sweep_interval`](Self::sweep_interval) says. Nothing is written:
+    /// every connection starts with `default_transaction_read_only=on`
+    /// (added to the connection string's `options`), so the server itself
+    /// refuses a write; the open checks the schema and reads the database
+    /// clock in read-only statements. A role with only `SELECT` on the
+    /// tables can use it. Other engines may use the tables meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::NoPostgresTables`] if a table or sequence under the
+    /// [`table_prefix`](Self::table_prefix) (or the stored schema version)
+    /// is missing; [`OpenError::UnsupportedSchema`];
+    /// [`OpenError::InvalidTablePrefix`]; [`OpenError::Storage`] if the
+    /// connection string does not parse, the server cannot be reached, or
+    /// a read fails (a role without `SELECT` on the tables).
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres_read_only(mut self, url: &str) -> Result<Engine, OpenError> {
+        self.sweep_interval = None;
+        self.open_postgres_in(url, crate::store::postgres::Mode::ReadOnly)
+    }
+
+    #[cfg(feature = "postgres")]
+    fn open_postgres_in(
+        mut self,
+        url: &str,
+        mode: crate::store::postgres::Mode,
+    ) -> Result<Engine, OpenError> {
         let opts = crate::store::postgres::PgOptions {
             url: url.to_owned(),
             prefix: self.postgres.prefix.clone(),
@@ -524,6 +578,7 @@ impl EngineBuilder {
             pool_idle_timeout: self.postgres.pool_idle_timeout,
             pool_max_lifetime: self.postgres.pool_max_lifetime,
             database_clock: self.postgres.database_clock,
+            mode,
         };
         let (store, clock, store_cfg) = crate::store::postgres::PgStore::open_contained(
             &opts,
@@ -533,6 +588,9 @@ impl EngineBuilder {
         )?;
         self.cfg.store = store_cfg;
         self.clock = clock;
+        if mode == crate::store::postgres::Mode::ReadOnly {
+            return self.run(Arc::new(crate::store::postgres::PgReader(store)));
+        }
         self.run(Arc::new(store))
     }
 

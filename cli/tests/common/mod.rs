@@ -80,3 +80,5 @@ pub fn claim(engine: &Engine, key: &IdempotencyKey, fingerprint: Fingerprint) ->
         other => Err(format!("expected a claim for {key}, got {other:?}").into()),
     }
 }
+
+pub mod pg;

@@ -22,6 +22,7 @@ mod connstr;
 mod in_place;
 mod local;
 mod read;
+mod read_only;
 mod schema;
 mod shared;
 mod sweep;
@@ -56,6 +57,7 @@ use crate::transition::Transition;
 
 pub use self::client::{PgError, Transaction};
 pub(crate) use self::clock::DatabaseClock;
+pub(crate) use self::read_only::{Mode, PgReader};
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
 use self::in_place::Remembered;
@@ -88,6 +90,8 @@ pub(crate) struct PgOptions {
     pub(crate) pool_idle_timeout: Option<Duration>,
     pub(crate) pool_max_lifetime: Option<Duration>,
     pub(crate) database_clock: bool,
+    /// Whether the open may create the schema, and may write at all.
+    pub(crate) mode: Mode,
 }
 
 /// How much longer than the server's `statement_timeout` the client waits
@@ -187,6 +191,9 @@ impl PgStore {
             let ms = opts.statement_timeout.as_millis().max(1);
             config.options(format!("{options} -c statement_timeout={ms}").trim_start());
         }
+        if opts.mode == Mode::ReadOnly {
+            read_only::read_only_sessions(&mut config);
+        }
         // One connection first, outside the pool: a wrong database, user or
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout
@@ -197,7 +204,11 @@ impl PgStore {
                     context: "connecting to PostgreSQL",
                     source: Box::new(e),
                 })?;
-        let cfg = schema::prepare(&mut first, &names, cfg, stored_expiry)?;
+        let cfg = match opts.mode {
+            Mode::Create => schema::prepare(&mut first, &names, cfg, stored_expiry, true)?,
+            Mode::Existing => schema::prepare(&mut first, &names, cfg, stored_expiry, false)?,
+            Mode::ReadOnly => read_only::check(&mut first, &names, cfg, stored_expiry)?,
+        };
         let (clock, database_clock): (Arc<dyn Clock>, _) = if opts.database_clock {
             let clock = Arc::new(DatabaseClock::new(local_clock));
             clock.sync(&mut first).map_err(|e| OpenError::Storage {

@@ -122,7 +122,9 @@ fn storage(context: &'static str) -> impl FnOnce(PgError) -> OpenError {
     }
 }
 
-/// Creates the schema if it is missing and checks its version; stores this
+/// Creates the schema if it is missing (with `create`; without, a missing
+/// table is `OpenError::NoPostgresTables` and no DDL runs, so the role
+/// needs no `CREATE` privilege) and checks its version; stores this
 /// app's TTL and expiry policy for operator tools (or, with
 /// `stored_expiry`, takes them from the database). Several processes may
 /// open the same database at once: one advisory lock per prefix orders
@@ -132,6 +134,7 @@ pub(super) fn prepare(
     names: &Names,
     mut cfg: StoreConfig,
     stored_expiry: bool,
+    create: bool,
 ) -> Result<StoreConfig, OpenError> {
     let mut tx = client
         .transaction()
@@ -166,8 +169,12 @@ pub(super) fn prepare(
             }
         }
     }
-    tx.batch_execute(&names.ddl())
-        .map_err(storage("creating the schema"))?;
+    if create {
+        tx.batch_execute(&names.ddl())
+            .map_err(storage("creating the schema"))?;
+    } else {
+        super::read_only::require_tables(&mut tx, names)?;
+    }
     let set = format!(
         "INSERT INTO {} (name, value) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
@@ -235,7 +242,7 @@ pub(super) fn prepare(
 }
 
 /// The expiry policy stored as `tombstone_keep_ms` (-1: forget).
-fn policy_of(keep_ms: i64) -> ExpiryPolicy {
+pub(super) fn policy_of(keep_ms: i64) -> ExpiryPolicy {
     match u64::try_from(keep_ms) {
         Ok(keep_ms) => ExpiryPolicy::Tombstone {
             keep: std::time::Duration::from_millis(keep_ms),

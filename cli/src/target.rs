@@ -1,0 +1,121 @@
+//! What a DB argument names: a redb file, or a PostgreSQL database.
+//!
+//! A PostgreSQL connection string is a URL (`postgres://...`,
+//! `postgresql://...`) or libpq's `keyword=value` form, recognised by a
+//! libpq connection keyword directly before an `=` (`host=db1 dbname=app`,
+//! `dbname = app`). Anything else is a file path, as before, so a file whose
+//! name holds `host=` is reached as `./host=...` (the keyword must start
+//! the argument or follow a space).
+
+use std::path::Path;
+
+/// Where the records are.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// A redb database file.
+    File(&'a Path),
+    /// A PostgreSQL connection string, as given.
+    Postgres(&'a str),
+}
+
+/// libpq's connection keywords (PostgreSQL 17, "Parameter Key Words").
+const LIBPQ_KEYWORDS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "require_auth",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+];
+
+/// Classifies a DB argument (see the module doc).
+pub fn classify(db: &Path) -> Target<'_> {
+    match db.to_str() {
+        Some(s) if is_postgres(s) => Target::Postgres(s),
+        _ => Target::File(db),
+    }
+}
+
+fn is_postgres(s: &str) -> bool {
+    if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+        return true;
+    }
+    // Each `=`: the word before it (spaces allowed in between) must be a
+    // keyword that starts the string or follows whitespace.
+    s.match_indices('=').any(|(at, _)| {
+        let before = s[..at].trim_end();
+        let start = before
+            .rfind(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let word = &before[start..];
+        let at_boundary = before[..start]
+            .chars()
+            .next_back()
+            .is_none_or(char::is_whitespace);
+        at_boundary && LIBPQ_KEYWORDS.contains(&word)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_strings_and_paths() {
+        for pg in [
+            "postgres://app@db1/app",
+            "postgresql://db1:5433/app?sslmode=require",
+            "host=127.0.0.1 port=5432 user=postgres dbname=postgres",
+            "dbname=app",
+            "  dbname = app",
+            "sslmode=verify-full host=db1",
+        ] {
+            assert_eq!(classify(Path::new(pg)), Target::Postgres(pg), "{pg}");
+        }
+        for file in [
+            "app.redb",
+            "/var/lib/app/idem.redb",
+            "./host=x.redb",
+            "dir/dbname=app",
+            "weird=name.redb",
+            "postgres:/not-a-url",
+        ] {
+            assert_eq!(classify(Path::new(file)), Target::File(Path::new(file)));
+        }
+    }
+}

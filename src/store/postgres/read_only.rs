@@ -1,0 +1,265 @@
+//! Opening PostgreSQL tables that must already exist, and read-only, for
+//! operator tools (`idem`): an open that never creates the schema, and one
+//! whose every session is read-only and whose every write is refused.
+//!
+//! A read-only engine is read-only twice over: its connections start with
+//! `default_transaction_read_only=on` (the server refuses any write, even
+//! one this crate's code would send by mistake), and [`PgReader`] refuses
+//! every write before it reaches the server, with `Error::ReadOnly`, as the
+//! redb reader does. The schema check and the database clock's measurement
+//! only read.
+
+use crate::error::{Error, OpenError, Result};
+use crate::key::IdempotencyKey;
+use crate::message::OutboxEntry;
+use crate::policy::PurgeMode;
+use crate::report::SweepCounts;
+use crate::state::State;
+use crate::store::config::StoreConfig;
+use crate::store::record::{EntityState, Record};
+use crate::store::{
+    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
+    LocalWrite, ReadOrClaim, Scanned, SettleRequest, Settled, TransitionRequest,
+};
+use crate::transition::Transition;
+
+use super::client::{Client, PgError, Transaction};
+use super::schema::{policy_of, Names, SCHEMA_VERSION};
+use super::PgStore;
+
+/// How an open treats the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Create the tables if they are missing (`open_postgres`).
+    Create,
+    /// Use the tables; refuse if they are missing (`open_postgres_existing`).
+    Existing,
+    /// As `Existing`, and write nothing: read-only sessions, writes refused.
+    ReadOnly,
+}
+
+fn storage(context: &'static str) -> impl FnOnce(PgError) -> OpenError {
+    move |e| OpenError::Storage {
+        context,
+        source: Box::new(e),
+    }
+}
+
+/// Makes every session of `config` read-only (libpq's `options`, kept if
+/// the connection string set some).
+pub(super) fn read_only_sessions(config: &mut tokio_postgres::Config) {
+    const READ_ONLY: &str = "-c default_transaction_read_only=on";
+    let options = match config.get_options() {
+        Some(given) if !given.trim().is_empty() => format!("{given} {READ_ONLY}"),
+        _ => READ_ONLY.to_owned(),
+    };
+    config.options(&options);
+}
+
+/// `OpenError::NoPostgresTables` unless every table and sequence of
+/// `names` exists. Only reads.
+pub(super) fn require_tables(
+    client: &mut Transaction<'_>,
+    names: &Names,
+) -> Result<(), OpenError> {
+    let all = [
+        &names.meta,
+        &names.records,
+        &names.outbox,
+        &names.entities,
+        &names.tokens,
+        &names.outbox_seq,
+    ];
+    let mut missing = Vec::new();
+    for name in all {
+        let found: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[name])
+            .map_err(storage("looking for the schema"))?
+            .get(0);
+        if !found {
+            missing.push(name.as_str());
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(OpenError::NoPostgresTables {
+            prefix: names.prefix.clone(),
+            missing: missing.join(", "),
+        })
+    }
+}
+
+/// The read-only open's schema check, in one read-only transaction: every
+/// table exists, the schema version is this build's, and (with
+/// `stored_expiry`) the TTL and expiry policy the last app stored replace
+/// the builder's.
+pub(super) fn check(
+    client: &mut Client,
+    names: &Names,
+    mut cfg: StoreConfig,
+    stored_expiry: bool,
+) -> Result<StoreConfig, OpenError> {
+    let mut tx = client
+        .transaction_with("BEGIN READ ONLY")
+        .map_err(storage("starting a read-only transaction"))?;
+    require_tables(&mut tx, names)?;
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT name, value FROM {} \
+                 WHERE name IN ('schema_version', 'ttl_ms', 'tombstone_keep_ms')",
+                names.meta
+            ),
+            &[],
+        )
+        .map_err(storage("reading the schema version"))?;
+    let (mut version, mut ttl, mut keep) = (None, None, None);
+    for row in rows {
+        let name: String = row.get(0);
+        let value: i64 = row.get(1);
+        match name.as_str() {
+            "schema_version" => version = Some(value),
+            "ttl_ms" => ttl = u64::try_from(value).ok(),
+            _ => keep = Some(value),
+        }
+    }
+    match version {
+        Some(SCHEMA_VERSION) => {}
+        Some(found) => {
+            return Err(OpenError::UnsupportedSchema {
+                prefix: names.prefix.clone(),
+                found,
+                supported: SCHEMA_VERSION,
+            })
+        }
+        None => {
+            return Err(OpenError::NoPostgresTables {
+                prefix: names.prefix.clone(),
+                missing: format!("the schema_version row of {}", names.meta),
+            })
+        }
+    }
+    if let (true, Some(ttl_ms), Some(keep)) = (stored_expiry, ttl, keep) {
+        cfg.ttl_ms = ttl_ms;
+        cfg.expiry = policy_of(keep);
+    }
+    tx.commit().map_err(storage("ending the schema check"))?;
+    Ok(cfg)
+}
+
+/// A PostgreSQL store opened read-only: reads go to the store, writes are
+/// refused with `Error::ReadOnly` before they reach the server.
+pub(crate) struct PgReader(pub(crate) PgStore);
+
+fn read_only<T>(operation: &'static str) -> Result<T> {
+    Err(Error::ReadOnly { operation })
+}
+
+impl Backend for PgReader {
+    fn check(&self) -> Result<()> {
+        self.0.check()
+    }
+
+    fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
+        self.0.record(key)
+    }
+
+    fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
+        self.0.in_doubt(limit, now_ms)
+    }
+
+    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
+        self.0.scan(visit)
+    }
+
+    fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        self.0.oldest_in_doubt_ms(now_ms)
+    }
+
+    fn sweep_due(&self, now_ms: u64) -> Result<bool> {
+        self.0.sweep_due(now_ms)
+    }
+
+    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
+        self.0.outbox(limit)
+    }
+
+    fn outbox_len(&self) -> Result<u64> {
+        self.0.outbox_len()
+    }
+
+    fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
+        self.0.entity(entity)
+    }
+
+    fn read_or_claim(
+        &self,
+        key: &IdempotencyKey,
+        _claim: &dyn Fn() -> ClaimRequest,
+    ) -> Result<ReadOrClaim> {
+        self.record(key).map(ReadOrClaim::Read)
+    }
+
+    fn claim(&self, _: ClaimRequest) -> Result<ClaimResult> {
+        read_only("claim")
+    }
+
+    fn complete(&self, _: CompleteRequest) -> Result<()> {
+        read_only("complete")
+    }
+
+    fn release(&self, _: IdempotencyKey, _: u64) -> Result<()> {
+        read_only("release")
+    }
+
+    fn mark_in_doubt(&self, _: InDoubtRequest) -> Result<()> {
+        read_only("mark unknown")
+    }
+
+    fn mark_in_doubt_detached(&self, _: InDoubtRequest) {}
+
+    fn extend(&self, _: IdempotencyKey, _: u64, _: u64) -> Result<u64> {
+        read_only("extend")
+    }
+
+    fn settle(&self, _: SettleRequest) -> Result<Settled<()>> {
+        read_only("resolve")
+    }
+
+    fn settle_then_claim(&self, _: SettleRequest, _: ClaimRequest) -> Result<Settled<Claimed>> {
+        read_only("resolve")
+    }
+
+    fn sweep(&self, _: usize) -> Result<SweepCounts> {
+        read_only("sweep")
+    }
+
+    fn purge(&self, _: IdempotencyKey, _: PurgeMode) -> Result<Option<State>> {
+        read_only("purge")
+    }
+
+    fn transition(&self, _: TransitionRequest) -> Result<Transition> {
+        read_only("transition")
+    }
+
+    fn mark_published(&self, _: Vec<u64>) -> Result<u64> {
+        read_only("mark published")
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn local(&self, _: LocalWrite) -> Result<LocalResult> {
+        read_only("local write")
+    }
+
+    fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
+        self.0.verify()
+    }
+
+    fn close(&self) {
+        self.0.close();
+    }
+}
