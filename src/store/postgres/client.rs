@@ -694,7 +694,8 @@ pub(super) mod tests {
         let url = format!("host=127.0.0.1 port={port} user=nobody dbname=nothing sslmode=disable");
         let started = Instant::now();
         let bound = Duration::from_millis(300);
-        let Err(e) = connect_url(&url, bound, bound) else {
+        let (config, tls, plan) = crate::store::postgres::tls::configure(&url)?;
+        let Err(e) = Client::connect(&config, &tls, &plan, bound, bound) else {
             return Err("connected to a server that never answered".into());
         };
         assert_eq!(e.timed_out_after(), Some(bound), "{e}");
