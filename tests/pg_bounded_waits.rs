@@ -155,6 +155,67 @@ fn a_black_holed_connection_errors_within_the_bound() -> TestResult {
     cleanup(&url, &prefix)
 }
 
+/// A statement in flight when the network starts black-holing (inside a
+/// local write, so no other connection can stand in): the client-side
+/// deadline must end it with a timeout error.
+#[test]
+fn a_statement_in_flight_into_a_black_hole_errors_within_the_bound() -> TestResult {
+    let _serial = serial();
+    let Some(url) = pg_chaos::pg_url() else {
+        return Ok(());
+    };
+    let prefix = pg_chaos::unique_prefix("bwf");
+    let proxy = Arc::new(PgProxy::start(&url)?);
+    let engine = Arc::new(builder(&prefix).open_postgres(&proxy.url("")?)?);
+    let seen: Arc<Mutex<Option<(Result<(), String>, Duration)>>> = Arc::default();
+    let (inner, hole, e) = (seen.clone(), proxy.clone(), engine.clone());
+    let answered = within(HANG, move || {
+        e.execute_local(&key("black-hole-statement")?, fp()?, move |tx| {
+            let pg = tx.postgres().ok_or("the engine is not on PostgreSQL")?;
+            pg.query_one("SELECT 1", &[])?;
+            hole.black_hole();
+            let t = Instant::now();
+            let r = pg.query_one("SELECT 2", &[]);
+            let shown = r.as_ref().map(drop).map_err(ToString::to_string);
+            *inner.lock().unwrap_or_else(PoisonError::into_inner) = Some((shown, t.elapsed()));
+            r?;
+            Ok(Envelope::new(1, 200, b"never stored".to_vec()))
+        })
+    });
+    proxy.heal();
+    let (res, took) = answered.map_err(|e| format!("execute_local into a black hole: {e}"))?;
+    eprintln!("execute_local into a black hole: {res:?} after {took:?}");
+    let statement = seen
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .ok_or("the local write never ran its statement")?;
+    eprintln!("the statement into a black hole: {statement:?}");
+    match statement {
+        (Ok(()), took) => {
+            return Err(format!("a black hole answered a statement (after {took:?})").into())
+        }
+        (Err(text), took) => {
+            assert!(
+                took < BOUND,
+                "the statement failed only after {took:?}: {text}"
+            );
+            assert_timeout_text("a statement into a black hole", &text);
+        }
+    }
+    assert!(
+        res.is_err(),
+        "the local write whose statement failed: {res:?}"
+    );
+    assert!(took < BOUND, "execute_local ended after {took:?}");
+    let k = key("black-hole-statement")?;
+    let rec = recovers("reading after heal", || engine.record(&k))?;
+    assert!(rec.is_none(), "a rolled-back local write left {rec:?}");
+    drop(engine);
+    drop(proxy);
+    cleanup(&url, &prefix)
+}
+
 #[test]
 fn opening_through_a_black_hole_errors_within_the_bound() -> TestResult {
     let _serial = serial();
