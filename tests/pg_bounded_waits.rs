@@ -39,6 +39,9 @@ use pg_server::{within, Frozen};
 
 type TestResult<T = ()> = Result<T, Box<dyn Error + Send + Sync>>;
 
+/// What a statement inside a local write answered, and how long it took.
+type Seen = Arc<Mutex<Option<(Result<(), String>, Duration)>>>;
+
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An error must come within this (the documented bound is about 2-3 s).
@@ -178,7 +181,7 @@ fn a_statement_in_flight_into_a_black_hole_errors_within_the_bound() -> TestResu
     let prefix = pg_chaos::unique_prefix("bwf");
     let proxy = Arc::new(PgProxy::start(&url)?);
     let engine = Arc::new(builder(&prefix).open_postgres(&proxy.url("")?)?);
-    let seen: Arc<Mutex<Option<(Result<(), String>, Duration)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let (inner, hole, e) = (seen.clone(), proxy.clone(), engine.clone());
     let answered = within(HANG, move || {
         e.execute_local(&key("black-hole-statement")?, fp()?, move |tx| {
@@ -324,7 +327,7 @@ fn a_statement_on_a_frozen_backend_errors_within_the_bound() -> TestResult {
     };
     let prefix = pg_chaos::unique_prefix("bws");
     let engine = Arc::new(builder(&prefix).open_postgres(&url)?);
-    let seen: Arc<Mutex<Option<(Result<(), String>, Duration)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let inner = seen.clone();
     // The closure names its backend; this thread freezes it and holds the
     // guard, so the SIGCONT comes even if the closure never returns.

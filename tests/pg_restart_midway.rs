@@ -7,7 +7,9 @@
 //! re-executes) settles it; a second attempt of the key replays the first
 //! result and never executes again. A local write (`execute_local`) whose
 //! server restarts between its claim and its commit leaves nothing behind
-//! (no business row, no record), and its retry runs exactly once.
+//! (no business row, no record), and its retry runs exactly once. And a
+//! completion sent once the server is back is stored, not left in doubt
+//! because its pooled connection died in the restart.
 //!
 //! Needs a server: `IDEMPOTENCY_TEST_PG` and `IDEMPOTENCY_TEST_PG_DATA`
 //! (set by `scripts/with-postgres`); restarts it, so the tests take one
@@ -127,6 +129,42 @@ fn a_restart_between_claim_and_complete_never_executes_twice() -> TestResult {
         other => return Err(format!("a fresh engine answered {other:?}").into()),
     }
     drop(fresh);
+    pg_chaos::drop_prefix(&mut pg_chaos::connect(&url)?, &prefix)
+}
+
+/// The server is back when `pg_ctl restart -w` returns: a completion sent
+/// then finds its pooled connection dead, which is no reason to leave the
+/// key in doubt (the dead connection sent nothing, or the engine can read
+/// what it did). The completion is stored and replays at once, with no
+/// lease to wait out and no resolver.
+#[test]
+fn a_completion_after_a_restart_is_stored_not_left_in_doubt() -> TestResult {
+    let _serial = serial();
+    let Some(url) = pg_chaos::pg_url() else {
+        return Ok(());
+    };
+    let prefix = pg_chaos::unique_prefix("rms");
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let engine = builder(&prefix, &clock).open_postgres(&url)?;
+    let name = "charge-stored-after-restart";
+    let k = key(name)?;
+
+    let claim = match engine.begin(&k, fp()?)? {
+        Begin::Claimed(c) => c,
+        other => return Err(format!("expected Claimed, got {other:?}").into()),
+    };
+    let body = provider.charge(name, claim.reference());
+    pg_server::restart_server()?;
+    if let Err(e) = engine.complete(claim, Envelope::new(1, 201, body.clone())) {
+        return Err(format!("the server was back, yet the completion failed: {e}").into());
+    }
+    match engine.begin(&k, fp()?)? {
+        Begin::Replay(r) => assert_eq!(r.envelope.body, body, "replay"),
+        other => return Err(format!("after the completion: {other:?}").into()),
+    }
+    assert_eq!(provider.executions(), 1, "charges of {name}");
+    drop(engine);
     pg_chaos::drop_prefix(&mut pg_chaos::connect(&url)?, &prefix)
 }
 
