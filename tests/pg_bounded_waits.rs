@@ -483,3 +483,42 @@ fn an_exhausted_pool_errors_after_the_connect_timeout() -> TestResult {
     drop(engine);
     cleanup(&url, &prefix)
 }
+
+/// A connection past `pool_max_lifetime` is replaced (so connections move
+/// to a failed-over server in time): calls go on, and the proxy sees new
+/// connections. The pool enforces lifetimes in a periodic pass (r2d2's,
+/// every 30 s), so this waits up to 45 s.
+#[test]
+fn a_connection_past_its_lifetime_is_replaced() -> TestResult {
+    let _serial = serial();
+    let Some(url) = pg_chaos::pg_url() else {
+        return Ok(());
+    };
+    let prefix = pg_chaos::unique_prefix("bwl");
+    let proxy = PgProxy::start(&url)?;
+    let engine = builder(&prefix)
+        .pool_max_lifetime(Some(Duration::from_secs(1)))
+        .pool_idle_timeout(None)
+        .open_postgres(&proxy.url("")?)?;
+    let k = key("lifetime")?;
+    assert!(engine.record(&k)?.is_none(), "warm-up");
+    let before = proxy.connections();
+    let start = Instant::now();
+    while proxy.connections() == before {
+        assert!(
+            start.elapsed() < Duration::from_secs(45),
+            "no connection replaced in {:?} with a 1 s lifetime",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(engine.record(&k)?.is_none());
+    }
+    eprintln!(
+        "a new connection after {:?} ({before} before, {} now)",
+        start.elapsed(),
+        proxy.connections()
+    );
+    drop(engine);
+    drop(proxy);
+    cleanup(&url, &prefix)
+}
