@@ -31,10 +31,11 @@
 
 #[path = "common/pg_chaos.rs"]
 mod pg_chaos;
+#[path = "common/pg_server.rs"]
+mod pg_server;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
-use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -587,89 +588,6 @@ impl Drop for Children {
     }
 }
 
-/// The `pg_ctl` to use: on PATH, else the newest under
-/// `/usr/lib/postgresql/*/bin` (where scripts/with-postgres also looks).
-fn pg_ctl() -> TestResult<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("pg_ctl"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    if let Some(found) = on_path.into_iter().find(|p| p.is_file()) {
-        return Ok(found);
-    }
-    let mut installed: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .map_err(|e| format!("pg_ctl is not on PATH and /usr/lib/postgresql: {e}"))?
-        .filter_map(|entry| {
-            let dir = entry.ok()?.path();
-            let major = dir.file_name()?.to_str()?.parse().ok()?;
-            let bin = dir.join("bin/pg_ctl");
-            bin.is_file().then_some((major, bin))
-        })
-        .collect();
-    installed.sort();
-    installed
-        .pop()
-        .map(|(_, p)| p)
-        .ok_or_else(|| "pg_ctl not found on PATH or in /usr/lib/postgresql/*/bin".into())
-}
-
-/// `pg_ctl -D <data> restart -m immediate -w` as the server's OS user
-/// (through `runuser` when this process is root). The restarted server
-/// logs to `<data>/pg_multiprocess_restart.log` (its own user can write
-/// there), so pg_ctl's pipes close when it exits.
-fn restart_server() -> TestResult<Duration> {
-    let data = std::env::var(pg_chaos::PG_DATA_VAR)
-        .map_err(|_| format!("{} is not set", pg_chaos::PG_DATA_VAR))?;
-    let user = std::env::var(pg_chaos::PG_USER_VAR).unwrap_or_default();
-    let uid = Command::new("id").arg("-u").output()?;
-    let root = String::from_utf8_lossy(&uid.stdout).trim() == "0";
-    let log = Path::new(&data).join("pg_multiprocess_restart.log");
-    let pg_ctl = pg_ctl()?;
-    let pg_ctl_args: [&OsStr; 8] = [
-        OsStr::new("-D"),
-        OsStr::new(&data),
-        OsStr::new("-l"),
-        log.as_os_str(),
-        OsStr::new("restart"),
-        OsStr::new("-m"),
-        OsStr::new("immediate"),
-        OsStr::new("-w"),
-    ];
-    let mut cmd = if root {
-        if user.is_empty() {
-            return Err(
-                format!("running as root, but {} is not set", pg_chaos::PG_USER_VAR).into(),
-            );
-        }
-        let mut c = Command::new("runuser");
-        c.args(["-u", &user, "--"]).arg(&pg_ctl);
-        c
-    } else {
-        Command::new(&pg_ctl)
-    };
-    // A directory the server's user can enter, whoever runs the test.
-    cmd.current_dir("/");
-    let t = Instant::now();
-    let out = cmd
-        .args(pg_ctl_args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "pg_ctl restart failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(t.elapsed())
-}
-
 /// Complete lines of every `<stem>-*.<ext>` file in `dir` (a torn last line
 /// was never acknowledged).
 fn lines_of(dir: &Path, stem: &str, ext: &str) -> TestResult<Vec<String>> {
@@ -758,7 +676,7 @@ fn processes_and_server_die_at_random_yet_no_work_runs_twice() -> TestResult {
             if i == restart_at {
                 std::thread::sleep(Duration::from_millis(rng.below(300)));
                 eprintln!("restarting the server (pg_ctl restart -m immediate) under load");
-                restart_took = Some(restart_server()?);
+                restart_took = Some(pg_server::restart_server()?);
             }
         }
         std::thread::sleep(Duration::from_millis(1_000));
