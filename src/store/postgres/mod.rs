@@ -129,6 +129,36 @@ where
     }
 }
 
+/// The connection settings the engine adds unless the connection string
+/// chose: connect timeout, keepalives and TCP user timeout, the server's
+/// `statement_timeout`, and read-only sessions for a read-only open.
+fn session_settings(config: &mut tokio_postgres::Config, opts: &PgOptions) {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(opts.connect_timeout);
+    }
+    // A peer that vanished (a dead host, a partition) fails a call
+    // within about 30 s instead of never: keepalives on idle pooled
+    // connections, and a limit on unacknowledged data, unless the
+    // connection string chose.
+    if !config.get_keepalives() || config.get_keepalives_idle() > TCP_TIMEOUT {
+        config.keepalives(true).keepalives_idle(TCP_TIMEOUT);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_TIMEOUT);
+    }
+    // The server ends a statement that runs too long (or waits too
+    // long for a row lock) itself, with an error that names it, a
+    // little before the client's own deadline would give up.
+    let options = config.get_options().unwrap_or_default().to_owned();
+    if !options.contains("statement_timeout") {
+        let ms = opts.statement_timeout.as_millis().max(1);
+        config.options(format!("{options} -c statement_timeout={ms}").trim_start());
+    }
+    if opts.mode == Mode::ReadOnly {
+        read_only::read_only_sessions(config);
+    }
+}
+
 impl PgStore {
     /// [`PgStore::open`], on a thread of its own when called on an async
     /// runtime's thread (see [`guard`]), with a panic inside the client
@@ -170,30 +200,7 @@ impl PgStore {
     ) -> std::result::Result<(PgStore, Arc<dyn Clock>, StoreConfig), OpenError> {
         let names = schema::Names::new(&opts.prefix)?;
         let (mut config, tls, plan) = tls::configure(&opts.url)?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(opts.connect_timeout);
-        }
-        // A peer that vanished (a dead host, a partition) fails a call
-        // within about 30 s instead of never: keepalives on idle pooled
-        // connections, and a limit on unacknowledged data, unless the
-        // connection string chose.
-        if !config.get_keepalives() || config.get_keepalives_idle() > TCP_TIMEOUT {
-            config.keepalives(true).keepalives_idle(TCP_TIMEOUT);
-        }
-        if config.get_tcp_user_timeout().is_none() {
-            config.tcp_user_timeout(TCP_TIMEOUT);
-        }
-        // The server ends a statement that runs too long (or waits too
-        // long for a row lock) itself, with an error that names it, a
-        // little before the client's own deadline would give up.
-        let options = config.get_options().unwrap_or_default().to_owned();
-        if !options.contains("statement_timeout") {
-            let ms = opts.statement_timeout.as_millis().max(1);
-            config.options(format!("{options} -c statement_timeout={ms}").trim_start());
-        }
-        if opts.mode == Mode::ReadOnly {
-            read_only::read_only_sessions(&mut config);
-        }
+        session_settings(&mut config, opts);
         // One connection first, outside the pool: a wrong database, user or
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout

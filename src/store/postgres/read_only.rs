@@ -58,10 +58,7 @@ pub(super) fn read_only_sessions(config: &mut tokio_postgres::Config) {
 
 /// `OpenError::NoPostgresTables` unless every table and sequence of
 /// `names` exists. Only reads.
-pub(super) fn require_tables(
-    client: &mut Transaction<'_>,
-    names: &Names,
-) -> Result<(), OpenError> {
+pub(super) fn require_tables(client: &mut Transaction<'_>, names: &Names) -> Result<(), OpenError> {
     let all = [
         &names.meta,
         &names.records,

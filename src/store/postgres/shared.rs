@@ -537,6 +537,7 @@ mod tests {
             pool_idle_timeout: None,
             pool_max_lifetime: None,
             database_clock: false,
+            mode: super::super::Mode::Create,
         };
         let cfg = StoreConfig {
             ttl_ms: 60_000,

@@ -292,16 +292,15 @@ impl Txn for Tables<'_> {
         old: Option<&Record>,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        match old {
-            Some(old) => self.delete_raw(rkey, old)?,
+        if let Some(old) = old {
+            self.delete_raw(rkey, old)?;
+        } else {
             // A record that does not decode (a force purge) cannot say
             // where its index entry is: look for it. A full scan of the
             // three indexes, for an operator's rare repair; leaving the
             // entry would have `verify` report it until a sweep met it.
-            None => {
-                self.unindex_everywhere(rkey)?;
-                self.del_record(rkey)?;
-            }
+            self.unindex_everywhere(rkey)?;
+            self.del_record(rkey)?;
         }
         Ok(())
     }
