@@ -21,6 +21,7 @@ use tokio_postgres::error::{DbError, SqlState};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Config, Row, SimpleQueryMessage, Statement, ToStatement};
 
+use super::described::describe;
 use super::tls::{Plan, Tls};
 
 /// An error of a PostgreSQL call: what the server or the socket said, or
@@ -134,21 +135,6 @@ impl std::error::Error for PgError {
             Kind::Io(e) => Some(e),
             _ => None,
         }
-    }
-}
-
-/// `e` with what the server or the socket said (tokio-postgres's own text
-/// is only its kind, e.g. "db error").
-pub(super) fn describe(e: &tokio_postgres::Error) -> String {
-    match (e.as_db_error(), std::error::Error::source(e)) {
-        (Some(db), _) => format!(
-            "{e}: {} {}: {}",
-            db.severity(),
-            db.code().code(),
-            db.message()
-        ),
-        (None, Some(cause)) => format!("{e}: {cause}"),
-        (None, None) => e.to_string(),
     }
 }
 

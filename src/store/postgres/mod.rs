@@ -19,6 +19,7 @@
 mod client;
 mod clock;
 mod connstr;
+mod described;
 mod in_place;
 mod local;
 mod read;

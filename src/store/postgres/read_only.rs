@@ -23,8 +23,8 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
-use super::client::{Client, PgError, Transaction};
-use super::schema::{policy_of, Names, SCHEMA_VERSION};
+use super::client::{Client, PgError};
+use super::schema::{policy_of, require_tables, Names, SCHEMA_VERSION};
 use super::PgStore;
 
 /// How an open treats the schema.
@@ -54,37 +54,6 @@ pub(super) fn read_only_sessions(config: &mut tokio_postgres::Config) {
         _ => READ_ONLY.to_owned(),
     };
     config.options(&options);
-}
-
-/// `OpenError::NoPostgresTables` unless every table and sequence of
-/// `names` exists. Only reads.
-pub(super) fn require_tables(client: &mut Transaction<'_>, names: &Names) -> Result<(), OpenError> {
-    let all = [
-        &names.meta,
-        &names.records,
-        &names.outbox,
-        &names.entities,
-        &names.tokens,
-        &names.outbox_seq,
-    ];
-    let mut missing = Vec::new();
-    for name in all {
-        let found: bool = client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[name])
-            .map_err(storage("looking for the schema"))?
-            .get(0);
-        if !found {
-            missing.push(name.as_str());
-        }
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(OpenError::NoPostgresTables {
-            prefix: names.prefix.clone(),
-            missing: missing.join(", "),
-        })
-    }
 }
 
 /// The read-only open's schema check, in one read-only transaction: every

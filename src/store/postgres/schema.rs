@@ -9,7 +9,7 @@
 //! | `<prefix>entities` | business entity id → state and version |
 //! | `<prefix>tokens`, `<prefix>outbox_seq` | sequences: fencing tokens, outbox sequence numbers |
 
-use super::client::{Client, PgError};
+use super::client::{Client, PgError, Transaction};
 
 use crate::error::OpenError;
 use crate::policy::ExpiryPolicy;
@@ -173,7 +173,7 @@ pub(super) fn prepare(
         tx.batch_execute(&names.ddl())
             .map_err(storage("creating the schema"))?;
     } else {
-        super::read_only::require_tables(&mut tx, names)?;
+        require_tables(&mut tx, names)?;
     }
     let set = format!(
         "INSERT INTO {} (name, value) VALUES ($1, $2)
@@ -239,6 +239,37 @@ pub(super) fn prepare(
     }
     tx.commit().map_err(storage("committing the schema"))?;
     Ok(cfg)
+}
+
+/// `OpenError::NoPostgresTables` unless every table and sequence of
+/// `names` exists. Only reads.
+pub(super) fn require_tables(client: &mut Transaction<'_>, names: &Names) -> Result<(), OpenError> {
+    let all = [
+        &names.meta,
+        &names.records,
+        &names.outbox,
+        &names.entities,
+        &names.tokens,
+        &names.outbox_seq,
+    ];
+    let mut missing = Vec::new();
+    for name in all {
+        let found: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[name])
+            .map_err(storage("looking for the schema"))?
+            .get(0);
+        if !found {
+            missing.push(name.as_str());
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(OpenError::NoPostgresTables {
+            prefix: names.prefix.clone(),
+            missing: missing.join(", "),
+        })
+    }
 }
 
 /// The expiry policy stored as `tombstone_keep_ms` (-1: forget).

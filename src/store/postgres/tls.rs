@@ -251,7 +251,7 @@ impl Plan {
         let text = if e.to_string() == TLS_KIND {
             self.explain_tls(e)
         } else {
-            super::client::describe(e)
+            super::described::describe(e)
         };
         connstr::scrub(&text, self.password.as_deref())
     }
