@@ -543,9 +543,10 @@ impl EngineBuilder {
     /// file: reads work; every write returns [`crate::Error::ReadOnly`];
     /// no sweeper runs, whatever
     /// [`sweep_interval`](Self::sweep_interval) says. Nothing is written:
-    /// every connection starts with `default_transaction_read_only=on`
-    /// (added to the connection string's `options`), so the server itself
-    /// refuses a write; the open checks the schema and reads the database
+    /// every session starts with `SET default_transaction_read_only = on`
+    /// (after the connection is made, so the connection string's
+    /// `target_session_attrs` still tells a primary from a standby), so
+    /// the server itself refuses a write; the open checks the schema and reads the database
     /// clock in read-only statements. A role with only `SELECT` on the
     /// tables can use it. Other engines may use the tables meanwhile.
     ///

@@ -198,11 +198,14 @@ pub(crate) struct Backend {
 impl Client {
     /// Connects with `config`: the socket, the startup handshake and
     /// authentication together within `connect_timeout`. Each later round
-    /// trip waits at most `deadline`.
+    /// trip waits at most `deadline`. `setup` (SQL ending in `;`, or empty)
+    /// runs first on the new session, in the round trip that asks for the
+    /// backend's process id.
     pub(super) fn connect(
         config: &Config,
         tls: &Tls,
         plan: &Plan,
+        setup: &str,
         connect_timeout: Duration,
         deadline: Duration,
     ) -> Result<Client, PgError> {
@@ -240,10 +243,10 @@ impl Client {
             broken: false,
             backend: None,
         };
-        let rows = client.simple_query(
-            "SELECT pg_backend_pid()::text, backend_start::text
-             FROM pg_stat_activity WHERE pid = pg_backend_pid()",
-        )?;
+        let rows = client.simple_query(&format!(
+            "{setup} SELECT pg_backend_pid()::text, backend_start::text
+             FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ))?;
         client.backend = rows.iter().find_map(|message| match message {
             SimpleQueryMessage::Row(row) => Some(Backend {
                 pid: row.try_get(0).ok().flatten()?.parse().ok()?,
@@ -666,6 +669,7 @@ pub(super) mod tests {
             &config,
             &tls,
             &plan,
+            "",
             connect_timeout,
             deadline,
         )?)
@@ -681,7 +685,7 @@ pub(super) mod tests {
         let started = Instant::now();
         let bound = Duration::from_millis(300);
         let (config, tls, plan) = crate::store::postgres::tls::configure(&url)?;
-        let Err(e) = Client::connect(&config, &tls, &plan, bound, bound) else {
+        let Err(e) = Client::connect(&config, &tls, &plan, "", bound, bound) else {
             return Err("connected to a server that never answered".into());
         };
         assert_eq!(e.timed_out_after(), Some(bound), "{e}");

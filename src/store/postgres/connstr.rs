@@ -213,7 +213,12 @@ fn split_url(text: &str, body: &str) -> Result<Split, ConnStrError> {
             password,
         });
     };
-    let mut kept = Vec::new();
+    // tokio-postgres takes everything up to the first `@` of the whole
+    // string as the credentials, so an `@` in a parameter of a URL without
+    // credentials (`?user=admin@server`) would become user, host and port.
+    // libpq reads the credentials only before the path; the kept pairs
+    // carry their `@` percent-encoded, which both decode alike.
+    let mut kept: Vec<String> = Vec::new();
     let (mut sslmode, mut rootcert) = (None, None);
     let mut pos = offset + q + 1;
     for pair in body[q + 1..].split('&') {
@@ -232,9 +237,9 @@ fn split_url(text: &str, body: &str) -> Result<Split, ConnStrError> {
             "sslrootcert" => rootcert = Some(decoded()?),
             "password" => {
                 password = Some(decoded()?);
-                kept.push(pair);
+                kept.push(pair.replace('@', "%40"));
             }
-            _ => kept.push(pair),
+            _ => kept.push(pair.replace('@', "%40")),
         }
     }
     let mut rest = text[..offset + q].to_owned();
@@ -375,6 +380,31 @@ mod tests {
         let c = parse("postgresql://app@localhost/app")?;
         assert_eq!(c.sslmode, SslMode::Prefer);
         assert_eq!(c.rootcert, RootCert::Default);
+        Ok(())
+    }
+
+    #[test]
+    fn an_at_sign_in_a_url_parameter_is_not_taken_for_credentials() -> R {
+        // Azure-style user names hold an `@`; libpq reads credentials only
+        // before the path, so these name the host db.example.com.
+        let c = parse("postgres://db.example.com:5433/app?user=admin@srv&password=p@ss&application_name=a@b&sslmode=disable")?;
+        assert!(
+            matches!(
+                c.config.get_hosts(),
+                [tokio_postgres::config::Host::Tcp(h)] if h == "db.example.com"
+            ),
+            "{:?}",
+            c.config.get_hosts()
+        );
+        assert_eq!(c.config.get_ports(), [5433]);
+        assert_eq!(c.config.get_user(), Some("admin@srv"));
+        assert_eq!(c.config.get_password(), Some(&b"p@ss"[..]));
+        assert_eq!(c.config.get_application_name(), Some("a@b"));
+        assert_eq!(c.config.get_dbname(), Some("app"));
+        // With credentials before the host, as before.
+        let c = parse("postgres://u:pw@db.example.com/app?application_name=a@b")?;
+        assert_eq!(c.config.get_user(), Some("u"));
+        assert_eq!(c.config.get_application_name(), Some("a@b"));
         Ok(())
     }
 

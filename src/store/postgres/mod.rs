@@ -155,9 +155,6 @@ fn session_settings(config: &mut tokio_postgres::Config, opts: &PgOptions) {
         let ms = opts.statement_timeout.as_millis().max(1);
         config.options(format!("{options} -c statement_timeout={ms}").trim_start());
     }
-    if opts.mode == Mode::ReadOnly {
-        read_only::read_only_sessions(config);
-    }
 }
 
 impl PgStore {
@@ -202,16 +199,23 @@ impl PgStore {
         let names = schema::Names::new(&opts.prefix)?;
         let (mut config, tls, plan) = tls::configure(&opts.url)?;
         session_settings(&mut config, opts);
+        let setup = read_only::session_setup(opts.mode);
         // One connection first, outside the pool: a wrong database, user or
         // password, or a refused port, fails the open at once with what the
         // server or the socket said (the pool would retry until its timeout
         // and keep only "db error"). It prepares the schema.
-        let mut first =
-            client::Client::connect(&config, &tls, &plan, opts.connect_timeout, opts.deadline())
-                .map_err(|e| OpenError::Storage {
-                    context: "connecting to PostgreSQL",
-                    source: Box::new(e),
-                })?;
+        let mut first = client::Client::connect(
+            &config,
+            &tls,
+            &plan,
+            setup,
+            opts.connect_timeout,
+            opts.deadline(),
+        )
+        .map_err(|e| OpenError::Storage {
+            context: "connecting to PostgreSQL",
+            source: Box::new(e),
+        })?;
         let cfg = match opts.mode {
             Mode::Create => schema::prepare(&mut first, &names, cfg, stored_expiry, true)?,
             Mode::Existing => schema::prepare(&mut first, &names, cfg, stored_expiry, false)?,
@@ -236,6 +240,7 @@ impl PgStore {
             config,
             tls,
             plan,
+            setup,
             connect_timeout: opts.connect_timeout,
             deadline: opts.deadline(),
             generation: generation.clone(),

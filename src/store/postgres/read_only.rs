@@ -2,8 +2,8 @@
 //! operator tools (`idem`): an open that never creates the schema, and one
 //! whose every session is read-only and whose every write is refused.
 //!
-//! A read-only engine is read-only twice over: its connections start with
-//! `default_transaction_read_only=on` (the server refuses any write, even
+//! A read-only engine is read-only twice over: its sessions start with
+//! `SET default_transaction_read_only = on` (the server refuses any write, even
 //! one this crate's code would send by mistake), and [`PgReader`] refuses
 //! every write before it reaches the server, with `Error::ReadOnly`, as the
 //! redb reader does. The schema check and the database clock's measurement
@@ -45,15 +45,19 @@ fn storage(context: &'static str) -> impl FnOnce(PgError) -> OpenError {
     }
 }
 
-/// Makes every session of `config` read-only (libpq's `options`, kept if
-/// the connection string set some).
-pub(super) fn read_only_sessions(config: &mut tokio_postgres::Config) {
-    const READ_ONLY: &str = "-c default_transaction_read_only=on";
-    let options = match config.get_options() {
-        Some(given) if !given.trim().is_empty() => format!("{given} {READ_ONLY}"),
-        _ => READ_ONLY.to_owned(),
-    };
-    config.options(&options);
+/// The SQL that starts every session of an open in `mode`: for a read-only
+/// open, `SET default_transaction_read_only = on`. It runs once the
+/// connection is made, not as a startup option (`options=-c ...`): the
+/// server would then report every session read-only from the start, and
+/// the connection string's `target_session_attrs` check (which asks
+/// `SHOW transaction_read_only`) would refuse a primary for `read-write`
+/// and accept it for `read-only`. Set after the startup, it also
+/// overrides any `default_transaction_read_only` in the string's `options`.
+pub(super) fn session_setup(mode: Mode) -> &'static str {
+    match mode {
+        Mode::ReadOnly => "SET default_transaction_read_only = on;",
+        Mode::Create | Mode::Existing => "",
+    }
 }
 
 /// The read-only open's schema check, in one read-only transaction: every

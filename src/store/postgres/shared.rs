@@ -81,6 +81,8 @@ pub(super) struct Manager {
     pub(super) tls: super::tls::Tls,
     /// Explains a refused connection (TLS mode and host).
     pub(super) plan: super::tls::Plan,
+    /// SQL run first on every new session (`Client::connect`'s `setup`).
+    pub(super) setup: &'static str,
     /// The bound on connecting (socket, startup, authentication).
     pub(super) connect_timeout: Duration,
     /// The bound on each later round trip.
@@ -98,6 +100,7 @@ impl r2d2::ManageConnection for Manager {
                 &self.config,
                 &self.tls,
                 &self.plan,
+                self.setup,
                 self.connect_timeout,
                 self.deadline,
             )?,
