@@ -22,6 +22,7 @@ mod backends {
     mod expiry;
     mod fencing;
     mod leases;
+    mod listing;
     mod local;
     mod messaging;
     mod mismatch;

@@ -1,6 +1,9 @@
 //! Snapshot reads: each sees the last commit and never waits for the
 //! writer. They work on a writable database and on a read-only one alike.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use redb::{
     ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
@@ -153,20 +156,67 @@ pub(super) fn in_doubt(
     Ok(found.into_iter().map(|(_, key, rec)| (key, rec)).collect())
 }
 
+/// Every record in (scope, key) byte order, the order PostgreSQL's
+/// primary key lists them in, so a listing is the same on every backend.
+/// A record key starts with its scope's length (`key::record_key`), so the
+/// table holds one run per scope length, each in (scope, key) order: the
+/// runs are merged. Stops when `visit` returns false.
 pub(super) fn scan(
     db: &impl ReadableDatabase,
     visit: &mut dyn FnMut(Scanned) -> bool,
 ) -> Result<()> {
     let what = "listing records";
     let table = table(db, RECORDS, what)?;
-    for entry in table.iter().context(what)? {
-        let (k, v) = entry.context(what)?;
-        let key = IdempotencyKey::from_record_key(k.value()).ok_or_else(|| k.value().to_vec());
-        if !visit((key, codec::decode(k.value(), v.value()))) {
+    let mut runs = Vec::new();
+    for len in 0..=u8::MAX {
+        let lo = [len];
+        let run = match len.checked_add(1) {
+            Some(next) => table.range::<&[u8]>(&lo[..]..&[next][..]),
+            None => table.range::<&[u8]>(&lo[..]..),
+        };
+        runs.push(run.context(what)?);
+    }
+    let mut heads = BinaryHeap::new();
+    for run in 0..runs.len() {
+        push_head(&mut runs, run, &mut heads)?;
+    }
+    while let Some((_, run, rkey, value)) = heads.pop() {
+        let key = IdempotencyKey::from_record_key(&rkey).ok_or_else(|| rkey.clone());
+        if !visit((key, codec::decode(&rkey, &value))) {
             break;
         }
+        push_head(&mut runs, run, &mut heads)?;
     }
     Ok(())
+}
+
+/// The head of a run of [`scan`]: ((scope, key), run, record key, value).
+type Head = (Reverse<(Vec<u8>, Vec<u8>)>, usize, Vec<u8>, Vec<u8>);
+
+/// Takes the next record of `runs[run]`, if any, into `heads`.
+fn push_head(
+    runs: &mut [redb::Range<'_, &'static [u8], &'static [u8]>],
+    run: usize,
+    heads: &mut BinaryHeap<Head>,
+) -> Result<()> {
+    let what = "listing records";
+    if let Some(entry) = runs.get_mut(run).and_then(Iterator::next) {
+        let (k, v) = entry.context(what)?;
+        let rkey = k.value().to_vec();
+        let order = scope_and_key(&rkey);
+        heads.push((Reverse(order), run, rkey, v.value().to_vec()));
+    }
+    Ok(())
+}
+
+/// The (scope, key) bytes of a record key, for ordering; a damaged key
+/// whose length byte runs past its end is all scope.
+fn scope_and_key(rkey: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let Some((&len, rest)) = rkey.split_first() else {
+        return (Vec::new(), Vec::new());
+    };
+    let (scope, key) = rest.split_at(usize::from(len).min(rest.len()));
+    (scope.to_vec(), key.to_vec())
 }
 
 pub(super) fn oldest_in_doubt(db: &impl ReadableDatabase, now_ms: u64) -> Result<Option<u64>> {
