@@ -113,3 +113,59 @@ fn no_tables_under_the_prefix_is_an_error_and_creates_none() -> TestResult {
     assert_eq!(found, 0, "the CLI created tables under {prefix}");
     Ok(())
 }
+
+/// The password can come from `PGPASSWORD`, as with libpq, so an operator
+/// need not put it on the command line (where `ps` shows it): without it
+/// the password-only role is refused, with it the command gets past
+/// authentication (to the missing tables).
+#[test]
+fn the_password_can_come_from_pgpassword() -> TestResult {
+    let Some(url) = pg_url() else { return Ok(()) };
+    let role = std::env::var("IDEMPOTENCY_TEST_PG_SCRAM_ROLE").unwrap_or_default();
+    if role.is_empty() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            return Err("CI=true but IDEMPOTENCY_TEST_PG_SCRAM_ROLE is not set".into());
+        }
+        eprintln!(
+            "skipped: IDEMPOTENCY_TEST_PG_SCRAM_ROLE not set (run through scripts/with-postgres)"
+        );
+        return Ok(());
+    }
+    // The same password tests/pg_tls.rs gives the role, so the two may run
+    // in either order.
+    let password = "right-horse-battery-staple";
+    client(&url)?.batch_execute(&format!(
+        "DO $$ BEGIN \
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
+             CREATE ROLE {role} LOGIN; \
+           END IF; \
+         END $$; \
+         ALTER ROLE {role} PASSWORD '{password}'"
+    ))?;
+    let as_role = format!("{url} user={role}");
+    let prefix = unique_prefix("envpw");
+    let args = ["stats", as_role.as_str(), "--table-prefix", prefix.as_str()];
+
+    let without = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("PGPASSWORD")
+        .output()?;
+    let err = String::from_utf8(without.stderr)?;
+    assert_eq!(without.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("password"),
+        "expected an authentication error: {err}"
+    );
+
+    let with = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("PGPASSWORD", password)
+        .output()?;
+    let err = String::from_utf8(with.stderr)?;
+    assert_eq!(with.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no idempotency tables") && !err.contains("password"),
+        "expected to get past authentication: {err}"
+    );
+    Ok(())
+}

@@ -102,7 +102,8 @@ pub(crate) enum ConnStrError {
 /// `postgresql://` URL.
 ///
 /// Defaults follow libpq: `sslmode=prefer`; with `sslrootcert=system` and
-/// no `sslmode`, `verify-full`.
+/// no `sslmode`, `verify-full`; without a password, the environment's
+/// `PGPASSWORD` if set.
 pub(crate) fn parse(text: &str) -> Result<ConnStr, ConnStrError> {
     let split = if let Some(body) = strip_scheme(text) {
         split_url(text, body)?
@@ -157,6 +158,13 @@ pub(crate) fn parse(text: &str) -> Result<ConnStr, ConnStrError> {
             .collect();
         for addr in addrs {
             config.host(addr);
+        }
+    }
+    // libpq's PGPASSWORD: the password when the string gives none, so an
+    // operator need not put it on a command line, where `ps` shows it.
+    if config.get_password().is_none() {
+        if let Some(password) = std::env::var_os("PGPASSWORD").filter(|p| !p.is_empty()) {
+            config.password(password.into_encoded_bytes());
         }
     }
     Ok(ConnStr {

@@ -60,7 +60,7 @@ impl MakeTlsConnect<Socket> for Tls {
 
 /// What a connection string asked for, kept to explain a refused
 /// connection.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(super) struct Plan {
     mode: SslMode,
     /// The host names (`host`), comma-separated, as the certificate is
@@ -69,6 +69,17 @@ pub(super) struct Plan {
     /// Where the trusted CAs came from, for messages; `None`: none used.
     roots: Option<String>,
     password: Option<String>,
+}
+
+impl fmt::Debug for Plan {
+    /// Everything but the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("mode", &self.mode)
+            .field("hosts", &self.hosts)
+            .field("roots", &self.roots)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Parses `url` and prepares its TLS: the client configuration (TLS keys
