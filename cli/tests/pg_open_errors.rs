@@ -78,6 +78,8 @@ fn a_wrong_database_is_named_without_the_password() -> TestResult {
         err.contains("database \"no_such_db_for_idem\" does not exist"),
         "{err}"
     );
+    // Said once: the server's text is not repeated by the error's source.
+    assert_eq!(err.matches("does not exist").count(), 1, "{err}");
     Ok(())
 }
 
