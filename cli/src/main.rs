@@ -120,7 +120,7 @@ enum Command {
         /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
     },
-    /// Scrub the whole file: every record, outbox message and entity
+    /// Scrub the whole database (file or tables): every record, outbox message and entity
     /// decodes, every index entry matches its record and back. Read-only;
     /// exits 1 with the list of problems if there is any.
     Verify {

@@ -287,7 +287,9 @@ fn percent_decode(s: &str) -> Option<String> {
 /// written back quoted.
 fn split_key_values(text: &str) -> Result<Split, ConnStrError> {
     let mut it = text.char_indices().peekable();
-    let mut kept = String::new();
+    // A key given twice takes its last value, as in libpq (tokio-postgres
+    // would add a second `host` instead of replacing the first).
+    let mut pairs: Vec<(String, String)> = Vec::new();
     let (mut sslmode, mut rootcert, mut password) = (None, None, None);
     loop {
         while it.next_if(|(_, c)| c.is_whitespace()).is_some() {}
@@ -336,17 +338,22 @@ fn split_key_values(text: &str) -> Result<Split, ConnStrError> {
                 if key == "password" {
                     password = Some(value.clone());
                 }
-                kept.push_str(&key);
-                kept.push_str("='");
-                for c in value.chars() {
-                    if c == '\'' || c == '\\' {
-                        kept.push('\\');
-                    }
-                    kept.push(c);
-                }
-                kept.push_str("' ");
+                pairs.retain(|(k, _)| *k != key);
+                pairs.push((key, value));
             }
         }
+    }
+    let mut kept = String::new();
+    for (key, value) in pairs {
+        kept.push_str(&key);
+        kept.push_str("='");
+        for c in value.chars() {
+            if c == '\'' || c == '\\' {
+                kept.push('\\');
+            }
+            kept.push(c);
+        }
+        kept.push_str("' ");
     }
     Ok(Split {
         rest: kept,
@@ -361,6 +368,23 @@ mod tests {
     use super::*;
 
     type R = Result<(), Box<dyn std::error::Error>>;
+
+    /// A key given twice takes its last value, as in libpq: appending
+    /// `host=other` to a string replaces its host instead of adding one.
+    #[test]
+    fn a_repeated_key_takes_its_last_value() -> R {
+        let parsed = parse("host=127.0.0.1 port=5432 user=a host=db.example.org user=b")?;
+        let hosts: Vec<String> = parsed
+            .config
+            .get_hosts()
+            .iter()
+            .map(|h| format!("{h:?}"))
+            .collect();
+        assert_eq!(hosts.len(), 1, "{hosts:?}");
+        assert!(hosts[0].contains("db.example.org"), "{hosts:?}");
+        assert_eq!(parsed.config.get_user(), Some("b"));
+        Ok(())
+    }
 
     #[test]
     fn key_value_form_takes_out_the_tls_keys() -> R {
