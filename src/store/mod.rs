@@ -25,6 +25,7 @@ pub(crate) mod poison;
 pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
+mod refuse;
 pub(crate) mod reply;
 mod wire;
 

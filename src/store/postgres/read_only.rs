@@ -9,19 +9,12 @@
 //! redb reader does. The schema check and the database clock's measurement
 //! only read.
 
-use crate::error::{Error, OpenError, Result};
+use crate::error::{OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
-use crate::policy::PurgeMode;
-use crate::report::SweepCounts;
-use crate::state::State;
 use crate::store::config::StoreConfig;
 use crate::store::record::{EntityState, Record};
-use crate::store::{
-    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    LocalWrite, ReadOrClaim, Scanned, SettleRequest, Settled, TransitionRequest,
-};
-use crate::transition::Transition;
+use crate::store::{Backend, ClaimRequest, ReadOrClaim, Scanned};
 
 use super::client::{Client, PgError};
 use super::schema::{policy_of, require_tables, Names, SCHEMA_VERSION};
@@ -122,10 +115,6 @@ pub(super) fn check(
 /// refused with `Error::ReadOnly` before they reach the server.
 pub(crate) struct PgReader(pub(crate) PgStore);
 
-fn read_only<T>(operation: &'static str) -> Result<T> {
-    Err(Error::ReadOnly { operation })
-}
-
 impl Backend for PgReader {
     fn check(&self) -> Result<()> {
         self.0.check()
@@ -171,59 +160,7 @@ impl Backend for PgReader {
         self.record(key).map(ReadOrClaim::Read)
     }
 
-    fn claim(&self, _: ClaimRequest) -> Result<ClaimResult> {
-        read_only("claim")
-    }
-
-    fn complete(&self, _: CompleteRequest) -> Result<()> {
-        read_only("complete")
-    }
-
-    fn release(&self, _: IdempotencyKey, _: u64) -> Result<()> {
-        read_only("release")
-    }
-
-    fn mark_in_doubt(&self, _: InDoubtRequest) -> Result<()> {
-        read_only("mark unknown")
-    }
-
-    fn mark_in_doubt_detached(&self, _: InDoubtRequest) {}
-
-    fn extend(&self, _: IdempotencyKey, _: u64, _: u64) -> Result<u64> {
-        read_only("extend")
-    }
-
-    fn settle(&self, _: SettleRequest) -> Result<Settled<()>> {
-        read_only("resolve")
-    }
-
-    fn settle_then_claim(&self, _: SettleRequest, _: ClaimRequest) -> Result<Settled<Claimed>> {
-        read_only("resolve")
-    }
-
-    fn sweep(&self, _: usize) -> Result<SweepCounts> {
-        read_only("sweep")
-    }
-
-    fn purge(&self, _: IdempotencyKey, _: PurgeMode) -> Result<Option<State>> {
-        read_only("purge")
-    }
-
-    fn transition(&self, _: TransitionRequest) -> Result<Transition> {
-        read_only("transition")
-    }
-
-    fn mark_published(&self, _: Vec<u64>) -> Result<u64> {
-        read_only("mark published")
-    }
-
-    fn flush(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn local(&self, _: LocalWrite) -> Result<LocalResult> {
-        read_only("local write")
-    }
+    crate::store::refuse::refuse_writes!();
 
     fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
         self.0.verify()

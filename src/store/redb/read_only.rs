@@ -5,18 +5,12 @@ use std::path::Path;
 
 use redb::{ReadOnlyDatabase, ReadableDatabase, TableError};
 
-use crate::error::{Error, OpenError, Result};
+use crate::error::{OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
-use crate::policy::{ExpiryPolicy, PurgeMode};
-use crate::report::SweepCounts;
-use crate::state::State;
+use crate::policy::ExpiryPolicy;
 use crate::store::record::{EntityState, Record};
-use crate::store::{
-    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
-};
-use crate::transition::Transition;
+use crate::store::{Backend, Scanned};
 
 use super::meta::Format;
 use super::meta::{file_format, stored_expiry};
@@ -101,10 +95,6 @@ impl RedbReader {
     }
 }
 
-fn read_only<T>(operation: &'static str) -> Result<T> {
-    Err(Error::ReadOnly { operation })
-}
-
 impl Backend for RedbReader {
     fn check(&self) -> Result<()> {
         Ok(())
@@ -146,59 +136,7 @@ impl Backend for RedbReader {
         contained("reading the database", || read::entity(&self.db, entity))
     }
 
-    fn claim(&self, _: ClaimRequest) -> Result<ClaimResult> {
-        read_only("claim")
-    }
-
-    fn complete(&self, _: CompleteRequest) -> Result<()> {
-        read_only("complete")
-    }
-
-    fn release(&self, _: IdempotencyKey, _: u64) -> Result<()> {
-        read_only("release")
-    }
-
-    fn mark_in_doubt(&self, _: InDoubtRequest) -> Result<()> {
-        read_only("mark unknown")
-    }
-
-    fn mark_in_doubt_detached(&self, _: InDoubtRequest) {}
-
-    fn extend(&self, _: IdempotencyKey, _: u64, _: u64) -> Result<u64> {
-        read_only("extend")
-    }
-
-    fn settle(&self, _: SettleRequest) -> Result<Settled<()>> {
-        read_only("resolve")
-    }
-
-    fn settle_then_claim(&self, _: SettleRequest, _: ClaimRequest) -> Result<Settled<Claimed>> {
-        read_only("resolve")
-    }
-
-    fn sweep(&self, _: usize) -> Result<SweepCounts> {
-        read_only("sweep")
-    }
-
-    fn purge(&self, _: IdempotencyKey, _: PurgeMode) -> Result<Option<State>> {
-        read_only("purge")
-    }
-
-    fn transition(&self, _: TransitionRequest) -> Result<Transition> {
-        read_only("transition")
-    }
-
-    fn mark_published(&self, _: Vec<u64>) -> Result<u64> {
-        read_only("mark published")
-    }
-
-    fn flush(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn local(&self, _: LocalWrite) -> Result<LocalResult> {
-        read_only("local write")
-    }
+    crate::store::refuse::refuse_writes!();
 
     fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
         contained("verifying the database", || super::verify::verify(&self.db))
