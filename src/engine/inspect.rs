@@ -147,11 +147,12 @@ pub(crate) fn record(core: &Core, key: &IdempotencyKey) -> Result<Option<RecordI
         .map(|rec| RecordInfo::new(key.clone(), &rec)))
 }
 
-/// Records in key order; one that does not decode is listed as an `Err`.
+/// Records in (scope, key) byte order on every backend; one that does not
+/// decode is listed as an `Err`.
 pub(crate) fn records(core: &Core, filter: &RecordFilter) -> Result<Vec<Result<RecordInfo>>> {
     let mut out = Vec::new();
     let limit = filter.limit.unwrap_or(usize::MAX);
-    core.store.scan(&mut |(key, value)| {
+    core.store.scan_in_key_order(&mut |(key, value)| {
         if out.len() >= limit {
             return false;
         }

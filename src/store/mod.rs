@@ -182,8 +182,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// sweep is needed first). A record that does not decode is skipped
     /// (and logged).
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>>;
-    /// Calls `visit` with every record in key order until it returns false.
+    /// Calls `visit` with every record, in the backend's own order (the
+    /// cheapest), until it returns false.
     fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()>;
+    /// As [`Backend::scan`], in (scope, key) byte order: the order listings
+    /// show on every backend. The default is `scan`, for a backend whose
+    /// own order is that one.
+    fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
+        self.scan(visit)
+    }
     /// Since when (ms) the oldest record in doubt at `now_ms` has been in
     /// doubt: the oldest UNKNOWN record, or the earliest lease that ended.
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>>;

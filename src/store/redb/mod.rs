@@ -605,6 +605,12 @@ impl Backend for RedbStore {
         contained("reading the database", || read::scan(&*self.db()?, visit))
     }
 
+    fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
+        contained("reading the database", || {
+            read::scan_in_key_order(&*self.db()?, visit)
+        })
+    }
+
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
         contained("reading the database", || {
             read::oldest_in_doubt(&*self.db()?, now_ms)

@@ -161,7 +161,30 @@ pub(super) fn in_doubt(
 /// A record key starts with its scope's length (`key::record_key`), so the
 /// table holds one run per scope length, each in (scope, key) order: the
 /// runs are merged. Stops when `visit` returns false.
+/// Every record in the table's order, (scope length, scope, key), until
+/// `visit` returns false.
 pub(super) fn scan(
+    db: &impl ReadableDatabase,
+    visit: &mut dyn FnMut(Scanned) -> bool,
+) -> Result<()> {
+    let what = "listing records";
+    let table = table(db, RECORDS, what)?;
+    for entry in table.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        let key = IdempotencyKey::from_record_key(k.value()).ok_or_else(|| k.value().to_vec());
+        if !visit((key, codec::decode(k.value(), v.value()))) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Every record in (scope, key) byte order, the order PostgreSQL's
+/// primary key lists them in, so a listing is the same on every backend.
+/// A record key starts with its scope's length (`key::record_key`), so the
+/// table holds one run per scope length, each in (scope, key) order: the
+/// runs are merged. Stops when `visit` returns false.
+pub(super) fn scan_in_key_order(
     db: &impl ReadableDatabase,
     visit: &mut dyn FnMut(Scanned) -> bool,
 ) -> Result<()> {
