@@ -241,7 +241,6 @@ mod route;
 mod runtime;
 mod service;
 mod store;
-mod timestamp;
 mod unmatched;
 
 use std::fmt;

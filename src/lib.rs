@@ -109,6 +109,7 @@ mod policy;
 mod report;
 mod resolver;
 mod state;
+pub mod timestamp;
 mod transition;
 mod verify;
 

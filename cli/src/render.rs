@@ -54,39 +54,15 @@ pub fn relative(at_ms: u64, now_ms: u64) -> String {
     }
 }
 
-/// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds.
+/// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds
+/// (the library's formatter, so the tool and the HTTP problem bodies agree).
 pub fn timestamp(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    idempotency::timestamp::rfc3339(ms)
 }
 
 /// A timestamp with its distance from now: `2025-01-02T03:04:05.678Z (5s ago)`.
 pub fn when(ms: u64, now_ms: u64) -> String {
     format!("{} ({})", timestamp(ms), relative(ms, now_ms))
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
-/// `civil_from_days`, restricted to dates after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Lowercase hex of `bytes`.

@@ -4,7 +4,7 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::timestamp;
+use crate::timestamp;
 
 /// The `type` of every problem is this prefix and the problem's name (the
 /// module docs' headings), e.g.

@@ -1,10 +1,19 @@
-//! RFC 3339 timestamps for problem bodies (`lease_ends_at`, `reusable_at`).
+//! RFC 3339 timestamps: how the engine's instants (milliseconds since the
+//! Unix epoch, as in [`crate::InDoubt`] or [`crate::RecordInfo`]) are
+//! written for people, in HTTP problem bodies (`lease_ends_at`,
+//! `reusable_at`) and in the `idem` tool's output.
 
-/// Milliseconds since the Unix epoch as an RFC 3339 UTC timestamp with
-/// milliseconds, e.g. `2026-12-01T15:04:05.678Z`. Instants past the year
-/// 9999 (which RFC 3339's four-digit year cannot spell) are written as its
-/// last millisecond.
-pub(crate) fn rfc3339(ms: u64) -> String {
+/// Milliseconds since the Unix epoch as an RFC 3339 (section 5.6) UTC
+/// timestamp with milliseconds, e.g. `2026-12-01T15:04:05.678Z`.
+///
+/// Never fails or panics: instants past the year 9999 (which RFC 3339's
+/// four-digit year cannot spell) are written as its last millisecond.
+///
+/// ```
+/// assert_eq!(idempotency::timestamp::rfc3339(0), "1970-01-01T00:00:00.000Z");
+/// ```
+#[must_use]
+pub fn rfc3339(ms: u64) -> String {
     // 9999-12-31T23:59:59.999Z
     const LAST_MS: u64 = 253_402_300_799_999;
     let ms = ms.min(LAST_MS);
