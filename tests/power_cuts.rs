@@ -705,6 +705,9 @@ struct Tally {
     refused: usize,
     in_flight: usize,
     undone: usize,
+    /// Keep mode: cuts after which a later write of a file survived an
+    /// earlier one that was lost.
+    reordered: usize,
     removed: usize,
 }
 
@@ -804,10 +807,12 @@ fn power_cuts_lose_no_acknowledged_write_and_show_no_phantom() -> Res<()> {
         if (target.start != Start::Chain && target.start != Start::Crashed) || chain.gens >= CHAIN {
             chain = Chain::new(env.work.path(), target.start)?;
         }
-        if target.start == Start::Crashed && chain.gens == 0 {
-            // A first cut to recover from (counted with its own target).
-            let first = TARGETS[1];
-            let at = 1 + env.coin.next() % sum(&calibration["fresh"], &first).max(1);
+        if target.start == Start::Crashed {
+            // A cut in the work phase to recover from (frames to apply),
+            // counted with its own target: a frame append, a journal sync
+            // or a checkpoint, in turn.
+            let first = TARGETS[[0, 1, 3][i / TARGETS.len() % 3]];
+            let at = 1 + env.coin.next() % sum(&calibration["crashed"], &first).max(1);
             record(
                 &mut env,
                 &mut chain,
@@ -852,15 +857,56 @@ fn power_cuts_lose_no_acknowledged_write_and_show_no_phantom() -> Res<()> {
         }
     );
     println!(
-        "{:<34} {:>5} {:>8} {:>5} {:>8} {:>8} {:>9} {:>8} {:>8}",
-        "cut at", "cuts", "acked", "lost", "phantom", "refused", "inflight", "undone", "removed"
+        "{:<34} {:>5} {:>8} {:>5} {:>8} {:>8} {:>9} {:>8} {:>8} {:>10}",
+        "cut at",
+        "cuts",
+        "checked",
+        "lost",
+        "phantom",
+        "refused",
+        "inflight",
+        "undone",
+        "removed",
+        "reordered"
     );
+    let mut total = Tally::default();
     for (label, t) in &tally {
         println!(
-            "{label:<34} {:>5} {:>8} {:>5} {:>8} {:>8} {:>9} {:>8} {:>8}",
-            t.cuts, t.acked, t.lost, t.phantom, t.refused, t.in_flight, t.undone, t.removed
+            "{label:<34} {:>5} {:>8} {:>5} {:>8} {:>8} {:>9} {:>8} {:>8} {:>10}",
+            t.cuts,
+            t.acked,
+            t.lost,
+            t.phantom,
+            t.refused,
+            t.in_flight,
+            t.undone,
+            t.removed,
+            t.reordered
         );
+        total.cuts += t.cuts;
+        total.acked += t.acked;
+        total.lost += t.lost;
+        total.phantom += t.phantom;
+        total.refused += t.refused;
+        total.in_flight += t.in_flight;
+        total.undone += t.undone;
+        total.removed += t.removed;
+        total.reordered += t.reordered;
     }
+    let t = total;
+    println!(
+        "{:<34} {:>5} {:>8} {:>5} {:>8} {:>8} {:>9} {:>8} {:>8} {:>10}",
+        "total",
+        t.cuts,
+        t.acked,
+        t.lost,
+        t.phantom,
+        t.refused,
+        t.in_flight,
+        t.undone,
+        t.removed,
+        t.reordered
+    );
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
@@ -907,6 +953,7 @@ fn record(
     entry.refused += usize::from(found.refused.is_some());
     entry.in_flight += found.in_flight_visible;
     entry.undone += run.rolled.writes_undone;
+    entry.reordered += usize::from(run.rolled.reordered);
     entry.removed += run.rolled.creations_removed.len();
     let where_ = format!(
         "cut aimed at {} #{at} (gen {gen}{}, hit {:?})",

@@ -100,6 +100,9 @@ pub fn cut_of(log: &[Rec]) -> Option<(u32, u32)> {
 pub struct Rolled {
     pub writes_undone: usize,
     pub writes_kept: usize,
+    /// Kept: a write of a file kept after an earlier one of the same file
+    /// was dropped (a disk that wrote its cache back out of order).
+    pub reordered: bool,
     pub creations_removed: Vec<String>,
 }
 
@@ -188,6 +191,7 @@ pub fn power_cut(dir: &Path, log: &[Rec], keep: Option<&mut Coin>) -> Res<Rolled
         rolled.writes_undone += 1;
     }
     if let Some(coin) = keep {
+        let mut dropped = std::collections::HashSet::new();
         for (i, r) in log.iter().enumerate() {
             if !uncovered[i] || !(r.kind == K_WRITE || r.kind == K_TRUNC) {
                 continue;
@@ -197,17 +201,19 @@ pub fn power_cut(dir: &Path, log: &[Rec], keep: Option<&mut Coin>) -> Res<Rolled
             };
             let roll = coin.next() % 10;
             if roll < 5 {
+                dropped.insert(r.ino);
                 continue;
             }
+            rolled.reordered |= dropped.contains(&r.ino);
             if r.kind == K_TRUNC {
                 file.set_len(r.new_size)?;
-            } else if r.new.is_empty() {
+            } else if r.new.is_empty() && r.off < r.new_size {
                 return Err("keeping writes needs their new bytes (PC_KEEP_NEW)".into());
             } else {
                 if file.metadata()?.len() < r.new_size {
                     file.set_len(r.new_size)?;
                 }
-                // Whole (4 in 5 of the kept writes) or some of its blocks.
+                // Whole (3 in 5 of the kept writes) or some of its blocks.
                 for (n, block) in r.new.chunks(4096).enumerate() {
                     if roll < 7 && coin.next() % 2 == 0 {
                         continue;
