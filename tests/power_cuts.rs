@@ -51,6 +51,7 @@ const SCOPE: &str = "powercut";
 const WORKERS: usize = 3;
 const OPS: usize = 40;
 const TRANSITIONS: usize = 30;
+const BIG_BODY: usize = 128 << 10;
 /// Generations (child runs, each cut) on one directory before a new one.
 const CHAIN: u32 = 6;
 
@@ -80,6 +81,9 @@ struct Target {
     phases: u64,
     classes: u64,
     start: Start,
+    /// One client thread sends 128 KiB bodies and no local writes run:
+    /// the journal outgrows its first 4 MiB while frames are appended.
+    big: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -94,60 +98,76 @@ enum Start {
     Fixture,
 }
 
-const TARGETS: [Target; 9] = [
+const TARGETS: [Target; 10] = [
     Target {
         label: "frame append",
         phases: 1 << P_WORK,
         classes: 1 << C_APPEND,
         start: Start::Chain,
+        big: false,
     },
     Target {
         label: "journal sync",
         phases: 1 << P_WORK,
         classes: 1 << C_JSYNC,
         start: Start::Chain,
+        big: false,
     },
     Target {
         label: "file growth",
         phases: (1 << P_OPEN) | (1 << P_WORK) | (1 << P_CLOSE),
         classes: 1 << C_GROWTH,
         start: Start::Fresh,
+        big: false,
     },
     Target {
         label: "checkpoint (redb commit)",
         phases: (1 << P_WORK) | (1 << P_CLOSE),
         classes: (1 << C_DBWRITE) | (1 << C_DBSYNC),
         start: Start::Chain,
+        big: false,
     },
     Target {
         label: "journal restart (anchor, header)",
         phases: (1 << P_OPEN) | (1 << P_WORK) | (1 << P_CLOSE),
         classes: 1 << C_RESTART,
         start: Start::Chain,
+        big: false,
     },
     Target {
         label: "recovery at open",
         phases: 1 << P_OPEN,
         classes: ALL,
         start: Start::Crashed,
+        big: false,
     },
     Target {
         label: "new database",
         phases: 1 << P_OPEN,
         classes: ALL,
         start: Start::Fresh,
+        big: false,
     },
     Target {
         label: "format-1 migration",
         phases: 1 << P_MIGRATE,
         classes: ALL,
         start: Start::Fixture,
+        big: false,
+    },
+    Target {
+        label: "journal growth under load",
+        phases: 1 << P_WORK,
+        classes: 1 << C_GROWTH,
+        start: Start::Fresh,
+        big: true,
     },
     Target {
         label: "closing checkpoint",
         phases: 1 << P_CLOSE,
         classes: ALL,
         start: Start::Chain,
+        big: false,
     },
 ];
 
@@ -159,8 +179,14 @@ fn fp(name: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(format!(r#"{{"k":"{name}"}}"#).as_bytes(), &[])
 }
 
+/// A key's response: 128 KiB for the `big-` keys, else one line.
 fn body(name: &str) -> Vec<u8> {
-    format!("the response of {name}").into_bytes()
+    let line = format!("the response of {name}").into_bytes();
+    if name.starts_with("big-") {
+        line.iter().copied().cycle().take(BIG_BODY).collect()
+    } else {
+        line
+    }
 }
 
 fn builder() -> idempotency::EngineBuilder {
@@ -227,8 +253,13 @@ fn child_entry() -> Res<()> {
 }
 
 fn worker(engine: &Engine, log: &File, gen: u32, t: usize) -> Res<()> {
+    let big = t == 2 && std::env::var("PC_BIG").is_ok();
     for n in 0..OPS {
-        let name = format!("g{gen}-t{t}-{n}");
+        let name = if big {
+            format!("big-g{gen}-t{t}-{n}")
+        } else {
+            format!("g{gen}-t{t}-{n}")
+        };
         log_line(log, &format!("begin {name}"))?;
         let claim = match engine.begin(&key(&name)?, fp(&name)?) {
             Ok(Begin::Claimed(c)) => c,
@@ -296,6 +327,7 @@ struct Chain {
     acks: PathBuf,
     gens: u32,
     fixture: bool,
+    big: bool,
 }
 
 impl Chain {
@@ -310,6 +342,7 @@ impl Chain {
             acks,
             gens: 0,
             fixture: start == Start::Fixture,
+            big: false,
         })
     }
 
@@ -362,6 +395,9 @@ fn run_child(env: &mut Env, chain: &mut Chain, target: Option<(&Target, u64)>) -
     }
     if env.keep {
         cmd.env("PC_KEEP_NEW", "1");
+    }
+    if chain.big {
+        cmd.env("PC_BIG", "1").env("PC_NO_LOCAL", "1");
     }
     cmd.envs(env.shim_env.iter().copied());
     if let Some((t, at)) = target {
@@ -760,6 +796,9 @@ fn power_cuts_lose_no_acknowledged_write_and_show_no_phantom() -> Res<()> {
     // class a run does on a new database, a crashed one and the fixture.
     let mut calibration: BTreeMap<&str, BTreeMap<(u32, u32), u64>> = BTreeMap::new();
     {
+        let mut big = Chain::new(env.work.path(), Start::Fresh)?;
+        big.big = true;
+        calibration.insert("big", run_child(&mut env, &mut big, None)?.counts);
         let mut fresh = Chain::new(env.work.path(), Start::Fresh)?;
         calibration.insert("fresh", run_child(&mut env, &mut fresh, None)?.counts);
         let crash = Target {
@@ -767,6 +806,7 @@ fn power_cuts_lose_no_acknowledged_write_and_show_no_phantom() -> Res<()> {
             phases: bit(P_WORK),
             classes: bit(C_JSYNC),
             start: Start::Chain,
+            big: false,
         };
         run_child(&mut env, &mut fresh, Some((&crash, 40)))?;
         calibration.insert("crashed", run_child(&mut env, &mut fresh, None)?.counts);
@@ -799,6 +839,7 @@ fn power_cuts_lose_no_acknowledged_write_and_show_no_phantom() -> Res<()> {
             continue;
         }
         let basis = match target.start {
+            Start::Fresh if target.big => "big",
             Start::Fresh => "fresh",
             Start::Fixture => "fixture",
             Start::Chain | Start::Crashed => "crashed",
@@ -841,6 +882,11 @@ fn power_cuts_lose_no_acknowledged_write_and_show_no_phantom() -> Res<()> {
                 break;
             }
             at = 1 + env.coin.next() % (at / 2).max(1);
+            // A new database again, where the target's operations happen.
+            if matches!(target.start, Start::Fresh | Start::Fixture) {
+                chain = Chain::new(env.work.path(), target.start)?;
+                chain.big = target.big;
+            }
         }
         if uncut > 10 * cuts + 50 {
             return Err(format!("{uncut} runs ended before their cut").into());
@@ -1002,6 +1048,7 @@ fn the_audit_catches_an_engine_that_answers_before_its_sync() -> Res<()> {
         phases: bit(P_WORK),
         classes: bit(C_APPEND),
         start: Start::Fresh,
+        big: false,
     };
     let run = run_child(&mut env, &mut chain, Some((&target, 100)))?;
     assert!(run.cut.is_some(), "the control run was not cut");
