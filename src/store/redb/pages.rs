@@ -141,14 +141,14 @@ pub(crate) fn summary(path: &Path, failed: &FailedCheck) -> String {
                 } else {
                     table.to_string()
                 };
-                let shown: Vec<_> = keys.iter().take(3).cloned().collect();
-                let rest = more + (keys.len() - shown.len()) as u64;
-                let tail = if rest > 0 {
-                    format!(" and {rest} more")
-                } else {
-                    String::new()
-                };
-                parts.push(format!("{table}: {}{tail}", shown.join(", ")));
+                let count = keys.len() as u64 + more;
+                match (keys.first(), keys.last()) {
+                    (Some(first), Some(last)) if count > 1 => {
+                        parts.push(format!("{table}: {count} keys, {first} to {last}"));
+                    }
+                    (Some(only), _) => parts.push(format!("{table}: {only}")),
+                    _ => parts.push(table),
+                }
             }
             _ => {}
         }
