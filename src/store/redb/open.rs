@@ -195,21 +195,23 @@ pub(crate) fn page_damage(path: &Path) -> crate::error::Result<Vec<Damage>> {
 /// the file tells about the damage (the page, and the tables and keys on
 /// it), and the commands that list and save the rest.
 fn corrupt_reason(path: &Path, detail: String) -> String {
-    let mut reason = detail;
-    if path.is_file() {
-        if let Ok(Some(failed)) = pages::check(path) {
-            let found = pages::summary(path, &failed);
-            if !found.is_empty() {
-                reason.push_str(&format!(" ({found})"));
-            }
-        }
-        let shown = path.display();
-        reason.push_str(&format!(
-            "; `idem verify {shown}` lists the damaged pages and keys, and \
-             `idem salvage {shown} NEW` copies every record that still reads into a new file"
-        ));
+    if !path.is_file() {
+        return detail;
     }
-    reason
+    let found = match pages::check(path) {
+        Ok(Some(failed)) => pages::summary(path, &failed),
+        _ => String::new(),
+    };
+    let found = if found.is_empty() {
+        found
+    } else {
+        format!(" ({found})")
+    };
+    let shown = path.display();
+    format!(
+        "{detail}{found}; `idem verify {shown}` lists the damaged pages and keys, and \
+         `idem salvage {shown} NEW` copies every record that still reads into a new file"
+    )
 }
 
 fn init_format(db: &Database, path: &Path) -> Result<(), OpenError> {

@@ -111,7 +111,7 @@ pub(crate) fn damage(path: &Path, failed: &FailedCheck) -> Vec<Damage> {
         page: failed.page,
         tables,
     }];
-    damage.extend(found.into_iter().flatten().map(|t| t.into_damage()));
+    damage.extend(found.into_iter().flatten().map(OnPage::into_damage));
     damage
 }
 
@@ -294,7 +294,9 @@ fn walk<K: Key + 'static, V: Value + 'static>(
         met.extend(tail.into_iter().rev());
     }
     if whole_table {
-        met.iter_mut().for_each(|m| m.damaged = true);
+        for m in &mut met {
+            m.damaged = true;
+        }
     }
     on_page(whole_table, met)
 }
