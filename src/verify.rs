@@ -140,7 +140,8 @@ pub enum Damage {
         /// The keys a walk of the table met there (records as `scope/key`,
         /// index entries as `instant_ms scope/key`, outbox messages as
         /// `#seq`, entities and meta keys quoted), as read: a damaged key
-        /// is shown as it reads now. Capped at 1,000.
+        /// is shown as it reads now. Capped at 1,000. Entries a walk cannot
+        /// read at all are not listed: `after` and `before` bound them.
         keys: Vec<String>,
         /// More keys were met than `keys` holds.
         more: u64,

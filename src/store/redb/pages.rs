@@ -221,10 +221,12 @@ fn locate(path: &Path, offset: u64) -> Result<Vec<OnPage>, redb::Error> {
 }
 
 /// One key the walk met, and whether it is on (or reached through) the
-/// damaged page.
+/// damaged page; or (`gap`) the entries between a walk from the start and
+/// one from the end that stopped on the damage, which do not read.
 struct Met {
     key: String,
     damaged: bool,
+    gap: bool,
 }
 
 /// Walks `def`'s table: every entry, and a lookup of each entry's key,
@@ -244,10 +246,11 @@ fn walk<K: Key + 'static, V: Value + 'static>(
     let on_page = |whole_table, met: Vec<Met>| {
         let damaged: Vec<String> = met
             .iter()
-            .filter(|m| m.damaged)
+            .filter(|m| m.damaged && !m.gap)
             .map(|m| m.key.clone())
             .collect();
-        (whole_table || !damaged.is_empty()).then(|| {
+        let gap = met.iter().any(|m| m.gap);
+        (whole_table || gap || !damaged.is_empty()).then(|| {
             let first = met.iter().position(|m| m.damaged);
             let last = met.iter().rposition(|m| m.damaged);
             let after = first
@@ -269,8 +272,10 @@ fn walk<K: Key + 'static, V: Value + 'static>(
     let table_handle = match opened {
         Ok(Ok(t)) => t,
         Ok(Err(redb::TableError::TableDoesNotExist(_))) => return None,
-        // The table's definition or root does not read: all of it.
-        Ok(Err(_)) | Err(_) => return on_page(true, Vec::new()),
+        // The table's definition or root does not read: all of it, if the
+        // damaged page was read on the way (else other damage, which the
+        // scrub reports).
+        Ok(Err(_)) | Err(_) => return reads.contains(offset).then(|| on_page(true, Vec::new()))?,
     };
     // The page is the table's root, or on the path to its definition:
     // every entry is reached through it (a walk still lists them).
@@ -288,8 +293,9 @@ fn walk<K: Key + 'static, V: Value + 'static>(
             walk_from(&table_handle, true, offset, reads, &show, &mut tail)
         }));
         met.push(Met {
-            key: "(entries that do not read)".to_string(),
+            key: String::new(),
             damaged: true,
+            gap: true,
         });
         met.extend(tail.into_iter().rev());
     }
@@ -336,6 +342,7 @@ fn walk_from<K: Key + 'static, V: Value + 'static>(
         met.push(Met {
             key: show(&key_value),
             damaged,
+            gap: false,
         });
     }
 }
