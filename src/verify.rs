@@ -104,6 +104,54 @@ pub enum Damage {
         /// What is wrong with it.
         reason: String,
     },
+    /// redb's page check fails: the check a writable open runs
+    /// ([`crate::EngineBuilder::open`]), which verifies the checksum of
+    /// every page of the file's trees. A writable open refuses this file
+    /// ([`crate::OpenError::Corrupt`]); `idem salvage DAMAGED NEW` copies
+    /// what still reads into a new file. redb stops at the first page that
+    /// fails, so others may be damaged too.
+    FailedPageCheck {
+        /// redb's message.
+        reason: String,
+        /// The first page that fails, as `(offset, length)` in bytes of the
+        /// file: the last page redb read before it refused. Offset 0 is
+        /// redb's header (its commit slots). `None` if redb read no page.
+        page: Option<(u64, u64)>,
+        /// The engine tables with entries on that page, or reached through
+        /// it (see [`Damage::EntriesOnDamagedPage`]); empty if none is
+        /// (the page belongs to redb's own bookkeeping, or is the header);
+        /// `None` if the file could not be walked to tell (it was not
+        /// closed cleanly, or the walk itself failed).
+        tables: Option<Vec<&'static str>>,
+    },
+    /// Entries of an engine table lie on the page a
+    /// [`Damage::FailedPageCheck`] names, or a lookup of their key passes
+    /// through it: their stored bytes cannot be trusted. Entries on other
+    /// pages read and pass their own checksums.
+    EntriesOnDamagedPage {
+        /// The table: `"records"`, `"leases"`, `"recovery"`, `"expiry"`,
+        /// `"outbox"`, `"entities"` or `"meta"`.
+        table: &'static str,
+        /// The damaged page's offset in the file, in bytes.
+        page_offset: u64,
+        /// Every entry of the table is affected: the page is the table's
+        /// root, or on the path to its definition.
+        whole_table: bool,
+        /// The keys a walk of the table met there (records as `scope/key`,
+        /// index entries as `instant_ms scope/key`, outbox messages as
+        /// `#seq`, entities and meta keys quoted), as read: a damaged key
+        /// is shown as it reads now. Capped at 1,000. Entries a walk cannot
+        /// read at all are not listed: `after` and `before` bound them.
+        keys: Vec<String>,
+        /// More keys were met than `keys` holds.
+        more: u64,
+        /// The last key before the damaged ones that reads cleanly, if
+        /// any: entries at or before it are not affected.
+        after: Option<String>,
+        /// The first key after the damaged ones that reads cleanly, if any:
+        /// entries at or after it are not affected.
+        before: Option<String>,
+    },
 }
 
 /// A record key for people: `scope/key` when its bytes still are a valid
@@ -167,6 +215,55 @@ impl fmt::Display for Damage {
             }
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
+            }
+            Damage::FailedPageCheck {
+                reason,
+                page,
+                tables,
+            } => {
+                write!(f, "redb's page check fails (a writable open refuses the file): {reason}")?;
+                match page {
+                    Some((0, len)) => write!(f, "; first failing page: bytes 0..{len} (redb's header)")?,
+                    Some((offset, len)) => write!(
+                        f,
+                        "; first failing page: bytes {offset}..{} of the file",
+                        offset.saturating_add(*len)
+                    )?,
+                    None => {}
+                }
+                match tables.as_deref() {
+                    Some([]) => f.write_str("; no entry of the engine's tables lies on it")?,
+                    Some(names) => write!(f, "; it holds entries of: {}", names.join(", "))?,
+                    None => f.write_str("; which entries it holds is not known")?,
+                }
+                f.write_str("; `idem salvage DAMAGED NEW` copies what still reads")
+            }
+            Damage::EntriesOnDamagedPage {
+                table,
+                page_offset,
+                whole_table,
+                keys,
+                more,
+                after,
+                before,
+            } => {
+                if *whole_table {
+                    write!(f, "every entry of the {table} table is reached through the damaged page at byte {page_offset}:")?;
+                } else {
+                    write!(f, "{table} entries on the damaged page at byte {page_offset}:")?;
+                }
+                if !keys.is_empty() {
+                    write!(f, " {}", keys.join(", "))?;
+                    if *more > 0 {
+                        write!(f, " and {more} more")?;
+                    }
+                }
+                match (after, before) {
+                    (Some(a), Some(b)) => write!(f, " (keys after {a} and before {b} are in doubt)"),
+                    (Some(a), None) => write!(f, " (keys after {a} are in doubt)"),
+                    (None, Some(b)) => write!(f, " (keys before {b} are in doubt)"),
+                    (None, None) => Ok(()),
+                }
             }
         }
     }

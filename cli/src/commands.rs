@@ -12,8 +12,8 @@ use std::fmt;
 use std::io::Write;
 
 use idempotency::{
-    Corrupted, Engine, Envelope, IdempotencyKey, PurgeMode, RecordFilter, RecordInfo, Resolution,
-    State,
+    Corrupted, Damage, Engine, Envelope, IdempotencyKey, PurgeMode, RecordFilter, RecordInfo,
+    Resolution, State,
 };
 use serde_json::{json, Value};
 
@@ -494,6 +494,25 @@ fn duration_ms(d: std::time::Duration) -> u64 {
 /// and fails (exit 1) if there is any.
 pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     let report = engine.verify()?;
+    // redb's page check failed: a writable open (the server) refuses the
+    // file. The records on the damaged page are the keys in doubt.
+    let open_refuses = report
+        .damage
+        .iter()
+        .any(|d| matches!(d, Damage::FailedPageCheck { .. }));
+    let keys_in_doubt: Vec<&String> = report
+        .damage
+        .iter()
+        .filter_map(|d| match d {
+            Damage::EntriesOnDamagedPage {
+                table: "records",
+                keys,
+                ..
+            } => Some(keys),
+            _ => None,
+        })
+        .flatten()
+        .collect();
     if json {
         let problems: Vec<Value> = report
             .damage
@@ -502,7 +521,13 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
             .collect();
         print_json(
             out,
-            &json!({ "records": report.records, "sound": report.is_sound(), "problems": problems }),
+            &json!({
+                "records": report.records,
+                "sound": report.is_sound(),
+                "problems": problems,
+                "open_refuses": open_refuses,
+                "keys_in_doubt": keys_in_doubt,
+            }),
         )?;
     } else {
         for problem in &report.damage {
@@ -518,6 +543,16 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     }
     if report.is_sound() {
         Ok(())
+    } else if open_refuses {
+        Err(CliError(format!(
+            "{} problems found in {} records; the file fails redb's page check, so a writable \
+             open refuses it: `idem salvage DAMAGED NEW` copies every record that still reads \
+             ({} keys in doubt listed above)",
+            report.damage.len(),
+            report.records,
+            keys_in_doubt.len()
+        ))
+        .into())
     } else {
         Err(CliError(format!(
             "{} problems found in {} records",

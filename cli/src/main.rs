@@ -121,7 +121,9 @@ enum Command {
         db: PathBuf,
     },
     /// Scrub the whole database (file or tables): every record, outbox message and entity
-    /// decodes, every index entry matches its record and back. Read-only;
+    /// decodes, every index entry matches its record and back; on a file, also
+    /// redb's page checksums, as the server's open checks them, naming the
+    /// damaged page and the keys on it. Read-only;
     /// exits 1 with the list of problems if there is any.
     Verify {
         /// The database file, or a PostgreSQL connection string.

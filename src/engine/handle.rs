@@ -525,6 +525,16 @@ impl Engine {
     /// operators (`idem verify`), not hot paths. Works on a read-only
     /// engine. `docs/operations.md` ("Damaged files") says what is detected when.
     ///
+    /// On an engine opened read-only from a file
+    /// ([`crate::EngineBuilder::open_read_only`], `idem verify`) it first runs
+    /// redb's page check, the one every writable open runs, without writing
+    /// to the file: a file a writable open refuses is never reported sound.
+    /// A failing page is reported as [`crate::Damage::FailedPageCheck`]
+    /// (the first one redb meets), with a
+    /// [`crate::Damage::EntriesOnDamagedPage`] per engine table that has
+    /// entries on it. A writable engine ran that check when it opened the
+    /// file; its `verify` scrubs only (the file changes under it).
+    ///
     /// Values of record format 1 (no checksum: PostgreSQL rows written by
     /// an older build) are checked only for decoding.
     ///

@@ -8,6 +8,7 @@ use redb::{Database, DatabaseError, Durability, ReadableDatabase};
 use crate::error::{Corrupted, OpenError};
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
+use crate::verify::Damage;
 
 use super::meta::{self, check_meta, file_format, stored_expiry, Format, OpenContext};
 use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
@@ -124,7 +125,7 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
         DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => OpenError::Corrupt {
             path: path.to_path_buf(),
             what: Corrupted::File,
-            reason: detail,
+            reason: corrupt_reason(path, detail),
         },
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),
@@ -166,6 +167,52 @@ mod migrate;
 // crashed file through.
 #[path = "scratch_view.rs"]
 mod scratch_view;
+
+// And redb's page check run without writing, with where its damage lies.
+#[path = "pages.rs"]
+mod pages;
+
+/// What redb's page check, as a writable open runs it, finds wrong with
+/// the file at `path`, without writing to it: nothing if every page
+/// passes; else a [`Damage::FailedPageCheck`] naming the first failing
+/// page, and the engine tables' entries on it where a walk can tell.
+///
+/// # Errors
+///
+/// `Error::Storage` if the check cannot run (the file cannot be read).
+pub(crate) fn page_damage(path: &Path) -> crate::error::Result<Vec<Damage>> {
+    match pages::check(path) {
+        Ok(None) => Ok(Vec::new()),
+        Ok(Some(failed)) => Ok(pages::damage(path, &failed)),
+        Err(e) => Err(crate::error::Error::Storage {
+            context: "running redb's page check",
+            source: Box::new(e),
+        }),
+    }
+}
+
+/// redb's `detail` on a file whose page check failed, with what a walk of
+/// the file tells about the damage (the page, and the tables and keys on
+/// it), and the commands that list and save the rest.
+fn corrupt_reason(path: &Path, detail: String) -> String {
+    if !path.is_file() {
+        return detail;
+    }
+    let found = match pages::check(path) {
+        Ok(Some(failed)) => pages::summary(path, &failed),
+        _ => String::new(),
+    };
+    let found = if found.is_empty() {
+        found
+    } else {
+        format!(" ({found})")
+    };
+    let shown = path.display();
+    format!(
+        "{detail}{found}; `idem verify {shown}` lists the damaged pages and keys, and \
+         `idem salvage {shown} NEW` copies every record that still reads into a new file"
+    )
+}
 
 fn init_format(db: &Database, path: &Path) -> Result<(), OpenError> {
     super::read::probe_tables(db)?;

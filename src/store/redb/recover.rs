@@ -79,6 +79,7 @@ fn frames_beside(stored: &StoredJournal, db_path: &Path) -> Result<Vec<(u64, Fra
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Scanned {
             frames: Vec::new(),
             anchored: false,
+            torn: None,
         },
         Err(e) => {
             return Err(OpenError::Storage {
@@ -146,8 +147,17 @@ pub(crate) fn open_journal(
         mut journal,
         frames,
         anchored,
+        torn,
     } = Journal::recover(storage, stored.id, stored.lsn).map_err(journal_error)?;
-    let frames = serving(&stored, &name, Scanned { frames, anchored })?;
+    let frames = serving(
+        &stored,
+        &name,
+        Scanned {
+            frames,
+            anchored,
+            torn,
+        },
+    )?;
     if let Some((last, _)) = frames.last() {
         let last = *last;
         let count = frames.len();

@@ -45,24 +45,35 @@ pub(super) fn open(path: &Path) -> Result<Database, DatabaseError> {
         .read(true)
         .write(true)
         .open(path)?;
-    let len = file.metadata()?.len();
-    let layer = Overlay {
-        file: FileBackend::new(file)?,
-        layer: Mutex::new(Layer {
-            len,
-            file_len: len,
-            blocks: BTreeMap::new(),
-        }),
-    };
+    let layer = layered(FileBackend::new(file)?)?;
     let mut builder = redb::Builder::new();
     builder.set_check_integrity_on_open(true);
     builder.create_with_backend(layer)
 }
 
+/// `file` under a layer that keeps every write in memory (for
+/// `pages.rs`, which opens it with its own reads recorded). Its locks are
+/// `file`'s.
+///
+/// # Errors
+///
+/// If `file`'s length cannot be read.
+pub(super) fn layered<F: StorageBackend>(file: F) -> io::Result<Overlay<F>> {
+    let len = file.len()?;
+    Ok(Overlay {
+        file,
+        layer: Mutex::new(Layer {
+            len,
+            file_len: len,
+            blocks: BTreeMap::new(),
+        }),
+    })
+}
+
 /// The file, and the writes kept above it.
 #[derive(Debug)]
-struct Overlay {
-    file: FileBackend,
+pub(super) struct Overlay<F = FileBackend> {
+    file: F,
     layer: Mutex<Layer>,
 }
 
@@ -84,7 +95,7 @@ struct Layer {
 impl Layer {
     /// Reads `out.len()` bytes at `offset` of the view (the caller checked
     /// they are within `len`).
-    fn read(&self, file: &FileBackend, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&self, file: &dyn StorageBackend, offset: u64, out: &mut [u8]) -> io::Result<()> {
         let mut done = 0;
         while done < out.len() {
             let at = offset + done as u64;
@@ -107,7 +118,7 @@ impl Layer {
 
     /// Reads the file's bytes at `at` where the view still shows them;
     /// zeros past them.
-    fn read_file(&self, file: &FileBackend, at: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read_file(&self, file: &dyn StorageBackend, at: u64, out: &mut [u8]) -> io::Result<()> {
         let shown = usize::try_from(self.file_len.saturating_sub(at))
             .unwrap_or(usize::MAX)
             .min(out.len());
@@ -121,7 +132,7 @@ impl Layer {
 
     /// Writes `data` at `offset` into the layer, growing the view if it
     /// ends past it.
-    fn write(&mut self, file: &FileBackend, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&mut self, file: &dyn StorageBackend, offset: u64, data: &[u8]) -> io::Result<()> {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| io::Error::other("write past the largest offset"))?;
@@ -141,7 +152,7 @@ impl Layer {
     }
 
     /// The layer's copy of block `block`, made from the view on first use.
-    fn block_mut(&mut self, file: &FileBackend, block: u64) -> io::Result<&mut Vec<u8>> {
+    fn block_mut(&mut self, file: &dyn StorageBackend, block: u64) -> io::Result<&mut Vec<u8>> {
         if !self.blocks.contains_key(&block) {
             if (self.blocks.len() as u64 + 1) * BLOCK > MAX_LAYER_BYTES {
                 return Err(io::Error::new(
@@ -179,7 +190,7 @@ impl Layer {
     }
 }
 
-impl StorageBackend for Overlay {
+impl<F: StorageBackend> StorageBackend for Overlay<F> {
     fn len(&self) -> io::Result<u64> {
         Ok(self.layer.lock().len)
     }
@@ -263,7 +274,7 @@ mod tests {
         Ok((tmp, file, layer))
     }
 
-    fn view(layer: &Layer, file: &FileBackend) -> io::Result<Vec<u8>> {
+    fn view(layer: &Layer, file: &dyn StorageBackend) -> io::Result<Vec<u8>> {
         let mut out = vec![0; usize::try_from(layer.len).unwrap_or(0)];
         layer.read(file, 0, &mut out)?;
         Ok(out)

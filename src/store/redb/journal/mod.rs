@@ -47,7 +47,12 @@
 //! of them was acknowledged (callers hear nothing before the sync
 //! returns), and the first one missing is the end of the log. Damage to
 //! one of the last frames before a crash, which no later frame vouches
-//! for, cannot be told from that and is taken for a torn end too.
+//! for, cannot be told from that and is taken for a torn end too. Such a
+//! dropped tail is named, not dropped silently: when the bytes where the
+//! chain ends carry the header of the next LSN but do not check, or valid
+//! later frames are dropped with it, the scan returns it
+//! ([`reader::TornFrame`]: offset, LSN, the later LSNs) and logs a
+//! warning. A damaged LSN field there reads as the plain end of the log.
 //!
 //! Why not a crate: `okaywal`, the one maintained-looking Rust WAL, says in
 //! its README that it must not be used in production and that its format is

@@ -87,6 +87,10 @@ impl Reader<'_> {
         // was still being synced means a power cut tore that sync: none
         // of them was acknowledged.
         let needed_after = prev.map_or(self.checkpointed_lsn, |p| p.max(self.checkpointed_lsn));
+        let torn = self.torn_at(bytes, pos, prev);
+        // Valid frames beyond the end that no rule below finds to vouch
+        // for the missing one: written while it was still being synced.
+        let mut dropped_after = Vec::new();
         let mut probe = pos.saturating_add(8);
         while probe + FRAME_HEADER as u64 <= bytes.len() as u64 {
             // Only a frame whose LSN could be a needed one is worth its
@@ -98,6 +102,9 @@ impl Reader<'_> {
                 .map_or(0, u64::from_le_bytes);
             let plausible = lsn > needed_after && lsn - needed_after < (1 << 32);
             if let Some(found) = plausible.then(|| self.frame_at(bytes, probe)).flatten() {
+                if found.lsn > needed_after && found.durable_before <= needed_after {
+                    dropped_after.push(found.lsn);
+                }
                 if found.lsn > needed_after && found.durable_before > needed_after {
                     let lsn = found.lsn;
                     return Err(JournalError::Corrupt {
@@ -114,10 +121,57 @@ impl Reader<'_> {
             }
             probe += 8;
         }
+        // Later frames dropped with a missing one are named even when
+        // nothing of the missing one's header is left.
+        let expected = prev.map_or(self.checkpointed_lsn + 1, |p| p + 1);
+        let torn = match torn {
+            Some((offset, lsn)) => Some(TornFrame {
+                offset,
+                lsn,
+                dropped_after,
+            }),
+            None if !dropped_after.is_empty() => Some(TornFrame {
+                offset: pos,
+                lsn: expected,
+                dropped_after,
+            }),
+            None => None,
+        };
+        if let Some(t) = torn.as_ref().filter(|t| t.lsn > self.checkpointed_lsn) {
+            tracing::warn!(
+                journal = %self.name,
+                offset = t.offset,
+                lsn = t.lsn,
+                later_frames_dropped = ?t.dropped_after,
+                "dropped the journal's last frame as a torn write: it fails its checksum, and \
+                 no later frame shows it was durable (a frame is acknowledged only after its \
+                 sync; damage to a synced last frame cannot be told from this)"
+            );
+        }
         Ok(Scanned {
             frames: out,
             anchored,
+            torn,
         })
+    }
+
+    /// Whether the bytes at `pos`, where the chain of frames ends, are the
+    /// header of the frame that would come next (its LSN field reads the
+    /// LSN expected there) whose frame does not check or is cut short by
+    /// the file's end: a torn write, or damage to a frame no later frame
+    /// vouches for. `(offset, LSN)`. Zeros (a journal not written that far)
+    /// and a frame or the middle of one from an earlier cycle are the plain
+    /// end of the log. A damaged LSN field looks like the latter.
+    fn torn_at(&self, bytes: &[u8], pos: u64, prev: Option<u64>) -> Option<(u64, u64)> {
+        let at = usize::try_from(pos).ok()?;
+        let lsn = u64::from_le_bytes(bytes.get(at + 8..at + 16)?.try_into().ok()?);
+        // After the last frame, the next LSN; in an empty chain, the
+        // checkpoint's anchor or the frame after it.
+        let expected = match prev {
+            Some(p) => lsn == p + 1,
+            None => lsn == self.checkpointed_lsn || lsn == self.checkpointed_lsn + 1,
+        };
+        (expected && lsn != 0).then_some((pos, lsn))
     }
 
     /// The valid frame at `pos`.
@@ -158,4 +212,19 @@ struct FrameAt<'b> {
 pub(in crate::store::redb) struct Scanned {
     pub(in crate::store::redb) frames: Vec<(u64, Frame)>,
     pub(in crate::store::redb) anchored: bool,
+    /// The frame dropped at the end of the log as a torn write, if any.
+    pub(in crate::store::redb) torn: Option<TornFrame>,
+}
+
+/// A frame at the end of the log that fails its checksum (or is cut short)
+/// and that no later frame vouches for: dropped as a torn write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(in crate::store::redb) struct TornFrame {
+    /// Its byte offset in the journal.
+    pub(in crate::store::redb) offset: u64,
+    /// The LSN its header reads (the one expected there).
+    pub(in crate::store::redb) lsn: u64,
+    /// Valid frames further on, written while it was still being synced
+    /// (a power cut tore that sync): dropped with it, by LSN.
+    pub(in crate::store::redb) dropped_after: Vec<u64>,
 }

@@ -21,6 +21,9 @@ pub(in crate::store::redb) struct Recovered {
     /// the checkpoint may have been lost (a journal deleted, emptied or
     /// replaced by an older copy).
     pub(in crate::store::redb) anchored: bool,
+    /// The frame dropped at the end of the log as a torn write, if any
+    /// (logged as a warning when the database did not hold it yet).
+    pub(in crate::store::redb) torn: Option<super::reader::TornFrame>,
 }
 
 impl Journal {
@@ -63,9 +66,14 @@ impl Journal {
                 journal,
                 frames: Vec::new(),
                 anchored: false,
+                torn: None,
             });
         }
-        let Scanned { frames, anchored } = journal.read_all()?;
+        let Scanned {
+            frames,
+            anchored,
+            torn,
+        } = journal.read_all()?;
         if let Some((lsn, _)) = frames.last() {
             journal.last_lsn = *lsn;
         }
@@ -73,6 +81,7 @@ impl Journal {
             journal,
             frames,
             anchored,
+            torn,
         })
     }
 
@@ -92,6 +101,7 @@ impl Journal {
             return Ok(Scanned {
                 frames: Vec::new(),
                 anchored: false,
+                torn: None,
             });
         }
         if len > MAX_FILE {

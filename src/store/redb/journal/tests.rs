@@ -87,6 +87,60 @@ fn a_torn_last_frame_is_the_end_of_the_log() {
     assert_eq!(lsns(&r), vec![1, 2, 3]);
 }
 
+/// Issue 28, point 5: a dropped last frame is named (offset and LSN), and
+/// logged, never dropped without a word.
+#[test]
+fn a_torn_last_frame_is_dropped_and_named() {
+    let (shared, offsets) = written(4);
+    shared.write(offsets[3] + 40, &[0xAB; 16]).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert_eq!(lsns(&r), vec![1, 2, 3]);
+    let torn = r.torn.expect("the dropped frame is not reported");
+    assert_eq!((torn.offset, torn.lsn), (offsets[3], 4));
+    assert!(torn.dropped_after.is_empty());
+    // Cut short by the file's end: the same.
+    let (shared, offsets) = written(2);
+    shared.set_len(offsets[1] + 40).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert_eq!(lsns(&r), vec![1]);
+    assert_eq!(r.torn.map(|t| (t.offset, t.lsn)), Some((offsets[1], 2)));
+}
+
+/// The plain end of the log (zeros, or frames of an earlier cycle after
+/// a checkpoint) is no torn frame.
+#[test]
+fn the_plain_end_of_the_log_drops_nothing() {
+    let (shared, _) = written(4);
+    let r = Journal::recover(storage(&shared), ID, 0).unwrap();
+    assert_eq!((lsns(&r), r.torn), (vec![1, 2, 3, 4], None));
+    let (shared, _) = written(6);
+    let mut r = Journal::recover(storage(&shared), ID, 6).unwrap();
+    r.journal.checkpointed().unwrap();
+    r.journal.append(&frame(7)).unwrap();
+    let r = Journal::recover(storage(&shared), ID, 6).unwrap();
+    assert_eq!((lsns(&r), r.torn), (vec![7], None));
+}
+
+/// Damage to a frame in the middle of the log, with valid frames after it
+/// that were written once it was synced, is damage: the open refuses,
+/// naming the offset and the frame's LSN, and drops nothing silently.
+#[test]
+fn a_damaged_middle_frame_followed_by_valid_frames_is_damage() {
+    let (shared, offsets) = written(6);
+    let mut byte = [0_u8; 1];
+    shared.read(offsets[1] + 60, &mut byte).unwrap();
+    shared.write(offsets[1] + 60, &[byte[0] ^ 0x04]).unwrap();
+    match Journal::recover(storage(&shared), ID, 0) {
+        Err(e @ JournalError::Corrupt { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&format!("offset {}", offsets[1])), "{text}");
+            assert!(text.contains("frame 2 was durable"), "{text}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(r) => panic!("damage read as a torn end: {:?}", lsns(&r)),
+    }
+}
+
 #[test]
 fn a_damaged_middle_frame_is_an_error_naming_file_and_offset() {
     let (shared, offsets) = written(4);
@@ -130,7 +184,13 @@ fn a_power_cut_during_a_pipelined_sync_is_the_end_of_the_log() {
         .write(third, &vec![0; usize::try_from(fourth - third).unwrap()])
         .unwrap();
     match Journal::recover(storage(&shared), ID, 0) {
-        Ok(r) => assert_eq!(lsns(&r), vec![1, 2]),
+        Ok(r) => {
+            assert_eq!(lsns(&r), vec![1, 2]);
+            // Named, with the frames dropped with it.
+            let torn = r.torn.expect("the dropped frames are not reported");
+            assert_eq!((torn.offset, torn.lsn), (third, 3));
+            assert_eq!(torn.dropped_after, vec![4, 5]);
+        }
         Err(e) => panic!("a power cut during a sync left a database that cannot open: {e}"),
     }
 }
