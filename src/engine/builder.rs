@@ -32,6 +32,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`max_batch`](Self::max_batch) | 512 operations per group commit |
 /// | [`max_group_bytes`](Self::max_group_bytes) | 64 MiB (67,108,864 bytes) per group commit |
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
+/// | [`recovery_reserve`](Self::recovery_reserve) | 64 MiB, at most 1/8 of the file system |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
 #[must_use]
@@ -225,6 +226,27 @@ impl EngineBuilder {
     /// Clamped to at least 1.
     pub fn queue_capacity(mut self, ops: usize) -> Self {
         self.cfg.queue_capacity = ops.max(1);
+        self
+    }
+
+    /// Bytes of disk kept for recovery beside a database opened from a
+    /// path: a file of zeros, `<database file>.reserve`, given back when
+    /// the engine must recover (an open after a crash or a full disk, a
+    /// reopen after a storage failure) so that replaying the journal and
+    /// its checkpoint need no new space, and taken again once it has
+    /// recovered. Default 64 MiB (67,108,864 bytes: a replay and
+    /// checkpoint of a full 32 MiB journal), but never more than an
+    /// eighth of the file system, nor more than half of what is free when
+    /// it is taken (short of space, the engine runs with less, or none,
+    /// and logs a warning). The engine checkpoints at least every half
+    /// reserve of journal (at most every 32 MiB), so what a crash leaves to
+    /// replay fits in it, and grows the journal by at most that much at a
+    /// time. `0` keeps no reserve (then the engine checkpoints every 32 MiB of
+    /// journal, and a full disk may need that much freed to recover). Ignored for databases not
+    /// opened from a path (PostgreSQL, [`Self::open_with_backend`],
+    /// [`Self::in_memory`]).
+    pub fn recovery_reserve(mut self, bytes: u64) -> Self {
+        self.cfg.recovery_reserve = bytes;
         self
     }
 
@@ -613,6 +635,7 @@ impl EngineBuilder {
             self.cfg.max_batch,
             self.cfg.max_group_bytes,
             self.cfg.queue_capacity,
+            self.cfg.recovery_reserve,
             reopen,
         )?;
         self.run(Arc::new(store))

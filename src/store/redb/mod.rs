@@ -10,6 +10,7 @@ mod overlay;
 mod read;
 mod read_only;
 mod recover;
+mod reserve;
 mod sweep;
 mod syncer;
 mod tables;
@@ -45,10 +46,12 @@ use crate::transition::Transition;
 
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
+pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;
 
 use self::job::Call;
 use self::journal::JournalStorage;
 use self::overlay::Overlay;
+use self::reserve::Reserve;
 use self::tables::{OpError, Tables};
 use self::writer::{Msg, Writer};
 
@@ -128,8 +131,12 @@ impl Opened {
             .unwrap_or(std::path::Path::new("<backend>"))
     }
 
-    /// The database file at `path`, with its journal beside it.
+    /// The database file at `path`, with its journal beside it. Its
+    /// recovery reserve, if any, is given back first: opening may replay
+    /// the journal, which needs room (the engine takes it again once it
+    /// runs, see `RedbStore::start`).
     pub(crate) fn path(path: &std::path::Path) -> Result<Opened, OpenError> {
+        reserve::release(&reserve::path_of(path));
         let db = open_path(path)?;
         Ok(Opened {
             db,
@@ -156,6 +163,11 @@ struct WriterSettings {
     max_batch: usize,
     max_group_bytes: usize,
     queue_capacity: usize,
+    /// Space kept beside the database file for recovery (`None`: opened
+    /// on a backend, or a reserve of 0 bytes).
+    reserve: Option<Reserve>,
+    /// Journal bytes after which the writer checkpoints.
+    checkpoint_bytes: u64,
 }
 
 /// The database and its writer thread, replaced as a whole when the
@@ -258,17 +270,28 @@ impl RedbStore {
         max_batch: usize,
         max_group_bytes: usize,
         queue_capacity: usize,
+        recovery_reserve: u64,
         reopen: Option<(Reopen, Probe)>,
     ) -> Result<RedbStore, OpenError> {
+        let file = opened.file.clone();
+        let reserve = file
+            .as_deref()
+            .filter(|_| recovery_reserve > 0)
+            .map(|f| Reserve::beside(f, recovery_reserve));
+        let checkpoint_bytes = reserve.as_ref().map_or(writer::CHECKPOINT_BYTES, |r| {
+            reserve::checkpoint_bytes(r.target(), writer::CHECKPOINT_BYTES)
+        });
         let settings = WriterSettings {
             cfg,
             clock,
             max_batch: max_batch.max(1),
             max_group_bytes: max_group_bytes.max(1),
             queue_capacity: queue_capacity.max(1),
+            reserve,
+            checkpoint_bytes,
         };
-        let file = opened.file.clone();
         let live = spawn_writer(opened, &settings)?;
+        take_reserve(&settings);
         Ok(RedbStore {
             live: RwLock::new(live),
             settings,
@@ -387,6 +410,9 @@ impl RedbStore {
             tracing::warn!(error = %e, "storage still failing; not reopening yet");
             return poisoned();
         }
+        // Storage takes writes again. The reopen replays the journal and
+        // checkpoints, which needs room: the reserve gives it (the reopen
+        // below releases it), and is taken again after.
         let mut live = self.live.write();
         let Some(cause) = live.poison.cause() else {
             return Ok(());
@@ -419,10 +445,15 @@ impl RedbStore {
                 tracing::warn!(%cause, "database reopened after a storage failure; writes work again");
                 metrics::counter!("idempotency_reopened_total").increment(1);
                 *live = fresh;
+                drop(live);
+                take_reserve(&self.settings);
                 Ok(())
             }
             Err(e) => {
                 tracing::error!(error = %e, %cause, "reopening the database failed; writes stay refused");
+                // Whatever room the failed attempt left is held again for
+                // the next one (as much as is free).
+                take_reserve(&self.settings);
                 live.poison.reopen_failed(e.to_string());
                 // Reads (replays) go on from a view that writes nothing,
                 // until a later attempt reopens the file for writing.
@@ -496,6 +527,22 @@ fn request_commit(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
     answer.recv().unwrap_or_else(|| Err(closed(poison)))
 }
 
+/// Takes the recovery reserve (again), as far as the disk has room; short
+/// of room the engine runs without it, and says so.
+fn take_reserve(s: &WriterSettings) {
+    let Some(reserve) = &s.reserve else { return };
+    match reserve.take() {
+        Ok(held) if held < reserve.target() => tracing::warn!(
+            held,
+            target = reserve.target(),
+            "the disk is short of space: the recovery reserve holds less than its target"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e,
+            "no recovery reserve: the disk is short of space; a full disk may need space freed to recover"),
+    }
+}
+
 /// Starts a writer thread on a prepared database, after applying what its
 /// journal holds beyond the last checkpoint.
 fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
@@ -507,7 +554,12 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
                 context: "opening the journal",
                 source: Box::new(e),
             })?;
-            Some(recover::open_journal(&db, &name, storage)?)
+            Some(recover::open_journal(
+                &db,
+                &name,
+                storage,
+                s.checkpoint_bytes,
+            )?)
         }
         None => None,
     };
@@ -527,6 +579,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         max_group_bytes: s.max_group_bytes,
         seq,
         journal,
+        checkpoint_bytes: s.checkpoint_bytes,
         overlay: overlay.clone(),
     };
     let writer = std::thread::Builder::new()

@@ -126,6 +126,9 @@ pub(super) struct Writer {
     pub(super) seq: Sequences,
     /// The write-ahead journal (`None`: every commit is durable in redb).
     pub(super) journal: Option<Journal>,
+    /// Journal bytes after which it checkpoints: [`CHECKPOINT_BYTES`], or
+    /// less so that a replay fits in the recovery reserve (`reserve.rs`).
+    pub(super) checkpoint_bytes: u64,
     /// Synced, acknowledged values redb has not committed yet.
     pub(super) overlay: Arc<Overlay>,
 }
@@ -346,7 +349,7 @@ impl Writer {
                 let checkpoint_due = self
                     .journal
                     .as_ref()
-                    .is_some_and(|j| j.since_checkpoint() >= CHECKPOINT_BYTES);
+                    .is_some_and(|j| j.since_checkpoint() >= self.checkpoint_bytes);
                 if checkpoint_due {
                     self.checkpoint(state, false);
                 } else if full {
