@@ -155,6 +155,9 @@ pub(crate) type Probe = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
 /// Shortest time between two reopen attempts, in ms of the engine's clock.
 const REOPEN_BACKOFF_MS: u64 = 1_000;
+/// Longest: each reopen that fails (after its probe passed) doubles the
+/// wait before the next attempt, up to this; one that works resets it.
+const REOPEN_BACKOFF_MAX_MS: u64 = 30_000;
 
 /// What a writer thread needs, kept to start another one after a reopen.
 struct WriterSettings {
@@ -188,9 +191,12 @@ struct Live {
 /// A storage failure poisons it: writes are refused (replays, which only
 /// read, go on). When it was opened from a path (or a backend factory), a
 /// later write, or [`Backend::check`], reopens the database at most once a
-/// second, once a probe says storage takes writes again (for a path: a
-/// small file written and synced next to it): redb recovers the file to
-/// its last commit, a new writer starts, and write service is back, with
+/// second (after reopens that failed, up to every 30 s), once a probe says
+/// storage takes writes again (for a path: a 64 KiB file written and
+/// synced next to it): the recovery reserve is given back (`reserve.rs`),
+/// redb recovers the file to its last commit, the journal is replayed and
+/// checkpointed in the reserve's room, a new writer starts, the reserve is
+/// taken again as far as there is room, and write service is back, with
 /// every acknowledged write kept.
 pub(crate) struct RedbStore {
     live: RwLock<Live>,
@@ -199,6 +205,9 @@ pub(crate) struct RedbStore {
     reopen: Option<(Reopen, Probe)>,
     /// Clock reading (ms) of the last reopen attempt.
     last_reopen: Mutex<Option<u64>>,
+    /// The wait (ms) before the next reopen attempt (see
+    /// [`REOPEN_BACKOFF_MAX_MS`]).
+    reopen_backoff_ms: std::sync::atomic::AtomicU64,
     /// The database file, for a read view while a reopen fails (see
     /// `open::open_read_view`).
     file: Option<std::path::PathBuf>,
@@ -297,6 +306,7 @@ impl RedbStore {
             settings,
             reopen,
             last_reopen: Mutex::new(None),
+            reopen_backoff_ms: std::sync::atomic::AtomicU64::new(REOPEN_BACKOFF_MS),
             file,
             detached: Arc::new(Detached::default()),
         })
@@ -401,7 +411,8 @@ impl RedbStore {
                 return poisoned();
             };
             let now = self.settings.clock.now_ms();
-            if last.is_some_and(|at| now >= at && now - at < REOPEN_BACKOFF_MS) {
+            let backoff = self.reopen_backoff_ms.load(Ordering::Relaxed);
+            if last.is_some_and(|at| now >= at && now - at < backoff) {
                 return poisoned();
             }
             *last = Some(now);
@@ -446,14 +457,18 @@ impl RedbStore {
                 metrics::counter!("idempotency_reopened_total").increment(1);
                 *live = fresh;
                 drop(live);
+                self.reopen_backoff_ms
+                    .store(REOPEN_BACKOFF_MS, Ordering::Relaxed);
                 take_reserve(&self.settings);
                 Ok(())
             }
             Err(e) => {
                 tracing::error!(error = %e, %cause, "reopening the database failed; writes stay refused");
-                // Whatever room the failed attempt left is held again for
-                // the next one (as much as is free).
-                take_reserve(&self.settings);
+                // The reserve stays given back: the room it left is for
+                // the next attempt, not held away from it.
+                let backoff = self.reopen_backoff_ms.load(Ordering::Relaxed);
+                self.reopen_backoff_ms
+                    .store((backoff * 2).min(REOPEN_BACKOFF_MAX_MS), Ordering::Relaxed);
                 live.poison.reopen_failed(e.to_string());
                 // Reads (replays) go on from a view that writes nothing,
                 // until a later attempt reopens the file for writing.

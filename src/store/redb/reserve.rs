@@ -116,21 +116,28 @@ pub(crate) fn release(path: &Path) -> u64 {
     }
 }
 
-/// Grows the file at `path` from `from` to `to` bytes of written zeros (a
-/// sparse file would hold no space), synced.
+/// Grows the file at `path` from `from` to `to` bytes of allocated space
+/// (a sparse file would hold none): `fallocate`, which allocates without
+/// writing, or zeros written where the file system does not support it.
+/// Not synced: a reserve lost in a crash is taken again at the next open.
 fn write_zeros(path: &Path, from: u64, to: u64) -> io::Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)?;
-    if file.metadata()?.len() != from {
+    let from = if file.metadata()?.len() == from {
+        from
+    } else {
         file.set_len(0)?;
-        return write_zeros_into(&mut file, 0, to);
+        0
+    };
+    match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), from, to - from) {
+        Ok(()) => return Ok(()),
+        Err(e) if e != rustix::io::Errno::OPNOTSUPP && e != rustix::io::Errno::NOSYS => {
+            return Err(e.into())
+        }
+        Err(_) => {}
     }
-    write_zeros_into(&mut file, from, to)
-}
-
-fn write_zeros_into(file: &mut std::fs::File, from: u64, to: u64) -> io::Result<()> {
     let block = vec![0_u8; usize::try_from(BLOCK).unwrap_or(65_536)];
     let mut at = from;
     while at < to {
@@ -138,7 +145,7 @@ fn write_zeros_into(file: &mut std::fs::File, from: u64, to: u64) -> io::Result<
         file.write_all(&block[..n])?;
         at += n as u64;
     }
-    file.sync_all()
+    Ok(())
 }
 
 /// Journal bytes after which the writer checkpoints with a reserve of
