@@ -632,10 +632,12 @@ impl EngineBuilder {
             opened,
             self.cfg.store,
             self.clock.clone(),
-            self.cfg.max_batch,
-            self.cfg.max_group_bytes,
-            self.cfg.queue_capacity,
-            self.cfg.recovery_reserve,
+            redb_store::Sizes {
+                max_batch: self.cfg.max_batch,
+                max_group_bytes: self.cfg.max_group_bytes,
+                queue_capacity: self.cfg.queue_capacity,
+                recovery_reserve: self.cfg.recovery_reserve,
+            },
             reopen,
         )?;
         self.run(Arc::new(store))

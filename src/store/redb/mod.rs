@@ -159,6 +159,19 @@ const REOPEN_BACKOFF_MS: u64 = 1_000;
 /// wait before the next attempt, up to this; one that works resets it.
 const REOPEN_BACKOFF_MAX_MS: u64 = 30_000;
 
+/// The engine's size settings the backend reads (see `EngineBuilder`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    /// Most operations per group commit.
+    pub(crate) max_batch: usize,
+    /// Bytes of changes after which a group takes no more operations.
+    pub(crate) max_group_bytes: usize,
+    /// Capacity of the writer's queue.
+    pub(crate) queue_capacity: usize,
+    /// Bytes of the recovery reserve (0: none; see `reserve.rs`).
+    pub(crate) recovery_reserve: u64,
+}
+
 /// What a writer thread needs, kept to start another one after a reopen.
 struct WriterSettings {
     cfg: StoreConfig,
@@ -276,12 +289,15 @@ impl RedbStore {
         opened: Opened,
         cfg: StoreConfig,
         clock: Arc<dyn Clock>,
-        max_batch: usize,
-        max_group_bytes: usize,
-        queue_capacity: usize,
-        recovery_reserve: u64,
+        sizes: Sizes,
         reopen: Option<(Reopen, Probe)>,
     ) -> Result<RedbStore, OpenError> {
+        let Sizes {
+            max_batch,
+            max_group_bytes,
+            queue_capacity,
+            recovery_reserve,
+        } = sizes;
         let file = opened.file.clone();
         let reserve = file
             .as_deref()

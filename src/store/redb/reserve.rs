@@ -49,8 +49,7 @@ impl Reserve {
     pub(crate) fn target(&self) -> u64 {
         let dir = self.dir();
         let cap = rustix::fs::statvfs(&dir)
-            .map(|s| s.f_blocks.saturating_mul(s.f_frsize) / 8)
-            .unwrap_or(u64::MAX);
+            .map_or(u64::MAX, |s| s.f_blocks.saturating_mul(s.f_frsize) / 8);
         self.bytes.min(cap) / BLOCK * BLOCK
     }
 
@@ -78,10 +77,10 @@ impl Reserve {
         if held >= target {
             return Ok(held);
         }
-        let free = rustix::fs::statvfs(&self.dir())
+        let free = rustix::fs::statvfs(self.dir())
             .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
             .map_err(io::Error::from)?;
-        let want = target.min((free + held) / 2) / BLOCK * BLOCK;
+        let want = target.min(u64::midpoint(free, held)) / BLOCK * BLOCK;
         if want <= held {
             return Ok(held);
         }

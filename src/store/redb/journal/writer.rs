@@ -234,3 +234,81 @@ fn is_full(e: &io::Error) -> bool {
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
     )
 }
+
+#[cfg(test)]
+mod grow_tests {
+    use std::io;
+    use std::sync::Arc;
+
+    use redb::backends::InMemoryBackend;
+    use redb::StorageBackend;
+
+    use super::super::{Change, Frame, Journal, JournalStorage};
+
+    /// A disk of `cap` bytes: a write past it fails as a full disk does
+    /// (growing the length alone is a sparse file, and works).
+    #[derive(Debug, Clone)]
+    struct Small {
+        bytes: Arc<InMemoryBackend>,
+        cap: u64,
+    }
+
+    impl StorageBackend for Small {
+        fn len(&self) -> io::Result<u64> {
+            self.bytes.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            self.bytes.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.bytes.set_len(len)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            if offset + data.len() as u64 > self.cap {
+                return Err(io::Error::from(io::ErrorKind::StorageFull));
+            }
+            self.bytes.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn a_disk_short_of_a_grow_step_still_takes_frames() -> Result<(), Box<dyn std::error::Error>> {
+        let disk = Small {
+            bytes: Arc::new(InMemoryBackend::new()),
+            cap: 96 << 10,
+        };
+        let storage = JournalStorage {
+            backend: Arc::new(disk.clone()),
+            name: "small.journal".into(),
+        };
+        let mut journal = Journal::recover(storage, [3; 16], 0)?.journal;
+        for n in 1..=20_u64 {
+            let frame = Frame {
+                next_token: n,
+                next_outbox: 1,
+                changes: vec![Change::PutRecord {
+                    key: n.to_le_bytes().to_vec(),
+                    value: vec![1; 2_000],
+                }],
+            };
+            journal.append(&frame)?;
+        }
+        // Every refused step was undone: no sparse tail past the disk.
+        let len = disk.len()?;
+        assert!(
+            len <= disk.cap,
+            "the journal is {len} bytes on a {} byte disk",
+            disk.cap
+        );
+        let storage = JournalStorage {
+            backend: Arc::new(disk),
+            name: "small.journal".into(),
+        };
+        let recovered = Journal::recover(storage, [3; 16], 0)?;
+        assert_eq!(recovered.frames.len(), 20);
+        Ok(())
+    }
+}
