@@ -131,12 +131,9 @@ impl Opened {
             .unwrap_or(std::path::Path::new("<backend>"))
     }
 
-    /// The database file at `path`, with its journal beside it. Its
-    /// recovery reserve, if any, is given back first: opening may replay
-    /// the journal, which needs room (the engine takes it again once it
-    /// runs, see `RedbStore::start`).
+    /// The database file at `path`, with its journal beside it (see
+    /// [`open_path`]; it gives back the recovery reserve).
     pub(crate) fn path(path: &std::path::Path) -> Result<Opened, OpenError> {
-        reserve::release(&reserve::path_of(path));
         let db = open_path(path)?;
         Ok(Opened {
             db,
