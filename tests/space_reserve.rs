@@ -4,7 +4,8 @@
 //! keeps a recovery reserve beside the database, so that (a) a running
 //! engine poisoned by a full disk comes back by itself once a little space
 //! is freed, (b) a restart on a full disk opens and serves the replays of
-//! everything stored, and (c) an engine opens and serves on a 2 MiB file
+//! everything stored, and takes its reserve again once space comes back,
+//! and (c) an engine opens and serves on a 2 MiB file
 //! system. Before the reserve, (a) and (b) needed 5 MiB freed on an 8 MiB
 //! file system, and (c) needed 5 MiB to open at all (the journal grew 4 MiB
 //! at a time).
@@ -60,6 +61,26 @@ fn a_restart_on_a_full_disk_opens_and_serves_replays() -> TestResult {
         )
     })?;
     replays(&engine, refused, Some(refused))?;
+    // The reserve went into the recovery; once space comes back, it is
+    // taken again (after a checkpoint: every half reserve of journal).
+    fs.resize(FS_KIB + 4 * 1024)?;
+    let reserve = fs.mnt.join("pay.redb.reserve");
+    let held = || std::fs::metadata(&reserve).map_or(0, |m| m.len());
+    let mut next = refused + 1;
+    while held() < 1 << 20 && next < refused + 5_000 {
+        assert!(
+            pay(&engine, next)?,
+            "payment {next} refused: {:?}",
+            engine.poisoned()
+        );
+        next += 1;
+    }
+    // (Its target is an eighth of the file system: 1.5 MiB of 12 MiB now.)
+    assert!(
+        held() >= 1 << 20,
+        "the reserve was not taken again ({})",
+        fs.listing()
+    );
     Ok(())
 }
 

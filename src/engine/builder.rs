@@ -259,9 +259,12 @@ impl EngineBuilder {
     /// reads the whole file). The engine keeps a write-ahead journal beside
     /// the file, `<path>.journal` (links in `path` resolved): group commits
     /// are made durable there, and the database file catches up at
-    /// checkpoints (every 32 MiB of journal, after 5 s without work, and
-    /// when the engine is dropped). Frames written after the last checkpoint
-    /// (a crash) are applied here. Keep the two files together.
+    /// checkpoints (every 32 MiB of journal, or every half
+    /// [`recovery_reserve`](Self::recovery_reserve) if less, after 5 s
+    /// without work, and when the engine is dropped). Frames written after
+    /// the last checkpoint (a crash) are applied here. Keep the two files
+    /// together. A third, `<path>.reserve`, is the recovery reserve: space
+    /// held for recovery, no data.
     ///
     /// # Errors
     ///

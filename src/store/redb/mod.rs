@@ -608,6 +608,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         seq,
         journal,
         checkpoint_bytes: s.checkpoint_bytes,
+        reserve: s.reserve.clone(),
         overlay: overlay.clone(),
     };
     let writer = std::thread::Builder::new()

@@ -93,9 +93,11 @@ impl Reserve {
     }
 }
 
-/// The reserve file of the database file `db`.
+/// The reserve file of the database file `db`: beside the file itself
+/// (links resolved, as for the journal), on the file system it fills.
 pub(crate) fn path_of(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
+    let real = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+    let mut name = real.into_os_string();
     name.push(SUFFIX);
     PathBuf::from(name)
 }

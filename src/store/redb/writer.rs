@@ -129,6 +129,9 @@ pub(super) struct Writer {
     /// Journal bytes after which it checkpoints: [`CHECKPOINT_BYTES`], or
     /// less so that a replay fits in the recovery reserve (`reserve.rs`).
     pub(super) checkpoint_bytes: u64,
+    /// The recovery reserve, taken again after a checkpoint if it is short
+    /// (`None`: none kept).
+    pub(super) reserve: Option<super::reserve::Reserve>,
     /// Synced, acknowledged values redb has not committed yet.
     pub(super) overlay: Arc<Overlay>,
 }
@@ -599,7 +602,14 @@ impl Writer {
         if self.poison.cause().is_some() {
             return;
         }
-        let _ = self.commit_open(state, Some(closing));
+        if self.commit_open(state, Some(closing)).is_ok() && !closing {
+            // Space may have come back since the reserve was last short.
+            if let Some(reserve) = &self.reserve {
+                if let Err(e) = reserve.take() {
+                    tracing::debug!(error = %e, "recovery reserve still not held");
+                }
+            }
+        }
     }
 }
 
