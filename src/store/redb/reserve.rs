@@ -13,7 +13,7 @@
 //! writer checkpoints at least every half reserve of journal (see
 //! [`checkpoint_bytes`]), so the replay of what a crash leaves fits in it.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// The default reserve: room to replay and checkpoint a full journal (the
@@ -122,9 +122,10 @@ pub(crate) fn release(path: &Path) -> u64 {
 /// writing, or zeros written where the file system does not support it.
 /// Not synced: a reserve lost in a crash is taken again at the next open.
 fn write_zeros(path: &Path, from: u64, to: u64) -> io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .create(true)
-        .append(true)
+        .truncate(false)
+        .write(true)
         .open(path)?;
     let from = if file.metadata()?.len() == from {
         from
@@ -139,11 +140,13 @@ fn write_zeros(path: &Path, from: u64, to: u64) -> io::Result<()> {
         }
         Err(_) => {}
     }
+    // Positioned writes: two takes at once (a reopen's and a checkpoint's)
+    // write the same bytes, never twice as many.
     let block = vec![0_u8; usize::try_from(BLOCK).unwrap_or(65_536)];
     let mut at = from;
     while at < to {
         let n = usize::try_from((to - at).min(BLOCK)).unwrap_or(block.len());
-        file.write_all(&block[..n])?;
+        std::os::unix::fs::FileExt::write_all_at(&file, &block[..n], at)?;
         at += n as u64;
     }
     Ok(())
