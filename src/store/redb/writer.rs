@@ -26,7 +26,8 @@
 //!    durable, and empties the overlay.
 //!
 //! A checkpoint (a redb commit with `Durability::Immediate`) every
-//! [`CHECKPOINT_BYTES`] of journal, after [`IDLE_CHECKPOINT`] without work,
+//! [`CHECKPOINT_BYTES`] of journal (or every half recovery reserve, if
+//! less: `reserve.rs`), after [`IDLE_CHECKPOINT`] without work,
 //! before an isolated job and at shutdown lets the journal start over. See
 //! `journal.rs`.
 //!
