@@ -1,6 +1,6 @@
 //! A real full disk under the layer's async path on a journaled file: a
-//! 10 MiB tmpfs (2 MiB cannot even open: the journal grows 4 MiB at a
-//! time) fills while requests arrive; answers are 201 or 503, never a
+//! 10 MiB tmpfs (tests/space_reserve.rs covers smaller ones and the
+//! recovery reserve) fills while requests arrive; answers are 201 or 503, never a
 //! wrong one, and service comes back when space does. Also: 1,000
 //! concurrent loopback connections keep the thread count flat. Needs root
 //! for `mount`: skipped otherwise, but a failure under `CI=true` (CI runs

@@ -32,6 +32,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`max_batch`](Self::max_batch) | 512 operations per group commit |
 /// | [`max_group_bytes`](Self::max_group_bytes) | 64 MiB (67,108,864 bytes) per group commit |
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
+/// | [`recovery_reserve`](Self::recovery_reserve) | 64 MiB, at most 1/8 of the file system |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
 #[must_use]
@@ -228,6 +229,27 @@ impl EngineBuilder {
         self
     }
 
+    /// Bytes of disk kept for recovery beside a database opened from a
+    /// path: a file of zeros, `<database file>.reserve`, given back when
+    /// the engine must recover (an open after a crash or a full disk, a
+    /// reopen after a storage failure) so that replaying the journal and
+    /// its checkpoint need no new space, and taken again once it has
+    /// recovered. Default 64 MiB (67,108,864 bytes: a replay and
+    /// checkpoint of a full 32 MiB journal), but never more than an
+    /// eighth of the file system, nor more than half of what is free when
+    /// it is taken (short of space, the engine runs with less, or none,
+    /// and logs a warning). The engine checkpoints at least every half
+    /// reserve of journal (at most every 32 MiB), so what a crash leaves to
+    /// replay fits in it, and grows the journal by at most that much at a
+    /// time. `0` keeps no reserve (then the engine checkpoints every 32 MiB of
+    /// journal, and a full disk may need that much freed to recover). Ignored for databases not
+    /// opened from a path (PostgreSQL, [`Self::open_with_backend`],
+    /// [`Self::in_memory`]).
+    pub fn recovery_reserve(mut self, bytes: u64) -> Self {
+        self.cfg.recovery_reserve = bytes;
+        self
+    }
+
     /// Opens the database at `path`, creating the file if it does not exist
     /// (or is empty). A file of record format 1 (written by an older build)
     /// is migrated to format 2 first, in one durable transaction: every
@@ -237,9 +259,12 @@ impl EngineBuilder {
     /// reads the whole file). The engine keeps a write-ahead journal beside
     /// the file, `<path>.journal` (links in `path` resolved): group commits
     /// are made durable there, and the database file catches up at
-    /// checkpoints (every 32 MiB of journal, after 5 s without work, and
-    /// when the engine is dropped). Frames written after the last checkpoint
-    /// (a crash) are applied here. Keep the two files together.
+    /// checkpoints (every 32 MiB of journal, or every half
+    /// [`recovery_reserve`](Self::recovery_reserve) if less, after 5 s
+    /// without work, and when the engine is dropped). Frames written after
+    /// the last checkpoint (a crash) are applied here. Keep the two files
+    /// together. A third, `<path>.reserve`, is the recovery reserve: space
+    /// held for recovery, no data.
     ///
     /// # Errors
     ///
@@ -359,7 +384,9 @@ impl EngineBuilder {
     /// first. `healthy` tells whether the storage takes writes again: it is
     /// called (at most once a second of the engine's clock, by a write or
     /// [`Engine::poisoned`]) before each reopen attempt, and an error skips
-    /// the attempt, so the old database keeps serving replays.
+    /// the attempt, so the old database keeps serving replays. A reopen
+    /// that fails after `healthy` passed doubles the wait before the next
+    /// attempt (2 s, 4 s, ... at most 30 s); one that works resets it.
     ///
     /// # Errors
     ///
@@ -610,9 +637,12 @@ impl EngineBuilder {
             opened,
             self.cfg.store,
             self.clock.clone(),
-            self.cfg.max_batch,
-            self.cfg.max_group_bytes,
-            self.cfg.queue_capacity,
+            redb_store::Sizes {
+                max_batch: self.cfg.max_batch,
+                max_group_bytes: self.cfg.max_group_bytes,
+                queue_capacity: self.cfg.queue_capacity,
+                recovery_reserve: self.cfg.recovery_reserve,
+            },
             reopen,
         )?;
         self.run(Arc::new(store))

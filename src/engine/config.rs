@@ -23,6 +23,9 @@ pub(crate) struct Config {
     pub(crate) max_group_bytes: usize,
     pub(crate) queue_capacity: usize,
     pub(crate) sweep_batch: usize,
+    /// Bytes kept beside a database file for recovery (see
+    /// `EngineBuilder::recovery_reserve`).
+    pub(crate) recovery_reserve: u64,
 }
 
 impl Config {
@@ -47,6 +50,7 @@ impl Default for Config {
             max_group_bytes: 64 << 20,
             queue_capacity: 4096,
             sweep_batch: 64,
+            recovery_reserve: crate::store::redb::DEFAULT_RECOVERY_RESERVE,
         }
     }
 }
@@ -64,6 +68,7 @@ impl fmt::Debug for Config {
             .field("max_group_bytes", &self.max_group_bytes)
             .field("queue_capacity", &self.queue_capacity)
             .field("sweep_batch", &self.sweep_batch)
+            .field("recovery_reserve", &self.recovery_reserve)
             .finish()
     }
 }

@@ -10,6 +10,7 @@ mod overlay;
 mod read;
 mod read_only;
 mod recover;
+mod reserve;
 mod sweep;
 mod syncer;
 mod tables;
@@ -45,10 +46,12 @@ use crate::transition::Transition;
 
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
+pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;
 
 use self::job::Call;
 use self::journal::JournalStorage;
 use self::overlay::Overlay;
+use self::reserve::Reserve;
 use self::tables::{OpError, Tables};
 use self::writer::{Msg, Writer};
 
@@ -128,7 +131,8 @@ impl Opened {
             .unwrap_or(std::path::Path::new("<backend>"))
     }
 
-    /// The database file at `path`, with its journal beside it.
+    /// The database file at `path`, with its journal beside it (see
+    /// [`open_path`]; it gives back the recovery reserve).
     pub(crate) fn path(path: &std::path::Path) -> Result<Opened, OpenError> {
         let db = open_path(path)?;
         Ok(Opened {
@@ -148,6 +152,22 @@ pub(crate) type Probe = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
 /// Shortest time between two reopen attempts, in ms of the engine's clock.
 const REOPEN_BACKOFF_MS: u64 = 1_000;
+/// Longest: each reopen that fails (after its probe passed) doubles the
+/// wait before the next attempt, up to this; one that works resets it.
+const REOPEN_BACKOFF_MAX_MS: u64 = 30_000;
+
+/// The engine's size settings the backend reads (see `EngineBuilder`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    /// Most operations per group commit.
+    pub(crate) max_batch: usize,
+    /// Bytes of changes after which a group takes no more operations.
+    pub(crate) max_group_bytes: usize,
+    /// Capacity of the writer's queue.
+    pub(crate) queue_capacity: usize,
+    /// Bytes of the recovery reserve (0: none; see `reserve.rs`).
+    pub(crate) recovery_reserve: u64,
+}
 
 /// What a writer thread needs, kept to start another one after a reopen.
 struct WriterSettings {
@@ -156,6 +176,11 @@ struct WriterSettings {
     max_batch: usize,
     max_group_bytes: usize,
     queue_capacity: usize,
+    /// Space kept beside the database file for recovery (`None`: opened
+    /// on a backend, or a reserve of 0 bytes).
+    reserve: Option<Reserve>,
+    /// Journal bytes after which the writer checkpoints.
+    checkpoint_bytes: u64,
 }
 
 /// The database and its writer thread, replaced as a whole when the
@@ -176,9 +201,12 @@ struct Live {
 /// A storage failure poisons it: writes are refused (replays, which only
 /// read, go on). When it was opened from a path (or a backend factory), a
 /// later write, or [`Backend::check`], reopens the database at most once a
-/// second, once a probe says storage takes writes again (for a path: a
-/// small file written and synced next to it): redb recovers the file to
-/// its last commit, a new writer starts, and write service is back, with
+/// second (after reopens that failed, up to every 30 s), once a probe says
+/// storage takes writes again (for a path: a 64 KiB file written and
+/// synced next to it): the recovery reserve is given back (`reserve.rs`),
+/// redb recovers the file to its last commit, the journal is replayed and
+/// checkpointed in the reserve's room, a new writer starts, the reserve is
+/// taken again as far as there is room, and write service is back, with
 /// every acknowledged write kept.
 pub(crate) struct RedbStore {
     live: RwLock<Live>,
@@ -187,6 +215,9 @@ pub(crate) struct RedbStore {
     reopen: Option<(Reopen, Probe)>,
     /// Clock reading (ms) of the last reopen attempt.
     last_reopen: Mutex<Option<u64>>,
+    /// The wait (ms) before the next reopen attempt (see
+    /// [`REOPEN_BACKOFF_MAX_MS`]).
+    reopen_backoff_ms: std::sync::atomic::AtomicU64,
     /// The database file, for a read view while a reopen fails (see
     /// `open::open_read_view`).
     file: Option<std::path::PathBuf>,
@@ -255,25 +286,40 @@ impl RedbStore {
         opened: Opened,
         cfg: StoreConfig,
         clock: Arc<dyn Clock>,
-        max_batch: usize,
-        max_group_bytes: usize,
-        queue_capacity: usize,
+        sizes: Sizes,
         reopen: Option<(Reopen, Probe)>,
     ) -> Result<RedbStore, OpenError> {
+        let Sizes {
+            max_batch,
+            max_group_bytes,
+            queue_capacity,
+            recovery_reserve,
+        } = sizes;
+        let file = opened.file.clone();
+        let reserve = file
+            .as_deref()
+            .filter(|_| recovery_reserve > 0)
+            .map(|f| Reserve::beside(f, recovery_reserve));
+        let checkpoint_bytes = reserve.as_ref().map_or(writer::CHECKPOINT_BYTES, |r| {
+            reserve::checkpoint_bytes(r.target(), writer::CHECKPOINT_BYTES)
+        });
         let settings = WriterSettings {
             cfg,
             clock,
             max_batch: max_batch.max(1),
             max_group_bytes: max_group_bytes.max(1),
             queue_capacity: queue_capacity.max(1),
+            reserve,
+            checkpoint_bytes,
         };
-        let file = opened.file.clone();
         let live = spawn_writer(opened, &settings)?;
+        take_reserve(&settings);
         Ok(RedbStore {
             live: RwLock::new(live),
             settings,
             reopen,
             last_reopen: Mutex::new(None),
+            reopen_backoff_ms: std::sync::atomic::AtomicU64::new(REOPEN_BACKOFF_MS),
             file,
             detached: Arc::new(Detached::default()),
         })
@@ -378,7 +424,8 @@ impl RedbStore {
                 return poisoned();
             };
             let now = self.settings.clock.now_ms();
-            if last.is_some_and(|at| now >= at && now - at < REOPEN_BACKOFF_MS) {
+            let backoff = self.reopen_backoff_ms.load(Ordering::Relaxed);
+            if last.is_some_and(|at| now >= at && now - at < backoff) {
                 return poisoned();
             }
             *last = Some(now);
@@ -387,6 +434,9 @@ impl RedbStore {
             tracing::warn!(error = %e, "storage still failing; not reopening yet");
             return poisoned();
         }
+        // Storage takes writes again. The reopen replays the journal and
+        // checkpoints, which needs room: the reserve gives it (the reopen
+        // below releases it), and is taken again after.
         let mut live = self.live.write();
         let Some(cause) = live.poison.cause() else {
             return Ok(());
@@ -419,10 +469,19 @@ impl RedbStore {
                 tracing::warn!(%cause, "database reopened after a storage failure; writes work again");
                 metrics::counter!("idempotency_reopened_total").increment(1);
                 *live = fresh;
+                drop(live);
+                self.reopen_backoff_ms
+                    .store(REOPEN_BACKOFF_MS, Ordering::Relaxed);
+                take_reserve(&self.settings);
                 Ok(())
             }
             Err(e) => {
                 tracing::error!(error = %e, %cause, "reopening the database failed; writes stay refused");
+                // The reserve stays given back: the room it left is for
+                // the next attempt, not held away from it.
+                let backoff = self.reopen_backoff_ms.load(Ordering::Relaxed);
+                self.reopen_backoff_ms
+                    .store((backoff * 2).min(REOPEN_BACKOFF_MAX_MS), Ordering::Relaxed);
                 live.poison.reopen_failed(e.to_string());
                 // Reads (replays) go on from a view that writes nothing,
                 // until a later attempt reopens the file for writing.
@@ -496,6 +555,22 @@ fn request_commit(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
     answer.recv().unwrap_or_else(|| Err(closed(poison)))
 }
 
+/// Takes the recovery reserve (again), as far as the disk has room; short
+/// of room the engine runs without it, and says so.
+fn take_reserve(s: &WriterSettings) {
+    let Some(reserve) = &s.reserve else { return };
+    match reserve.take() {
+        Ok(held) if held < reserve.target() => tracing::warn!(
+            held,
+            target = reserve.target(),
+            "the disk is short of space: the recovery reserve holds less than its target"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e,
+            "no recovery reserve: the disk is short of space; a full disk may need space freed to recover"),
+    }
+}
+
 /// Starts a writer thread on a prepared database, after applying what its
 /// journal holds beyond the last checkpoint.
 fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
@@ -507,7 +582,12 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
                 context: "opening the journal",
                 source: Box::new(e),
             })?;
-            Some(recover::open_journal(&db, &name, storage)?)
+            Some(recover::open_journal(
+                &db,
+                &name,
+                storage,
+                s.checkpoint_bytes,
+            )?)
         }
         None => None,
     };
@@ -527,6 +607,8 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         max_group_bytes: s.max_group_bytes,
         seq,
         journal,
+        checkpoint_bytes: s.checkpoint_bytes,
+        reserve: s.reserve.clone(),
         overlay: overlay.clone(),
     };
     let writer = std::thread::Builder::new()

@@ -15,11 +15,15 @@ use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 
 /// Opens the file at `path`, creating it if it does not exist or is empty.
 /// Nothing is written to an existing file, and no journal is created,
-/// before [`check_before_writing`] has accepted it.
+/// before [`check_before_writing`] has accepted it. Then its recovery
+/// reserve, if any, is given back: redb's recovery and the journal's replay
+/// may need its room (the engine takes it again once it runs, see
+/// `RedbStore::start`).
 pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
     let existing = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
     let db = if existing {
         check_before_writing(path)?;
+        super::reserve::release(&super::reserve::path_of(path));
         // Every page's checksum is verified before the file is trusted: a
         // file damaged since redb wrote it is refused here, where a plain
         // open can make redb panic later, sometimes twice and then abort

@@ -118,11 +118,13 @@ pub(super) fn check_before_open(
 /// Opens the journal in `storage` for `db` (prepared: format 2; `path`
 /// names it in errors), applying the frames the database does not hold
 /// yet. A database without a journal id gets one, and any bytes already in
-/// `storage` are discarded (they cannot be its journal).
+/// `storage` are discarded (they cannot be its journal). `grow_bytes`: the
+/// most the journal file grows by at a time (see `Journal::set_grow_bytes`).
 pub(crate) fn open_journal(
     db: &Database,
     path: &Path,
     storage: JournalStorage,
+    grow_bytes: u64,
 ) -> Result<Journal, OpenError> {
     let what = "opening the journal";
     let name = storage.name.clone();
@@ -149,6 +151,7 @@ pub(crate) fn open_journal(
         anchored,
         torn,
     } = Journal::recover(storage, stored.id, stored.lsn).map_err(journal_error)?;
+    journal.set_grow_bytes(grow_bytes);
     let frames = serving(
         &stored,
         &name,

@@ -26,7 +26,8 @@
 //!    durable, and empties the overlay.
 //!
 //! A checkpoint (a redb commit with `Durability::Immediate`) every
-//! [`CHECKPOINT_BYTES`] of journal, after [`IDLE_CHECKPOINT`] without work,
+//! [`CHECKPOINT_BYTES`] of journal (or every half recovery reserve, if
+//! less: `reserve.rs`), after [`IDLE_CHECKPOINT`] without work,
 //! before an isolated job and at shutdown lets the journal start over. See
 //! `journal.rs`.
 //!
@@ -126,6 +127,12 @@ pub(super) struct Writer {
     pub(super) seq: Sequences,
     /// The write-ahead journal (`None`: every commit is durable in redb).
     pub(super) journal: Option<Journal>,
+    /// Journal bytes after which it checkpoints: [`CHECKPOINT_BYTES`], or
+    /// less so that a replay fits in the recovery reserve (`reserve.rs`).
+    pub(super) checkpoint_bytes: u64,
+    /// The recovery reserve, taken again after a checkpoint if it is short
+    /// (`None`: none kept).
+    pub(super) reserve: Option<super::reserve::Reserve>,
     /// Synced, acknowledged values redb has not committed yet.
     pub(super) overlay: Arc<Overlay>,
 }
@@ -346,7 +353,7 @@ impl Writer {
                 let checkpoint_due = self
                     .journal
                     .as_ref()
-                    .is_some_and(|j| j.since_checkpoint() >= CHECKPOINT_BYTES);
+                    .is_some_and(|j| j.since_checkpoint() >= self.checkpoint_bytes);
                 if checkpoint_due {
                     self.checkpoint(state, false);
                 } else if full {
@@ -596,7 +603,14 @@ impl Writer {
         if self.poison.cause().is_some() {
             return;
         }
-        let _ = self.commit_open(state, Some(closing));
+        if self.commit_open(state, Some(closing)).is_ok() && !closing {
+            // Space may have come back since the reserve was last short.
+            if let Some(reserve) = &self.reserve {
+                if let Err(e) = reserve.take() {
+                    tracing::debug!(error = %e, "recovery reserve still not held");
+                }
+            }
+        }
     }
 }
 

@@ -110,6 +110,8 @@ pub(in crate::store::redb) struct Journal {
     checkpointed_lsn: u64,
     /// A failed append leaves the file in an unknown state: no more.
     broken: bool,
+    /// The most the file grows by at a time (see `Journal::set_grow_bytes`).
+    grow_bytes: u64,
     buf: Vec<u8>,
 }
 

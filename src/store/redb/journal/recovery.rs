@@ -48,6 +48,7 @@ impl Journal {
             last_lsn: checkpointed_lsn,
             checkpointed_lsn,
             broken: false,
+            grow_bytes: super::writer::GROW_BYTES,
             buf: Vec::new(),
             storage,
         };

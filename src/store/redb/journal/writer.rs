@@ -8,8 +8,11 @@ use redb::StorageBackend;
 use super::frame::{checksum, frame_len, Frame, FRAME_HEADER};
 use super::{Journal, JournalError, HEADER_LEN, MAGIC, VERSION};
 
-/// The file grows by at least this much (zeros) when a frame needs room.
-const GROW_BYTES: u64 = 4 << 20;
+/// The file grows by at most this much (zeros) when a frame needs room
+/// (see [`Journal::set_grow_bytes`]).
+pub(in crate::store::redb) const GROW_BYTES: u64 = 4 << 20;
+/// Growth is rounded up to this.
+const GROW_BLOCK: u64 = 4096;
 
 /// The syncing side of a journal: `fdatasync` on its file, from the
 /// syncer thread, while the writer appends the next frames.
@@ -135,19 +138,54 @@ impl Journal {
     fn write_at_end(&mut self, total: u64, sync: bool) -> io::Result<()> {
         let end = self.write_at + total;
         if end > self.len {
-            // Grow with zeros written now, so later appends overwrite
-            // allocated blocks and their syncs rarely touch metadata.
-            let new_len = end.max(self.len + GROW_BYTES);
-            let zeros = vec![0_u8; usize::try_from(new_len - self.len).unwrap_or(usize::MAX)];
-            self.storage.backend.set_len(new_len)?;
-            self.storage.backend.write(self.len, &zeros)?;
-            self.len = new_len;
+            self.grow(end)?;
         }
         self.storage.backend.write(self.write_at, &self.buf)?;
         if sync {
             self.storage.backend.sync_data()?;
         }
         Ok(())
+    }
+
+    /// Grows the file to hold `end` bytes, with zeros written now, so later
+    /// appends overwrite allocated blocks and their syncs rarely touch
+    /// metadata: by the grow step when the disk has room, else by less,
+    /// down to just what the frame needs. A step the disk refused is undone
+    /// (no sparse tail is left to fail a later write).
+    fn grow(&mut self, end: u64) -> io::Result<()> {
+        let needed = end.div_ceil(GROW_BLOCK) * GROW_BLOCK;
+        let mut step = self.grow_bytes.max(GROW_BLOCK);
+        loop {
+            let new_len = needed.max(self.len + step);
+            let zeros = vec![0_u8; usize::try_from(new_len - self.len).unwrap_or(usize::MAX)];
+            let grown = self
+                .storage
+                .backend
+                .set_len(new_len)
+                .and_then(|()| self.storage.backend.write(self.len, &zeros));
+            match grown {
+                Ok(()) => {
+                    self.len = new_len;
+                    return Ok(());
+                }
+                Err(e) if is_full(&e) && new_len > needed => {
+                    // Give back what the refused step took; try less.
+                    self.storage.backend.set_len(self.len)?;
+                    step /= 4;
+                }
+                Err(e) => {
+                    let _ = self.storage.backend.set_len(self.len);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The most the file grows by at a time (at least 4 KiB): the engine
+    /// sets it to its checkpoint interval when that is smaller than
+    /// [`GROW_BYTES`], so a small file system is not asked for 4 MiB.
+    pub(in crate::store::redb) fn set_grow_bytes(&mut self, bytes: u64) {
+        self.grow_bytes = bytes.clamp(GROW_BLOCK, GROW_BYTES);
     }
 
     /// The database now durably holds everything up to [`Self::last_lsn`]:
@@ -186,5 +224,91 @@ impl Journal {
             file: self.storage.name.clone(),
             source,
         }
+    }
+}
+
+/// Whether `e` says the disk (or a quota) is full.
+fn is_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+#[cfg(test)]
+mod grow_tests {
+    use std::io;
+    use std::sync::Arc;
+
+    use redb::backends::InMemoryBackend;
+    use redb::StorageBackend;
+
+    use super::super::{Change, Frame, Journal, JournalStorage};
+
+    /// A disk of `cap` bytes: a write past it fails as a full disk does
+    /// (growing the length alone is a sparse file, and works).
+    #[derive(Debug, Clone)]
+    struct Small {
+        bytes: Arc<InMemoryBackend>,
+        cap: u64,
+    }
+
+    impl StorageBackend for Small {
+        fn len(&self) -> io::Result<u64> {
+            self.bytes.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            self.bytes.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.bytes.set_len(len)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            if offset + data.len() as u64 > self.cap {
+                return Err(io::Error::from(io::ErrorKind::StorageFull));
+            }
+            self.bytes.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn a_disk_short_of_a_grow_step_still_takes_frames() -> Result<(), Box<dyn std::error::Error>> {
+        let disk = Small {
+            bytes: Arc::new(InMemoryBackend::new()),
+            cap: 96 << 10,
+        };
+        let storage = JournalStorage {
+            backend: Arc::new(disk.clone()),
+            name: "small.journal".into(),
+        };
+        let mut journal = Journal::recover(storage, [3; 16], 0)?.journal;
+        for n in 1..=20_u64 {
+            let frame = Frame {
+                next_token: n,
+                next_outbox: 1,
+                changes: vec![Change::PutRecord {
+                    key: n.to_le_bytes().to_vec(),
+                    value: vec![1; 2_000],
+                }],
+            };
+            journal.append(&frame)?;
+        }
+        // Every refused step was undone: no sparse tail past the disk.
+        let len = disk.len()?;
+        assert!(
+            len <= disk.cap,
+            "the journal is {len} bytes on a {} byte disk",
+            disk.cap
+        );
+        let storage = JournalStorage {
+            backend: Arc::new(disk),
+            name: "small.journal".into(),
+        };
+        let recovered = Journal::recover(storage, [3; 16], 0)?;
+        assert_eq!(recovered.frames.len(), 20);
+        Ok(())
     }
 }
