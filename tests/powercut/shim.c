@@ -471,6 +471,10 @@ static void namespace_change(int kind, int at, const char *path) {
     r.kind = (uint32_t)kind;
     r.cls = C_NAMESPACE;
     r.new_len = strlen(name);
+    /* The length the name had, so the parent can put back a recovery
+     * reserve whose removal no directory sync covered. */
+    struct stat st;
+    if (stat(abs_path, &st) == 0) r.old_size = (uint64_t)st.st_size;
     record(&r, NULL, name);
     pthread_mutex_unlock(&lock);
 }

@@ -104,6 +104,8 @@ pub struct Rolled {
     /// was dropped (a disk that wrote its cache back out of order).
     pub reordered: bool,
     pub creations_removed: Vec<String>,
+    /// Removals of the recovery reserve no directory sync covered, undone.
+    pub removals_undone: Vec<String>,
 }
 
 /// A small deterministic generator (no dependency for a coin).
@@ -116,6 +118,12 @@ impl Coin {
         self.0 ^= self.0 << 17;
         self.0
     }
+}
+
+/// Whether a namespace record names the engine's recovery reserve
+/// (`<db>.reserve`).
+fn is_reserve(name: &[u8]) -> bool {
+    name.ends_with(b".reserve")
 }
 
 /// Turns `dir` into what survives a power cut, given the child's undo log.
@@ -145,6 +153,14 @@ pub fn power_cut(dir: &Path, log: &[Rec], keep: Option<&mut Coin>) -> Res<Rolled
             K_WRITE | K_TRUNC => uncovered[i] = !covered(&synced_files, r.ino, i),
             // `off` holds the parent directory's inode.
             K_CREATE => uncovered[i] = !covered(&synced_dirs, r.off, i),
+            // The recovery reserve holds no data (only its length and
+            // allocated space count), so an uncovered removal of it is
+            // undone below by putting back a file of its old length.
+            K_UNLINK
+                if is_reserve(&r.new) && !synced_dirs.values().any(|upto| (i as u64) < *upto) =>
+            {
+                uncovered[i] = true;
+            }
             K_UNLINK | K_RENAME if !synced_dirs.values().any(|upto| (i as u64) < *upto) => {
                 let name = String::from_utf8_lossy(&r.new);
                 return Err(format!(
@@ -232,6 +248,19 @@ pub fn power_cut(dir: &Path, log: &[Rec], keep: Option<&mut Coin>) -> Res<Rolled
             if std::fs::metadata(&path).is_ok_and(|m| m.ino() == r.ino) {
                 std::fs::remove_file(&path)?;
                 rolled.creations_removed.push(name);
+            }
+        }
+        if uncovered[i] && r.kind == K_UNLINK {
+            let name = String::from_utf8_lossy(&r.new).to_string();
+            let path = dir.join(&name);
+            if std::fs::metadata(&path).is_err() {
+                OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)?
+                    .set_len(r.old_size)?;
+                rolled.removals_undone.push(name);
             }
         }
     }
