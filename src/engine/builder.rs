@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::clock::{duration_ms, Clock, SystemClock};
 use crate::engine::config::Config;
 use crate::engine::core::{Core, Counters};
+use crate::engine::early::Asked;
 use crate::engine::handle::Engine;
 use crate::engine::sweeper::Sweeper;
 use crate::envelope::Envelope;
@@ -34,6 +35,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
+/// | [`resolver_interval`](Self::resolver_interval) | 1 s |
 #[must_use]
 pub struct EngineBuilder {
     cfg: Config,
@@ -184,6 +186,19 @@ impl EngineBuilder {
         self
     }
 
+    /// Shortest time between two questions to the resolver about one
+    /// dropped claim while its lease still runs (a claim dropped without an
+    /// outcome, or held by a process that ended). In that time a positive
+    /// answer settles the key at once, "not executed" waits for the lease
+    /// end, and retries between two questions answer
+    /// [`crate::Begin::Processing`] with the time to the next one as their
+    /// `retry_after`, so a crowd of retries asks the provider once per
+    /// interval, not once per retry. Whole milliseconds, at least 1 ms.
+    pub fn resolver_interval(mut self, interval: Duration) -> Self {
+        self.cfg.resolver_interval = interval;
+        self
+    }
+
     /// How often the background sweeper runs (at least every 10 ms: shorter
     /// intervals are raised to 10 ms); `None` starts no sweeper thread (call
     /// [`Engine::sweep_now`] yourself). Expiry and leases are decided at
@@ -321,6 +336,7 @@ impl EngineBuilder {
             clock: self.clock,
             cfg: self.cfg,
             counters: Counters::default(),
+            asked: Asked::default(),
         });
         Ok(Engine::new(core, None))
     }
@@ -625,6 +641,7 @@ impl EngineBuilder {
             clock: self.clock,
             cfg: self.cfg,
             counters: Counters::default(),
+            asked: Asked::default(),
         });
         let sweeper = match self.sweep_interval {
             Some(interval) => Some(Sweeper::start(core.clone(), interval).map_err(|source| {

@@ -23,12 +23,20 @@ pub(crate) struct Config {
     pub(crate) max_group_bytes: usize,
     pub(crate) queue_capacity: usize,
     pub(crate) sweep_batch: usize,
+    /// Shortest time between two resolver questions about one dropped
+    /// claim while its lease runs (see `engine/early.rs`).
+    pub(crate) resolver_interval: Duration,
 }
 
 impl Config {
     /// The default lease in whole milliseconds, at least 1.
     pub(crate) fn lease_ms(&self) -> u64 {
         duration_ms(self.lease).max(1)
+    }
+
+    /// The resolver interval in whole milliseconds, at least 1.
+    pub(crate) fn resolver_interval_ms(&self) -> u64 {
+        duration_ms(self.resolver_interval).max(1)
     }
 }
 
@@ -47,6 +55,7 @@ impl Default for Config {
             max_group_bytes: 64 << 20,
             queue_capacity: 4096,
             sweep_batch: 64,
+            resolver_interval: Duration::from_secs(1),
         }
     }
 }
@@ -64,6 +73,7 @@ impl fmt::Debug for Config {
             .field("max_group_bytes", &self.max_group_bytes)
             .field("queue_capacity", &self.queue_capacity)
             .field("sweep_batch", &self.sweep_batch)
+            .field("resolver_interval", &self.resolver_interval)
             .finish()
     }
 }
