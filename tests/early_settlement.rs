@@ -38,7 +38,7 @@ const ROLE_VAR: &str = "IDEM_EARLY_ROLE";
 const DIR_VAR: &str = "IDEM_EARLY_DIR";
 const READY: &str = "EARLY CHILD READY";
 const T0: u64 = 1_700_000_000_000;
-/// The engine's default lease.
+/// The payments demo server's default lease (`serve --lease-ms`).
 const LEASE_MS: u64 = 10_000;
 const CHARGED: &str = "charged-before-the-kill";
 const NOT_CHARGED: &str = "killed-before-the-charge";
@@ -78,6 +78,7 @@ fn child_entry() -> TestResult {
     kill::exit_if_never_killed();
     let engine = Engine::builder()
         .clock(ManualClock::new(T0))
+        .lease(Duration::from_millis(LEASE_MS))
         .sweep_interval(None)
         .open(dir.join("idem.redb"))?;
     let charged = common::claimed(engine.begin(&key(CHARGED)?, fp()?)?)?;
@@ -88,7 +89,8 @@ fn child_entry() -> TestResult {
         .open(provider(&dir))?;
     writeln!(log, "{}", charged.reference())?;
     log.sync_all()?;
-    kill::say_ready()?;
+    println!("{READY}");
+    std::io::stdout().flush()?;
     // Both claims stay PROCESSING until the parent kills this process.
     std::thread::sleep(Duration::from_secs(120));
     Err("never killed".into())
@@ -117,13 +119,13 @@ fn reopen(
     clock: &ManualClock,
     asked: &Arc<AtomicUsize>,
 ) -> Result<Engine, Box<dyn Error + Send + Sync>> {
-    let (dir, asked) = (dir.to_path_buf(), asked.clone());
+    let (provider_dir, asked) = (dir.to_path_buf(), asked.clone());
     Ok(Engine::builder()
         .clock(clock.clone())
         .sweep_interval(None)
         .resolver(move |p: &InDoubt| {
             asked.fetch_add(1, Ordering::SeqCst);
-            match charged(&dir, &p.reference) {
+            match charged(&provider_dir, &p.reference) {
                 Ok(true) => Resolution::Completed(receipt(&p.reference)),
                 Ok(false) => Resolution::NotExecuted,
                 Err(_) => Resolution::StillInDoubt,

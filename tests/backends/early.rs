@@ -137,7 +137,7 @@ both_backends! {
         dropped(&engine, &k)?;
         assert_eq!(retry_after(engine.begin(&k, fp(1)?)?)?, Duration::from_millis(INTERVAL_MS));
         for _ in 0..20 {
-            engine.begin(&k, fp(1)?)?;
+            retry_after(engine.begin(&k, fp(1)?)?)?;
         }
         clock.set(T0 + 150);
         assert_eq!(retry_after(engine.begin(&k, fp(1)?)?)?, Duration::from_millis(50));
