@@ -16,7 +16,6 @@
 #![cfg(unix)]
 
 mod common;
-#[allow(dead_code)]
 #[path = "common/kill.rs"]
 mod kill;
 

@@ -294,7 +294,7 @@ impl RedbStore {
         });
         let moved = match found {
             Ok(false) => return,
-            Ok(true) => self.call(|t| t.orphans_to_unknown()),
+            Ok(true) => self.call(|t: &mut Tables<'_>| t.orphans_to_unknown()),
             Err(e) => Err(e),
         };
         match moved {
