@@ -19,6 +19,7 @@ mod backends {
 
     mod concurrent;
     mod database_clock;
+    mod early;
     mod expiry;
     mod fencing;
     mod leases;

@@ -749,9 +749,10 @@ async fn provider_timeout(
 
 /// The client gives up while the provider call is still in flight and
 /// retries at once. The dropped request drops its claim, but the work it
-/// started still runs: the key answers 409 in progress until the claim's
-/// lease ends, and only then does the resolver ask the provider, which by
-/// then has the charge. One charge, and the retry replays it.
+/// started still runs: the key answers 409 in progress until the resolver
+/// finds the charge at the provider (asked at most once a second while the
+/// claim's lease runs; a "not executed" heard before the charge landed
+/// waits for the lease end). One charge, and the retry replays it.
 async fn client_hangs_up(
     client: &Client,
     audit: &mut Audit,

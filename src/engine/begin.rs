@@ -29,10 +29,15 @@ pub enum Begin {
     Claimed(Claim),
     /// The key completed earlier with the same fingerprint.
     Replay(Replay),
-    /// Another caller holds the claim and its work is running. Retry after
-    /// `retry_after` (the remaining lease; never zero).
+    /// Another caller holds the claim and its work is running (or may
+    /// still run: a dropped claim before its lease ends). Retry after
+    /// `retry_after` (the remaining lease; never zero). For a dropped claim
+    /// on an engine with a resolver it can be shorter: the time until the
+    /// resolver may be asked again (see
+    /// [`EngineBuilder::resolver_interval`](crate::EngineBuilder::resolver_interval)).
     Processing {
-        /// Remaining lease of the current holder.
+        /// Remaining lease of the current holder, or the time to the next
+        /// resolver question about a dropped claim.
         retry_after: Duration,
     },
     /// The key was used before with a different fingerprint. The work must

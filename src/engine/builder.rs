@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::clock::{duration_ms, Clock, SystemClock};
 use crate::engine::config::Config;
 use crate::engine::core::{Core, Counters};
+use crate::engine::early::Asked;
 use crate::engine::handle::Engine;
 use crate::engine::sweeper::Sweeper;
 use crate::envelope::Envelope;
@@ -35,6 +36,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`recovery_reserve`](Self::recovery_reserve) | 64 MiB, at most 1/8 of the file system |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
+/// | [`resolver_interval`](Self::resolver_interval) | 1 s |
 #[must_use]
 pub struct EngineBuilder {
     cfg: Config,
@@ -182,6 +184,19 @@ impl EngineBuilder {
     /// retry queries the provider instead of failing or re-executing.
     pub fn resolver(mut self, resolver: impl Resolver + 'static) -> Self {
         self.cfg.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// Shortest time between two questions to the resolver about one
+    /// dropped claim while its lease still runs (a claim dropped without an
+    /// outcome, or held by a process that ended). In that time a positive
+    /// answer settles the key at once, "not executed" waits for the lease
+    /// end, and retries between two questions answer
+    /// [`crate::Begin::Processing`] with the time to the next one as their
+    /// `retry_after`, so a crowd of retries asks the provider once per
+    /// interval, not once per retry. Whole milliseconds, at least 1 ms.
+    pub fn resolver_interval(mut self, interval: Duration) -> Self {
+        self.cfg.resolver_interval = interval;
         self
     }
 
@@ -346,6 +361,7 @@ impl EngineBuilder {
             clock: self.clock,
             cfg: self.cfg,
             counters: Counters::default(),
+            asked: Asked::default(),
         });
         Ok(Engine::new(core, None))
     }
@@ -655,6 +671,7 @@ impl EngineBuilder {
             clock: self.clock,
             cfg: self.cfg,
             counters: Counters::default(),
+            asked: Asked::default(),
         });
         let sweeper = match self.sweep_interval {
             Some(interval) => Some(Sweeper::start(core.clone(), interval).map_err(|source| {

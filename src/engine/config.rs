@@ -26,12 +26,20 @@ pub(crate) struct Config {
     /// Bytes kept beside a database file for recovery (see
     /// `EngineBuilder::recovery_reserve`).
     pub(crate) recovery_reserve: u64,
+    /// Shortest time between two resolver questions about one dropped
+    /// claim while its lease runs (see `engine/early.rs`).
+    pub(crate) resolver_interval: Duration,
 }
 
 impl Config {
     /// The default lease in whole milliseconds, at least 1.
     pub(crate) fn lease_ms(&self) -> u64 {
         duration_ms(self.lease).max(1)
+    }
+
+    /// The resolver interval in whole milliseconds, at least 1.
+    pub(crate) fn resolver_interval_ms(&self) -> u64 {
+        duration_ms(self.resolver_interval).max(1)
     }
 }
 
@@ -51,6 +59,7 @@ impl Default for Config {
             queue_capacity: 4096,
             sweep_batch: 64,
             recovery_reserve: crate::store::redb::DEFAULT_RECOVERY_RESERVE,
+            resolver_interval: Duration::from_secs(1),
         }
     }
 }
@@ -69,6 +78,7 @@ impl fmt::Debug for Config {
             .field("queue_capacity", &self.queue_capacity)
             .field("sweep_batch", &self.sweep_batch)
             .field("recovery_reserve", &self.recovery_reserve)
+            .field("resolver_interval", &self.resolver_interval)
             .finish()
     }
 }

@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::engine::begin::Begin;
 use crate::engine::claim::Claim;
 use crate::engine::config::Config;
+use crate::engine::early::Asked;
 use crate::engine::wait::block_on;
 use crate::envelope::Envelope;
 use crate::error::{Corrupted, Error, Result, ReturnedClaim};
@@ -96,6 +97,8 @@ pub(crate) struct Core {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) cfg: Config,
     pub(crate) counters: Counters,
+    /// When the resolver may next be asked about each dropped claim.
+    pub(crate) asked: Asked,
 }
 
 impl Core {
@@ -166,11 +169,16 @@ impl Core {
                 },
             };
             match (&self.cfg.resolver, found.held) {
-                (Some(resolver), Held::InDoubt) if !found.record.may_still_run(found.now_ms) => {
-                    if let Some(answer) = self
-                        .settle_in_begin(key, &found.record, &**resolver, claim())
-                        .await?
-                    {
+                (Some(resolver), Held::InDoubt) => {
+                    // A dropped claim whose lease still runs: only a
+                    // positive answer settles it now (`engine/early.rs`).
+                    let settled = if found.record.may_still_run(found.now_ms) {
+                        self.settle_early(key, &found, &**resolver, claim()).await?
+                    } else {
+                        self.settle_in_begin(key, &found.record, &**resolver, claim())
+                            .await?
+                    };
+                    if let Some(answer) = settled {
                         return Ok(answer);
                     }
                 }
@@ -185,8 +193,9 @@ impl Core {
     /// The one mapping from a held record to what `begin` answers, used by
     /// `begin`, local writes and the inbox. Reads no clock: `found.now_ms`
     /// is the instant the record was classified at. (On an engine with a
-    /// resolver, `begin` first asks it about an in-doubt record whose lease
-    /// has ended: see [`Core::settle_in_begin`].)
+    /// resolver, `begin` first asks it about an in-doubt record: see
+    /// [`Core::settle_in_begin`], and [`Core::settle_early`] for a dropped
+    /// claim whose lease still runs.)
     pub(crate) fn answer(&self, key: &IdempotencyKey, found: Found) -> Result<Begin> {
         let c = &self.counters;
         let Found {
@@ -280,7 +289,7 @@ impl Core {
     }
 
     /// A claim handle for what the store recorded.
-    fn claim(&self, key: &IdempotencyKey, claimed: Claimed) -> Claim {
+    pub(crate) fn claim(&self, key: &IdempotencyKey, claimed: Claimed) -> Claim {
         self.counters.claims.add(1);
         Claim::new(key.clone(), claimed, Arc::downgrade(&self.store))
     }

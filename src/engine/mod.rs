@@ -14,6 +14,7 @@ pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod config;
 pub(crate) mod core;
+pub(crate) mod early;
 pub(crate) mod entity;
 pub(crate) mod handle;
 pub(crate) mod inbox;

@@ -202,7 +202,9 @@ pub(crate) trait Ops: Txn + Sized {
     }
 
     /// Settles an UNKNOWN record owned by `req.token`; "not executed"
-    /// deletes it.
+    /// deletes it. A dropped claim (UNKNOWN, its lease still running) may
+    /// be settled as completed at once, but not as "not executed" before
+    /// its lease ends (`Error::InvalidState`).
     fn settle(&mut self, req: SettleRequest) -> OpResult<Settled<()>, Self::Fatal> {
         self.settle_with(req, Self::delete)
     }
@@ -233,6 +235,18 @@ pub(crate) trait Ops: Txn + Sized {
             || (rec.state == RecordState::Processing && rec.lease_until_ms <= now);
         if rec.token != req.token || !in_doubt {
             return Err(fenced(key, req.token, &rec));
+        }
+        // A dropped claim's work may still run until its lease ends: "not
+        // executed" could be overtaken by it, so it waits for the lease
+        // end (a second claim must never run beside the first). A positive
+        // answer is final whenever it comes, and settles the key at once.
+        if matches!(req.settlement, Settlement::NotExecuted) && rec.may_still_run(now) {
+            return Err(OpError::Refused(Error::InvalidState {
+                key: key.clone(),
+                action: "settle as not executed before the dropped claim's lease ends \
+                         (its work may still be running)",
+                state: State::from(rec.state),
+            }));
         }
         match req.settlement {
             Settlement::Completed(response) => {

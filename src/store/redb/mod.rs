@@ -6,6 +6,7 @@ mod journal;
 mod local;
 mod meta;
 mod open;
+mod orphans;
 mod overlay;
 mod read;
 mod read_only;
@@ -314,7 +315,7 @@ impl RedbStore {
         };
         let live = spawn_writer(opened, &settings)?;
         take_reserve(&settings);
-        Ok(RedbStore {
+        let store = RedbStore {
             live: RwLock::new(live),
             settings,
             reopen,
@@ -322,7 +323,34 @@ impl RedbStore {
             reopen_backoff_ms: std::sync::atomic::AtomicU64::new(REOPEN_BACKOFF_MS),
             file,
             detached: Arc::new(Detached::default()),
-        })
+        };
+        store.claims_of_an_ended_process();
+        Ok(store)
+    }
+
+    /// Moves the claims a process that has ended left PROCESSING to
+    /// UNKNOWN (see `orphans.rs`); only the first open of a store does
+    /// this. A failure here is logged, not fatal: those claims then wait
+    /// for their lease as before, and a storage failure poisons the store
+    /// as any write's would.
+    fn claims_of_an_ended_process(&self) {
+        let now_ms = self.settings.clock.now_ms();
+        let found = contained("reading the database", || {
+            orphans::any(&*self.db()?, now_ms)
+        });
+        let moved = match found {
+            Ok(false) => return,
+            Ok(true) => self.call(|t: &mut Tables<'_>| t.orphans_to_unknown()),
+            Err(e) => Err(e),
+        };
+        match moved {
+            Ok(moved) => tracing::warn!(
+                moved,
+                "claims left PROCESSING by a process that ended are UNKNOWN now \
+                 (settled early by a resolver's positive answer, else at their lease end)"
+            ),
+            Err(e) => tracing::error!(error = %e, "could not mark the claims of an ended process"),
+        }
     }
 
     /// Sends `op` to the writer and waits for its durable answer.
