@@ -104,9 +104,12 @@ mod tests {
             opened,
             cfg,
             Arc::new(clock.clone()),
-            16,
-            1 << 20,
-            64,
+            crate::store::redb::Sizes {
+                max_batch: 16,
+                max_group_bytes: 1 << 20,
+                queue_capacity: 64,
+                recovery_reserve: 0,
+            },
             None,
         )?)
     }
