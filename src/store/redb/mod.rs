@@ -10,6 +10,7 @@ mod overlay;
 mod read;
 mod read_only;
 mod recover;
+mod salvage;
 mod sweep;
 mod syncer;
 mod tables;
@@ -45,6 +46,7 @@ use crate::transition::Transition;
 
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
+pub(crate) use self::salvage::salvage;
 
 use self::job::Call;
 use self::journal::JournalStorage;

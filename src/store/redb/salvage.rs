@@ -1,0 +1,743 @@
+//! Salvage: copies what still reads of a damaged database file into a new
+//! one, and lists every key it could not copy.
+//!
+//! The damaged file is read through a view that writes nothing to it and
+//! skips redb's whole-file integrity check (`open::open_salvage_view`),
+//! each step in its own read transaction with panics inside redb
+//! contained. Each table is walked forward from its start; where damage
+//! stops the walk, it is walked backward from its end, and the records
+//! table again forward from every key an index entry or a journal frame
+//! names, with a lookup of each such key. A walk stops at an error, a
+//! panic, or a key out of order (a damaged page read as another). What
+//! lies between the two walks' ends, and was not found another way, is a
+//! range of unknown keys.
+//!
+//! A value is copied only as stored (its bytes unchanged) and only if it
+//! passes its checksum; a record also only if the index entry its state
+//! names was found (unless that entry lies in a stretch of the index that
+//! could not be walked), since a damaged tree page can point to an older
+//! copy of a page whose values still pass their checksums. The journal's
+//! frames beyond the last checkpoint are read as a writable open reads
+//! them and applied on top, so what they hold is copied even where the
+//! file's own pages are damaged. The new file is written through a
+//! temporary file beside it, renamed into place once committed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use redb::{Durability, ReadableDatabase, ReadableTable, StorageError};
+
+use crate::error::{OpenError, Result};
+use crate::policy::ExpiryPolicy;
+use crate::salvage::{Lost, SalvageReport};
+use crate::store::codec;
+use crate::store::config::StoreConfig;
+use crate::store::record::hex;
+
+use super::journal::{Change, IndexTable, JournalStorage};
+use super::meta::{self, Counter, Format, OpenContext};
+use super::open::{open_path, open_salvage_view, prepare, SalvageView};
+use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
+
+/// Added to a counter past every value found when its stored value is
+/// unreadable: tokens or sequence numbers handed out for records that
+/// were lost must not be handed out again.
+const COUNTER_MARGIN: u64 = 1 << 32;
+
+/// An index entry: (index name, instant ms, record key).
+type IndexEntry = (&'static str, u64, Vec<u8>);
+
+/// Copies what still reads of the database at `damaged` into a new file at
+/// `new` (see the module docs); never writes to `damaged` or its journal.
+pub(crate) fn salvage(damaged: &Path, new: &Path) -> Result<SalvageReport, OpenError> {
+    refuse_existing(new)?;
+    refuse_existing(&JournalStorage::path_of(new))?;
+    let view = super::open_contained(damaged, || open_salvage_view(damaged))?;
+    let gathered = match &view {
+        SalvageView::Clean(db) => gather(db, damaged),
+        SalvageView::Recovered(db) => gather(db, damaged),
+    };
+    // After a panic inside redb its `Drop` may panic on poisoned locks.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(view)));
+    let gathered = gathered?;
+    write_new(&gathered, new)?;
+    Ok(gathered.report)
+}
+
+/// Refuses an existing, non-empty `path`.
+fn refuse_existing(path: &Path) -> Result<(), OpenError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() > 0 => Err(OpenError::SalvageTargetExists {
+            path: path.to_path_buf(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What was read of the damaged file, checked and ready to write.
+#[derive(Default)]
+struct Gathered {
+    records: BTreeMap<Vec<u8>, Vec<u8>>,
+    index: BTreeSet<IndexEntry>,
+    outbox: BTreeMap<u64, Vec<u8>>,
+    entities: BTreeMap<String, Vec<u8>>,
+    next_token: u64,
+    next_outbox: u64,
+    expiry: Option<(u64, ExpiryPolicy)>,
+    report: SalvageReport,
+}
+
+/// Runs `step`, turning a panic inside redb into an error message.
+fn guarded<T>(
+    step: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        Err(format!(
+            "the storage library panicked: {}",
+            super::writer::panic_message(panic.as_ref())
+        ))
+    })
+}
+
+/// One table's entries, as far as walks reached.
+struct Walked<K, V> {
+    entries: BTreeMap<K, V>,
+    /// Where damage stopped the walks: (last key before, first key after,
+    /// why), `None` for the table's ends.
+    gap: Option<(Option<K>, Option<K>, String)>,
+}
+
+impl<K: Ord + Clone, V> Walked<K, V> {
+    /// Whether `key` lies in the stretch that could not be walked.
+    fn in_gap(&self, key: &K) -> bool {
+        self.gap.as_ref().is_some_and(|(after, before, _)| {
+            after.as_ref().is_none_or(|a| key > a) && before.as_ref().is_none_or(|b| key < b)
+        })
+    }
+}
+
+/// Walks entries from `iter` into `out` until it ends, fails, panics,
+/// meets a key out of order, or `stop` says so. Returns why it stopped
+/// early (`None`: it reached the end or `stop`).
+fn walk_into<T, K: Ord + Clone, V, I>(
+    make: impl FnOnce() -> std::result::Result<I, StorageError>,
+    own: impl Fn(T) -> (K, V),
+    ascending: bool,
+    stop: impl Fn(&K) -> bool,
+    out: &mut Vec<(K, V)>,
+) -> Option<String>
+where
+    I: Iterator<Item = std::result::Result<T, StorageError>>,
+{
+    guarded(|| {
+        let iter = make().map_err(|e| e.to_string())?;
+        let mut last: Option<K> = None;
+        for entry in iter {
+            let (k, v) = own(entry.map_err(|e| e.to_string())?);
+            if stop(&k) {
+                return Ok(());
+            }
+            if last
+                .as_ref()
+                .is_some_and(|l| if ascending { &k <= l } else { &k >= l })
+            {
+                return Err("keys out of order (a damaged page)".to_string());
+            }
+            last = Some(k.clone());
+            out.push((k, v));
+        }
+        Ok(())
+    })
+    .err()
+}
+
+/// Walks a table forward; where that stops early, backward from its end
+/// down to the forward walk's last key.
+fn walk_both<T, K: Ord + Clone, V, I, R>(
+    forward: impl FnOnce() -> std::result::Result<I, StorageError>,
+    backward: impl FnOnce() -> std::result::Result<R, StorageError>,
+    own: impl Fn(T) -> (K, V) + Copy,
+) -> Walked<K, V>
+where
+    I: Iterator<Item = std::result::Result<T, StorageError>>,
+    R: Iterator<Item = std::result::Result<T, StorageError>>,
+{
+    let mut ahead = Vec::new();
+    let stopped = walk_into(forward, own, true, |_| false, &mut ahead);
+    let after = ahead.last().map(|(k, _)| k.clone());
+    let mut entries: BTreeMap<K, V> = ahead.into_iter().collect();
+    let Some(reason) = stopped else {
+        return Walked { entries, gap: None };
+    };
+    let mut behind = Vec::new();
+    let bound = after.clone();
+    walk_into(
+        backward,
+        own,
+        false,
+        |k| bound.as_ref().is_some_and(|a| k <= a),
+        &mut behind,
+    );
+    let before = behind.last().map(|(k, _)| k.clone());
+    entries.extend(behind);
+    Walked {
+        entries,
+        gap: Some((after, before, reason)),
+    }
+}
+
+/// Reads everything that can be read of `db` (the file at `path`).
+fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError> {
+    let mut g = Gathered::default();
+    let lost = &mut g.report.lost;
+    let format = match meta::file_format(db, path) {
+        Ok(Some(format)) => format,
+        Ok(None) => {
+            return Err(OpenError::NoEngineTables {
+                path: path.to_path_buf(),
+            })
+        }
+        // A file of an unknown or pre-release format is not guessed at.
+        Err(e @ (OpenError::UnsupportedFormat { .. } | OpenError::PreReleaseFormat { .. })) => {
+            return Err(e)
+        }
+        Err(e) => {
+            lost.push(Lost::MetaValue {
+                key: meta::Key::FormatVersion.name().to_string(),
+                reason: format!("unreadable ({e}); the values are read as format 2"),
+            });
+            Format::V2
+        }
+    };
+    let counter = |counter: Counter| {
+        meta::read_meta(db, path, "reading a counter for salvage", |t| {
+            meta::read_counter(t, counter, format)
+        })
+    };
+    let stored_token = counter(Counter::NextToken);
+    let stored_outbox = counter(Counter::NextOutboxSeq);
+    g.expiry = match meta::stored_expiry(db, format, path) {
+        Ok(expiry) => expiry,
+        Err(e) => {
+            lost.push(Lost::MetaValue {
+                key: "ttl_ms, expiry_policy".into(),
+                reason: format!("unreadable ({e}); not copied: the next app stores its own"),
+            });
+            None
+        }
+    };
+
+    let records = walk_records(db);
+    let (index, index_gaps) = walk_index(db);
+    let outbox = walk_table(
+        db,
+        OUTBOX,
+        |(k, v): (redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>)| {
+            (k.value(), v.value().to_vec())
+        },
+    );
+    let entities = walk_table(
+        db,
+        ENTITIES,
+        |(k, v): (redb::AccessGuard<'_, &str>, redb::AccessGuard<'_, &[u8]>)| {
+            (k.value().to_string(), v.value().to_vec())
+        },
+    );
+
+    // The journal's frames beyond the last checkpoint.
+    let frames = match meta::read_meta(db, path, "reading the journal position", |t| {
+        meta::read_journal(t, format)
+    }) {
+        Ok(Some(Some(stored))) if !stored.clean => {
+            match super::recover::frames_beside(&stored, path) {
+                Ok(frames) => frames,
+                Err(e) => {
+                    lost.push(Lost::Journal {
+                        detail: e.to_string(),
+                    });
+                    Vec::new()
+                }
+            }
+        }
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            lost.push(Lost::Journal {
+                detail: format!("the meta values naming the journal are unreadable: {e}"),
+            });
+            Vec::new()
+        }
+    };
+
+    // Keys whose record must be looked up: named by an index entry or a
+    // frame, and not met by a walk.
+    let (mut record_entries, record_gap) = match records {
+        Ok(walked) => (walked.entries, walked.gap),
+        Err(reason) => (BTreeMap::new(), Some((None, None, reason))),
+    };
+    let mut unreadable: BTreeMap<Vec<u8>, String> = BTreeMap::new();
+    let mut named: BTreeSet<Vec<u8>> = index.iter().map(|(_, _, k)| k.clone()).collect();
+    for (_, frame) in &frames {
+        for change in &frame.changes {
+            if let Change::PutRecord { key, .. }
+            | Change::DelRecord { key }
+            | Change::PutIndex { key, .. }
+            | Change::DelIndex { key, .. } = change
+            {
+                named.insert(key.clone());
+            }
+        }
+    }
+    named.retain(|k| !record_entries.contains_key(k));
+    if !named.is_empty() {
+        let in_gap = |k: &Vec<u8>| {
+            record_gap.as_ref().is_some_and(|(after, before, _)| {
+                after.as_ref().is_none_or(|a| k > a) && before.as_ref().is_none_or(|b| k < b)
+            })
+        };
+        let (found, failed) = look_up(db, &named, &in_gap);
+        record_entries.extend(found);
+        unreadable.extend(failed);
+    }
+
+    let mut index = index;
+    let mut outbox_entries = outbox.entries;
+    let mut entity_entries = entities.entries;
+    let mut next_token = 0;
+    let mut next_outbox = 0;
+    for (_, frame) in &frames {
+        for change in &frame.changes {
+            match change {
+                Change::PutRecord { key, value } => {
+                    unreadable.remove(key);
+                    record_entries.insert(key.clone(), value.clone());
+                }
+                Change::DelRecord { key } => {
+                    unreadable.remove(key);
+                    record_entries.remove(key);
+                }
+                Change::PutIndex {
+                    index: which,
+                    at,
+                    key,
+                } => {
+                    index.insert((index_name(*which), *at, key.clone()));
+                }
+                Change::DelIndex {
+                    index: which,
+                    at,
+                    key,
+                } => {
+                    index.remove(&(index_name(*which), *at, key.clone()));
+                }
+                Change::PutOutbox { seq, value } => {
+                    outbox_entries.insert(*seq, value.clone());
+                }
+                Change::DelOutbox { seq } => {
+                    outbox_entries.remove(seq);
+                }
+                Change::PutEntity { id, value } => {
+                    entity_entries.insert(id.clone(), value.clone());
+                }
+            }
+        }
+        next_token = next_token.max(frame.next_token);
+        next_outbox = next_outbox.max(frame.next_outbox);
+    }
+    g.report.journal_frames = frames.len() as u64;
+
+    // Records: each must decode and sit where its index entry says.
+    for (key, value) in record_entries {
+        let rec = match codec::decode(&key, &value) {
+            Ok(rec) => rec,
+            Err(e) => {
+                unreadable.insert(key, format!("does not decode: {e}"));
+                continue;
+            }
+        };
+        let (name, at) = rec.index();
+        let entry = (name, at, key.clone());
+        let unchecked = index_gaps
+            .iter()
+            .any(|(which, gap)| *which == name && gap.in_gap(&(at, key.clone())));
+        if !index.contains(&entry) && !unchecked {
+            unreadable.insert(
+                key,
+                format!(
+                    "its state is not matched by the {name} index entry at {at} ms it needs \
+                     (it may be an older copy of the record)"
+                ),
+            );
+            continue;
+        }
+        next_token = next_token.max(rec.token.saturating_add(1));
+        g.records.insert(key, value);
+    }
+    for (name, at, key) in &index {
+        if !g.records.contains_key(key) && !unreadable.contains_key(key) {
+            unreadable.insert(
+                key.clone(),
+                format!("named by the {name} index entry at {at} ms, but no record was found"),
+            );
+        }
+    }
+    g.index = index
+        .into_iter()
+        .filter(|(_, _, key)| g.records.contains_key(key))
+        .collect();
+    // Keep only the entry each copied record needs (a stray one is not
+    // copied).
+    let needed: BTreeSet<IndexEntry> = g
+        .records
+        .iter()
+        .filter_map(|(key, value)| {
+            codec::decode(key, value).ok().map(|rec| {
+                let (name, at) = rec.index();
+                (name, at, key.clone())
+            })
+        })
+        .collect();
+    g.index = needed;
+    let lost = &mut g.report.lost;
+    for (key, reason) in unreadable {
+        lost.push(Lost::Record {
+            key_hex: hex(&key),
+            reason,
+        });
+    }
+    if let Some((after, before, reason)) = record_gap {
+        lost.push(Lost::Range {
+            table: "records",
+            after_hex: after.map(|k| hex(&k)),
+            before_hex: before.map(|k| hex(&k)),
+            reason,
+        });
+    }
+
+    for (seq, value) in outbox_entries {
+        match codec::decode_outbox(seq, &value) {
+            Ok(_) => {
+                next_outbox = next_outbox.max(seq.saturating_add(1));
+                g.outbox.insert(seq, value);
+            }
+            Err(e) => lost.push(Lost::OutboxMessage {
+                seq: Some(seq),
+                reason: format!("does not decode: {e}"),
+            }),
+        }
+    }
+    if let Some((after, before, reason)) = outbox.gap {
+        let end = |s: Option<u64>| s.map_or_else(|| "the end".to_string(), |s| format!("#{s}"));
+        lost.push(Lost::OutboxMessage {
+            seq: None,
+            reason: format!(
+                "messages between {} and {} ({reason})",
+                end(after),
+                end(before)
+            ),
+        });
+    }
+    for (id, value) in entity_entries {
+        match codec::decode_entity(&id, &value) {
+            Ok(_) => {
+                g.entities.insert(id, value);
+            }
+            Err(e) => lost.push(Lost::Entity {
+                entity: id,
+                reason: format!("does not decode: {e}"),
+            }),
+        }
+    }
+    if let Some((after, before, reason)) = entities.gap {
+        lost.push(Lost::Range {
+            table: "entities",
+            after_hex: after.map(|k| hex(k.as_bytes())),
+            before_hex: before.map(|k| hex(k.as_bytes())),
+            reason,
+        });
+    }
+
+    g.next_token = settle_counter(lost, "next_token", stored_token, next_token);
+    g.next_outbox = settle_counter(lost, "next_outbox_seq", stored_outbox, next_outbox);
+    g.report.records = g.records.len() as u64;
+    g.report.outbox_messages = g.outbox.len() as u64;
+    g.report.entities = g.entities.len() as u64;
+    Ok(g)
+}
+
+/// The counter for the new file: at least the stored one and past every
+/// value found; if the stored one is unreadable, well past them.
+fn settle_counter(
+    lost: &mut Vec<Lost>,
+    key: &str,
+    stored: std::result::Result<Option<Option<u64>>, OpenError>,
+    found: u64,
+) -> u64 {
+    match stored {
+        Ok(Some(Some(stored))) => stored.max(found).max(1),
+        Ok(_) => found.max(1),
+        Err(e) => {
+            let value = found.saturating_add(COUNTER_MARGIN);
+            lost.push(Lost::MetaValue {
+                key: key.to_string(),
+                reason: format!("unreadable ({e}); set to {value}, past every value found"),
+            });
+            value
+        }
+    }
+}
+
+fn index_name(which: IndexTable) -> &'static str {
+    match which {
+        IndexTable::Leases => "leases",
+        IndexTable::Recovery => "recovery",
+        IndexTable::Expiry => "expiry",
+    }
+}
+
+/// Walks the records table; `Err`: it could not be opened at all.
+fn walk_records(
+    db: &impl ReadableDatabase,
+) -> std::result::Result<Walked<Vec<u8>, Vec<u8>>, String> {
+    let own = |(k, v): (redb::AccessGuard<'_, &[u8]>, redb::AccessGuard<'_, &[u8]>)| {
+        (k.value().to_vec(), v.value().to_vec())
+    };
+    let table = guarded(|| {
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        txn.open_table(RECORDS).map_err(|e| e.to_string())
+    })?;
+    let mut walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
+    // Walk on from every key found beyond the gap's start, as far as each
+    // walk gets.
+    if let Some((after, before, _)) = walked.gap.clone() {
+        let mut from = after.clone();
+        loop {
+            let next = walked
+                .entries
+                .range::<Vec<u8>, _>((
+                    from.clone()
+                        .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+                    before
+                        .clone()
+                        .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+                ))
+                .next()
+                .map(|(k, _)| k.clone());
+            let Some(start) = next else { break };
+            let mut more = Vec::new();
+            let stop = before.clone();
+            walk_into(
+                || table.range::<&[u8]>(start.as_slice()..),
+                own,
+                true,
+                |k| stop.as_ref().is_some_and(|b| k >= b),
+                &mut more,
+            );
+            from = Some(more.last().map_or(start, |(k, _)| k.clone()));
+            walked.entries.extend(more);
+        }
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(table)));
+    Ok(walked)
+}
+
+/// Looks up each of `keys` in the records table: (found, why not).
+/// Keys outside the records walks' gap that were not met by a walk are
+/// missing (a lookup would only confirm it); those inside are looked up,
+/// and each found one starts a walk up to the gap's end.
+fn look_up(
+    db: &impl ReadableDatabase,
+    keys: &BTreeSet<Vec<u8>>,
+    in_gap: &dyn Fn(&Vec<u8>) -> bool,
+) -> (BTreeMap<Vec<u8>, Vec<u8>>, BTreeMap<Vec<u8>, String>) {
+    let mut found = BTreeMap::new();
+    let mut failed = BTreeMap::new();
+    let table = match guarded(|| {
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        txn.open_table(RECORDS).map_err(|e| e.to_string())
+    }) {
+        Ok(table) => table,
+        Err(reason) => {
+            for key in keys {
+                failed.insert(
+                    key.clone(),
+                    format!("the records table cannot be read: {reason}"),
+                );
+            }
+            return (found, failed);
+        }
+    };
+    for key in keys.iter().filter(|k| in_gap(k)) {
+        match guarded(|| {
+            Ok(table
+                .get(key.as_slice())
+                .map_err(|e| e.to_string())?
+                .map(|v| v.value().to_vec()))
+        }) {
+            Ok(Some(value)) => {
+                found.insert(key.clone(), value);
+            }
+            Ok(None) => {}
+            Err(reason) => {
+                failed.insert(key.clone(), format!("its lookup failed: {reason}"));
+            }
+        }
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(table)));
+    (found, failed)
+}
+
+/// Walks the three index tables: the entries found, and each table's
+/// walk (for its gap).
+fn walk_index(
+    db: &impl ReadableDatabase,
+) -> (
+    BTreeSet<IndexEntry>,
+    Vec<(&'static str, Walked<(u64, Vec<u8>), ()>)>,
+) {
+    let mut all = BTreeSet::new();
+    let mut walks = Vec::new();
+    for (name, def) in [
+        ("leases", LEASES),
+        ("recovery", RECOVERY),
+        ("expiry", EXPIRY),
+    ] {
+        let walked = walk_table(
+            db,
+            def,
+            |(k, _): (
+                redb::AccessGuard<'_, (u64, &[u8])>,
+                redb::AccessGuard<'_, ()>,
+            )| {
+                let (at, key) = k.value();
+                ((at, key.to_vec()), ())
+            },
+        );
+        for (at, key) in walked.entries.keys() {
+            all.insert((name, *at, key.clone()));
+        }
+        walks.push((
+            name,
+            Walked {
+                entries: BTreeMap::new(),
+                gap: walked.gap,
+            },
+        ));
+    }
+    (all, walks)
+}
+
+/// Walks one table (forward, then backward from its end if damage
+/// stopped the first walk). A table that cannot be opened is one gap.
+fn walk_table<K, V, KO, VO>(
+    db: &impl ReadableDatabase,
+    def: redb::TableDefinition<K, V>,
+    own: impl Fn((redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)) -> (KO, VO) + Copy,
+) -> Walked<KO, VO>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+    KO: Ord + Clone,
+{
+    let table = match guarded(|| {
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        txn.open_table(def).map_err(|e| e.to_string())
+    }) {
+        Ok(table) => table,
+        Err(reason) => {
+            return Walked {
+                entries: BTreeMap::new(),
+                gap: Some((None, None, reason)),
+            }
+        }
+    };
+    let walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(table)));
+    walked
+}
+
+/// Writes `g` into a new database file at `new`, through a temporary file
+/// beside it.
+fn write_new(g: &Gathered, new: &Path) -> Result<(), OpenError> {
+    let mut tmp_name = new.as_os_str().to_owned();
+    tmp_name.push(".salvaging");
+    let tmp = PathBuf::from(tmp_name);
+    let io = |context: &'static str| {
+        move |source: std::io::Error| OpenError::Storage {
+            context,
+            source: Box::new(source),
+        }
+    };
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("removing an earlier salvage's temporary file")(e)),
+    }
+    let written = write_tables(g, &tmp);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, new).map_err(io("moving the salvaged file into place"))?;
+    if let Some(dir) = new.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing the salvaged file's directory"))?;
+    }
+    Ok(())
+}
+
+fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
+    let db = open_path(path)?;
+    // Settings are not taken from `cfg` (nothing is stored from it when
+    // they are read from the database, and a new file has none).
+    let cfg = StoreConfig {
+        ttl_ms: 0,
+        expiry: ExpiryPolicy::Forget,
+        max_response_bytes: 0,
+    };
+    prepare(&db, path, cfg, true)?;
+    let what = "writing the salvaged database";
+    let mut txn = db.begin_write().open_context(what)?;
+    txn.set_durability(Durability::Immediate)
+        .open_context(what)?;
+    {
+        let mut records = txn.open_table(RECORDS).open_context(what)?;
+        for (key, value) in &g.records {
+            records
+                .insert(key.as_slice(), value.as_slice())
+                .open_context(what)?;
+        }
+        let mut leases = txn.open_table(LEASES).open_context(what)?;
+        let mut recovery = txn.open_table(RECOVERY).open_context(what)?;
+        let mut expiry = txn.open_table(EXPIRY).open_context(what)?;
+        for (name, at, key) in &g.index {
+            let table = match *name {
+                "leases" => &mut leases,
+                "recovery" => &mut recovery,
+                _ => &mut expiry,
+            };
+            table.insert((*at, key.as_slice()), ()).open_context(what)?;
+        }
+        let mut outbox = txn.open_table(OUTBOX).open_context(what)?;
+        for (seq, value) in &g.outbox {
+            outbox.insert(*seq, value.as_slice()).open_context(what)?;
+        }
+        let mut entities = txn.open_table(ENTITIES).open_context(what)?;
+        for (id, value) in &g.entities {
+            entities
+                .insert(id.as_str(), value.as_slice())
+                .open_context(what)?;
+        }
+        let mut meta_table = txn.open_table(META).open_context(what)?;
+        meta::write_counter(&mut meta_table, Counter::NextToken, g.next_token)
+            .open_context(what)?;
+        meta::write_counter(&mut meta_table, Counter::NextOutboxSeq, g.next_outbox)
+            .open_context(what)?;
+        if let Some((ttl_ms, policy)) = g.expiry {
+            meta::write_expiry(&mut meta_table, ttl_ms, policy).open_context(what)?;
+        }
+    }
+    txn.commit().open_context(what)?;
+    drop(db);
+    Ok(())
+}
