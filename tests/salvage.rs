@@ -716,9 +716,9 @@ fn byte_flip_experiment() -> TestResult {
     let mut rng = SplitMix64(seed);
     let work = tempfile::tempdir()?;
     let file = work.path().join("payments.redb");
-    build(&file, 720)?;
+    build(&file, 200)?;
     let crashed = work.path().join("crashed.redb");
-    build_crashed(&crashed, 600, 120)?;
+    build_crashed(&crashed, 160, 40)?;
     let total = raw(&file)?.records.len() as u64;
     let crashed_total = {
         let probe = work.path().join("probe");
@@ -748,13 +748,18 @@ fn byte_flip_experiment() -> TestResult {
                 journal_of(&damaged)
             };
             let mut bytes = original.clone();
-            // The journal's frames lie past its 4 KiB header.
-            let start = if target == *db {
-                0
+            // In the journal: its frames, past the 4 KiB header and up to
+            // the last byte written (the file is longer: preallocated).
+            let (start, end) = if target == *db {
+                (0, bytes.len())
             } else {
-                4096.min(bytes.len() as u64 - 1)
+                let end = bytes
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .map_or(bytes.len(), |e| e + 1);
+                (4096.min(end - 1), end)
             };
-            let offset = usize::try_from(start + rng.below(bytes.len() as u64 - start))?;
+            let offset = start + usize::try_from(rng.below(u64::try_from(end - start)?))?;
             bytes[offset] ^= u8::try_from(rng.below(255) + 1)?;
             std::fs::write(&damaged_target, &bytes)?;
             let child = run_child(dir.path(), true)?;
@@ -781,6 +786,10 @@ fn byte_flip_experiment() -> TestResult {
                 v.last().copied().unwrap_or(0)
             )
         };
+        if target != *db {
+            let used = original.iter().rposition(|&b| b != 0).map_or(0, |e| e + 1);
+            println!("(journal: flips in its first {used} bytes, header and frames)");
+        }
         println!(
             "| {name} | {} | {records} | {trials} | {refused} | {disagree} | {failed} | {} | {} | {with_lost} |",
             original.len(),

@@ -227,7 +227,6 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         }
     };
 
-    let records = walk_records(db);
     let (index, index_gaps) = walk_index(db);
     let outbox = walk_table(
         db,
@@ -268,13 +267,8 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         }
     };
 
-    // Keys whose record must be looked up: named by an index entry or a
-    // frame, and not met by a walk.
-    let (mut record_entries, record_gap) = match records {
-        Ok(walked) => (walked.entries, walked.gap),
-        Err(reason) => (BTreeMap::new(), Some((None, None, reason))),
-    };
-    let mut unreadable: BTreeMap<Vec<u8>, String> = BTreeMap::new();
+    // Keys named by an index entry or a frame: walks start from them, and
+    // those no walk meets are looked up.
     let mut named: BTreeSet<Vec<u8>> = index.iter().map(|(_, _, k)| k.clone()).collect();
     for (_, frame) in &frames {
         for change in &frame.changes {
@@ -287,6 +281,11 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             }
         }
     }
+    let (mut record_entries, record_gap) = match walk_records(db, &named) {
+        Ok(walked) => (walked.entries, walked.gap),
+        Err(reason) => (BTreeMap::new(), Some((None, None, reason))),
+    };
+    let mut unreadable: BTreeMap<Vec<u8>, String> = BTreeMap::new();
     named.retain(|k| !record_entries.contains_key(k));
     if !named.is_empty() {
         let in_gap = |k: &Vec<u8>| {
@@ -380,10 +379,6 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             );
         }
     }
-    g.index = index
-        .into_iter()
-        .filter(|(_, _, key)| g.records.contains_key(key))
-        .collect();
     // Keep only the entry each copied record needs (a stray one is not
     // copied).
     let needed: BTreeSet<IndexEntry> = g
@@ -494,9 +489,12 @@ fn index_name(which: IndexTable) -> &'static str {
     }
 }
 
-/// Walks the records table; `Err`: it could not be opened at all.
+/// Walks the records table (`Err`: it could not be opened at all). Where
+/// damage stops the walk, it goes on from every key in `named` that lies
+/// in the stretch not yet walked, up to the backward walk's end.
 fn walk_records(
     db: &impl ReadableDatabase,
+    named: &BTreeSet<Vec<u8>>,
 ) -> std::result::Result<Walked<Vec<u8>, Vec<u8>>, String> {
     let own = |(k, v): (redb::AccessGuard<'_, &[u8]>, redb::AccessGuard<'_, &[u8]>)| {
         (k.value().to_vec(), v.value().to_vec())
@@ -506,33 +504,25 @@ fn walk_records(
         txn.open_table(RECORDS).map_err(|e| e.to_string())
     })?;
     let mut walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
-    // Walk on from every key found beyond the gap's start, as far as each
-    // walk gets.
     if let Some((after, before, _)) = walked.gap.clone() {
-        let mut from = after.clone();
-        loop {
-            let next = walked
-                .entries
-                .range::<Vec<u8>, _>((
-                    from.clone()
-                        .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
-                    before
-                        .clone()
-                        .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
-                ))
-                .next()
-                .map(|(k, _)| k.clone());
-            let Some(start) = next else { break };
+        let mut covered: Option<Vec<u8>> = after.clone();
+        for seed in named {
+            let beyond = covered.as_ref().is_none_or(|c| seed > c);
+            let inside =
+                after.as_ref().is_none_or(|a| seed > a) && before.as_ref().is_none_or(|b| seed < b);
+            if !beyond || !inside {
+                continue;
+            }
             let mut more = Vec::new();
             let stop = before.clone();
             walk_into(
-                || table.range::<&[u8]>(start.as_slice()..),
+                || table.range::<&[u8]>(seed.as_slice()..),
                 own,
                 true,
                 |k| stop.as_ref().is_some_and(|b| k >= b),
                 &mut more,
             );
-            from = Some(more.last().map_or(start, |(k, _)| k.clone()));
+            covered = Some(more.last().map_or_else(|| seed.clone(), |(k, _)| k.clone()));
             walked.entries.extend(more);
         }
     }
@@ -542,8 +532,7 @@ fn walk_records(
 
 /// Looks up each of `keys` in the records table: (found, why not).
 /// Keys outside the records walks' gap that were not met by a walk are
-/// missing (a lookup would only confirm it); those inside are looked up,
-/// and each found one starts a walk up to the gap's end.
+/// missing (a lookup would only confirm it); those inside are looked up.
 fn look_up(
     db: &impl ReadableDatabase,
     keys: &BTreeSet<Vec<u8>>,
