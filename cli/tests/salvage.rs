@@ -29,8 +29,16 @@ fn a_sound_file_is_salvaged_whole_with_exit_0() -> TestResult {
     let db = sound(dir.path())?;
     let new = dir.path().join("new.redb");
     let out = idem_ok(["salvage".as_ref(), db.as_os_str(), new.as_os_str()])?;
-    assert!(out.contains("1 records") && out.contains("0 not copied"), "{out}");
-    let out = idem_ok(["show".as_ref(), new.as_os_str(), "shop".as_ref(), "good".as_ref()])?;
+    assert!(
+        out.contains("1 records") && out.contains("0 not copied"),
+        "{out}"
+    );
+    let out = idem_ok([
+        "show".as_ref(),
+        new.as_os_str(),
+        "shop".as_ref(),
+        "good".as_ref(),
+    ])?;
     assert!(out.contains("COMPLETED"), "{out}");
     Ok(())
 }

@@ -34,7 +34,7 @@ use crate::store::codec;
 use crate::store::config::StoreConfig;
 use crate::store::record::hex;
 
-use super::journal::{Change, IndexTable, JournalStorage};
+use super::journal::{salvage_frames, Change, IndexTable, JournalStorage};
 use super::meta::{self, Counter, Format, OpenContext};
 use super::open::{open_path, open_salvage_view, prepare, SalvageView};
 use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
@@ -179,7 +179,9 @@ where
         &mut behind,
     );
     let before = behind.last().map(|(k, _)| k.clone());
-    entries.extend(behind);
+    for (k, v) in behind {
+        entries.entry(k).or_insert(v);
+    }
     Walked {
         entries,
         gap: Some((after, before, reason)),
@@ -243,7 +245,10 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         },
     );
 
-    // The journal's frames beyond the last checkpoint.
+    // The journal's frames beyond the last checkpoint. After a frame that
+    // could not be read (LSN up to `stale_before`), a key whose last write
+    // found comes before it may have a later state in it.
+    let mut stale_before = 0;
     let frames = match meta::read_meta(db, path, "reading the journal position", |t| {
         meta::read_journal(t, format)
     }) {
@@ -251,10 +256,12 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             match super::recover::frames_beside(&stored, path) {
                 Ok(frames) => frames,
                 Err(e) => {
+                    let (frames, last_missing, detail) = frames_one_by_one(path, &stored);
                     lost.push(Lost::Journal {
-                        detail: e.to_string(),
+                        detail: format!("{e}; {detail}"),
                     });
-                    Vec::new()
+                    stale_before = last_missing;
+                    frames
                 }
             }
         }
@@ -303,8 +310,20 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     let mut entity_entries = entities.entries;
     let mut next_token = 0;
     let mut next_outbox = 0;
-    for (_, frame) in &frames {
+    // Record keys and entities by the LSN of their last write found.
+    let mut last_write: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut last_entity_write: BTreeMap<String, u64> = BTreeMap::new();
+    for (lsn, frame) in &frames {
         for change in &frame.changes {
+            match change {
+                Change::PutRecord { key, .. } | Change::DelRecord { key } => {
+                    last_write.insert(key.clone(), *lsn);
+                }
+                Change::PutEntity { id, .. } => {
+                    last_entity_write.insert(id.clone(), *lsn);
+                }
+                _ => {}
+            }
             match change {
                 Change::PutRecord { key, value } => {
                     unreadable.remove(key);
@@ -343,6 +362,24 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         next_outbox = next_outbox.max(frame.next_outbox);
     }
     g.report.journal_frames = frames.len() as u64;
+    for (key, lsn) in last_write.into_iter().filter(|(_, l)| *l < stale_before) {
+        record_entries.remove(&key);
+        unreadable.insert(
+            key,
+            format!(
+                "last written in journal frame {lsn}, before frames that could not be read: \
+                 its latest state may be in them"
+            ),
+        );
+    }
+    let mut stale_entities = Vec::new();
+    for (id, lsn) in last_entity_write
+        .into_iter()
+        .filter(|(_, l)| *l < stale_before)
+    {
+        entity_entries.remove(&id);
+        stale_entities.push((id, lsn));
+    }
 
     // Records: each must decode and sit where its index entry says.
     for (key, value) in record_entries {
@@ -442,6 +479,15 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             }),
         }
     }
+    for (id, lsn) in stale_entities {
+        lost.push(Lost::Entity {
+            entity: id,
+            reason: format!(
+                "last written in journal frame {lsn}, before frames that could not be read: \
+                 its latest state may be in them"
+            ),
+        });
+    }
     if let Some((after, before, reason)) = entities.gap {
         lost.push(Lost::Range {
             table: "entities",
@@ -457,6 +503,45 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     g.report.outbox_messages = g.outbox.len() as u64;
     g.report.entities = g.entities.len() as u64;
     Ok(g)
+}
+
+/// The frames beyond the checkpoint in the journal beside `path` that
+/// still check, read one by one (after the ordinary read refused the
+/// journal), and what was missing.
+fn frames_one_by_one(
+    path: &Path,
+    stored: &meta::StoredJournal,
+) -> (Vec<(u64, super::journal::Frame)>, u64, String) {
+    let journal = JournalStorage::path_of(path);
+    let bytes = match std::fs::read(&journal) {
+        Ok(bytes) => bytes,
+        Err(e) => return (Vec::new(), 0, format!("it cannot be read: {e}")),
+    };
+    let name = journal.display().to_string();
+    match salvage_frames(&name, &bytes, stored.id, stored.lsn) {
+        Ok(found) => {
+            let mut detail = format!(
+                "read frame by frame instead: {} frames beyond the checkpoint (LSN {}) taken in",
+                found.frames.len(),
+                stored.lsn
+            );
+            if !found.anchored {
+                detail.push_str("; the checkpoint's own frame is missing");
+            }
+            for (first, last) in &found.missing {
+                detail.push_str(&format!(
+                    "; frames {first} to {last} are unreadable, and the keys they changed unknown"
+                ));
+            }
+            let last_missing = found.missing.last().map_or(0, |(_, last)| *last);
+            (found.frames, last_missing, detail)
+        }
+        Err(e) => (
+            Vec::new(),
+            0,
+            format!("it cannot be read frame by frame either: {e}"),
+        ),
+    }
 }
 
 /// The counter for the new file: at least the stored one and past every
@@ -523,7 +608,11 @@ fn walk_records(
                 &mut more,
             );
             covered = Some(more.last().map_or_else(|| seed.clone(), |(k, _)| k.clone()));
-            walked.entries.extend(more);
+            // A value another walk already read is kept: a walk through a
+            // damaged page may read a key with another key's bytes.
+            for (k, v) in more {
+                walked.entries.entry(k).or_insert(v);
+            }
         }
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(table)));
