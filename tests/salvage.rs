@@ -406,7 +406,7 @@ fn listed_record(lost: &[String], k: &[u8]) -> bool {
 }
 
 /// Byte ranges where `needle` occurs in `hay`.
-fn occurrences(hay: &[u8], needle: &[u8]) -> Vec<(usize, usize)> {
+fn occurrences(hay: &[u8], needle: &[u8]) -> Spans {
     if needle.is_empty() || needle.len() > hay.len() {
         return Vec::new();
     }
@@ -417,6 +417,9 @@ fn occurrences(hay: &[u8], needle: &[u8]) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Byte ranges `[start, end)` in a file.
+type Spans = Vec<(usize, usize)>;
+
 /// The sound file, its contents, and where each record's bytes lie.
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -424,7 +427,7 @@ struct Fixture {
     bytes: Vec<u8>,
     raw: Raw,
     /// Record key → byte ranges of its key's and value's occurrences.
-    spans: BTreeMap<Vec<u8>, (Vec<(usize, usize)>, Vec<(usize, usize)>)>,
+    spans: BTreeMap<Vec<u8>, (Spans, Spans)>,
 }
 
 impl Fixture {

@@ -23,6 +23,7 @@
 //! temporary file beside it, renamed into place once committed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use redb::{Durability, ReadableDatabase, ReadableTable, StorageError};
@@ -34,7 +35,7 @@ use crate::store::codec;
 use crate::store::config::StoreConfig;
 use crate::store::record::hex;
 
-use super::journal::{salvage_frames, Change, IndexTable, JournalStorage};
+use super::journal::{salvage_frames, Change, Frame, IndexTable, JournalStorage};
 use super::meta::{self, Counter, Format, OpenContext};
 use super::open::{open_path, open_salvage_view, prepare, SalvageView};
 use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
@@ -102,19 +103,30 @@ fn guarded<T>(
 /// One table's entries, as far as walks reached.
 struct Walked<K, V> {
     entries: BTreeMap<K, V>,
-    /// Where damage stopped the walks: (last key before, first key after,
-    /// why), `None` for the table's ends.
-    gap: Option<(Option<K>, Option<K>, String)>,
+    /// Where damage stopped the walks.
+    gap: Option<Gap<K>>,
 }
 
-impl<K: Ord + Clone, V> Walked<K, V> {
-    /// Whether `key` lies in the stretch that could not be walked.
-    fn in_gap(&self, key: &K) -> bool {
-        self.gap.as_ref().is_some_and(|(after, before, _)| {
-            after.as_ref().is_none_or(|a| key > a) && before.as_ref().is_none_or(|b| key < b)
-        })
+/// A stretch of a table no walk could pass.
+#[derive(Clone)]
+struct Gap<K> {
+    /// The last key read before it (`None`: the table's start).
+    after: Option<K>,
+    /// The first key read after it (`None`: the table's end).
+    before: Option<K>,
+    /// What stopped the walk.
+    reason: String,
+}
+
+impl<K: Ord> Gap<K> {
+    /// Whether `key` lies in the stretch.
+    fn holds(&self, key: &K) -> bool {
+        self.after.as_ref().is_none_or(|a| key > a) && self.before.as_ref().is_none_or(|b| key < b)
     }
 }
+
+/// Each index table's name, and the stretch of it no walk passed.
+type IndexGaps = Vec<(&'static str, Option<Gap<(u64, Vec<u8>)>>)>;
 
 /// Walks entries from `iter` into `out` until it ends, fails, panics,
 /// meets a key out of order, or `stop` says so. Returns why it stopped
@@ -184,13 +196,81 @@ where
     }
     Walked {
         entries,
-        gap: Some((after, before, reason)),
+        gap: Some(Gap {
+            after,
+            before,
+            reason,
+        }),
     }
 }
 
 /// Reads everything that can be read of `db` (the file at `path`).
 fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError> {
     let mut g = Gathered::default();
+    let (format, stored_token, stored_outbox) = read_meta_values(db, path, &mut g)?;
+    let (index, index_gaps) = walk_index(db);
+    let outbox = walk_table(
+        db,
+        OUTBOX,
+        |(k, v): (redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>)| {
+            (k.value(), v.value().to_vec())
+        },
+    );
+    let entities = walk_table(
+        db,
+        ENTITIES,
+        |(k, v): (redb::AccessGuard<'_, &str>, redb::AccessGuard<'_, &[u8]>)| {
+            (k.value().to_string(), v.value().to_vec())
+        },
+    );
+    let (frames, stale_before) = read_frames(db, path, format, &mut g.report.lost);
+    let (records, record_gap, unreadable) = read_records(db, &index, &frames);
+    let mut work = Work {
+        records,
+        index,
+        outbox: outbox.entries,
+        entities: entities.entries,
+        unreadable,
+        next_token: 0,
+        next_outbox: 0,
+        stale_entities: Vec::new(),
+    };
+    work.apply(&frames, stale_before);
+    g.report.journal_frames = frames.len() as u64;
+    work.check_records(&index_gaps, &mut g);
+    if let Some(Gap {
+        after,
+        before,
+        reason,
+    }) = record_gap
+    {
+        g.report.lost.push(Lost::Range {
+            table: "records",
+            after_hex: after.map(|k| hex(&k)),
+            before_hex: before.map(|k| hex(&k)),
+            reason,
+        });
+    }
+    work.check_rest(outbox.gap, entities.gap, &mut g);
+    let lost = &mut g.report.lost;
+    g.next_token = settle_counter(lost, "next_token", stored_token, work.next_token);
+    g.next_outbox = settle_counter(lost, "next_outbox_seq", stored_outbox, work.next_outbox);
+    g.report.records = g.records.len() as u64;
+    g.report.outbox_messages = g.outbox.len() as u64;
+    g.report.entities = g.entities.len() as u64;
+    Ok(g)
+}
+
+/// A stored counter: its value (`None`: absent), or why it is unreadable.
+type StoredCounter = std::result::Result<Option<u64>, OpenError>;
+
+/// The file's format, its two counters and (into `g`) its expiry
+/// settings; what cannot be read is listed in `g`.
+fn read_meta_values(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    g: &mut Gathered,
+) -> Result<(Format, StoredCounter, StoredCounter), OpenError> {
     let lost = &mut g.report.lost;
     let format = match meta::file_format(db, path) {
         Ok(Some(format)) => format,
@@ -215,6 +295,7 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         meta::read_meta(db, path, "reading a counter for salvage", |t| {
             meta::read_counter(t, counter, format)
         })
+        .map(Option::flatten)
     };
     let stored_token = counter(Counter::NextToken);
     let stored_outbox = counter(Counter::NextOutboxSeq);
@@ -228,56 +309,58 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             None
         }
     };
+    Ok((format, stored_token, stored_outbox))
+}
 
-    let (index, index_gaps) = walk_index(db);
-    let outbox = walk_table(
-        db,
-        OUTBOX,
-        |(k, v): (redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>)| {
-            (k.value(), v.value().to_vec())
-        },
-    );
-    let entities = walk_table(
-        db,
-        ENTITIES,
-        |(k, v): (redb::AccessGuard<'_, &str>, redb::AccessGuard<'_, &[u8]>)| {
-            (k.value().to_string(), v.value().to_vec())
-        },
-    );
-
-    // The journal's frames beyond the last checkpoint. After a frame that
-    // could not be read (LSN up to `stale_before`), a key whose last write
-    // found comes before it may have a later state in it.
-    let mut stale_before = 0;
-    let frames = match meta::read_meta(db, path, "reading the journal position", |t| {
+/// The journal's frames beyond the last checkpoint, and the last LSN that
+/// could not be read among them (0: none): a key whose last write found
+/// comes before it may have a later state in it.
+fn read_frames(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    format: Format,
+    lost: &mut Vec<Lost>,
+) -> (Vec<(u64, Frame)>, u64) {
+    match meta::read_meta(db, path, "reading the journal position", |t| {
         meta::read_journal(t, format)
     }) {
         Ok(Some(Some(stored))) if !stored.clean => {
             match super::recover::frames_beside(&stored, path) {
-                Ok(frames) => frames,
+                Ok(frames) => (frames, 0),
                 Err(e) => {
                     let (frames, last_missing, detail) = frames_one_by_one(path, &stored);
                     lost.push(Lost::Journal {
                         detail: format!("{e}; {detail}"),
                     });
-                    stale_before = last_missing;
-                    frames
+                    (frames, last_missing)
                 }
             }
         }
-        Ok(_) => Vec::new(),
+        Ok(_) => (Vec::new(), 0),
         Err(e) => {
             lost.push(Lost::Journal {
                 detail: format!("the meta values naming the journal are unreadable: {e}"),
             });
-            Vec::new()
+            (Vec::new(), 0)
         }
-    };
+    }
+}
 
-    // Keys named by an index entry or a frame: walks start from them, and
-    // those no walk meets are looked up.
+/// Record key → stored value.
+type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
+/// Record key → why it was not copied.
+type Reasons = BTreeMap<Vec<u8>, String>;
+
+/// The records table as far as it reads: walked, then from every key an
+/// index entry or a frame names; with the stretch no walk passed, and the
+/// keys whose lookup failed.
+fn read_records(
+    db: &impl ReadableDatabase,
+    index: &BTreeSet<IndexEntry>,
+    frames: &[(u64, Frame)],
+) -> (Entries, Option<Gap<Vec<u8>>>, Reasons) {
     let mut named: BTreeSet<Vec<u8>> = index.iter().map(|(_, _, k)| k.clone()).collect();
-    for (_, frame) in &frames {
+    for (_, frame) in frames {
         for change in &frame.changes {
             if let Change::PutRecord { key, .. }
             | Change::DelRecord { key }
@@ -288,221 +371,221 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             }
         }
     }
-    let (mut record_entries, record_gap) = match walk_records(db, &named) {
+    let (mut entries, gap) = match walk_records(db, &named) {
         Ok(walked) => (walked.entries, walked.gap),
-        Err(reason) => (BTreeMap::new(), Some((None, None, reason))),
+        Err(reason) => (
+            BTreeMap::new(),
+            Some(Gap {
+                after: None,
+                before: None,
+                reason,
+            }),
+        ),
     };
-    let mut unreadable: BTreeMap<Vec<u8>, String> = BTreeMap::new();
-    named.retain(|k| !record_entries.contains_key(k));
+    let mut unreadable = BTreeMap::new();
+    named.retain(|k| !entries.contains_key(k));
     if !named.is_empty() {
-        let in_gap = |k: &Vec<u8>| {
-            record_gap.as_ref().is_some_and(|(after, before, _)| {
-                after.as_ref().is_none_or(|a| k > a) && before.as_ref().is_none_or(|b| k < b)
-            })
-        };
+        let in_gap = |k: &Vec<u8>| gap.as_ref().is_some_and(|gap| gap.holds(k));
         let (found, failed) = look_up(db, &named, &in_gap);
-        record_entries.extend(found);
+        entries.extend(found);
         unreadable.extend(failed);
     }
+    (entries, gap, unreadable)
+}
 
-    let mut index = index;
-    let mut outbox_entries = outbox.entries;
-    let mut entity_entries = entities.entries;
-    let mut next_token = 0;
-    let mut next_outbox = 0;
-    // Record keys and entities by the LSN of their last write found.
-    let mut last_write: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    let mut last_entity_write: BTreeMap<String, u64> = BTreeMap::new();
-    for (lsn, frame) in &frames {
-        for change in &frame.changes {
-            match change {
-                Change::PutRecord { key, .. } | Change::DelRecord { key } => {
-                    last_write.insert(key.clone(), *lsn);
+/// What was read, while frames are applied and values checked.
+struct Work {
+    records: Entries,
+    index: BTreeSet<IndexEntry>,
+    outbox: BTreeMap<u64, Vec<u8>>,
+    entities: BTreeMap<String, Vec<u8>>,
+    unreadable: Reasons,
+    next_token: u64,
+    next_outbox: u64,
+    /// Entities not copied: last written before an unreadable frame (LSN).
+    stale_entities: Vec<(String, u64)>,
+}
+
+/// Why a value last written before an unreadable frame is not copied.
+fn stale(lsn: u64) -> String {
+    format!(
+        "last written in journal frame {lsn}, before frames that could not be read: \
+         its latest state may be in them"
+    )
+}
+
+impl Work {
+    /// Applies the frames' changes in order; then drops what was last
+    /// written before `stale_before` (an unreadable frame).
+    fn apply(&mut self, frames: &[(u64, Frame)], stale_before: u64) {
+        // Record keys and entities by the LSN of their last write found.
+        let mut last_write: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        let mut last_entity_write: BTreeMap<String, u64> = BTreeMap::new();
+        for (lsn, frame) in frames {
+            for change in &frame.changes {
+                match change {
+                    Change::PutRecord { key, value } => {
+                        last_write.insert(key.clone(), *lsn);
+                        self.unreadable.remove(key);
+                        self.records.insert(key.clone(), value.clone());
+                    }
+                    Change::DelRecord { key } => {
+                        last_write.insert(key.clone(), *lsn);
+                        self.unreadable.remove(key);
+                        self.records.remove(key);
+                    }
+                    Change::PutIndex {
+                        index: which,
+                        at,
+                        key,
+                    } => {
+                        self.index.insert((index_name(*which), *at, key.clone()));
+                    }
+                    Change::DelIndex {
+                        index: which,
+                        at,
+                        key,
+                    } => {
+                        self.index.remove(&(index_name(*which), *at, key.clone()));
+                    }
+                    Change::PutOutbox { seq, value } => {
+                        self.outbox.insert(*seq, value.clone());
+                    }
+                    Change::DelOutbox { seq } => {
+                        self.outbox.remove(seq);
+                    }
+                    Change::PutEntity { id, value } => {
+                        last_entity_write.insert(id.clone(), *lsn);
+                        self.entities.insert(id.clone(), value.clone());
+                    }
                 }
-                Change::PutEntity { id, .. } => {
-                    last_entity_write.insert(id.clone(), *lsn);
-                }
-                _ => {}
             }
-            match change {
-                Change::PutRecord { key, value } => {
-                    unreadable.remove(key);
-                    record_entries.insert(key.clone(), value.clone());
-                }
-                Change::DelRecord { key } => {
-                    unreadable.remove(key);
-                    record_entries.remove(key);
-                }
-                Change::PutIndex {
-                    index: which,
-                    at,
-                    key,
-                } => {
-                    index.insert((index_name(*which), *at, key.clone()));
-                }
-                Change::DelIndex {
-                    index: which,
-                    at,
-                    key,
-                } => {
-                    index.remove(&(index_name(*which), *at, key.clone()));
-                }
-                Change::PutOutbox { seq, value } => {
-                    outbox_entries.insert(*seq, value.clone());
-                }
-                Change::DelOutbox { seq } => {
-                    outbox_entries.remove(seq);
-                }
-                Change::PutEntity { id, value } => {
-                    entity_entries.insert(id.clone(), value.clone());
-                }
-            }
+            self.next_token = self.next_token.max(frame.next_token);
+            self.next_outbox = self.next_outbox.max(frame.next_outbox);
         }
-        next_token = next_token.max(frame.next_token);
-        next_outbox = next_outbox.max(frame.next_outbox);
-    }
-    g.report.journal_frames = frames.len() as u64;
-    for (key, lsn) in last_write.into_iter().filter(|(_, l)| *l < stale_before) {
-        record_entries.remove(&key);
-        unreadable.insert(
-            key,
-            format!(
-                "last written in journal frame {lsn}, before frames that could not be read: \
-                 its latest state may be in them"
-            ),
-        );
-    }
-    let mut stale_entities = Vec::new();
-    for (id, lsn) in last_entity_write
-        .into_iter()
-        .filter(|(_, l)| *l < stale_before)
-    {
-        entity_entries.remove(&id);
-        stale_entities.push((id, lsn));
+        for (key, lsn) in last_write.into_iter().filter(|(_, l)| *l < stale_before) {
+            self.records.remove(&key);
+            self.unreadable.insert(key, stale(lsn));
+        }
+        for (id, lsn) in last_entity_write
+            .into_iter()
+            .filter(|(_, l)| *l < stale_before)
+        {
+            self.entities.remove(&id);
+            self.stale_entities.push((id, lsn));
+        }
     }
 
-    // Records: each must decode and sit where its index entry says.
-    for (key, value) in record_entries {
-        let rec = match codec::decode(&key, &value) {
-            Ok(rec) => rec,
-            Err(e) => {
-                unreadable.insert(key, format!("does not decode: {e}"));
+    /// Moves into `g` each record that decodes and sits where its index
+    /// entry says, with that entry; lists the others.
+    fn check_records(&mut self, index_gaps: &IndexGaps, g: &mut Gathered) {
+        for (key, value) in std::mem::take(&mut self.records) {
+            let rec = match codec::decode(&key, &value) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    self.unreadable.insert(key, format!("does not decode: {e}"));
+                    continue;
+                }
+            };
+            let (name, at) = rec.index();
+            let entry = (name, at, key.clone());
+            let unchecked = index_gaps.iter().any(|(which, gap)| {
+                *which == name
+                    && gap
+                        .as_ref()
+                        .is_some_and(|gap| gap.holds(&(at, key.clone())))
+            });
+            if !self.index.contains(&entry) && !unchecked {
+                self.unreadable.insert(
+                    key,
+                    format!(
+                        "its state is not matched by the {name} index entry at {at} ms it needs \
+                         (it may be an older copy of the record)"
+                    ),
+                );
                 continue;
             }
-        };
-        let (name, at) = rec.index();
-        let entry = (name, at, key.clone());
-        let unchecked = index_gaps
-            .iter()
-            .any(|(which, gap)| *which == name && gap.in_gap(&(at, key.clone())));
-        if !index.contains(&entry) && !unchecked {
-            unreadable.insert(
-                key,
-                format!(
-                    "its state is not matched by the {name} index entry at {at} ms it needs \
-                     (it may be an older copy of the record)"
+            self.next_token = self.next_token.max(rec.token.saturating_add(1));
+            g.records.insert(key, value);
+            // Only the entry each copied record needs (a stray one is not
+            // copied).
+            g.index.insert(entry);
+        }
+        for (name, at, key) in &self.index {
+            if !g.records.contains_key(key) && !self.unreadable.contains_key(key) {
+                self.unreadable.insert(
+                    key.clone(),
+                    format!("named by the {name} index entry at {at} ms, but no record was found"),
+                );
+            }
+        }
+        for (key, reason) in std::mem::take(&mut self.unreadable) {
+            g.report.lost.push(Lost::Record {
+                key_hex: hex(&key),
+                reason,
+            });
+        }
+    }
+
+    /// Moves into `g` each outbox message and entity that decodes; lists
+    /// the others and the stretches no walk passed.
+    fn check_rest(
+        &mut self,
+        outbox_gap: Option<Gap<u64>>,
+        entities_gap: Option<Gap<String>>,
+        g: &mut Gathered,
+    ) {
+        let lost = &mut g.report.lost;
+        for (seq, value) in std::mem::take(&mut self.outbox) {
+            match codec::decode_outbox(seq, &value) {
+                Ok(_) => {
+                    self.next_outbox = self.next_outbox.max(seq.saturating_add(1));
+                    g.outbox.insert(seq, value);
+                }
+                Err(e) => lost.push(Lost::OutboxMessage {
+                    seq: Some(seq),
+                    reason: format!("does not decode: {e}"),
+                }),
+            }
+        }
+        if let Some(gap) = outbox_gap {
+            let end = |s: Option<u64>| s.map_or_else(|| "the end".to_string(), |s| format!("#{s}"));
+            lost.push(Lost::OutboxMessage {
+                seq: None,
+                reason: format!(
+                    "messages between {} and {} ({})",
+                    end(gap.after),
+                    end(gap.before),
+                    gap.reason
                 ),
-            );
-            continue;
+            });
         }
-        next_token = next_token.max(rec.token.saturating_add(1));
-        g.records.insert(key, value);
-    }
-    for (name, at, key) in &index {
-        if !g.records.contains_key(key) && !unreadable.contains_key(key) {
-            unreadable.insert(
-                key.clone(),
-                format!("named by the {name} index entry at {at} ms, but no record was found"),
-            );
-        }
-    }
-    // Keep only the entry each copied record needs (a stray one is not
-    // copied).
-    let needed: BTreeSet<IndexEntry> = g
-        .records
-        .iter()
-        .filter_map(|(key, value)| {
-            codec::decode(key, value).ok().map(|rec| {
-                let (name, at) = rec.index();
-                (name, at, key.clone())
-            })
-        })
-        .collect();
-    g.index = needed;
-    let lost = &mut g.report.lost;
-    for (key, reason) in unreadable {
-        lost.push(Lost::Record {
-            key_hex: hex(&key),
-            reason,
-        });
-    }
-    if let Some((after, before, reason)) = record_gap {
-        lost.push(Lost::Range {
-            table: "records",
-            after_hex: after.map(|k| hex(&k)),
-            before_hex: before.map(|k| hex(&k)),
-            reason,
-        });
-    }
-
-    for (seq, value) in outbox_entries {
-        match codec::decode_outbox(seq, &value) {
-            Ok(_) => {
-                next_outbox = next_outbox.max(seq.saturating_add(1));
-                g.outbox.insert(seq, value);
+        for (id, value) in std::mem::take(&mut self.entities) {
+            match codec::decode_entity(&id, &value) {
+                Ok(_) => {
+                    g.entities.insert(id, value);
+                }
+                Err(e) => lost.push(Lost::Entity {
+                    entity: id,
+                    reason: format!("does not decode: {e}"),
+                }),
             }
-            Err(e) => lost.push(Lost::OutboxMessage {
-                seq: Some(seq),
-                reason: format!("does not decode: {e}"),
-            }),
         }
-    }
-    if let Some((after, before, reason)) = outbox.gap {
-        let end = |s: Option<u64>| s.map_or_else(|| "the end".to_string(), |s| format!("#{s}"));
-        lost.push(Lost::OutboxMessage {
-            seq: None,
-            reason: format!(
-                "messages between {} and {} ({reason})",
-                end(after),
-                end(before)
-            ),
-        });
-    }
-    for (id, value) in entity_entries {
-        match codec::decode_entity(&id, &value) {
-            Ok(_) => {
-                g.entities.insert(id, value);
-            }
-            Err(e) => lost.push(Lost::Entity {
+        for (id, lsn) in std::mem::take(&mut self.stale_entities) {
+            lost.push(Lost::Entity {
                 entity: id,
-                reason: format!("does not decode: {e}"),
-            }),
+                reason: stale(lsn),
+            });
+        }
+        if let Some(gap) = entities_gap {
+            lost.push(Lost::Range {
+                table: "entities",
+                after_hex: gap.after.map(|k| hex(k.as_bytes())),
+                before_hex: gap.before.map(|k| hex(k.as_bytes())),
+                reason: gap.reason,
+            });
         }
     }
-    for (id, lsn) in stale_entities {
-        lost.push(Lost::Entity {
-            entity: id,
-            reason: format!(
-                "last written in journal frame {lsn}, before frames that could not be read: \
-                 its latest state may be in them"
-            ),
-        });
-    }
-    if let Some((after, before, reason)) = entities.gap {
-        lost.push(Lost::Range {
-            table: "entities",
-            after_hex: after.map(|k| hex(k.as_bytes())),
-            before_hex: before.map(|k| hex(k.as_bytes())),
-            reason,
-        });
-    }
-
-    g.next_token = settle_counter(lost, "next_token", stored_token, next_token);
-    g.next_outbox = settle_counter(lost, "next_outbox_seq", stored_outbox, next_outbox);
-    g.report.records = g.records.len() as u64;
-    g.report.outbox_messages = g.outbox.len() as u64;
-    g.report.entities = g.entities.len() as u64;
-    Ok(g)
 }
 
 /// The frames beyond the checkpoint in the journal beside `path` that
@@ -511,7 +594,7 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
 fn frames_one_by_one(
     path: &Path,
     stored: &meta::StoredJournal,
-) -> (Vec<(u64, super::journal::Frame)>, u64, String) {
+) -> (Vec<(u64, Frame)>, u64, String) {
     let journal = JournalStorage::path_of(path);
     let bytes = match std::fs::read(&journal) {
         Ok(bytes) => bytes,
@@ -529,9 +612,11 @@ fn frames_one_by_one(
                 detail.push_str("; the checkpoint's own frame is missing");
             }
             for (first, last) in &found.missing {
-                detail.push_str(&format!(
+                // Writing to a String cannot fail.
+                let _ = write!(
+                    detail,
                     "; frames {first} to {last} are unreadable, and the keys they changed unknown"
-                ));
+                );
             }
             let last_missing = found.missing.last().map_or(0, |(_, last)| *last);
             (found.frames, last_missing, detail)
@@ -546,14 +631,9 @@ fn frames_one_by_one(
 
 /// The counter for the new file: at least the stored one and past every
 /// value found; if the stored one is unreadable, well past them.
-fn settle_counter(
-    lost: &mut Vec<Lost>,
-    key: &str,
-    stored: std::result::Result<Option<Option<u64>>, OpenError>,
-    found: u64,
-) -> u64 {
+fn settle_counter(lost: &mut Vec<Lost>, key: &str, stored: StoredCounter, found: u64) -> u64 {
     match stored {
-        Ok(Some(Some(stored))) => stored.max(found).max(1),
+        Ok(Some(stored)) => stored.max(found).max(1),
         Ok(_) => found.max(1),
         Err(e) => {
             let value = found.saturating_add(COUNTER_MARGIN);
@@ -589,7 +669,7 @@ fn walk_records(
         txn.open_table(RECORDS).map_err(|e| e.to_string())
     })?;
     let mut walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
-    if let Some((after, before, _)) = walked.gap.clone() {
+    if let Some(Gap { after, before, .. }) = walked.gap.clone() {
         let mut covered: Option<Vec<u8>> = after.clone();
         for seed in named {
             let beyond = covered.as_ref().is_none_or(|c| seed > c);
@@ -626,7 +706,7 @@ fn look_up(
     db: &impl ReadableDatabase,
     keys: &BTreeSet<Vec<u8>>,
     in_gap: &dyn Fn(&Vec<u8>) -> bool,
-) -> (BTreeMap<Vec<u8>, Vec<u8>>, BTreeMap<Vec<u8>, String>) {
+) -> (Entries, Reasons) {
     let mut found = BTreeMap::new();
     let mut failed = BTreeMap::new();
     let table = match guarded(|| {
@@ -666,12 +746,7 @@ fn look_up(
 
 /// Walks the three index tables: the entries found, and each table's
 /// walk (for its gap).
-fn walk_index(
-    db: &impl ReadableDatabase,
-) -> (
-    BTreeSet<IndexEntry>,
-    Vec<(&'static str, Walked<(u64, Vec<u8>), ()>)>,
-) {
+fn walk_index(db: &impl ReadableDatabase) -> (BTreeSet<IndexEntry>, IndexGaps) {
     let mut all = BTreeSet::new();
     let mut walks = Vec::new();
     for (name, def) in [
@@ -693,13 +768,7 @@ fn walk_index(
         for (at, key) in walked.entries.keys() {
             all.insert((name, *at, key.clone()));
         }
-        walks.push((
-            name,
-            Walked {
-                entries: BTreeMap::new(),
-                gap: walked.gap,
-            },
-        ));
+        walks.push((name, walked.gap));
     }
     (all, walks)
 }
@@ -724,7 +793,11 @@ where
         Err(reason) => {
             return Walked {
                 entries: BTreeMap::new(),
-                gap: Some((None, None, reason)),
+                gap: Some(Gap {
+                    after: None,
+                    before: None,
+                    reason,
+                }),
             }
         }
     };
