@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use redb::{Durability, ReadableDatabase, ReadableTable, StorageError};
+use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError};
 
 use crate::error::{OpenError, Result};
 use crate::policy::ExpiryPolicy;
@@ -479,6 +479,17 @@ impl Work {
     /// Moves into `g` each record that decodes and sits where its index
     /// entry says, with that entry; lists the others.
     fn check_records(&mut self, index_gaps: &IndexGaps, g: &mut Gathered) {
+        // Where the index tables put each key; and the tables holding an
+        // entry whose key bytes are not a key at all (a damaged page read
+        // as entries): their other entries may be missing unnoticed.
+        let mut placed: BTreeMap<Vec<u8>, Vec<(&'static str, u64)>> = BTreeMap::new();
+        let mut garbled = BTreeSet::new();
+        for (name, at, key) in &self.index {
+            placed.entry(key.clone()).or_default().push((name, *at));
+            if crate::key::IdempotencyKey::from_record_key(key).is_none() {
+                garbled.insert(*name);
+            }
+        }
         for (key, value) in std::mem::take(&mut self.records) {
             let rec = match codec::decode(&key, &value) {
                 Ok(rec) => rec,
@@ -495,14 +506,21 @@ impl Work {
                         .as_ref()
                         .is_some_and(|gap| gap.holds(&(at, key.clone())))
             });
-            if !self.index.contains(&entry) && !unchecked {
-                self.unreadable.insert(
-                    key,
+            // An entry that puts the key elsewhere says the record may be
+            // an older copy; no entry at all is trusted only where the
+            // index could not be walked.
+            let unchecked = unchecked || garbled.contains(name);
+            let elsewhere = placed.contains_key(&key);
+            if !self.index.contains(&entry) && (elsewhere || !unchecked) {
+                let reason = if elsewhere {
                     format!(
                         "its state is not matched by the {name} index entry at {at} ms it needs \
                          (it may be an older copy of the record)"
-                    ),
-                );
+                    )
+                } else {
+                    format!("no index entry names it (its state needs one in {name} at {at} ms)")
+                };
+                self.unreadable.insert(key, reason);
                 continue;
             }
             self.next_token = self.next_token.max(rec.token.saturating_add(1));
@@ -669,6 +687,10 @@ fn walk_records(
         txn.open_table(RECORDS).map_err(|e| e.to_string())
     })?;
     let mut walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
+    short_walk(
+        &mut walked,
+        guarded(|| table.len().map_err(|e| e.to_string())),
+    );
     if let Some(Gap { after, before, .. }) = walked.gap.clone() {
         let mut covered: Option<Vec<u8>> = after.clone();
         for seed in named {
@@ -801,9 +823,35 @@ where
             }
         }
     };
-    let walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
+    let mut walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
+    short_walk(
+        &mut walked,
+        guarded(|| table.len().map_err(|e| e.to_string())),
+    );
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(table)));
     walked
+}
+
+/// A walk that met fewer entries than the table counts (`len`) skipped
+/// some without an error (a damaged page that lost children): which ones
+/// cannot be known, so the whole table is a gap.
+fn short_walk<K, V>(walked: &mut Walked<K, V>, len: std::result::Result<u64, String>) {
+    if walked.gap.is_some() {
+        return;
+    }
+    let met = walked.entries.len() as u64;
+    let reason = match len {
+        Ok(len) if met < len => {
+            format!("the walks met {met} of the {len} entries the table counts (a damaged page)")
+        }
+        Ok(_) => return,
+        Err(e) => format!("the table's entry count cannot be read: {e}"),
+    };
+    walked.gap = Some(Gap {
+        after: None,
+        before: None,
+        reason,
+    });
 }
 
 /// Writes `g` into a new database file at `new`, through a temporary file
