@@ -828,6 +828,14 @@ fn byte_flip_experiment() -> TestResult {
                 continue;
             }
             with_lost += usize::from(!child.lost.is_empty());
+            if child.lost.len() > 20 {
+                let first: String = child.lost[0].chars().take(160).collect();
+                println!(
+                    "({name}, offset {offset}: {} records copied, {} items lost, e.g. {first})",
+                    child.copied,
+                    child.lost.len()
+                );
+            }
             copied.push(child.copied);
             lost.push(child.lost.len() as u64);
         }
