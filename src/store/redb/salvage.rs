@@ -8,18 +8,22 @@
 //! stops the walk, it is walked backward from its end, and the records
 //! table again forward from every key an index entry or a journal frame
 //! names, with a lookup of each such key. A walk stops at an error, a
-//! panic, or a key out of order (a damaged page read as another). What
-//! lies between the two walks' ends, and was not found another way, is a
-//! range of unknown keys.
+//! panic, or a key out of order (a damaged page read as another); a walk
+//! that meets fewer entries than the table counts skipped some silently.
+//! What lies between the two walks' ends, and was not found another way,
+//! is a range of unknown keys.
 //!
 //! A value is copied only as stored (its bytes unchanged) and only if it
-//! passes its checksum; a record also only if the index entry its state
-//! names was found (unless that entry lies in a stretch of the index that
-//! could not be walked), since a damaged tree page can point to an older
-//! copy of a page whose values still pass their checksums. The journal's
-//! frames beyond the last checkpoint are read as a writable open reads
-//! them and applied on top, so what they hold is copied even where the
-//! file's own pages are damaged. The new file is written through a
+//! passes its checksum. A record is copied only if the index entry its
+//! state names was found, or if no index entry names its key at all and
+//! its index could not be walked whole: a damaged tree page can point to
+//! an older copy of a page, whose values still pass their checksums, and
+//! the index then puts the key elsewhere. The journal's frames beyond the
+//! last checkpoint are read as a writable open reads them (frame by frame
+//! where that read refuses the journal: `journal/salvage.rs`) and applied
+//! on top, so what they hold is copied even where the file's own pages are
+//! damaged; a key last written before a frame that could not be read is
+//! listed, not copied. The new file is written through a
 //! temporary file beside it, renamed into place once committed.
 
 use std::collections::{BTreeMap, BTreeSet};
