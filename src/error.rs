@@ -218,6 +218,15 @@ pub enum OpenError {
         #[source]
         source: std::io::Error,
     },
+
+    /// [`crate::Engine::salvage`] was given a new file that already exists
+    /// and is not empty (or a non-empty journal beside it): salvage only
+    /// writes a fresh file, and never over another database.
+    #[error("{}: already exists and is not empty; salvage writes only a new file", path.display())]
+    SalvageTargetExists {
+        /// The existing file.
+        path: PathBuf,
+    },
 }
 
 /// Everything that can go wrong asking an open engine to do something.

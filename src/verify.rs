@@ -156,7 +156,7 @@ pub enum Damage {
 
 /// A record key for people: `scope/key` when its bytes still are a valid
 /// key, else the hex as stored.
-fn shown(key_hex: &str) -> String {
+pub(crate) fn shown(key_hex: &str) -> String {
     let bytes: Option<Vec<u8>> = (0..key_hex.len())
         .step_by(2)
         .map(|i| {

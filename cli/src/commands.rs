@@ -562,3 +562,96 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
         .into())
     }
 }
+
+/// `salvage` copied what it could and lost some keys (exit code 3, so a
+/// script tells it from a failure, exit 1).
+#[derive(Debug)]
+pub struct KeysLost(pub String);
+
+impl fmt::Display for KeysLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for KeysLost {}
+
+/// Copies what still reads of `damaged` into the new file `new`, listing
+/// what could not be copied.
+pub fn salvage<W: Write>(
+    damaged: &std::path::Path,
+    new: &std::path::Path,
+    json: bool,
+    out: &mut W,
+) -> CliResult {
+    let report = Engine::salvage(damaged, new)?;
+    if json {
+        let lost: Vec<Value> = report.lost.iter().map(lost_json).collect();
+        print_json(
+            out,
+            &json!({
+                "records": report.records,
+                "outbox_messages": report.outbox_messages,
+                "entities": report.entities,
+                "journal_frames": report.journal_frames,
+                "complete": report.is_complete(),
+                "lost": lost,
+            }),
+        )?;
+    } else {
+        for lost in &report.lost {
+            writeln!(out, "lost: {}", escape_controls(&lost.to_string()))?;
+        }
+        writeln!(
+            out,
+            "salvaged into {}: {} records, {} outbox messages, {} entities ({} journal frames applied); {} not copied",
+            new.display(),
+            report.records,
+            report.outbox_messages,
+            report.entities,
+            report.journal_frames,
+            report.lost.len()
+        )?;
+    }
+    if report.is_complete() {
+        Ok(())
+    } else {
+        Err(KeysLost(format!(
+            "{} items could not be copied into {}; resolve the listed keys before serving them",
+            report.lost.len(),
+            new.display()
+        ))
+        .into())
+    }
+}
+
+/// One lost item as a JSON object: `kind`, what names it, `text`.
+fn lost_json(lost: &idempotency::Lost) -> Value {
+    use idempotency::Lost;
+    let text = lost.to_string();
+    match lost {
+        Lost::Record { key_hex, reason } => {
+            json!({ "kind": "record", "key_hex": key_hex, "reason": reason, "text": text })
+        }
+        Lost::Range {
+            table,
+            after_hex,
+            before_hex,
+            reason,
+        } => json!({
+            "kind": "range", "table": table, "after_hex": after_hex,
+            "before_hex": before_hex, "reason": reason, "text": text
+        }),
+        Lost::OutboxMessage { seq, reason } => {
+            json!({ "kind": "outbox_message", "seq": seq, "reason": reason, "text": text })
+        }
+        Lost::Entity { entity, reason } => {
+            json!({ "kind": "entity", "entity": entity, "reason": reason, "text": text })
+        }
+        Lost::Journal { detail } => json!({ "kind": "journal", "reason": detail, "text": text }),
+        Lost::MetaValue { key, reason } => {
+            json!({ "kind": "meta_value", "key": key, "reason": reason, "text": text })
+        }
+        _ => json!({ "kind": "other", "text": text }),
+    }
+}

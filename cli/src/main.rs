@@ -153,6 +153,22 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Copy what still reads of a damaged database file (one an open
+    /// refuses as corrupt) into a new file, with the changes its journal
+    /// holds, and list every key that could not be copied. DAMAGED is only
+    /// read; NEW must not exist (or be empty). Exit code: 0 when
+    /// everything was copied, 3 when some keys were lost (they are listed:
+    /// resolve them before serving them), 1 on an error (nothing written to
+    /// NEW). Stop the app first. See docs/operations.md, "Damaged files".
+    Salvage {
+        /// The damaged database file (redb only).
+        damaged: PathBuf,
+        /// The new database file to write.
+        new: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_state(name: &str) -> Result<State, String> {
@@ -166,6 +182,10 @@ fn main() -> ExitCode {
     match try_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&*e) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<commands::KeysLost>().is_some() => {
+            eprintln!("idem: {}", one_line(&*e));
+            ExitCode::from(3)
+        }
         Err(e) if is_usage(&*e) => {
             eprintln!("idem: {}", one_line(&*e));
             ExitCode::from(2)
@@ -260,6 +280,24 @@ fn run<W: Write, E: Write>(
         } => {
             let key = IdempotencyKey::parse_any(&scope, &key)?;
             commands::purge(&open(&db, builder())?, &key, force, out, warn)
+        }
+        Command::Salvage { damaged, new, json } => {
+            for path in [&damaged, &new] {
+                if let Target::Postgres(_) = target::classify(path) {
+                    return Err(UsageError(
+                        "salvage works on redb files, not PostgreSQL databases".into(),
+                    )
+                    .into());
+                }
+            }
+            if prefix.is_some() {
+                return Err(UsageError(
+                    "--table-prefix applies to a PostgreSQL connection string, not to salvage"
+                        .into(),
+                )
+                .into());
+            }
+            commands::salvage(&damaged, &new, json, out)
         }
     }
 }

@@ -22,5 +22,6 @@ pub(crate) mod inspect;
 pub(crate) mod local;
 pub(crate) mod outbox;
 pub(crate) mod recovery;
+pub(crate) mod salvage;
 pub(crate) mod sweeper;
 pub(crate) mod wait;

@@ -12,6 +12,7 @@ mod read;
 mod read_only;
 mod recover;
 mod reserve;
+mod salvage;
 mod sweep;
 mod syncer;
 mod tables;
@@ -48,6 +49,7 @@ use crate::transition::Transition;
 pub(crate) use self::open::{open_backend, open_path, prepare};
 pub(crate) use self::read_only::RedbReader;
 pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;
+pub(crate) use self::salvage::salvage;
 
 use self::job::Call;
 use self::journal::JournalStorage;

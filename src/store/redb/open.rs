@@ -257,3 +257,32 @@ fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), 
     }
     txn.commit().open_context(what)
 }
+
+/// A view of the database at `path` for salvage: every write stays in
+/// memory, and redb's integrity check is skipped so that a file it refuses
+/// can still be read where its pages allow. A file closed cleanly is read
+/// through redb's read-only open; one that needs recovery is recovered in
+/// memory (redb's repair then verifies the tree, and refuses a damaged
+/// one). Neither writes to the file. Nothing is checked or applied from
+/// the journal: salvage reads it itself.
+///
+/// # Errors
+///
+/// As [`open_read_view`], for what redb cannot open at all.
+pub(crate) fn open_salvage_view(path: &Path) -> Result<SalvageView, OpenError> {
+    match redb::Builder::new().open_read_only(path) {
+        Ok(db) => Ok(SalvageView::Clean(db)),
+        Err(DatabaseError::RepairAborted) => scratch_view::open_unchecked(path)
+            .map(SalvageView::Recovered)
+            .map_err(|e| open_error(path, e)),
+        Err(e) => Err(open_error(path, e)),
+    }
+}
+
+/// A database opened for salvage (see [`open_salvage_view`]).
+pub(crate) enum SalvageView {
+    /// Closed cleanly: redb's read-only open.
+    Clean(redb::ReadOnlyDatabase),
+    /// Recovered in memory over the file.
+    Recovered(Database),
+}

@@ -64,7 +64,10 @@ fn serving(
 /// [`JournalStorage::path_of`]) without creating or writing it, and decides
 /// whether it can serve a database whose meta table says `stored` (see
 /// [`serving`]). Returns the frames the database does not hold yet.
-fn frames_beside(stored: &StoredJournal, db_path: &Path) -> Result<Vec<(u64, Frame)>, OpenError> {
+pub(super) fn frames_beside(
+    stored: &StoredJournal,
+    db_path: &Path,
+) -> Result<Vec<(u64, Frame)>, OpenError> {
     let journal_path = JournalStorage::path_of(db_path);
     let name = journal_path.display().to_string();
     let scanned = match std::fs::File::open(&journal_path) {

@@ -39,6 +39,21 @@ const MAX_LAYER_BYTES: u64 = 256 << 20;
 /// As redb's writable open: the file is locked by another process, cannot
 /// be opened for writing, is damaged, or is not a redb database.
 pub(super) fn open(path: &Path) -> Result<Database, DatabaseError> {
+    open_with(path, true)
+}
+
+/// As [`open`], without the integrity check on open: for salvage, which
+/// must read what it can of a file the check refuses. (A file that needs
+/// recovery is still checked: redb's repair verifies the tree.)
+///
+/// # Errors
+///
+/// As [`open`].
+pub(super) fn open_unchecked(path: &Path) -> Result<Database, DatabaseError> {
+    open_with(path, false)
+}
+
+fn open_with(path: &Path, check: bool) -> Result<Database, DatabaseError> {
     // Opened for writing (nothing is written) because the locks of a
     // writable open need it.
     let file = std::fs::OpenOptions::new()
@@ -47,7 +62,7 @@ pub(super) fn open(path: &Path) -> Result<Database, DatabaseError> {
         .open(path)?;
     let layer = layered(FileBackend::new(file)?)?;
     let mut builder = redb::Builder::new();
-    builder.set_check_integrity_on_open(true);
+    builder.set_check_integrity_on_open(check);
     builder.create_with_backend(layer)
 }
 

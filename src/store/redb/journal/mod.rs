@@ -75,6 +75,7 @@ mod error;
 mod frame;
 mod reader;
 mod recovery;
+mod salvage;
 mod storage;
 mod writer;
 
@@ -85,6 +86,7 @@ pub(crate) use self::error::JournalError;
 pub(super) use self::frame::{Change, Frame, IndexTable};
 pub(super) use self::reader::Scanned;
 pub(super) use self::recovery::Recovered;
+pub(super) use self::salvage::salvage_frames;
 pub(crate) use self::storage::JournalStorage;
 pub(super) use self::writer::JournalSync;
 
