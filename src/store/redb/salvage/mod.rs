@@ -1,0 +1,259 @@
+//! Salvage: copies what still reads of a damaged database file into a new
+//! one, and lists every key it could not copy.
+//!
+//! The damaged file is read through a view that writes nothing to it and
+//! skips redb's whole-file integrity check (`open::open_salvage_view`),
+//! each step in its own read transaction with panics inside redb
+//! contained. Each table is walked forward from its start; where damage
+//! stops the walk, it is walked backward from its end, and the records
+//! table again forward from every key an index entry or a journal frame
+//! names, with a lookup of each such key. A walk stops at an error, a
+//! panic, or a key out of order (a damaged page read as another); a walk
+//! that meets fewer entries than the table counts skipped some silently.
+//! What lies between the two walks' ends, and was not found another way,
+//! is a range of unknown keys.
+//!
+//! A value is copied only as stored (its bytes unchanged) and only if it
+//! passes its checksum. A record is copied only if the index entry its
+//! state names was found, or if no index entry names its key at all and
+//! its index could not be walked whole: a damaged tree page can point to
+//! an older copy of a page, whose values still pass their checksums, and
+//! the index then puts the key elsewhere. The journal's frames beyond the
+//! last checkpoint are read as a writable open reads them (frame by frame
+//! where that read refuses the journal: `journal/salvage.rs`) and applied
+//! on top, so what they hold is copied even where the file's own pages are
+//! damaged; a key last written before a frame that could not be read is
+//! listed, not copied. The new file is written through a
+//! temporary file beside it, renamed into place once committed.
+
+mod frames;
+mod gathered;
+mod walk;
+mod write;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use redb::ReadableDatabase;
+
+use crate::error::{OpenError, Result};
+use crate::salvage::{Lost, SalvageReport};
+use crate::store::record::hex;
+
+use super::journal::{Change, Frame, JournalStorage};
+use super::meta::{self, Counter, Format};
+use super::open::{open_salvage_view, SalvageView};
+use super::tables::{ENTITIES, OUTBOX};
+
+use self::frames::{frames_one_by_one, settle_counter, Work};
+use self::gathered::{Entries, Gathered, IndexEntry, Reasons, StoredCounter};
+use self::walk::{look_up, walk_index, walk_records, walk_table, Gap};
+use self::write::write_new;
+
+/// Copies what still reads of the database at `damaged` into a new file at
+/// `new` (see the module docs); never writes to `damaged` or its journal.
+pub(crate) fn salvage(damaged: &Path, new: &Path) -> Result<SalvageReport, OpenError> {
+    refuse_existing(new)?;
+    refuse_existing(&JournalStorage::path_of(new))?;
+    let view = super::open_contained(damaged, || open_salvage_view(damaged))?;
+    let gathered = match &view {
+        SalvageView::Clean(db) => gather(db, damaged),
+        SalvageView::Recovered(db) => gather(db, damaged),
+    };
+    // After a panic inside redb its `Drop` may panic on poisoned locks.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(view)));
+    let gathered = gathered?;
+    write_new(&gathered, new)?;
+    Ok(gathered.report)
+}
+
+/// Refuses an existing, non-empty `path`.
+fn refuse_existing(path: &Path) -> Result<(), OpenError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() > 0 => Err(OpenError::SalvageTargetExists {
+            path: path.to_path_buf(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Reads everything that can be read of `db` (the file at `path`).
+fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError> {
+    let mut g = Gathered::default();
+    let (format, stored_token, stored_outbox) = read_meta_values(db, path, &mut g)?;
+    let (index, index_gaps) = walk_index(db);
+    let outbox = walk_table(
+        db,
+        OUTBOX,
+        |(k, v): (redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>)| {
+            (k.value(), v.value().to_vec())
+        },
+    );
+    let entities = walk_table(
+        db,
+        ENTITIES,
+        |(k, v): (redb::AccessGuard<'_, &str>, redb::AccessGuard<'_, &[u8]>)| {
+            (k.value().to_string(), v.value().to_vec())
+        },
+    );
+    let (frames, stale_before) = read_frames(db, path, format, &mut g.report.lost);
+    let (records, record_gap, unreadable) = read_records(db, &index, &frames);
+    let mut work = Work {
+        records,
+        index,
+        outbox: outbox.entries,
+        entities: entities.entries,
+        unreadable,
+        next_token: 0,
+        next_outbox: 0,
+        stale_entities: Vec::new(),
+    };
+    work.apply(&frames, stale_before);
+    g.report.journal_frames = frames.len() as u64;
+    work.check_records(&index_gaps, &mut g);
+    if let Some(Gap {
+        after,
+        before,
+        reason,
+    }) = record_gap
+    {
+        g.report.lost.push(Lost::Range {
+            table: "records",
+            after_hex: after.map(|k| hex(&k)),
+            before_hex: before.map(|k| hex(&k)),
+            reason,
+        });
+    }
+    work.check_rest(outbox.gap, entities.gap, &mut g);
+    let lost = &mut g.report.lost;
+    g.next_token = settle_counter(lost, "next_token", stored_token, work.next_token);
+    g.next_outbox = settle_counter(lost, "next_outbox_seq", stored_outbox, work.next_outbox);
+    g.report.records = g.records.len() as u64;
+    g.report.outbox_messages = g.outbox.len() as u64;
+    g.report.entities = g.entities.len() as u64;
+    Ok(g)
+}
+
+/// The file's format, its two counters and (into `g`) its expiry
+/// settings; what cannot be read is listed in `g`.
+fn read_meta_values(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    g: &mut Gathered,
+) -> Result<(Format, StoredCounter, StoredCounter), OpenError> {
+    let lost = &mut g.report.lost;
+    let format = match meta::file_format(db, path) {
+        Ok(Some(format)) => format,
+        Ok(None) => {
+            return Err(OpenError::NoEngineTables {
+                path: path.to_path_buf(),
+            })
+        }
+        // A file of an unknown or pre-release format is not guessed at.
+        Err(e @ (OpenError::UnsupportedFormat { .. } | OpenError::PreReleaseFormat { .. })) => {
+            return Err(e)
+        }
+        Err(e) => {
+            lost.push(Lost::MetaValue {
+                key: meta::Key::FormatVersion.name().to_string(),
+                reason: format!("unreadable ({e}); the values are read as format 2"),
+            });
+            Format::V2
+        }
+    };
+    let counter = |counter: Counter| {
+        meta::read_meta(db, path, "reading a counter for salvage", |t| {
+            meta::read_counter(t, counter, format)
+        })
+        .map(Option::flatten)
+    };
+    let stored_token = counter(Counter::NextToken);
+    let stored_outbox = counter(Counter::NextOutboxSeq);
+    g.expiry = match meta::stored_expiry(db, format, path) {
+        Ok(expiry) => expiry,
+        Err(e) => {
+            lost.push(Lost::MetaValue {
+                key: "ttl_ms, expiry_policy".into(),
+                reason: format!("unreadable ({e}); not copied: the next app stores its own"),
+            });
+            None
+        }
+    };
+    Ok((format, stored_token, stored_outbox))
+}
+
+/// The journal's frames beyond the last checkpoint, and the last LSN that
+/// could not be read among them (0: none): a key whose last write found
+/// comes before it may have a later state in it.
+fn read_frames(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    format: Format,
+    lost: &mut Vec<Lost>,
+) -> (Vec<(u64, Frame)>, u64) {
+    match meta::read_meta(db, path, "reading the journal position", |t| {
+        meta::read_journal(t, format)
+    }) {
+        Ok(Some(Some(stored))) if !stored.clean => {
+            match super::recover::frames_beside(&stored, path) {
+                Ok(frames) => (frames, 0),
+                Err(e) => {
+                    let (frames, last_missing, detail) = frames_one_by_one(path, &stored);
+                    lost.push(Lost::Journal {
+                        detail: format!("{e}; {detail}"),
+                    });
+                    (frames, last_missing)
+                }
+            }
+        }
+        Ok(_) => (Vec::new(), 0),
+        Err(e) => {
+            lost.push(Lost::Journal {
+                detail: format!("the meta values naming the journal are unreadable: {e}"),
+            });
+            (Vec::new(), 0)
+        }
+    }
+}
+
+/// The records table as far as it reads: walked, then from every key an
+/// index entry or a frame names; with the stretch no walk passed, and the
+/// keys whose lookup failed.
+fn read_records(
+    db: &impl ReadableDatabase,
+    index: &BTreeSet<IndexEntry>,
+    frames: &[(u64, Frame)],
+) -> (Entries, Option<Gap<Vec<u8>>>, Reasons) {
+    let mut named: BTreeSet<Vec<u8>> = index.iter().map(|(_, _, k)| k.clone()).collect();
+    for (_, frame) in frames {
+        for change in &frame.changes {
+            if let Change::PutRecord { key, .. }
+            | Change::DelRecord { key }
+            | Change::PutIndex { key, .. }
+            | Change::DelIndex { key, .. } = change
+            {
+                named.insert(key.clone());
+            }
+        }
+    }
+    let (mut entries, gap) = match walk_records(db, &named) {
+        Ok(walked) => (walked.entries, walked.gap),
+        Err(reason) => (
+            BTreeMap::new(),
+            Some(Gap {
+                after: None,
+                before: None,
+                reason,
+            }),
+        ),
+    };
+    let mut unreadable = BTreeMap::new();
+    named.retain(|k| !entries.contains_key(k));
+    if !named.is_empty() {
+        let in_gap = |k: &Vec<u8>| gap.as_ref().is_some_and(|gap| gap.holds(k));
+        let (found, failed) = look_up(db, &named, &in_gap);
+        entries.extend(found);
+        unreadable.extend(failed);
+    }
+    (entries, gap, unreadable)
+}

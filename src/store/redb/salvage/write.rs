@@ -1,0 +1,102 @@
+//! Writing what was gathered into the new database file, through a
+//! temporary file renamed into place once committed.
+
+use std::path::{Path, PathBuf};
+
+use redb::Durability;
+
+use crate::error::{OpenError, Result};
+use crate::policy::ExpiryPolicy;
+use crate::store::config::StoreConfig;
+
+use super::super::meta::{self, Counter, OpenContext};
+use super::super::open::{open_path, prepare};
+use super::super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
+use super::gathered::Gathered;
+
+/// Writes `g` into a new database file at `new`, through a temporary file
+/// beside it.
+pub(super) fn write_new(g: &Gathered, new: &Path) -> Result<(), OpenError> {
+    let mut tmp_name = new.as_os_str().to_owned();
+    tmp_name.push(".salvaging");
+    let tmp = PathBuf::from(tmp_name);
+    let io = |context: &'static str| {
+        move |source: std::io::Error| OpenError::Storage {
+            context,
+            source: Box::new(source),
+        }
+    };
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("removing an earlier salvage's temporary file")(e)),
+    }
+    let written = write_tables(g, &tmp);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, new).map_err(io("moving the salvaged file into place"))?;
+    if let Some(dir) = new.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing the salvaged file's directory"))?;
+    }
+    Ok(())
+}
+
+pub(super) fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
+    let db = open_path(path)?;
+    // Settings are not taken from `cfg` (nothing is stored from it when
+    // they are read from the database, and a new file has none).
+    let cfg = StoreConfig {
+        ttl_ms: 0,
+        expiry: ExpiryPolicy::Forget,
+        max_response_bytes: 0,
+    };
+    prepare(&db, path, cfg, true)?;
+    let what = "writing the salvaged database";
+    let mut txn = db.begin_write().open_context(what)?;
+    txn.set_durability(Durability::Immediate)
+        .open_context(what)?;
+    {
+        let mut records = txn.open_table(RECORDS).open_context(what)?;
+        for (key, value) in &g.records {
+            records
+                .insert(key.as_slice(), value.as_slice())
+                .open_context(what)?;
+        }
+        let mut leases = txn.open_table(LEASES).open_context(what)?;
+        let mut recovery = txn.open_table(RECOVERY).open_context(what)?;
+        let mut expiry = txn.open_table(EXPIRY).open_context(what)?;
+        for (name, at, key) in &g.index {
+            let table = match *name {
+                "leases" => &mut leases,
+                "recovery" => &mut recovery,
+                _ => &mut expiry,
+            };
+            table.insert((*at, key.as_slice()), ()).open_context(what)?;
+        }
+        let mut outbox = txn.open_table(OUTBOX).open_context(what)?;
+        for (seq, value) in &g.outbox {
+            outbox.insert(*seq, value.as_slice()).open_context(what)?;
+        }
+        let mut entities = txn.open_table(ENTITIES).open_context(what)?;
+        for (id, value) in &g.entities {
+            entities
+                .insert(id.as_str(), value.as_slice())
+                .open_context(what)?;
+        }
+        let mut meta_table = txn.open_table(META).open_context(what)?;
+        meta::write_counter(&mut meta_table, Counter::NextToken, g.next_token)
+            .open_context(what)?;
+        meta::write_counter(&mut meta_table, Counter::NextOutboxSeq, g.next_outbox)
+            .open_context(what)?;
+        if let Some((ttl_ms, policy)) = g.expiry {
+            meta::write_expiry(&mut meta_table, ttl_ms, policy).open_context(what)?;
+        }
+    }
+    txn.commit().open_context(what)?;
+    drop(db);
+    Ok(())
+}
