@@ -68,8 +68,9 @@ pub(crate) fn open_read_view(path: &Path) -> Result<Database, OpenError> {
 /// was not (after a crash) is refused by it, so it is opened writable over
 /// a layer that keeps every write in memory (`scratch_view.rs`), which recovers
 /// it as the real open will; that reads the whole file a second time, once
-/// per crash. A file neither can open (damaged, locked, not a database)
-/// goes on to the writable open, which reports it.
+/// per crash. A file another engine holds is refused here; one neither
+/// view can open (damaged, not a database) goes on to the writable open,
+/// which reports it.
 fn check_before_writing(path: &Path) -> Result<(), OpenError> {
     match redb::Builder::new().open_read_only(path) {
         Ok(view) => check_view(view, path),
@@ -81,6 +82,11 @@ fn check_before_writing(path: &Path) -> Result<(), OpenError> {
                 Ok(())
             }
         },
+        // Another engine holds the file: refused before anything beside
+        // it is touched (its recovery reserve above all).
+        Err(DatabaseError::DatabaseAlreadyOpen) => Err(OpenError::AlreadyOpen {
+            path: path.to_path_buf(),
+        }),
         Err(_) => Ok(()),
     }
 }

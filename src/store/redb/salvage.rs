@@ -57,6 +57,15 @@ type IndexEntry = (&'static str, u64, Vec<u8>);
 pub(crate) fn salvage(damaged: &Path, new: &Path) -> Result<SalvageReport, OpenError> {
     refuse_existing(new)?;
     refuse_existing(&JournalStorage::path_of(new))?;
+    // The new file is written through `NEW.salvaging`, which is removed
+    // first (an earlier salvage's leftover): never when that is the
+    // damaged file or its journal.
+    let tmp = temporary(new);
+    for input in [damaged.to_path_buf(), JournalStorage::path_of(damaged)] {
+        if same_file(&tmp, &input) {
+            return Err(OpenError::SalvageTargetExists { path: tmp });
+        }
+    }
     let view = super::open_contained(damaged, || open_salvage_view(damaged))?;
     let gathered = match &view {
         SalvageView::Clean(db) => gather(db, damaged),
@@ -76,6 +85,22 @@ fn refuse_existing(path: &Path) -> Result<(), OpenError> {
             path: path.to_path_buf(),
         }),
         _ => Ok(()),
+    }
+}
+
+/// The temporary file the new file `new` is written through.
+fn temporary(new: &Path) -> PathBuf {
+    let mut name = new.as_os_str().to_owned();
+    name.push(".salvaging");
+    PathBuf::from(name)
+}
+
+/// Whether `a` and `b` both exist and are the same file (links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
@@ -861,9 +886,7 @@ fn short_walk<K, V>(walked: &mut Walked<K, V>, len: std::result::Result<u64, Str
 /// Writes `g` into a new database file at `new`, through a temporary file
 /// beside it.
 fn write_new(g: &Gathered, new: &Path) -> Result<(), OpenError> {
-    let mut tmp_name = new.as_os_str().to_owned();
-    tmp_name.push(".salvaging");
-    let tmp = PathBuf::from(tmp_name);
+    let tmp = temporary(new);
     let io = |context: &'static str| {
         move |source: std::io::Error| OpenError::Storage {
             context,

@@ -1,0 +1,85 @@
+//! Guards against issue 28's tools harming or misjudging files when an
+//! operator gets something slightly wrong: a second open of a file another
+//! engine holds must not give back that engine's recovery reserve (it did:
+//! `idem sweep` on a served file deleted the server's 64 MiB reserve, then
+//! said "already open"); `salvage x.salvaging x` must not delete the
+//! damaged input (it removed `NEW.salvaging` as an earlier salvage's
+//! leftover, and that was the damaged file); and `verify` must not call
+//! sound a cleanly closed file whose journal header is damaged, which the
+//! writable open refuses.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+
+use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+/// A database at `path` with `n` completed records, closed cleanly.
+fn database(path: &Path, n: u32) -> TestResult {
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .recovery_reserve(1 << 20)
+        .open(path)?;
+    for i in 0..n {
+        let key = IdempotencyKey::new("s", format!("k{i}"))?;
+        match engine.begin(&key, Fingerprint::from_bytes([7; 32]))? {
+            Begin::Claimed(claim) => {
+                engine.complete(claim, Envelope::new(1, 201, format!("b{i}")))?
+            }
+            _ => return Err(format!("k{i} was not claimed").into()),
+        }
+    }
+    Ok(())
+}
+
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    PathBuf::from(format!("{}{suffix}", path.display()))
+}
+
+#[test]
+fn a_refused_second_open_keeps_the_running_engines_reserve() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("db.redb");
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .recovery_reserve(1 << 20)
+        .open(&path)?;
+    let reserve = beside(&path, ".reserve");
+    let held = std::fs::metadata(&reserve)?.len();
+    assert!(held > 0, "no reserve taken");
+    let second = Engine::builder().sweep_interval(None).open(&path);
+    assert!(
+        matches!(second, Err(OpenError::AlreadyOpen { .. })),
+        "a second open of a held file: {:?}",
+        second.err()
+    );
+    assert_eq!(
+        std::fs::metadata(&reserve).map(|m| m.len()).ok(),
+        Some(held),
+        "the refused open gave back the running engine's reserve"
+    );
+    drop(engine);
+    Ok(())
+}
+
+#[test]
+fn salvage_never_removes_a_damaged_file_named_like_its_temporary_file() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let damaged = dir.path().join("x.salvaging");
+    database(&damaged, 20)?;
+    let before = std::fs::read(&damaged)?;
+    let new = dir.path().join("x");
+    let salvaged = Engine::salvage(&damaged, &new);
+    assert!(
+        matches!(salvaged, Err(OpenError::SalvageTargetExists { .. })),
+        "salvage through the damaged file itself: {salvaged:?}"
+    );
+    assert_eq!(
+        std::fs::read(&damaged).ok(),
+        Some(before),
+        "salvage removed or changed the damaged file"
+    );
+    assert!(!new.exists(), "a new file was written");
+    Ok(())
+}
