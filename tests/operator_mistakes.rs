@@ -83,3 +83,35 @@ fn salvage_never_removes_a_damaged_file_named_like_its_temporary_file() -> TestR
     assert!(!new.exists(), "a new file was written");
     Ok(())
 }
+
+#[test]
+fn verify_is_not_sound_when_the_open_refuses_a_damaged_journal_header() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("db.redb");
+    database(&path, 20)?;
+    let journal = beside(&path, ".journal");
+    let mut bytes = std::fs::read(&journal)?;
+    // Inside the header's checksummed bytes (its first 40).
+    bytes[30] ^= 0x40;
+    std::fs::write(&journal, &bytes)?;
+    let refused = Engine::builder().sweep_interval(None).open(&path);
+    assert!(
+        matches!(refused, Err(OpenError::Journal { .. })),
+        "the writable open took a damaged journal: {:?}",
+        refused.err()
+    );
+    let reader = Engine::builder()
+        .sweep_interval(None)
+        .open_read_only(&path)?;
+    let report = reader.verify()?;
+    assert!(
+        !report.is_sound()
+            && report
+                .damage
+                .iter()
+                .any(|d| d.to_string().contains("journal")),
+        "verify says {:?} of a file the open refuses",
+        report.damage
+    );
+    Ok(())
+}
