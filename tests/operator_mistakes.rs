@@ -6,7 +6,9 @@
 //! damaged input (it removed `NEW.salvaging` as an earlier salvage's
 //! leftover, and that was the damaged file); and `verify` must not call
 //! sound a cleanly closed file whose journal header is damaged, which the
-//! writable open refuses.
+//! writable open refuses; and salvage of a file redb cannot open must not
+//! answer "`idem salvage` copies every record" (it sent the operator in a
+//! circle).
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -113,5 +115,26 @@ fn verify_is_not_sound_when_the_open_refuses_a_damaged_journal_header() -> TestR
         "verify says {:?} of a file the open refuses",
         report.damage
     );
+    Ok(())
+}
+
+#[test]
+fn salvage_of_a_file_redb_cannot_open_does_not_send_the_operator_back_to_salvage() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let whole = dir.path().join("whole.redb");
+    database(&whole, 20)?;
+    // A copy cut short (a full disk during `cp`): redb refuses its header.
+    let cut = dir.path().join("cut.redb");
+    let bytes = std::fs::read(&whole)?;
+    std::fs::write(&cut, &bytes[..4096])?;
+    let new = dir.path().join("new.redb");
+    match Engine::salvage(&cut, &new) {
+        Err(OpenError::Corrupt { reason, .. }) => assert!(
+            !reason.contains("idem salvage"),
+            "salvage's own error says to run salvage: {reason}"
+        ),
+        other => return Err(format!("salvage of a cut file: {other:?}").into()),
+    }
+    assert!(!new.exists(), "a new file was written");
     Ok(())
 }

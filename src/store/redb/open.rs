@@ -117,6 +117,26 @@ pub(crate) fn open_backend(backend: impl redb::StorageBackend) -> Result<Databas
 }
 
 fn open_error(path: &Path, e: DatabaseError) -> OpenError {
+    open_error_as(path, e, corrupt_reason)
+}
+
+/// [`open_error`] for salvage's own open: a corrupt file's reason is
+/// redb's, with what salvage can still do, never the advice to run
+/// salvage that the server's open gives.
+fn salvage_open_error(path: &Path, e: DatabaseError) -> OpenError {
+    open_error_as(path, e, |_, detail| {
+        format!(
+            "{detail}; redb cannot open this file at all, so salvage cannot read it: restore \
+             it from a backup (its journal, kept, holds every write since the last checkpoint)"
+        )
+    })
+}
+
+fn open_error_as(
+    path: &Path,
+    e: DatabaseError,
+    reason: impl FnOnce(&Path, String) -> String,
+) -> OpenError {
     match e {
         DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
             path: path.to_path_buf(),
@@ -135,7 +155,7 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
         DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => OpenError::Corrupt {
             path: path.to_path_buf(),
             what: Corrupted::File,
-            reason: corrupt_reason(path, detail),
+            reason: reason(path, detail),
         },
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),
@@ -280,8 +300,8 @@ pub(crate) fn open_salvage_view(path: &Path) -> Result<SalvageView, OpenError> {
         Ok(db) => Ok(SalvageView::Clean(db)),
         Err(DatabaseError::RepairAborted) => scratch_view::open_unchecked(path)
             .map(SalvageView::Recovered)
-            .map_err(|e| open_error(path, e)),
-        Err(e) => Err(open_error(path, e)),
+            .map_err(|e| salvage_open_error(path, e)),
+        Err(e) => Err(salvage_open_error(path, e)),
     }
 }
 
