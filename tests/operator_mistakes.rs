@@ -6,9 +6,15 @@
 //! damaged input (it removed `NEW.salvaging` as an earlier salvage's
 //! leftover, and that was the damaged file); and `verify` must not call
 //! sound a cleanly closed file whose journal header is damaged, which the
-//! writable open refuses; and salvage of a file redb cannot open must not
+//! writable open refuses; salvage of a file redb cannot open must not
 //! answer "`idem salvage` copies every record" (it sent the operator in a
-//! circle).
+//! circle); and a first start on a full disk must not leave a file that
+//! is not a database (it left 72 KiB of zeros, and every later start, with
+//! space freed, failed "not a redb database" until someone deleted it; on
+//! a tmpfs, skipped where mounting is not allowed).
+
+#[path = "common/small_fs.rs"]
+mod small_fs;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -136,5 +142,27 @@ fn salvage_of_a_file_redb_cannot_open_does_not_send_the_operator_back_to_salvage
         other => return Err(format!("salvage of a cut file: {other:?}").into()),
     }
     assert!(!new.exists(), "a new file was written");
+    Ok(())
+}
+
+#[test]
+fn a_create_refused_by_a_full_disk_leaves_no_file_behind() -> TestResult {
+    let Some(fs) = small_fs::SmallFs::mount(1024).map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    let filler = fs.mnt.join("filler");
+    let free = usize::try_from(fs.free_bytes().map_err(|e| e.to_string())?)?;
+    std::fs::write(&filler, vec![1_u8; free])?;
+    let path = fs.db();
+    let refused = Engine::builder().sweep_interval(None).open(&path);
+    assert!(refused.is_err(), "a database created on a full disk");
+    assert!(
+        !path.exists(),
+        "a refused create left {} bytes behind",
+        std::fs::metadata(&path).map_or(0, |m| m.len())
+    );
+    // Space freed: the next start creates the database.
+    std::fs::remove_file(&filler)?;
+    drop(Engine::builder().sweep_interval(None).open(&path)?);
     Ok(())
 }

@@ -20,7 +20,8 @@ use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 /// may need its room (the engine takes it again once it runs, see
 /// `RedbStore::start`).
 pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
-    let existing = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    let found = std::fs::metadata(path).ok();
+    let existing = found.as_ref().is_some_and(|m| m.len() > 0);
     let db = if existing {
         check_before_writing(path)?;
         super::reserve::release(&super::reserve::path_of(path));
@@ -33,9 +34,38 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
         checked.set_check_integrity_on_open(true);
         checked.open(path)
     } else {
-        redb::Builder::new().create(path)
+        let created = redb::Builder::new().create(path);
+        if let Err(e) = &created {
+            undo_create(path, found.is_some(), e);
+        }
+        created
     };
     db.map_err(|e| open_error(path, e))
+}
+
+/// Puts back what a create that failed (a full disk, say) left at `path`:
+/// redb may have sized the file before its header write failed, and bytes
+/// that are not a database would refuse every later open. The file is
+/// removed if it did not exist before (`existed`), else emptied again.
+/// Not after `DatabaseAlreadyOpen`: then the file is another engine's.
+fn undo_create(path: &Path, existed: bool, e: &DatabaseError) {
+    if matches!(e, DatabaseError::DatabaseAlreadyOpen) {
+        return;
+    }
+    let undone = if existed {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_len(0))
+    } else {
+        std::fs::remove_file(path)
+    };
+    if let Err(undo) = undone {
+        if undo.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(error = %undo, path = %path.display(),
+                "a create that failed left a file that is not a database; delete it");
+        }
+    }
 }
 
 /// A view of the database at `path` for reads only, while the engine
