@@ -8,7 +8,9 @@
 //! sound a cleanly closed file whose journal header is damaged, which the
 //! writable open refuses; salvage of a file redb cannot open must not
 //! answer "`idem salvage` copies every record" (it sent the operator in a
-//! circle); and a first start on a full disk must not leave a file that
+//! circle), and the read-only open (`idem verify`) must not call such a
+//! file one that "needs recovery: run `idem sweep`" (which refuses it as
+//! corrupt, pointing back to verify); and a first start on a full disk must not leave a file that
 //! is not a database (it left 72 KiB of zeros, and every later start, with
 //! space freed, failed "not a redb database" until someone deleted it; on
 //! a tmpfs, skipped where mounting is not allowed).
@@ -142,6 +144,13 @@ fn salvage_of_a_file_redb_cannot_open_does_not_send_the_operator_back_to_salvage
         other => return Err(format!("salvage of a cut file: {other:?}").into()),
     }
     assert!(!new.exists(), "a new file was written");
+    // verify's read-only open names the damage, as the writable open does.
+    let read = Engine::builder().sweep_interval(None).open_read_only(&cut);
+    assert!(
+        matches!(read, Err(OpenError::Corrupt { .. })),
+        "read-only open of a cut file: {:?}",
+        read.err()
+    );
     Ok(())
 }
 

@@ -87,6 +87,21 @@ pub(crate) fn open_read_view(path: &Path) -> Result<Database, OpenError> {
     Ok(db)
 }
 
+/// Why redb's read-only open of the file at `path` said it needs repair:
+/// recovery after a crash ([`OpenError::NeedsRecovery`], which a writable
+/// open does), or damage a writable open would refuse too (a file cut
+/// short, a damaged page: [`OpenError::Corrupt`], pointing to `verify` and
+/// `salvage` rather than to a writable open that fails). Tells them apart
+/// by recovering the file in memory; writes nothing.
+pub(crate) fn needs_repair(path: &Path) -> OpenError {
+    match scratch_view::open(path) {
+        Err(e @ DatabaseError::Storage(redb::StorageError::Corrupted(_))) => open_error(path, e),
+        _ => OpenError::NeedsRecovery {
+            path: path.to_path_buf(),
+        },
+    }
+}
+
 /// Refuses, from a view that writes nothing, an existing file a writable
 /// open must not touch: an unknown format version (redb's writable open
 /// rewrites the file header even when nothing is committed), or a journal

@@ -38,9 +38,7 @@ impl RedbReader {
                 redb::DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
                     path: path.to_path_buf(),
                 },
-                redb::DatabaseError::RepairAborted => OpenError::NeedsRecovery {
-                    path: path.to_path_buf(),
-                },
+                redb::DatabaseError::RepairAborted => super::open::needs_repair(path),
                 source => OpenError::NotADatabase {
                     path: path.to_path_buf(),
                     source,
