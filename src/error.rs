@@ -220,8 +220,9 @@ pub enum OpenError {
     },
 
     /// [`crate::Engine::salvage`] was given a new file that already exists
-    /// and is not empty (or a non-empty journal beside it): salvage only
-    /// writes a fresh file, and never over another database.
+    /// and is not empty (or a non-empty journal beside it), or whose
+    /// temporary file `NEW.salvaging` is the damaged file or its journal:
+    /// salvage only writes a fresh file, and never over another database.
     #[error("{}: already exists and is not empty; salvage writes only a new file", path.display())]
     SalvageTargetExists {
         /// The existing file.

@@ -124,6 +124,17 @@ pub enum Damage {
         /// closed cleanly, or the walk itself failed).
         tables: Option<Vec<&'static str>>,
     },
+    /// The journal beside the file (`<file>.journal`) cannot serve it:
+    /// its header is damaged, it is another database's, or (after a
+    /// crash) it lacks the frames the file needs. A writable open refuses
+    /// the file ([`crate::OpenError::Journal`]), even one closed cleanly.
+    /// Put back the journal the file was last used with; after a clean
+    /// close, `idem salvage DAMAGED NEW` copies every record into a file
+    /// with a fresh journal.
+    UnusableJournal {
+        /// What the open found wrong (its error message).
+        detail: String,
+    },
     /// Entries of an engine table lie on the page a
     /// [`Damage::FailedPageCheck`] names, or a lookup of their key passes
     /// through it: their stored bytes cannot be trusted. Entries on other
@@ -216,6 +227,10 @@ impl fmt::Display for Damage {
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }
+            Damage::UnusableJournal { detail } => write!(
+                f,
+                "the journal cannot serve the file (a writable open refuses it): {detail}"
+            ),
             Damage::FailedPageCheck {
                 reason,
                 page,

@@ -496,10 +496,18 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     let report = engine.verify()?;
     // redb's page check failed: a writable open (the server) refuses the
     // file. The records on the damaged page are the keys in doubt.
-    let open_refuses = report
+    let page_check_fails = report
         .damage
         .iter()
         .any(|d| matches!(d, Damage::FailedPageCheck { .. }));
+    // So does a journal that cannot serve the file, or a damaged meta value.
+    let open_refuses = page_check_fails
+        || report.damage.iter().any(|d| {
+            matches!(
+                d,
+                Damage::UnusableJournal { .. } | Damage::BadMetaValue { .. }
+            )
+        });
     let keys_in_doubt: Vec<&String> = report
         .damage
         .iter()
@@ -543,7 +551,7 @@ pub fn verify<W: Write>(engine: &Engine, json: bool, out: &mut W) -> CliResult {
     }
     if report.is_sound() {
         Ok(())
-    } else if open_refuses {
+    } else if page_check_fails {
         Err(CliError(format!(
             "{} problems found in {} records; the file fails redb's page check, so a writable \
              open refuses it: `idem salvage DAMAGED NEW` copies every record that still reads \

@@ -20,7 +20,8 @@ use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 /// may need its room (the engine takes it again once it runs, see
 /// `RedbStore::start`).
 pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
-    let existing = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    let found = std::fs::metadata(path).ok();
+    let existing = found.as_ref().is_some_and(|m| m.len() > 0);
     let db = if existing {
         check_before_writing(path)?;
         super::reserve::release(&super::reserve::path_of(path));
@@ -33,9 +34,38 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
         checked.set_check_integrity_on_open(true);
         checked.open(path)
     } else {
-        redb::Builder::new().create(path)
+        let created = redb::Builder::new().create(path);
+        if let Err(e) = &created {
+            undo_create(path, found.is_some(), e);
+        }
+        created
     };
     db.map_err(|e| open_error(path, e))
+}
+
+/// Puts back what a create that failed (a full disk, say) left at `path`:
+/// redb may have sized the file before its header write failed, and bytes
+/// that are not a database would refuse every later open. The file is
+/// removed if it did not exist before (`existed`), else emptied again.
+/// Not after `DatabaseAlreadyOpen`: then the file is another engine's.
+fn undo_create(path: &Path, existed: bool, e: &DatabaseError) {
+    if matches!(e, DatabaseError::DatabaseAlreadyOpen) {
+        return;
+    }
+    let undone = if existed {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_len(0))
+    } else {
+        std::fs::remove_file(path)
+    };
+    if let Err(undo) = undone {
+        if undo.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(error = %undo, path = %path.display(),
+                "a create that failed left a file that is not a database; delete it");
+        }
+    }
 }
 
 /// A view of the database at `path` for reads only, while the engine
@@ -57,6 +87,21 @@ pub(crate) fn open_read_view(path: &Path) -> Result<Database, OpenError> {
     Ok(db)
 }
 
+/// Why redb's read-only open of the file at `path` said it needs repair:
+/// recovery after a crash ([`OpenError::NeedsRecovery`], which a writable
+/// open does), or damage a writable open would refuse too (a file cut
+/// short, a damaged page: [`OpenError::Corrupt`], pointing to `verify` and
+/// `salvage` rather than to a writable open that fails). Tells them apart
+/// by recovering the file in memory; writes nothing.
+pub(crate) fn needs_repair(path: &Path) -> OpenError {
+    match scratch_view::open(path) {
+        Err(e @ DatabaseError::Storage(redb::StorageError::Corrupted(_))) => open_error(path, e),
+        _ => OpenError::NeedsRecovery {
+            path: path.to_path_buf(),
+        },
+    }
+}
+
 /// Refuses, from a view that writes nothing, an existing file a writable
 /// open must not touch: an unknown format version (redb's writable open
 /// rewrites the file header even when nothing is committed), or a journal
@@ -68,8 +113,9 @@ pub(crate) fn open_read_view(path: &Path) -> Result<Database, OpenError> {
 /// was not (after a crash) is refused by it, so it is opened writable over
 /// a layer that keeps every write in memory (`scratch_view.rs`), which recovers
 /// it as the real open will; that reads the whole file a second time, once
-/// per crash. A file neither can open (damaged, locked, not a database)
-/// goes on to the writable open, which reports it.
+/// per crash. A file another engine holds is refused here; one neither
+/// view can open (damaged, not a database) goes on to the writable open,
+/// which reports it.
 fn check_before_writing(path: &Path) -> Result<(), OpenError> {
     match redb::Builder::new().open_read_only(path) {
         Ok(view) => check_view(view, path),
@@ -81,6 +127,11 @@ fn check_before_writing(path: &Path) -> Result<(), OpenError> {
                 Ok(())
             }
         },
+        // Another engine holds the file: refused before anything beside
+        // it is touched (its recovery reserve above all).
+        Err(DatabaseError::DatabaseAlreadyOpen) => Err(OpenError::AlreadyOpen {
+            path: path.to_path_buf(),
+        }),
         Err(_) => Ok(()),
     }
 }
@@ -111,6 +162,26 @@ pub(crate) fn open_backend(backend: impl redb::StorageBackend) -> Result<Databas
 }
 
 fn open_error(path: &Path, e: DatabaseError) -> OpenError {
+    open_error_as(path, e, corrupt_reason)
+}
+
+/// [`open_error`] for salvage's own open: a corrupt file's reason is
+/// redb's, with what salvage can still do, never the advice to run
+/// salvage that the server's open gives.
+fn salvage_open_error(path: &Path, e: DatabaseError) -> OpenError {
+    open_error_as(path, e, |_, detail| {
+        format!(
+            "{detail}; redb cannot open this file at all, so salvage cannot read it: restore \
+             it from a backup (its journal, kept, holds every write since the last checkpoint)"
+        )
+    })
+}
+
+fn open_error_as(
+    path: &Path,
+    e: DatabaseError,
+    reason: impl FnOnce(&Path, String) -> String,
+) -> OpenError {
     match e {
         DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
             path: path.to_path_buf(),
@@ -129,7 +200,7 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
         DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => OpenError::Corrupt {
             path: path.to_path_buf(),
             what: Corrupted::File,
-            reason: corrupt_reason(path, detail),
+            reason: reason(path, detail),
         },
         source => OpenError::NotADatabase {
             path: path.to_path_buf(),
@@ -274,8 +345,8 @@ pub(crate) fn open_salvage_view(path: &Path) -> Result<SalvageView, OpenError> {
         Ok(db) => Ok(SalvageView::Clean(db)),
         Err(DatabaseError::RepairAborted) => scratch_view::open_unchecked(path)
             .map(SalvageView::Recovered)
-            .map_err(|e| open_error(path, e)),
-        Err(e) => Err(open_error(path, e)),
+            .map_err(|e| salvage_open_error(path, e)),
+        Err(e) => Err(salvage_open_error(path, e)),
     }
 }
 

@@ -38,9 +38,7 @@ impl RedbReader {
                 redb::DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
                     path: path.to_path_buf(),
                 },
-                redb::DatabaseError::RepairAborted => OpenError::NeedsRecovery {
-                    path: path.to_path_buf(),
-                },
+                redb::DatabaseError::RepairAborted => super::open::needs_repair(path),
                 source => OpenError::NotADatabase {
                     path: path.to_path_buf(),
                     source,
@@ -150,6 +148,22 @@ impl Backend for RedbReader {
         let mut damage = contained("verifying the database's pages", || {
             super::open::page_damage(&self.path)
         })?;
+        // And the journal check a writable open runs, clean close or not.
+        if let Err(e) = super::recover::check_before_open(&self.db, self.format, &self.path) {
+            match e {
+                OpenError::Journal { .. } => {
+                    damage.push(crate::verify::Damage::UnusableJournal {
+                        detail: e.to_string(),
+                    });
+                }
+                e => {
+                    return Err(crate::error::Error::Storage {
+                        context: "checking the journal",
+                        source: Box::new(e),
+                    })
+                }
+            }
+        }
         match contained("verifying the database", || super::verify::verify(&self.db)) {
             Ok((found, records)) => {
                 damage.extend(found);

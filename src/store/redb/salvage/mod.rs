@@ -48,13 +48,22 @@ use super::tables::{ENTITIES, OUTBOX};
 use self::frames::{frames_one_by_one, settle_counter, Work};
 use self::gathered::{Entries, Gathered, IndexEntry, Reasons, StoredCounter};
 use self::walk::{look_up, walk_index, walk_records, walk_table, Gap};
-use self::write::write_new;
+use self::write::{temporary, write_new};
 
 /// Copies what still reads of the database at `damaged` into a new file at
 /// `new` (see the module docs); never writes to `damaged` or its journal.
 pub(crate) fn salvage(damaged: &Path, new: &Path) -> Result<SalvageReport, OpenError> {
     refuse_existing(new)?;
     refuse_existing(&JournalStorage::path_of(new))?;
+    // The new file is written through `NEW.salvaging`, which is removed
+    // first (an earlier salvage's leftover): never when that is the
+    // damaged file or its journal.
+    let tmp = temporary(new);
+    for input in [damaged.to_path_buf(), JournalStorage::path_of(damaged)] {
+        if same_file(&tmp, &input) {
+            return Err(OpenError::SalvageTargetExists { path: tmp });
+        }
+    }
     let view = super::open_contained(damaged, || open_salvage_view(damaged))?;
     let gathered = match &view {
         SalvageView::Clean(db) => gather(db, damaged),
@@ -74,6 +83,15 @@ fn refuse_existing(path: &Path) -> Result<(), OpenError> {
             path: path.to_path_buf(),
         }),
         _ => Ok(()),
+    }
+}
+
+/// Whether `a` and `b` both exist and are the same file (links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 

@@ -14,12 +14,17 @@ use super::super::open::{open_path, prepare};
 use super::super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 use super::gathered::Gathered;
 
+/// The temporary file the new file `new` is written through.
+pub(super) fn temporary(new: &Path) -> PathBuf {
+    let mut name = new.as_os_str().to_owned();
+    name.push(".salvaging");
+    PathBuf::from(name)
+}
+
 /// Writes `g` into a new database file at `new`, through a temporary file
 /// beside it.
 pub(super) fn write_new(g: &Gathered, new: &Path) -> Result<(), OpenError> {
-    let mut tmp_name = new.as_os_str().to_owned();
-    tmp_name.push(".salvaging");
-    let tmp = PathBuf::from(tmp_name);
+    let tmp = temporary(new);
     let io = |context: &'static str| {
         move |source: std::io::Error| OpenError::Storage {
             context,
