@@ -159,7 +159,9 @@ enum Command {
     /// read; NEW must not exist (or be empty). Exit code: 0 when
     /// everything was copied, 3 when some keys were lost (they are listed:
     /// resolve them before serving them), 1 on an error (nothing written to
-    /// NEW). Stop the app first. See docs/operations.md, "Damaged files".
+    /// NEW, unless only the final directory sync failed: the message says
+    /// so), 2 on a command-line mistake (for example a PostgreSQL
+    /// connection string: salvage reads redb files). Stop the app first. See docs/operations.md, "Damaged files".
     Salvage {
         /// The damaged database file (redb only).
         damaged: PathBuf,
