@@ -612,7 +612,7 @@ pub fn salvage<W: Write>(
         }
         writeln!(
             out,
-            "salvaged into {}: {} records, {} outbox messages, {} entities ({} journal frames applied); {} not copied",
+            "salvaged into {}: {} records, {} outbox messages, {} entities (journal frames applied: {}); not copied: {}",
             new.display(),
             report.records,
             report.outbox_messages,
@@ -625,8 +625,11 @@ pub fn salvage<W: Write>(
         Ok(())
     } else {
         Err(KeysLost(format!(
-            "{} items could not be copied into {}; resolve the listed keys before serving them",
-            report.lost.len(),
+            "{} could not be copied into {}; resolve the listed keys before serving them",
+            match report.lost.len() {
+                1 => "1 item".to_string(),
+                n => format!("{n} items"),
+            },
             new.display()
         ))
         .into())

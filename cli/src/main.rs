@@ -161,7 +161,7 @@ enum Command {
     /// resolve them before serving them), 1 on an error (nothing written to
     /// NEW, unless only the final directory sync failed: the message says
     /// so), 2 on a command-line mistake (for example a PostgreSQL
-    /// connection string: salvage reads redb files). Stop the app first. See docs/operations.md, "Damaged files".
+    /// connection string: salvage reads redb files). Stop the app first. See docs/operations.md, "Salvage: back in service after damage".
     Salvage {
         /// The damaged database file (redb only).
         damaged: PathBuf,

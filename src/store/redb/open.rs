@@ -284,7 +284,7 @@ fn corrupt_reason(path: &Path, detail: String) -> String {
     };
     let shown = path.display();
     format!(
-        "{detail}{found}; `idem verify {shown}` lists the damaged pages and keys, and \
+        "{detail}{found}; `idem verify {shown}` names the first damaged page and its keys, and \
          `idem salvage {shown} NEW` copies every record that still reads into a new file"
     )
 }
