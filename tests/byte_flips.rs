@@ -41,6 +41,10 @@ use idempotency::{
     ManualClock, OutgoingMessage,
 };
 
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix64;
+
 type TestResult = Result<(), Box<dyn Error>>;
 
 /// When the database was written (ms since the Unix epoch).
@@ -53,25 +57,6 @@ const KEYS: usize = 60;
 const DEFAULT_SEED: u64 = 0x1de0_7e57_f11b;
 /// A trial that takes longer than this is reported as a hang.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// splitmix64: a small, seedable generator (no dependency, same sequence
-/// everywhere).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0; the bias is negligible for these sizes).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn builder(clock: &ManualClock) -> EngineBuilder {
     Engine::builder()

@@ -27,6 +27,10 @@ use std::time::{Duration, Instant};
 
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
 
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix64;
+
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
 
 const ROLE_VAR: &str = "IDEM_KILL_LOOP_ROLE";
@@ -53,19 +57,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// parent kills it within a second of its ready line): it exits rather than
 /// fill the disk.
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
-
-/// splitmix64: the kill delays, the recheck sample, the response bodies.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 /// FNV-1a, 64 bits: the body hash written to the ack log.
 fn fnv1a(bytes: &[u8]) -> u64 {

@@ -40,6 +40,10 @@ use idempotency::{
 };
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix64;
+
 type TestResult = Result<(), Box<dyn Error>>;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
@@ -55,23 +59,6 @@ const CHILD_ENV: &str = "IDEMPOTENCY_SALVAGE_CHILD_DIR";
 /// Set for the child process: also try a writable open and `verify`.
 const CHILD_ALL_ENV: &str = "IDEMPOTENCY_SALVAGE_CHILD_ALL";
 const MARK: &str = "@@salvage ";
-
-/// splitmix64: a small, seedable generator.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn builder(clock: &ManualClock) -> EngineBuilder {
     Engine::builder()
