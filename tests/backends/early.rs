@@ -4,56 +4,27 @@
 //! the provider); a crowd of retries asks the resolver about one key at
 //! most once per `resolver_interval`.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotency::{Begin, Engine, Envelope, InDoubt, ManualClock, Resolution, State};
+use idempotency::{Begin, Engine, Envelope, ManualClock, Resolution, State};
 
+use super::recovery::Scripted;
 use super::support::*;
 
 const LEASE_MS: u64 = 1_000;
 const INTERVAL_MS: u64 = 200;
-
-/// A resolver that answers whatever `answer` holds and counts questions.
-#[derive(Clone)]
-struct Scripted {
-    answer: Arc<Mutex<Resolution>>,
-    asked: Arc<Mutex<u32>>,
-}
-
-impl Scripted {
-    fn new(answer: Resolution) -> Scripted {
-        Scripted {
-            answer: Arc::new(Mutex::new(answer)),
-            asked: Arc::default(),
-        }
-    }
-    fn set(&self, r: Resolution) {
-        *self.answer.lock().unwrap_or_else(PoisonError::into_inner) = r;
-    }
-    fn asked(&self) -> u32 {
-        *self.asked.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 fn engine(
     h: &Harness,
     clock: &ManualClock,
     script: &Scripted,
 ) -> Result<Engine, idempotency::OpenError> {
-    let s = script.clone();
     h.open(
         h.builder()
             .clock(clock.clone())
             .lease(Duration::from_millis(LEASE_MS))
             .resolver_interval(Duration::from_millis(INTERVAL_MS))
-            .resolver(move |_: &InDoubt| {
-                *s.asked.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-                s.answer
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
-            }),
+            .resolver(script.resolver()),
     )
 }
 
@@ -84,16 +55,16 @@ both_backends! {
     fn a_found_charge_settles_a_dropped_claim_at_once(h: &Harness) -> TestResult {
         let clock = ManualClock::new(T0);
         let provider = Envelope::new(1, 201, r#"{"charge":"ch_1"}"#);
-        let script = Scripted::new(Resolution::Completed(provider.clone()));
+        let script = Scripted::answering(Resolution::Completed(provider.clone()));
         let engine = engine(h, &clock, &script)?;
         let k = key("early-found")?;
         dropped(&engine, &k)?;
         clock.set(T0 + 10);
         assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope, provider);
-        assert_eq!(script.asked(), 1);
+        assert_eq!(script.asked().len(), 1);
         assert_eq!(engine.record(&k)?.ok_or("missing")?.state, State::Completed);
         assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope, provider);
-        assert_eq!(script.asked(), 1, "asked again after settling");
+        assert_eq!(script.asked().len(), 1, "asked again after settling");
         assert_eq!(engine.stats()?.resolved, 1);
         Ok(())
     }
@@ -105,7 +76,7 @@ both_backends! {
     /// claim with a larger token.
     fn not_executed_waits_for_a_dropped_claims_lease(h: &Harness) -> TestResult {
         let clock = ManualClock::new(T0);
-        let script = Scripted::new(Resolution::NotExecuted);
+        let script = Scripted::answering(Resolution::NotExecuted);
         let engine = engine(h, &clock, &script)?;
         let k = key("early-not-executed")?;
         let token = dropped(&engine, &k)?;
@@ -114,12 +85,12 @@ both_backends! {
             let wait = retry_after(engine.begin(&k, fp(1)?)?)?;
             assert_eq!(wait, Duration::from_millis(LEASE_MS - step), "at +{step} ms");
         }
-        assert_eq!(script.asked(), 1, "asked again before the lease ended");
+        assert_eq!(script.asked().len(), 1, "asked again before the lease ended");
         assert_eq!(engine.record(&k)?.ok_or("missing")?.state, State::Unknown);
         clock.set(T0 + LEASE_MS);
         let fresh = claimed(engine.begin(&k, fp(1)?)?)?;
         assert!(fresh.fencing_token() > token);
-        assert_eq!(script.asked(), 2);
+        assert_eq!(script.asked().len(), 2);
         engine.complete(fresh, Envelope::new(1, 201, "fresh"))?;
         Ok(())
     }
@@ -131,7 +102,7 @@ both_backends! {
     /// and a later positive answer settles the key.
     fn a_crowd_of_retries_asks_once_per_interval(h: &Harness) -> TestResult {
         let clock = ManualClock::new(T0);
-        let script = Scripted::new(Resolution::StillInDoubt);
+        let script = Scripted::answering(Resolution::StillInDoubt);
         let engine = engine(h, &clock, &script)?;
         let k = key("early-crowd")?;
         dropped(&engine, &k)?;
@@ -141,16 +112,16 @@ both_backends! {
         }
         clock.set(T0 + 150);
         assert_eq!(retry_after(engine.begin(&k, fp(1)?)?)?, Duration::from_millis(50));
-        assert_eq!(script.asked(), 1);
+        assert_eq!(script.asked().len(), 1);
         clock.set(T0 + INTERVAL_MS);
         retry_after(engine.begin(&k, fp(1)?)?)?;
-        assert_eq!(script.asked(), 2);
+        assert_eq!(script.asked().len(), 2);
         // Nothing was written for "still unknown" while the lease runs.
         assert_eq!(engine.record(&k)?.ok_or("missing")?.attempts, 0);
         script.set(Resolution::Completed(Envelope::new(1, 201, "found")));
         clock.set(T0 + 2 * INTERVAL_MS);
         assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope.body, b"found");
-        assert_eq!(script.asked(), 3);
+        assert_eq!(script.asked().len(), 3);
         Ok(())
     }
 }

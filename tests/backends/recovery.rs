@@ -17,28 +17,45 @@ use super::support::*;
 const LEASE_MS: u64 = 1_000;
 
 /// A resolver that answers whatever `answer` holds and logs what it was
-/// asked.
+/// asked (also used by `early.rs`).
 #[derive(Clone)]
-struct Scripted {
+pub(super) struct Scripted {
     answer: Arc<Mutex<Resolution>>,
     asked: Arc<Mutex<Vec<InDoubt>>>,
 }
 
 impl Scripted {
     fn new() -> Scripted {
+        Scripted::answering(Resolution::StillInDoubt)
+    }
+    pub(super) fn answering(answer: Resolution) -> Scripted {
         Scripted {
-            answer: Arc::new(Mutex::new(Resolution::StillInDoubt)),
+            answer: Arc::new(Mutex::new(answer)),
             asked: Arc::default(),
         }
     }
-    fn set(&self, r: Resolution) {
+    pub(super) fn set(&self, r: Resolution) {
         *self.answer.lock().unwrap_or_else(PoisonError::into_inner) = r;
     }
-    fn asked(&self) -> Vec<InDoubt> {
+    pub(super) fn asked(&self) -> Vec<InDoubt> {
         self.asked
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+    /// The resolver to register: logs the question, gives the answer.
+    pub(super) fn resolver(&self) -> impl Fn(&InDoubt) -> Resolution + Send + Sync + 'static {
+        let s = self.clone();
+        move |p: &InDoubt| {
+            s.asked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(p.clone());
+            s.answer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
     }
 }
 
@@ -48,21 +65,11 @@ fn scripted(
     clock: &ManualClock,
     script: &Scripted,
 ) -> Result<Engine, idempotency::OpenError> {
-    let s = script.clone();
     h.open(
         h.builder()
             .clock(clock.clone())
             .lease(Duration::from_millis(LEASE_MS))
-            .resolver(move |p: &InDoubt| {
-                s.asked
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(p.clone());
-                s.answer
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
-            }),
+            .resolver(script.resolver()),
     )
 }
 
