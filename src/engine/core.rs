@@ -155,6 +155,7 @@ impl Core {
                         record,
                         held,
                         now_ms,
+                        steps: Vec::new(),
                     }),
                     Class::Free | Class::Stale => None,
                 }
@@ -202,6 +203,7 @@ impl Core {
             record,
             held,
             now_ms,
+            ..
         } = found;
         Ok(match held {
             Held::Mismatch => {
@@ -263,6 +265,7 @@ impl Core {
             key: key.clone(),
             token: record.token,
             settlement,
+            actor: crate::store::Actor::Resolver,
         };
         let c = &self.counters;
         match self.store.settle_then_claim_pending(req, claim).await {

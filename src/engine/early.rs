@@ -104,6 +104,7 @@ impl Core {
             key: key.clone(),
             token: record.token,
             settlement: self.settlement(key, Resolution::Completed(envelope))?,
+            actor: crate::store::Actor::Resolver,
         };
         match self.store.settle_then_claim_pending(req, claim).await {
             Ok(Settled::Completed(record)) => {

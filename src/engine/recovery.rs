@@ -50,6 +50,7 @@ pub(crate) fn recover(
             key: in_doubt.key.clone(),
             token: in_doubt.fencing_token,
             settlement,
+            actor: crate::store::Actor::Resolver,
         };
         match core.store.settle(req) {
             Ok(Settled::Completed(_)) => {
@@ -102,6 +103,9 @@ pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution)
         key: key.clone(),
         token: rec.token,
         settlement,
+        actor: crate::store::Actor::Operator {
+            reason: String::new(),
+        },
     })?;
     if resolved {
         core.counters.resolved.add(1);
