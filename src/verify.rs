@@ -201,6 +201,31 @@ pub(crate) fn shown(key_hex: &str) -> String {
         .map_or_else(|| key_hex.to_string(), |key| key.to_string())
 }
 
+/// The `Display` of the damage to effect steps and the evidence log.
+fn fmt_step_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match d {
+        Damage::UndecodableStep {
+            key_hex,
+            step,
+            reason,
+        } => write!(
+            f,
+            "effect step {step:?} of {} does not decode: {reason}",
+            shown(key_hex)
+        ),
+        Damage::UndecodableHistory {
+            key_hex,
+            seq,
+            reason,
+        } => write!(
+            f,
+            "evidence log entry #{seq} of {} does not decode: {reason}",
+            shown(key_hex)
+        ),
+        _ => Ok(()),
+    }
+}
+
 impl fmt::Display for Damage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -243,24 +268,9 @@ impl fmt::Display for Damage {
             Damage::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
             }
-            Damage::UndecodableStep {
-                key_hex,
-                step,
-                reason,
-            } => write!(
-                f,
-                "effect step {step:?} of {} does not decode: {reason}",
-                shown(key_hex)
-            ),
-            Damage::UndecodableHistory {
-                key_hex,
-                seq,
-                reason,
-            } => write!(
-                f,
-                "evidence log entry #{seq} of {} does not decode: {reason}",
-                shown(key_hex)
-            ),
+            Damage::UndecodableStep { .. } | Damage::UndecodableHistory { .. } => {
+                fmt_step_damage(self, f)
+            }
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }

@@ -265,7 +265,7 @@ mod steps {
             token: 42,
             evidence,
             reserved_at_ms: 1_700_000_000_000,
-            settled_at_ms: (attempts % 2 == 0).then_some(1_700_000_000_001),
+            settled_at_ms: attempts.is_multiple_of(2).then_some(1_700_000_000_001),
             attempts,
             last_asked_ms: None,
         }
@@ -284,7 +284,7 @@ mod steps {
             seq,
             at_ms: 1_700_000_000_002,
             actor,
-            step: (seq % 2 == 0).then(|| "charge".to_string()),
+            step: seq.is_multiple_of(2).then(|| "charge".to_string()),
             from: "reserved".into(),
             to: "confirmed".into(),
             evidence,

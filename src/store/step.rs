@@ -82,7 +82,7 @@ impl StepRecord {
     /// (its record is UNKNOWN, or PROCESSING with its lease ended, or
     /// gone, or owned by another token) is Unknown (read-time truth: no
     /// sweep is needed first).
-    pub(crate) fn as_seen(mut self, claim: Option<(u64, bool)>) -> StepRecord {
+    pub(crate) fn into_seen(mut self, claim: Option<(u64, bool)>) -> StepRecord {
         if self.status == StepStatus::Reserved {
             let running = matches!(claim, Some((token, live)) if live && token == self.token);
             if !running {
@@ -244,17 +244,17 @@ mod tests {
             last_asked_ms: None,
         };
         assert_eq!(
-            step.clone().as_seen(Some((7, true))).status,
+            step.clone().into_seen(Some((7, true))).status,
             StepStatus::Reserved
         );
         assert_eq!(
-            step.clone().as_seen(Some((7, false))).status,
+            step.clone().into_seen(Some((7, false))).status,
             StepStatus::Unknown
         );
         assert_eq!(
-            step.clone().as_seen(Some((8, true))).status,
+            step.clone().into_seen(Some((8, true))).status,
             StepStatus::Unknown
         );
-        assert_eq!(step.as_seen(None).status, StepStatus::Unknown);
+        assert_eq!(step.into_seen(None).status, StepStatus::Unknown);
     }
 }

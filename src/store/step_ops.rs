@@ -5,7 +5,7 @@
 //! - a step is reserved only by the claim that owns a PROCESSING record
 //!   whose lease has not ended; a name is used once per claim
 //!   (`StepReused`); an earlier claim's Confirmed or Failed step is handed
-//!   back as it is (the handler skips the call); a NotExecuted step is
+//!   back as it is (the handler skips the call); a `NotExecuted` step is
 //!   reserved again under its old reference; at most
 //!   [`MAX_STEPS_PER_KEY`] names per key;
 //! - confirm / reject: the claim still owns the PROCESSING record and the
@@ -25,6 +25,8 @@
 // The engine's effect steps (its own branch) call these; until then only
 // the store's tests do.
 #![cfg_attr(not(test), allow(dead_code))]
+
+use std::fmt::Write as _;
 
 use crate::error::{Corrupted, Error};
 use crate::key::IdempotencyKey;
@@ -69,7 +71,7 @@ fn readable_steps<T: Txn>(t: &mut T, key: &IdempotencyKey) -> OpResult<Vec<StepR
         match step {
             Ok(step) => steps.push(step),
             Err(e) => {
-                tracing::error!(key = %key, step = %name, error = %e, "damaged effect step left as it is")
+                tracing::error!(key = %key, step = %name, error = %e, "damaged effect step left as it is");
             }
         }
     }
@@ -470,7 +472,8 @@ pub(crate) fn tombstone_summary(steps: &[StepRecord], dropped: usize) -> Vec<u8>
     if !text.is_empty() {
         text.push_str("; ");
     }
-    text.push_str(&format!("{dropped} log entries dropped"));
+    // Writing to a String cannot fail.
+    let _ = write!(text, "{dropped} log entries dropped");
     text.into_bytes()
 }
 

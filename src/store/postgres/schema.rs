@@ -201,11 +201,7 @@ pub(super) fn prepare(
         tx.batch_execute(&names.ddl())
             .map_err(storage("creating the schema"))?;
     } else {
-        require_tables(&mut tx, names)?;
-        // A writable open without DDL needs the effect-step tables too:
-        // every claim and deletion touches them. (A read-only open does
-        // not: its reads find no steps where the tables are missing.)
-        require(&mut tx, names, &[&names.steps, &names.history])?;
+        require_writable_tables(&mut tx, names)?;
     }
     let set = format!(
         "INSERT INTO {} (name, value) VALUES ($1, $2)
@@ -285,6 +281,13 @@ pub(super) fn require_tables(client: &mut Transaction<'_>, names: &Names) -> Res
         &names.outbox_seq,
     ];
     require(client, names, &all)
+}
+
+/// [`require_tables`], and the effect-step tables, which every write
+/// touches (a read-only open does not need them).
+fn require_writable_tables(client: &mut Transaction<'_>, names: &Names) -> Result<(), OpenError> {
+    require_tables(client, names)?;
+    require(client, names, &[&names.steps, &names.history])
 }
 
 /// `OpenError::NoPostgresTables` unless every one of `all` exists.

@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | PROCESSING | `idempotency.leases` | `(lease_until_ms, record key)` |
 //! | UNKNOWN | `idempotency.recovery` | `(unknown_since_ms, record key)` |
-//! | COMPLETED, FINAL_FAILURE, TOMBSTONE | `idempotency.expiry` | `(expires_at_ms, record key)` |
+//! | COMPLETED, `FINAL_FAILURE`, TOMBSTONE | `idempotency.expiry` | `(expires_at_ms, record key)` |
 //!
 //! Effect steps and the evidence log live in two tables created on first
 //! use (a format-2 file without them opens as it is): `idempotency.steps`

@@ -85,10 +85,13 @@ impl Change {
     /// Bytes of the keys and values it carries (what makes a frame large).
     pub(in crate::store::redb) fn size_bytes(&self) -> usize {
         match self {
-            Change::PutRecord { key, value } => key.len().saturating_add(value.len()),
+            Change::PutRecord { key, value } | Change::PutHistory { key, value, .. } => {
+                key.len().saturating_add(value.len())
+            }
             Change::DelRecord { key }
             | Change::PutIndex { key, .. }
-            | Change::DelIndex { key, .. } => key.len(),
+            | Change::DelIndex { key, .. }
+            | Change::DelHistory { key, .. } => key.len(),
             Change::PutOutbox { value, .. } => value.len(),
             Change::DelOutbox { .. } => 0,
             Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
@@ -97,8 +100,6 @@ impl Change {
                 .saturating_add(name.len())
                 .saturating_add(value.len()),
             Change::DelStep { key, name } => key.len().saturating_add(name.len()),
-            Change::PutHistory { key, value, .. } => key.len().saturating_add(value.len()),
-            Change::DelHistory { key, .. } => key.len(),
         }
     }
 }

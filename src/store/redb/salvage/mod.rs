@@ -115,28 +115,14 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         },
     );
     // Tables created on first use: a file may not have them.
-    let steps = walk_if_present(
-        db,
-        STEPS,
-        |(k, v): (
-            redb::AccessGuard<'_, (&[u8], &str)>,
-            redb::AccessGuard<'_, &[u8]>,
-        )| {
-            let (rkey, name) = k.value();
-            ((rkey.to_vec(), name.to_owned()), v.value().to_vec())
-        },
-    );
-    let history = walk_if_present(
-        db,
-        HISTORY,
-        |(k, v): (
-            redb::AccessGuard<'_, (&[u8], u32)>,
-            redb::AccessGuard<'_, &[u8]>,
-        )| {
-            let (rkey, seq) = k.value();
-            ((rkey.to_vec(), seq), v.value().to_vec())
-        },
-    );
+    let steps = walk_if_present(db, STEPS, |(k, v): StepEntry<'_, '_>| {
+        let (rkey, name) = k.value();
+        ((rkey.to_vec(), name.to_owned()), v.value().to_vec())
+    });
+    let history = walk_if_present(db, HISTORY, |(k, v): HistoryEntry<'_, '_>| {
+        let (rkey, seq) = k.value();
+        ((rkey.to_vec(), seq), v.value().to_vec())
+    });
     let (frames, stale_before) = read_frames(db, path, format, &mut g.report.lost);
     let (records, record_gap, unreadable) = read_records(db, &index, &frames);
     let mut work = Work {
@@ -177,6 +163,17 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     g.report.entities = g.entities.len() as u64;
     Ok(g)
 }
+
+/// An entry of the steps table as a walk meets it.
+type StepEntry<'k, 'v> = (
+    redb::AccessGuard<'k, (&'static [u8], &'static str)>,
+    redb::AccessGuard<'v, &'static [u8]>,
+);
+/// An entry of the history table as a walk meets it.
+type HistoryEntry<'k, 'v> = (
+    redb::AccessGuard<'k, (&'static [u8], u32)>,
+    redb::AccessGuard<'v, &'static [u8]>,
+);
 
 /// [`walk_table`] of a table created on first use: none (and no gap) when
 /// the file does not have it.
