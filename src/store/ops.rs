@@ -143,7 +143,7 @@ pub(crate) trait Ops: Txn + Sized {
             ));
             steps_of(self, key)?
                 .into_iter()
-                .map(|s| s.into_seen(claim))
+                .map(|s| s.as_seen(claim))
                 .collect()
         } else {
             Vec::new()

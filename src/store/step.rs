@@ -82,7 +82,9 @@ impl StepRecord {
     /// (its record is UNKNOWN, or PROCESSING with its lease ended, or
     /// gone, or owned by another token) is Unknown (read-time truth: no
     /// sweep is needed first).
-    pub(crate) fn into_seen(mut self, claim: Option<(u64, bool)>) -> StepRecord {
+    // Named as the engine calls it; it consumes the step it rewrites.
+    #[allow(clippy::wrong_self_convention)]
+    pub(crate) fn as_seen(mut self, claim: Option<(u64, bool)>) -> StepRecord {
         if self.status == StepStatus::Reserved {
             let running = matches!(claim, Some((token, live)) if live && token == self.token);
             if !running {
@@ -244,17 +246,17 @@ mod tests {
             last_asked_ms: None,
         };
         assert_eq!(
-            step.clone().into_seen(Some((7, true))).status,
+            step.clone().as_seen(Some((7, true))).status,
             StepStatus::Reserved
         );
         assert_eq!(
-            step.clone().into_seen(Some((7, false))).status,
+            step.clone().as_seen(Some((7, false))).status,
             StepStatus::Unknown
         );
         assert_eq!(
-            step.clone().into_seen(Some((8, true))).status,
+            step.clone().as_seen(Some((8, true))).status,
             StepStatus::Unknown
         );
-        assert_eq!(step.into_seen(None).status, StepStatus::Unknown);
+        assert_eq!(step.as_seen(None).status, StepStatus::Unknown);
     }
 }

@@ -75,7 +75,7 @@ impl Shared {
                     && lease.is_some_and(|l| sql_u64(l) > now_ms);
                 (sql_u64(token), live)
             });
-            out.push(step.into_seen(claim));
+            out.push(step.as_seen(claim));
         }
         Ok(out)
     }

@@ -137,7 +137,7 @@ pub(super) fn steps(
             },
             reason: e.to_string(),
         })?;
-        out.push(step.into_seen(claim));
+        out.push(step.as_seen(claim));
     }
     Ok(out)
 }
