@@ -187,6 +187,10 @@ impl Engine {
     ///   which then counts as a dropped claim (in doubt, never re-executed).
     /// - [`Error::Fenced`] if the token no longer owns the record; the stored
     ///   record is untouched.
+    /// - [`Error::InvalidState`] while one of the claim's effect steps is
+    ///   still reserved (confirm or reject it first): nothing is stored and
+    ///   the claim is used up; its record stays PROCESSING until the lease
+    ///   ends, then the step is settled by asking its provider.
     /// - [`Error::ForeignClaim`], [`Error::Poisoned`], [`Error::Closed`],
     ///   storage errors.
     pub fn complete(&self, claim: Claim, envelope: Envelope) -> Result<()> {

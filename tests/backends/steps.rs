@@ -448,3 +448,88 @@ both_backends! {
         Ok(())
     }
 }
+
+both_backends! {
+    /// Steps and a local write: the claim's steps are kept with the
+    /// COMPLETED record `complete_local` stores; a local write that fails
+    /// after a confirmed step does not release the key (work happened) but
+    /// leaves it in doubt, and the next `begin` resumes it.
+    fn steps_with_complete_local(h: &Harness) -> TestResult {
+        let ledger = h.ledger()?;
+        let clock = ManualClock::new(T0);
+        let engine = h.open(clocked(h, &clock))?;
+        let k = key("steps-local")?;
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        run_ref(c.effect("charge")?)?;
+        c.confirm("charge", b"ch_1")?;
+        let err = engine
+            .complete_local(c, |_tx| Err("ledger rule violated".into()))
+            .err()
+            .ok_or("a failing local write succeeded")?;
+        assert!(matches!(err, Error::LocalWrite { .. }), "{err:?}");
+        assert_eq!(engine.record(&k)?.ok_or("the key was released")?.state, State::Unknown);
+
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        assert!(matches!(c.effect("charge")?, EffectStep::Confirmed { .. }));
+        let l = ledger.clone();
+        engine.complete_local(c, move |tx| {
+            l.insert(tx, "steps-local", 10)?;
+            Ok(Envelope::new(1, 201, "booked"))
+        })?;
+        assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope.body, b"booked");
+        assert_eq!(state_of(&engine.steps(&k)?, "charge")?, StepState::Confirmed);
+        drop(engine);
+        assert_eq!(h.ledger_rows(&ledger)?, [("steps-local".to_owned(), 10)]);
+        Ok(())
+    }
+}
+
+both_backends! {
+    /// The 17th distinct step name of a key is refused, nothing written;
+    /// an operator's settlement of a key without steps is logged with the
+    /// reason.
+    fn bounds_and_whole_key_reason(h: &Harness) -> TestResult {
+        let clock = ManualClock::new(T0);
+        let engine = h.open(clocked(h, &clock))?;
+        let k = key("steps-many")?;
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        for n in 0..idempotency::MAX_STEPS_PER_KEY {
+            let name = format!("s{n}");
+            run_ref(c.effect(&name)?)?;
+            c.confirm(&name, b"ok")?;
+        }
+        let logged = engine.history(&k)?.len();
+        let err = c.effect("one-too-many").err().ok_or("a 17th step was accepted")?;
+        assert!(matches!(err, Error::TooManySteps { .. }), "{err:?}");
+        assert_eq!(engine.steps(&k)?.len(), idempotency::MAX_STEPS_PER_KEY);
+        assert_eq!(engine.history(&k)?.len(), logged);
+        engine.complete(c, Envelope::new(1, 201, "ok"))?;
+
+        let plain = key("steps-none")?;
+        let c = claimed(engine.begin(&plain, fp(1)?)?)?;
+        engine.fail(c, Failure::InDoubt { reason: "timeout".into() })?;
+        engine.resolve(&plain, Resolution::NotExecuted, "provider has no such payment")?;
+        let c = claimed(engine.begin(&plain, fp(1)?)?)?;
+        engine.complete(c, Envelope::new(1, 201, "ok"))?;
+        // The released record's log went with it; a completed settlement
+        // stays with its record.
+        let done = key("steps-none-2")?;
+        let c = claimed(engine.begin(&done, fp(1)?)?)?;
+        engine.fail(c, Failure::InDoubt { reason: "timeout".into() })?;
+        engine.resolve(&done, Resolution::Completed(Envelope::new(1, 201, "from provider")), "provider shows it paid")?;
+        let history = engine.history(&done)?;
+        assert!(
+            history.iter().any(|e| e.step.is_none()
+                && e.actor == Actor::Operator { reason: "provider shows it paid".into() }),
+            "{history:?}"
+        );
+        Ok(())
+    }
+}
+
+/// The handle an async handler gets must cross threads and tasks.
+#[test]
+fn effects_is_send_sync_clone() {
+    fn check<T: Send + Sync + Clone + 'static>() {}
+    check::<idempotency::Effects>();
+}
