@@ -533,3 +533,34 @@ fn effects_is_send_sync_clone() {
     fn check<T: Send + Sync + Clone + 'static>() {}
     check::<idempotency::Effects>();
 }
+
+both_backends! {
+    /// A process that dies after its last confirmation but before
+    /// `complete` (no drop notice: the record stays PROCESSING) needs no
+    /// resolver: once the lease ends every step is settled, so the next
+    /// `begin` resumes the key and the handler skips both calls.
+    fn crash_after_the_last_step_resumes(h: &Harness) -> TestResult {
+        let clock = ManualClock::new(T0);
+        let engine = h.open(clocked(h, &clock))?;
+        let k = key("steps-crash")?;
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        for name in ["charge", "receipt"] {
+            run_ref(c.effect(name)?)?;
+            c.confirm(name, name.as_bytes())?;
+        }
+        // The process dies here: no outcome, no drop notice.
+        std::mem::forget(c);
+        assert!(matches!(engine.begin(&k, fp(1)?)?, Begin::Processing { .. }));
+        clock.advance(Duration::from_millis(LEASE_MS + 1));
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        for name in ["charge", "receipt"] {
+            match c.effect(name)? {
+                EffectStep::Confirmed { evidence, .. } => assert_eq!(evidence, name.as_bytes()),
+                other => return Err(format!("{name} must be skipped, got {other:?}").into()),
+            }
+        }
+        engine.complete(c, Envelope::new(1, 201, "paid"))?;
+        assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope.body, b"paid");
+        Ok(())
+    }
+}
