@@ -462,7 +462,7 @@ pub enum Error {
     /// A step's evidence (the provider's answer) is longer than
     /// [`crate::MAX_EVIDENCE_BYTES`]. Nothing was written; the step is
     /// still reserved.
-    #[error("evidence for step {step:?} of {key} is {bytes} bytes, over the limit of {limit} bytes", limit = crate::step::MAX_EVIDENCE_BYTES)]
+    #[error("evidence for step {step:?} of {key} is {bytes} bytes, over the limit of 4096 bytes")]
     EvidenceTooLarge {
         /// The key the step belongs to.
         key: IdempotencyKey,
@@ -495,7 +495,7 @@ pub enum Error {
 
     /// The key already holds [`crate::MAX_STEPS_PER_KEY`] distinct steps.
     /// Nothing was written.
-    #[error("{key} already holds the most effect steps a key may hold ({limit})", limit = crate::step::MAX_STEPS_PER_KEY)]
+    #[error("{key} already holds the most effect steps a key may hold (16)")]
     TooManySteps {
         /// The key.
         key: IdempotencyKey,
@@ -504,7 +504,7 @@ pub enum Error {
     /// The key's evidence log holds [`crate::MAX_HISTORY_ENTRIES`]
     /// entries: the transition that would write one more was refused and
     /// nothing was written. An operator can still purge the key.
-    #[error("the evidence log of {key} is full ({limit} entries); the transition was refused", limit = crate::step::MAX_HISTORY_ENTRIES)]
+    #[error("the evidence log of {key} is full (256 entries); the transition was refused")]
     HistoryFull {
         /// The key.
         key: IdempotencyKey,
