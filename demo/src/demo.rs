@@ -340,7 +340,7 @@ impl Tally {
 
     /// A phase's own audit line (the final audit repeats every check).
     fn print_phase(ledger: &Path, prefix: &str, audit: &Audit) -> DemoResult<()> {
-        let tally = Tally::of(&read_ledger(ledger)?.charges, prefix, audit);
+        let tally = Tally::of(&read_ledger(ledger)?.entries, prefix, audit);
         println!(
             "    audit: {} succeeded for the client, {}, {} charged twice, {} lost",
             plural(tally.succeeded, "payment"),
@@ -366,7 +366,7 @@ fn plural(n: usize, word: &str) -> String {
 /// a corrupt line is an error.
 fn ledger_count(ledger: &Path, run: &str) -> DemoResult<usize> {
     Ok(read_ledger(ledger)?
-        .charges
+        .entries
         .iter()
         .filter(|c| c.client_key.starts_with(run))
         .count())
@@ -478,7 +478,7 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
             contents.torn_tail_bytes
         ));
     }
-    let tally = Tally::of(&contents.charges, &run, &audit);
+    let tally = Tally::of(&contents.entries, &run, &audit);
     for problem in &tally.problems {
         audit.fail(problem.clone());
     }

@@ -418,7 +418,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
 /// Whether the provider's ledger has a charge for client key `key`.
 fn provider_has(ledger: &Path, key: &str) -> DemoResult<bool> {
     Ok(read_ledger(ledger)?
-        .charges
+        .entries
         .iter()
         .any(|c| c.client_key == key))
 }
