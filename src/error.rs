@@ -447,6 +447,74 @@ pub enum Error {
     #[error("engine has been closed")]
     Closed,
 
+    /// An effect step name is empty, longer than
+    /// [`crate::MAX_STEP_NAME_BYTES`] bytes, contains a control character
+    /// (`char::is_control`) or a `/` (the step's reference is
+    /// `{claim reference}/{name}`). Nothing was written.
+    #[error("invalid effect step name {name:?}: {reason}")]
+    InvalidStepName {
+        /// The rejected name (at most 64 characters of it).
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A step's evidence (the provider's answer) is longer than
+    /// [`crate::MAX_EVIDENCE_BYTES`]. Nothing was written; the step is
+    /// still reserved.
+    #[error("evidence for step {step:?} of {key} is {bytes} bytes, over the limit of 4096 bytes")]
+    EvidenceTooLarge {
+        /// The key the step belongs to.
+        key: IdempotencyKey,
+        /// The step name.
+        step: String,
+        /// The evidence's size in bytes.
+        bytes: usize,
+    },
+
+    /// The claim already reserved (or confirmed, or failed) this step: a
+    /// step name is used once per claim. Nothing was written.
+    #[error("effect step {step:?} of {key} was already used by this claim")]
+    StepReused {
+        /// The key the step belongs to.
+        key: IdempotencyKey,
+        /// The step name.
+        step: String,
+    },
+
+    /// The key has no step of this name (a confirm of a step never
+    /// reserved, or a resolver's or operator's answer for a step the key's
+    /// claims never reserved). Nothing was written.
+    #[error("{key} has no effect step {step:?}")]
+    StepNotFound {
+        /// The key.
+        key: IdempotencyKey,
+        /// The step name asked for.
+        step: String,
+    },
+
+    /// The key already holds [`crate::MAX_STEPS_PER_KEY`] distinct steps.
+    /// Nothing was written.
+    #[error("{key} already holds the most effect steps a key may hold (16)")]
+    TooManySteps {
+        /// The key.
+        key: IdempotencyKey,
+    },
+
+    /// The key's evidence log holds [`crate::MAX_HISTORY_ENTRIES`]
+    /// entries: the transition that would write one more was refused and
+    /// nothing was written. An operator can still purge the key.
+    #[error("the evidence log of {key} is full (256 entries); the transition was refused")]
+    HistoryFull {
+        /// The key.
+        key: IdempotencyKey,
+    },
+
+    /// An operator's settlement needs a reason (non-blank), which the
+    /// evidence log records. Nothing was written.
+    #[error("a reason is required to settle by hand; it is recorded in the evidence log")]
+    ReasonRequired,
+
     /// Opening a database failed (lets `?` mix opening and requests in one
     /// function).
     #[error(transparent)]
@@ -471,6 +539,21 @@ pub enum Corrupted {
     OutboxMessage(u64),
     /// An entity's stored state, by the entity id.
     Entity(String),
+    /// An effect step of a key, by the key and the step name.
+    Step {
+        /// The key the step belongs to.
+        key: IdempotencyKey,
+        /// The step name.
+        step: String,
+    },
+    /// An entry of a key's evidence log, by the key and its sequence
+    /// number.
+    History {
+        /// The key the log belongs to.
+        key: IdempotencyKey,
+        /// The entry's sequence number.
+        seq: u32,
+    },
     /// A value of the meta table, by its key (`next_token`,
     /// `journal_lsn`, ...); only in [`OpenError::Corrupt`].
     Meta(&'static str),
@@ -485,6 +568,8 @@ impl std::fmt::Display for Corrupted {
             Corrupted::RecordKey(key_hex) => write!(f, "record key {key_hex}"),
             Corrupted::OutboxMessage(seq) => write!(f, "outbox message #{seq}"),
             Corrupted::Entity(entity) => write!(f, "entity {entity:?}"),
+            Corrupted::Step { key, step } => write!(f, "effect step {step:?} of {key}"),
+            Corrupted::History { key, seq } => write!(f, "evidence log entry #{seq} of {key}"),
             Corrupted::Meta(key) => write!(f, "the meta value {key:?}"),
             Corrupted::File => f.write_str("the database file"),
         }

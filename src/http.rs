@@ -135,6 +135,15 @@
 //! fingerprinted on the async worker that read it; a larger one on tokio's
 //! blocking pool (a large JSON body behind one of a permit per CPU).
 //!
+//! A claimed request also carries the claim's [`crate::Effects`] handle:
+//! extract `Extension<Effects>` and reserve each external call as an
+//! effect step before making it (`effects.effect_async("charge").await`),
+//! then confirm or reject it with the provider's answer. When an attempt
+//! dies between calls, its steps are settled by asking their providers and
+//! the retry resumes: it runs the handler again, and the steps already
+//! confirmed answer [`crate::EffectStep::Confirmed`] so their calls are
+//! skipped (see `docs/recovery.md`).
+//!
 //! Engine calls on redb go through the engine's async entry points
 //! ([`Engine::begin_async`](crate::Engine::begin_async),
 //! [`Engine::complete_async`](crate::Engine::complete_async),
@@ -208,7 +217,13 @@
 //! 503: an earlier attempt with this key may have had effects that were
 //! never recorded; it is being recovered. Retry after `Retry-After` seconds.
 //! Carries `lease_ends_at` (the earlier attempt's lease end: before it,
-//! that attempt may still be running).
+//! that attempt may still be running), `reference` (the earlier attempt's
+//! claim reference), `steps` (each effect step's `name` and `state`:
+//! `reserved`, `confirmed`, `failed`, `unknown`, `not_executed`; never its
+//! evidence) and `retry_can_help`: `true` when the engine has a resolver
+//! that settles the key as providers answer, so a later retry is answered
+//! (a replay, or a resumed run that skips the confirmed steps); `false`
+//! when only an operator can settle it (`idem resolve`).
 //! ### outcome-not-recorded
 //! 503: the handler answered, but its outcome could not be recorded (the
 //! store failed, e.g. the disk is full), so its answer is withheld. Retry
@@ -406,7 +421,7 @@ impl fmt::Debug for Caller {
 }
 
 /// The claim a request runs under, inserted into the request extensions
-/// before the handler is called.
+/// before the handler is called (beside the claim's [`crate::Effects`]).
 ///
 /// Only claimed requests carry it. Requests the layer passes through have
 /// none: a method the layer does not apply to (GET, by default), or a

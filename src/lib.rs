@@ -18,6 +18,13 @@
 //!   upgrades), and **recovery**: work that may
 //!   have happened but was never recorded becomes UNKNOWN and is settled by a
 //!   [`Resolver`] that queries the provider, never by executing again.
+//! - **Effect steps** for operations with several external calls: each call
+//!   is reserved durably before it is made ([`Claim::effect`]) and
+//!   confirmed with the provider's answer; after a crash the steps are
+//!   settled one by one by asking each provider
+//!   ([`Resolver::resolve_step`], [`EngineBuilder::step_resolver`]) and the
+//!   retry resumes, skipping the calls already made. Every transition is in
+//!   the key's evidence log ([`Engine::history`]).
 //! - **Expiry** by TTL, decided at read time and cleaned up by a background
 //!   sweeper, with an optional tombstone policy ([`ExpiryPolicy`]).
 //!
@@ -110,6 +117,7 @@ mod report;
 mod resolver;
 mod salvage;
 mod state;
+mod step;
 pub mod timestamp;
 mod transition;
 mod verify;
@@ -129,6 +137,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::begin::Begin;
 pub use engine::builder::EngineBuilder;
 pub use engine::claim::Claim;
+pub use engine::effects::Effects;
 pub use engine::handle::Engine;
 pub use engine::inbox::{Inbox, Processed, Receive, Ticket};
 pub use engine::inspect::{RecordFilter, RecordInfo, Stats};
@@ -148,6 +157,10 @@ pub use report::{RecoveryReport, SweepCounts};
 pub use resolver::{Resolution, Resolver};
 pub use salvage::{Lost, SalvageReport};
 pub use state::State;
+pub use step::{
+    Actor, EffectStep, HistoryEntry, InDoubtStep, StepInfo, StepResolution, StepState,
+    MAX_EVIDENCE_BYTES, MAX_HISTORY_ENTRIES, MAX_STEPS_PER_KEY, MAX_STEP_NAME_BYTES,
+};
 pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};
 pub use verify::{Damage, VerifyReport};

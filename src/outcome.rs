@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::envelope::Envelope;
 use crate::key::IdempotencyKey;
+use crate::step::StepInfo;
 
 /// Whether a stored response records a success or a final failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +73,11 @@ pub struct InDoubt {
     pub resolvable_at_ms: u64,
     /// Why it became UNKNOWN (lease ran out, dropped claim, app's reason).
     pub reason: String,
+    /// The key's effect steps, as read with the record (empty for an
+    /// operation that reserved none). A key with steps is settled step by
+    /// step: it stays in doubt while any step is `Unknown` (or `Reserved`
+    /// under a claim that ended, which every view reports as `Unknown`).
+    pub steps: Vec<StepInfo>,
 }
 
 /// How a claimed operation failed (see [`crate::Engine::fail`]).

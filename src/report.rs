@@ -20,6 +20,10 @@ pub struct RecoveryReport {
     pub completed: u64,
     /// Records the resolver settled as not executed (released).
     pub not_executed: u64,
+    /// Keys with effect steps whose steps all settled and that were
+    /// released to resume with their steps kept (the next `begin` claims
+    /// them and skips the confirmed steps).
+    pub resumed: u64,
     /// Records still in doubt after this run (the resolver could not tell,
     /// its answer was refused, or the record is not resolvable yet).
     pub still_in_doubt: u64,

@@ -3,6 +3,7 @@
 
 use crate::envelope::Envelope;
 use crate::outcome::InDoubt;
+use crate::step::{InDoubtStep, StepInfo, StepResolution};
 
 /// What a resolver learned about one in-doubt record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +35,29 @@ pub trait Resolver: Send + Sync {
     /// `StillInDoubt` answers; `in_doubt.age` is how long it has been
     /// UNKNOWN.
     fn resolve(&self, in_doubt: &InDoubt) -> Resolution;
+
+    /// Settles one effect step in doubt (a key with steps is settled step
+    /// by step, never as a whole): look `step.reference` up at the step's
+    /// provider. Asked only for steps with no per-step resolver (see
+    /// [`crate::EngineBuilder::step_resolver`]). The default answers
+    /// [`StepResolution::StillUnknown`], so the step waits for an operator
+    /// ([`crate::Engine::resolve_step`]).
+    fn resolve_step(&self, step: &InDoubtStep) -> StepResolution {
+        let _ = step;
+        StepResolution::StillUnknown
+    }
+
+    /// Once every step of an in-doubt key is settled: the operation's
+    /// response, if the steps' evidence alone determines it. `Some`
+    /// completes the key with it (later requests replay it; the handler
+    /// never runs again). The default, `None`, resumes instead: the key is
+    /// released with its steps kept, and the next `begin` hands out a claim
+    /// whose [`crate::Claim::effect`] skips the confirmed calls. The HTTP
+    /// layer relies on resuming (it re-runs the handler).
+    fn complete_from_steps(&self, in_doubt: &InDoubt, steps: &[StepInfo]) -> Option<Envelope> {
+        let _ = (in_doubt, steps);
+        None
+    }
 }
 
 impl<F> Resolver for F

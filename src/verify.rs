@@ -85,6 +85,25 @@ pub enum Damage {
         /// What the decoder found.
         reason: String,
     },
+    /// An effect step's value does not decode or fails its checksum.
+    UndecodableStep {
+        /// The key's stored bytes, in hex.
+        key_hex: String,
+        /// The step name as stored.
+        step: String,
+        /// What the decoder found.
+        reason: String,
+    },
+    /// An entry of a key's evidence log does not decode or fails its
+    /// checksum.
+    UndecodableHistory {
+        /// The key's stored bytes, in hex.
+        key_hex: String,
+        /// The entry's sequence number.
+        seq: u32,
+        /// What the decoder found.
+        reason: String,
+    },
     /// An entity a walk of the entities table meets is not found by a
     /// lookup of its id (a damaged page of the table's tree).
     UnreachableEntity {
@@ -224,6 +243,24 @@ impl fmt::Display for Damage {
             Damage::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
             }
+            Damage::UndecodableStep {
+                key_hex,
+                step,
+                reason,
+            } => write!(
+                f,
+                "effect step {step:?} of {} does not decode: {reason}",
+                shown(key_hex)
+            ),
+            Damage::UndecodableHistory {
+                key_hex,
+                seq,
+                reason,
+            } => write!(
+                f,
+                "evidence log entry #{seq} of {} does not decode: {reason}",
+                shown(key_hex)
+            ),
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }

@@ -29,4 +29,5 @@ mod backends {
     mod mismatch;
     mod recovery;
     mod reopen;
+    mod steps;
 }

@@ -271,7 +271,7 @@ fn stale_fencing_token_is_refused_and_record_untouched() -> TestResult {
         other => return Err(format!("expected InDoubt, got {other:?}").into()),
     };
     assert_eq!(pending.fencing_token, a.fencing_token());
-    engine.resolve(&k, Resolution::NotExecuted)?;
+    engine.resolve(&k, Resolution::NotExecuted, "provider has nothing")?;
     let b = claimed(engine.begin(&k, fp()?)?)?;
     assert!(b.fencing_token() > a.fencing_token());
     let (a_token, b_token) = (a.fencing_token(), b.fencing_token());

@@ -31,6 +31,12 @@
 //! nothing unacknowledged is visible unless its write really committed, and
 //! then with its exact bytes.
 //!
+//! Effect steps have a model of their own, on one key
+//! (`steps_agree_with_the_model`, `tests/model/steps.rs`): reserve,
+//! confirm, reject, complete, failures in doubt, dropped claims, provider
+//! answers and operator settlements, with a provider ledger that catches a
+//! step's call made twice.
+//!
 //! The same model runs against the PostgreSQL backend
 //! (`engine_agrees_with_the_model_on_postgres`, fewer cases: every write is
 //! a round trip and a commit on a real server; skipped without
@@ -53,6 +59,9 @@ mod storage_faults;
 
 #[path = "common/backends.rs"]
 mod backends;
+
+#[path = "model/steps.rs"]
+mod steps;
 
 use backends::Backend;
 
@@ -1592,7 +1601,7 @@ impl Harness {
                 };
                 let actual = self
                     .engine()
-                    .resolve(&key(k), answer.resolution())
+                    .resolve(&key(k), answer.resolution(), "model")
                     .map_err(|e| failed(&e));
                 self.heard = Some(actual.clone());
                 if actual.is_ok() {
@@ -1877,6 +1886,20 @@ proptest! {
         ops in proptest::collection::vec(faulty_op_strategy(), 1..64),
     ) {
         run_on(cfg, &ops, On::Faults)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(128),
+        max_shrink_iters: 2048,
+        ..ProptestConfig::default()
+    })]
+
+    /// Effect steps on one key: see `tests/model/steps.rs`.
+    #[test]
+    fn steps_agree_with_the_model(ops in proptest::collection::vec(steps::step_op(), 1..48)) {
+        steps::run_steps(&ops)?;
     }
 }
 

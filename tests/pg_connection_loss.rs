@@ -449,8 +449,11 @@ fn complete_during_cut_fails_and_the_key_is_never_claimable_again() -> TestResul
     );
 
     // The recovery path settles it: the provider says the charge happened.
-    s.engine
-        .resolve(&k, Resolution::Completed(envelope.clone()))?;
+    s.engine.resolve(
+        &k,
+        Resolution::Completed(envelope.clone()),
+        "provider has the charge",
+    )?;
     for e in [&s.engine, &s.direct] {
         match e.begin(&k, fp()?)? {
             Begin::Replay(r) => assert_eq!(r.envelope.body, envelope.body),
@@ -600,7 +603,8 @@ fn begin_whose_claim_landed_but_whose_answer_was_lost_is_never_claimable() -> Te
         }
     }
     // Recovery learns nothing ran: only now may the key run, under a new token.
-    s.engine.resolve(&k, Resolution::NotExecuted)?;
+    s.engine
+        .resolve(&k, Resolution::NotExecuted, "provider has no charge")?;
     let claim = match s.engine.begin(&k, fp()?)? {
         Begin::Claimed(c) => c,
         other => return Err(format!("after NotExecuted: expected Claimed, got {other:?}").into()),

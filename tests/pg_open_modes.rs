@@ -127,7 +127,7 @@ fn existing_tables_open_writable_and_read_only() -> TestResult {
     let refused = [
         reader.begin(&key("new")?, fp()?).map(drop),
         reader.purge(&key("done")?, PurgeMode::Force).map(drop),
-        reader.resolve(&key("in-doubt")?, Resolution::NotExecuted),
+        reader.resolve(&key("in-doubt")?, Resolution::NotExecuted, "test"),
     ];
     for result in refused {
         assert!(

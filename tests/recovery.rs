@@ -490,12 +490,12 @@ fn operator_cannot_release_a_dropped_claim_before_its_lease_ends() -> TestResult
     drop(first);
     engine.flush()?;
     let err = engine
-        .resolve(&k, Resolution::NotExecuted)
+        .resolve(&k, Resolution::NotExecuted, "test")
         .err()
         .ok_or("NotExecuted before the lease ends must be refused")?;
     assert!(err.to_string().contains("may still be running"), "{err}");
     clock.advance(Duration::from_millis(LEASE_MS));
-    engine.resolve(&k, Resolution::NotExecuted)?;
+    engine.resolve(&k, Resolution::NotExecuted, "test")?;
     let again = claimed(engine.begin(&k, fp()?)?)?;
     assert!(again.fencing_token() > first_token);
     engine.complete(again, Envelope::new(1, 201, "once"))?;
@@ -519,7 +519,7 @@ fn lease_ended_claim_is_in_doubt_in_every_view_before_any_sweep() -> TestResult 
         engine.in_doubt(10)?.is_empty(),
         "in doubt before the lease ended"
     );
-    assert!(engine.resolve(&a, Resolution::NotExecuted).is_err());
+    assert!(engine.resolve(&a, Resolution::NotExecuted, "test").is_err());
 
     clock.advance(Duration::from_millis(LEASE_MS));
     let listed = engine.in_doubt(10)?;
@@ -535,12 +535,12 @@ fn lease_ended_claim_is_in_doubt_in_every_view_before_any_sweep() -> TestResult 
     assert_eq!((stats.processing, stats.unknown), (0, 2));
     assert_eq!(stats.oldest_in_doubt_age, Some(Duration::ZERO));
 
-    engine.resolve(&a, Resolution::NotExecuted)?;
+    engine.resolve(&a, Resolution::NotExecuted, "test")?;
     assert!(
         engine.record(&a)?.is_none(),
         "not executed releases the key"
     );
-    engine.resolve(&b, Resolution::StillInDoubt)?;
+    engine.resolve(&b, Resolution::StillInDoubt, "test")?;
     let rec = engine.record(&b)?.ok_or("b vanished")?;
     assert_eq!((rec.state, rec.attempts), (State::Unknown, 1));
     let report = engine.recover_in_doubt(&|_: &InDoubt| Resolution::StillInDoubt, 10)?;

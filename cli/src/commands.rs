@@ -347,7 +347,9 @@ pub fn resolve<W: Write>(
         }
         Resolution::StillInDoubt => "still unknown".to_string(),
     };
-    engine.resolve(key, resolution)?;
+    // Placeholder until `idem resolve --reason` (helper DEMO's change)
+    // passes the operator's reason through.
+    engine.resolve(key, resolution, "idem resolve")?;
     writeln!(out, "resolved {key} as {what}")?;
     Ok(())
 }

@@ -37,6 +37,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
 /// | [`resolver_interval`](Self::resolver_interval) | 1 s |
+/// | [`step_resolver`](Self::step_resolver)s | none (steps are put to the resolver's `resolve_step`) |
 #[must_use]
 pub struct EngineBuilder {
     cfg: Config,
@@ -184,6 +185,25 @@ impl EngineBuilder {
     /// retry queries the provider instead of failing or re-executing.
     pub fn resolver(mut self, resolver: impl Resolver + 'static) -> Self {
         self.cfg.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// A resolver for the effect steps named `name` (one per provider: the
+    /// card processor for `"charge"`, the mailer for `"receipt"`). When an
+    /// in-doubt key's step of that name is unsettled, `resolve` is asked
+    /// about it (look [`crate::InDoubtStep::reference`] up at the
+    /// provider) instead of [`Resolver::resolve_step`]. A later call for
+    /// the same name replaces the earlier one. A key with steps is settled
+    /// by these (and the resolver) even on an engine without a
+    /// [`resolver`](Self::resolver).
+    pub fn step_resolver(
+        mut self,
+        name: impl Into<String>,
+        resolve: impl Fn(&crate::InDoubtStep) -> crate::StepResolution + Send + Sync + 'static,
+    ) -> Self {
+        self.cfg
+            .step_resolvers
+            .insert(name.into(), Arc::new(resolve));
         self
     }
 

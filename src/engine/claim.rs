@@ -5,8 +5,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::clock::duration_ms;
+use crate::engine::effects::Effects;
 use crate::error::{Error, Result, ReturnedClaim};
 use crate::key::IdempotencyKey;
+use crate::step::{EffectStep, StepInfo};
 use crate::store::{Abandon, Backend, Claimed, InDoubtRequest};
 
 /// Proof that this caller won the atomic insert of a PROCESSING record.
@@ -27,11 +29,21 @@ pub struct Claim {
     claimed_at_ms: u64,
     lease_until_ms: u64,
     store: Weak<dyn Backend>,
+    /// The key's steps as `begin` saw them (earlier attempts' steps for a
+    /// resumed key; empty for a fresh one).
+    steps: Vec<StepInfo>,
+    effects: Effects,
     finished: bool,
 }
 
 impl Claim {
-    pub(crate) fn new(key: IdempotencyKey, claimed: Claimed, store: Weak<dyn Backend>) -> Claim {
+    pub(crate) fn new(
+        key: IdempotencyKey,
+        claimed: Claimed,
+        steps: Vec<StepInfo>,
+        store: Weak<dyn Backend>,
+    ) -> Claim {
+        let effects = Effects::new(key.clone(), claimed.token, store.clone());
         Claim {
             key,
             token: claimed.token,
@@ -39,6 +51,8 @@ impl Claim {
             claimed_at_ms: claimed.claimed_at_ms,
             lease_until_ms: claimed.lease_until_ms,
             store,
+            steps,
+            effects,
             finished: false,
         }
     }
@@ -84,6 +98,51 @@ impl Claim {
     /// then on the record answers as UNKNOWN to other callers.
     pub fn lease_until_ms(&self) -> u64 {
         self.lease_until_ms
+    }
+
+    /// Reserves the effect step `name` durably before its external call is
+    /// made, or reports that an earlier attempt on this key already has the
+    /// call's answer (then skip the call). See [`Effects::effect`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Effects::effect`].
+    pub fn effect(&self, name: &str) -> Result<EffectStep> {
+        self.effects.effect(name)
+    }
+
+    /// Records that the provider said yes to the reserved step `name`;
+    /// durable before it returns. See [`Effects::confirm`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Effects::confirm`].
+    pub fn confirm(&self, name: &str, evidence: &[u8]) -> Result<()> {
+        self.effects.confirm(name, evidence)
+    }
+
+    /// Records that the provider said no to the reserved step `name`;
+    /// durable before it returns. See [`Effects::reject`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Effects::confirm`].
+    pub fn reject(&self, name: &str, evidence: &[u8]) -> Result<()> {
+        self.effects.reject(name, evidence)
+    }
+
+    /// The key's effect steps as `begin` saw them: for a key resumed after
+    /// an attempt that died, that attempt's settled steps (confirmed ones
+    /// are skipped by [`Claim::effect`]); empty for a fresh key. Not
+    /// updated by this claim's own calls.
+    pub fn steps(&self) -> &[StepInfo] {
+        &self.steps
+    }
+
+    /// A cloneable handle for this claim's step calls, for async handlers
+    /// and tasks that cannot borrow the claim.
+    pub fn effects(&self) -> Effects {
+        self.effects.clone()
     }
 
     /// Renews the lease to `lease` from now (whole milliseconds), for long
@@ -140,6 +199,7 @@ impl fmt::Debug for Claim {
             .field("fencing_token", &self.token)
             .field("reference", &self.reference)
             .field("lease_until_ms", &self.lease_until_ms)
+            .field("steps", &self.steps.len())
             .finish()
     }
 }

@@ -1,5 +1,6 @@
 //! The engine's settings, fixed when it opens.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,10 @@ use crate::clock::duration_ms;
 use crate::envelope::Upcasters;
 use crate::policy::ExpiryPolicy;
 use crate::resolver::Resolver;
+use crate::step::{InDoubtStep, StepResolution};
+
+/// A per-step-name resolver (see `EngineBuilder::step_resolver`).
+pub(crate) type StepResolver = Arc<dyn Fn(&InDoubtStep) -> StepResolution + Send + Sync>;
 use crate::store::config::StoreConfig;
 
 /// Settings fixed when the engine opens.
@@ -17,6 +22,8 @@ pub(crate) struct Config {
     pub(crate) store: StoreConfig,
     pub(crate) upcasters: Upcasters,
     pub(crate) resolver: Option<Arc<dyn Resolver>>,
+    /// Resolvers for effect steps, by step name.
+    pub(crate) step_resolvers: HashMap<String, StepResolver>,
     pub(crate) max_batch: usize,
     /// Bytes of changes after which a group commit takes no more
     /// operations (see `EngineBuilder::max_group_bytes`).
@@ -54,6 +61,7 @@ impl Default for Config {
             },
             upcasters: Upcasters::default(),
             resolver: None,
+            step_resolvers: HashMap::new(),
             max_batch: 512,
             max_group_bytes: 64 << 20,
             queue_capacity: 4096,
@@ -73,6 +81,10 @@ impl fmt::Debug for Config {
             .field("expiry", &self.store.expiry)
             .field("upcasters", &self.upcasters)
             .field("resolver", &self.resolver.is_some())
+            .field(
+                "step_resolvers",
+                &self.step_resolvers.keys().collect::<Vec<_>>(),
+            )
             .field("max_batch", &self.max_batch)
             .field("max_group_bytes", &self.max_group_bytes)
             .field("queue_capacity", &self.queue_capacity)

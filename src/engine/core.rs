@@ -12,6 +12,7 @@ use crate::engine::begin::Begin;
 use crate::engine::claim::Claim;
 use crate::engine::config::Config;
 use crate::engine::early::Asked;
+use crate::engine::effects::step_infos;
 use crate::engine::wait::block_on;
 use crate::envelope::Envelope;
 use crate::error::{Corrupted, Error, Result, ReturnedClaim};
@@ -21,8 +22,10 @@ use crate::message::OutgoingMessage;
 use crate::outcome::{InDoubt, Replay, ReplayKind};
 use crate::report::SweepCounts;
 use crate::resolver::{Resolution, Resolver};
+use crate::step::StepInfo;
 use crate::store::classify::{classify, Class};
 use crate::store::record::RecordState;
+use crate::store::step::Actor;
 use crate::store::{
     Abandon, Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Completion, Found, Held,
     InDoubtRequest, Pending, ReadOrClaim, Record, SettleRequest, Settled, Settlement,
@@ -149,16 +152,27 @@ impl Core {
                 }
                 ReadOrClaim::Read(read) => read,
             };
-            let seen = read.and_then(|record| {
-                match classify(&record, &fingerprint, now_ms, self.cfg.store.expiry) {
-                    Class::Held(held) => Some(Found {
+            let seen = match read.map(|record| {
+                let class = classify(&record, &fingerprint, now_ms, self.cfg.store.expiry);
+                (record, class)
+            }) {
+                Some((record, Class::Held(held))) => {
+                    // Only a record in doubt needs its steps (one more
+                    // read); a replay or a processing answer does not.
+                    let steps = if matches!(held, Held::InDoubt) {
+                        self.store.steps(key)?
+                    } else {
+                        Vec::new()
+                    };
+                    Some(Found {
                         record,
                         held,
                         now_ms,
-                    }),
-                    Class::Free | Class::Stale => None,
+                        steps,
+                    })
                 }
-            });
+                _ => None,
+            };
             let found = match seen {
                 Some(found) => found,
                 None => match self.store.claim_pending(claim()).await? {
@@ -169,7 +183,21 @@ impl Core {
                 },
             };
             match (&self.cfg.resolver, found.held) {
-                (Some(resolver), Held::InDoubt) => {
+                // A key with effect steps is settled step by step, once
+                // its claim can no longer run (with or without a resolver:
+                // steps an operator settled resume the key).
+                (_, Held::InDoubt)
+                    if !found.steps.is_empty() && !found.record.may_still_run(found.now_ms) =>
+                {
+                    let steps = found.steps.clone();
+                    if let Some(answer) = self
+                        .settle_steps_in_begin(key, &found, steps, claim())
+                        .await?
+                    {
+                        return Ok(answer);
+                    }
+                }
+                (Some(resolver), Held::InDoubt) if found.steps.is_empty() => {
                     // A dropped claim whose lease still runs: only a
                     // positive answer settles it now (`engine/early.rs`).
                     let settled = if found.record.may_still_run(found.now_ms) {
@@ -202,6 +230,7 @@ impl Core {
             record,
             held,
             now_ms,
+            steps,
         } = found;
         Ok(match held {
             Held::Mismatch => {
@@ -242,7 +271,8 @@ impl Core {
             }
             Held::InDoubt => {
                 c.in_doubt_answers.add(1);
-                Begin::InDoubt(Self::in_doubt_of(key.clone(), &record, now_ms))
+                let steps = step_infos(Some(&record), steps, now_ms);
+                Begin::InDoubt(Self::in_doubt_of(key.clone(), &record, steps, now_ms))
             }
         })
     }
@@ -257,12 +287,13 @@ impl Core {
         claim: ClaimRequest,
     ) -> Result<Option<Begin>> {
         let now_ms = self.clock.now_ms();
-        let in_doubt = Self::in_doubt_of(key.clone(), record, now_ms);
+        let in_doubt = Self::in_doubt_of(key.clone(), record, Vec::new(), now_ms);
         let settlement = self.settlement(key, resolver.resolve(&in_doubt))?;
         let req = SettleRequest {
             key: key.clone(),
             token: record.token,
             settlement,
+            actor: Actor::Resolver,
         };
         let c = &self.counters;
         match self.store.settle_then_claim_pending(req, claim).await {
@@ -280,6 +311,7 @@ impl Core {
                 Ok(Some(Begin::InDoubt(Self::in_doubt_of(
                     key.clone(),
                     &record,
+                    Vec::new(),
                     now_ms,
                 ))))
             }
@@ -289,9 +321,13 @@ impl Core {
     }
 
     /// A claim handle for what the store recorded.
-    pub(crate) fn claim(&self, key: &IdempotencyKey, claimed: Claimed) -> Claim {
+    pub(crate) fn claim(&self, key: &IdempotencyKey, mut claimed: Claimed) -> Claim {
         self.counters.claims.add(1);
-        Claim::new(key.clone(), claimed, Arc::downgrade(&self.store))
+        let now_ms = self.clock.now_ms();
+        // The claim's own record is PROCESSING under it: earlier steps are
+        // settled ones (never reserved by this claim yet).
+        let steps = step_infos(None, std::mem::take(&mut claimed.steps), now_ms);
+        Claim::new(key.clone(), claimed, steps, Arc::downgrade(&self.store))
     }
 
     /// The replay of a COMPLETED or `FINAL_FAILURE` record, through the app's
@@ -328,9 +364,14 @@ impl Core {
         })
     }
 
-    /// What a resolver or operator is told about an in-doubt record, read
-    /// at `now_ms`.
-    pub(crate) fn in_doubt_of(key: IdempotencyKey, rec: &Record, now_ms: u64) -> InDoubt {
+    /// What a resolver or operator is told about an in-doubt record (with
+    /// its steps, as seen at `now_ms`), read at `now_ms`.
+    pub(crate) fn in_doubt_of(
+        key: IdempotencyKey,
+        rec: &Record,
+        steps: Vec<StepInfo>,
+        now_ms: u64,
+    ) -> InDoubt {
         // A PROCESSING record whose lease ended is in doubt since its lease
         // end, before any sweep moves it.
         let (since, reason) = if rec.state == RecordState::Unknown {
@@ -348,6 +389,7 @@ impl Core {
             age: Duration::from_millis(now_ms.saturating_sub(since)),
             resolvable_at_ms: rec.lease_until_ms,
             reason,
+            steps,
         }
     }
 

@@ -24,6 +24,7 @@ use crate::engine::core::Core;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::resolver::{Resolution, Resolver};
+use crate::store::step::Actor;
 use crate::store::{ClaimRequest, Found, SettleRequest, Settled};
 
 /// Claims remembered at most; past that, the entries whose next question
@@ -92,18 +93,20 @@ impl Core {
         if let Err(due) = self.asked.take(rkey, record.token, now_ms, next_question) {
             return Ok(processing(due));
         }
-        let envelope = match resolver.resolve(&Self::in_doubt_of(key.clone(), record, now_ms)) {
-            Resolution::Completed(envelope) => envelope,
-            Resolution::NotExecuted => {
-                self.asked.defer(rkey, record.token, lease_end);
-                return Ok(processing(lease_end));
-            }
-            Resolution::StillInDoubt => return Ok(processing(next_question)),
-        };
+        let envelope =
+            match resolver.resolve(&Self::in_doubt_of(key.clone(), record, Vec::new(), now_ms)) {
+                Resolution::Completed(envelope) => envelope,
+                Resolution::NotExecuted => {
+                    self.asked.defer(rkey, record.token, lease_end);
+                    return Ok(processing(lease_end));
+                }
+                Resolution::StillInDoubt => return Ok(processing(next_question)),
+            };
         let req = SettleRequest {
             key: key.clone(),
             token: record.token,
             settlement: self.settlement(key, Resolution::Completed(envelope))?,
+            actor: Actor::Resolver,
         };
         match self.store.settle_then_claim_pending(req, claim).await {
             Ok(Settled::Completed(record)) => {

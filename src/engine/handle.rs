@@ -187,6 +187,10 @@ impl Engine {
     ///   which then counts as a dropped claim (in doubt, never re-executed).
     /// - [`Error::Fenced`] if the token no longer owns the record; the stored
     ///   record is untouched.
+    /// - [`Error::InvalidState`] while one of the claim's effect steps is
+    ///   still reserved (confirm or reject it first): nothing is stored and
+    ///   the claim is used up; its record stays PROCESSING until the lease
+    ///   ends, then the step is settled by asking its provider.
     /// - [`Error::ForeignClaim`], [`Error::Poisoned`], [`Error::Closed`],
     ///   storage errors.
     pub fn complete(&self, claim: Claim, envelope: Envelope) -> Result<()> {
@@ -376,7 +380,9 @@ impl Engine {
         recovery::recover(&self.core, resolver, limit)
     }
 
-    /// Settles one in-doubt record by hand (what `idem resolve` does).
+    /// Settles one in-doubt record by hand (what `idem resolve` does),
+    /// recording `reason` and the answer in the key's evidence log
+    /// ([`Engine::history`]).
     ///
     /// [`Resolution::NotExecuted`] is refused until the record's
     /// [`InDoubt::resolvable_at_ms`] (a dropped claim's work may still be
@@ -384,16 +390,88 @@ impl Engine {
     /// second time); `Completed` and `StillInDoubt` are taken at once. Check
     /// with the provider first. A PROCESSING record whose lease has ended
     /// counts as UNKNOWN (read-time truth, as in `begin`): it is resolved
-    /// here without waiting for a sweep.
+    /// here without waiting for a sweep. For a key with effect steps,
+    /// prefer [`Engine::resolve_step`]: settling the whole key overrides
+    /// what its steps say.
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`] if there is no record; [`Error::InvalidState`] if
-    /// it is not UNKNOWN, or for `NotExecuted` before `resolvable_at_ms`;
+    /// [`Error::ReasonRequired`] for a blank `reason`; [`Error::NotFound`]
+    /// if there is no record; [`Error::InvalidState`] if it is not UNKNOWN,
+    /// or for `NotExecuted` before `resolvable_at_ms` (or, on a key with
+    /// steps, while a step is confirmed: work happened);
     /// [`Error::Fenced`] if it changed meanwhile;
-    /// [`Error::ResponseTooLarge`]; storage errors.
-    pub fn resolve(&self, key: &IdempotencyKey, resolution: Resolution) -> Result<()> {
-        recovery::resolve(&self.core, key, resolution)
+    /// [`Error::ResponseTooLarge`]; [`Error::HistoryFull`]; storage errors.
+    /// Nothing is written on an error.
+    pub fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        resolution: Resolution,
+        reason: &str,
+    ) -> Result<()> {
+        recovery::resolve(&self.core, key, resolution, reason)
+    }
+
+    /// Settles one effect step of an in-doubt key by hand (what `idem
+    /// resolve --step` does), after checking with its provider; `reason`
+    /// and the answer go into the evidence log. When this settles the key's
+    /// last unsettled step, the key settles too: completed from the steps
+    /// if the engine's resolver builds a response from them
+    /// ([`Resolver::complete_from_steps`]), else released to resume (the
+    /// next `begin` claims it and skips the confirmed steps).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ReasonRequired`]; [`Error::InvalidStepName`];
+    /// [`Error::EvidenceTooLarge`]; [`Error::NotFound`] (no record);
+    /// [`Error::StepNotFound`] if the key has no step `name`;
+    /// [`Error::InvalidState`] if the key is not in doubt, or for
+    /// `NotExecuted` before its claim's lease ends; [`Error::Fenced`] if
+    /// it changed meanwhile; [`Error::HistoryFull`]; storage errors.
+    /// Nothing is written on an error.
+    pub fn resolve_step(
+        &self,
+        key: &IdempotencyKey,
+        name: &str,
+        resolution: crate::StepResolution,
+        reason: &str,
+    ) -> Result<()> {
+        recovery::resolve_step(&self.core, key, name, resolution, reason)
+    }
+
+    /// The key's effect steps, in the order the store keeps them (by name).
+    /// A step reserved under a claim that no longer runs is reported as
+    /// `Unknown` (read-time truth). Empty for a key without steps or
+    /// without a record.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (a step or the record does not decode), storage
+    /// errors.
+    pub fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::StepInfo>> {
+        recovery::steps(&self.core, key)
+    }
+
+    /// The key's evidence log, oldest first: every step transition and
+    /// every settlement, with when, who ([`crate::Actor`]), the states
+    /// before and after, and the evidence. At most
+    /// [`crate::MAX_HISTORY_ENTRIES`] entries; it expires with the record
+    /// (a tombstone keeps one summary entry). Empty for a key without one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (an entry does not decode), storage errors.
+    pub fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::HistoryEntry>> {
+        recovery::history(&self.core, key)
+    }
+
+    /// Whether a retry of this in-doubt key can be answered without an
+    /// operator: the engine has a resolver (and, for a key with steps, a
+    /// resolver or per-step resolvers) that settles it.
+    #[cfg(feature = "http")]
+    pub(crate) fn settles_in_doubt(&self, in_doubt: &InDoubt) -> bool {
+        let cfg = &self.core.cfg;
+        cfg.resolver.is_some() || (!in_doubt.steps.is_empty() && !cfg.step_resolvers.is_empty())
     }
 
     /// Deletes one record. COMPLETED, `FINAL_FAILURE` and TOMBSTONE records

@@ -1,6 +1,15 @@
 //! Local exactly-once: the app's own write and the idempotency outcome in
 //! one transaction (see `store/redb/local.rs` for how it runs).
 //!
+//! Effect steps and local writes: a claim may reserve and confirm steps
+//! (its external calls) and then complete with `complete_local`; the steps
+//! and their log are kept with the COMPLETED record, and the completion is
+//! refused while a step is still reserved, as `complete` is.
+//! `execute_local` takes no claim, so it has no steps: nothing in it can be
+//! durable before its one transaction commits, and a reservation that
+//! commits together with its own confirmation protects nothing. Work with
+//! external calls uses `begin`, `effect`/`confirm`, then `complete_local`.
+//!
 //! Table naming rule: the engine owns every table whose name starts with
 //! `idempotency.`; the app may create and use any other table in the file.
 
@@ -11,7 +20,7 @@ use crate::envelope::Envelope;
 use crate::error::{BoxError, Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::store::{LocalResult, LocalTarget, LocalTx, LocalWrite};
+use crate::store::{Abandon, InDoubtRequest, LocalResult, LocalTarget, LocalTx, LocalWrite};
 
 /// The answer to [`crate::Engine::execute_local`].
 #[derive(Debug)]
@@ -44,8 +53,23 @@ where
             reason: "the record is held by another claim".into(),
         }),
         Err(e @ (Error::LocalWrite { .. } | Error::ResponseTooLarge { .. })) => {
-            core.store.release(key, token)?;
-            Err(e)
+            match core.store.release(key.clone(), token) {
+                Ok(()) => Err(e),
+                // The claim made effect calls (a confirmed step): work
+                // happened, so the key is not released but left in doubt
+                // at once; its steps are settled, so the next `begin`
+                // resumes it (the confirmed calls are skipped).
+                Err(Error::InvalidState { .. }) => {
+                    core.store.mark_in_doubt(InDoubtRequest {
+                        key,
+                        token,
+                        reason: "local write failed after effect steps".into(),
+                        by: Abandon::Explicit,
+                    })?;
+                    Err(e)
+                }
+                Err(release) => Err(release),
+            }
         }
         Err(e) => Err(e),
     }

@@ -1,27 +1,43 @@
 //! Recovery: listing in-doubt (UNKNOWN) records and settling them through a
-//! resolver or by hand.
+//! resolver or by hand, as a whole or (for a key with effect steps) step by
+//! step (`engine/steps.rs`).
 
 use crate::engine::core::Core;
+use crate::engine::effects::{history_entry, step_infos};
+use crate::engine::steps::StepsSettled;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::outcome::InDoubt;
 use crate::report::RecoveryReport;
 use crate::resolver::{Resolution, Resolver};
+use crate::step::{HistoryEntry, StepInfo, StepResolution};
 use crate::store::record::RecordState;
-use crate::store::{SettleRequest, Settled, Settlement};
+use crate::store::step::{check_evidence, check_name, Actor, SettleStepRequest, StepAnswer};
+use crate::store::{Record, SettleRequest, Settled, Settlement};
 
-/// Up to `limit` in-doubt records, oldest first.
-pub(crate) fn in_doubt(core: &Core, limit: usize) -> Result<Vec<InDoubt>> {
-    let now_ms = core.clock.now_ms();
-    Ok(core
-        .store
-        .in_doubt(limit, now_ms)?
-        .into_iter()
-        .map(|(key, rec)| Core::in_doubt_of(key, &rec, now_ms))
-        .collect())
+/// Checks an operator's reason: not blank (the evidence log records it).
+fn check_reason(reason: &str) -> Result<()> {
+    if reason.trim().is_empty() {
+        return Err(Error::ReasonRequired);
+    }
+    Ok(())
 }
 
-/// Settles up to `limit` in-doubt records by asking `resolver` about each.
+/// Up to `limit` in-doubt records, oldest first, each with its steps.
+pub(crate) fn in_doubt(core: &Core, limit: usize) -> Result<Vec<InDoubt>> {
+    let now_ms = core.clock.now_ms();
+    core.store
+        .in_doubt(limit, now_ms)?
+        .into_iter()
+        .map(|(key, rec)| {
+            let steps = step_infos(Some(&rec), core.store.steps(&key)?, now_ms);
+            Ok(Core::in_doubt_of(key, &rec, steps, now_ms))
+        })
+        .collect()
+}
+
+/// Settles up to `limit` in-doubt records by asking `resolver` about each
+/// (about each unsettled step, for a key with steps).
 pub(crate) fn recover(
     core: &Core,
     resolver: &dyn Resolver,
@@ -36,31 +52,29 @@ pub(crate) fn recover(
             report.still_in_doubt += 1;
             continue;
         }
-        // One bad answer (an envelope over the size limit) must not stop
-        // the rest of the queue: the record stays UNKNOWN.
-        let settlement = match core.settlement(&in_doubt.key, resolver.resolve(&in_doubt)) {
-            Ok(settlement) => settlement,
-            Err(e) => {
-                tracing::error!(key = %in_doubt.key, error = %e, "resolver answer refused");
-                report.still_in_doubt += 1;
-                continue;
-            }
+        let settled = if in_doubt.steps.is_empty() {
+            settle_whole(core, resolver, &in_doubt)
+        } else {
+            settle_by_steps(core, resolver, &in_doubt)
         };
-        let req = SettleRequest {
-            key: in_doubt.key.clone(),
-            token: in_doubt.fencing_token,
-            settlement,
-        };
-        match core.store.settle(req) {
-            Ok(Settled::Completed(_)) => {
-                core.counters.resolved.add(1);
-                report.completed += 1;
-            }
-            Ok(Settled::NotExecuted(())) => {
-                core.counters.resolved.add(1);
-                report.not_executed += 1;
-            }
-            Ok(Settled::StillInDoubt(_)) => report.still_in_doubt += 1,
+        match settled {
+            Ok(Some((settled, resumed))) => match settled {
+                Settled::Completed(_) => {
+                    core.counters.resolved.add(1);
+                    report.completed += 1;
+                }
+                Settled::NotExecuted(()) if resumed => {
+                    core.counters.resolved.add(1);
+                    report.resumed += 1;
+                }
+                Settled::NotExecuted(()) => {
+                    core.counters.resolved.add(1);
+                    report.not_executed += 1;
+                }
+                Settled::StillInDoubt(_) => report.still_in_doubt += 1,
+            },
+            // A refused answer (see `settle_whole`), or a step still unknown.
+            Ok(None) => report.still_in_doubt += 1,
             Err(Error::Fenced { .. } | Error::NotFound { .. }) => report.skipped += 1,
             Err(e) => return Err(e),
         }
@@ -68,31 +82,117 @@ pub(crate) fn recover(
     Ok(report)
 }
 
-/// Settles one in-doubt record by hand (what `idem resolve` does).
-pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution) -> Result<()> {
+/// Settles a record without steps as a whole. `None`: the resolver's
+/// answer was refused (an envelope over the size limit); one bad answer
+/// must not stop the rest of the queue, so the record stays UNKNOWN.
+fn settle_whole(
+    core: &Core,
+    resolver: &dyn Resolver,
+    in_doubt: &InDoubt,
+) -> Result<Option<(Settled<()>, bool)>> {
+    let settlement = match core.settlement(&in_doubt.key, resolver.resolve(in_doubt)) {
+        Ok(settlement) => settlement,
+        Err(e) => {
+            tracing::error!(key = %in_doubt.key, error = %e, "resolver answer refused");
+            return Ok(None);
+        }
+    };
+    let settled = core.store.settle(SettleRequest {
+        key: in_doubt.key.clone(),
+        token: in_doubt.fencing_token,
+        settlement,
+        actor: Actor::Resolver,
+    })?;
+    Ok(Some((settled, false)))
+}
+
+/// Settles a record with steps: each unsettled step, then (all settled)
+/// the key, completed from the steps or resumed. `None`: a step is still
+/// unsettled.
+fn settle_by_steps(
+    core: &Core,
+    resolver: &dyn Resolver,
+    in_doubt: &InDoubt,
+) -> Result<Option<(Settled<()>, bool)>> {
+    let key = &in_doubt.key;
+    let Some(record) = core.store.record(key)? else {
+        return Err(Error::NotFound { key: key.clone() });
+    };
+    if record.token != in_doubt.fencing_token {
+        return Err(Error::Fenced {
+            key: key.clone(),
+            token: in_doubt.fencing_token,
+            reason: "the record changed while recovery ran".into(),
+        });
+    }
+    let steps = core.store.steps(key)?;
+    let (steps, _) = core.settle_steps(key, &record, steps, Some(resolver))?;
+    let now_ms = core.clock.now_ms();
+    let settlement = match core.key_settlement(key, &record, steps, Some(resolver), now_ms) {
+        Ok(StepsSettled::InDoubt(_)) => return Ok(None),
+        Ok(StepsSettled::Settle(settlement)) => settlement,
+        Err(e @ Error::ResponseTooLarge { .. }) => {
+            tracing::error!(key = %key, error = %e, "resolver's response from steps refused");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let resumed = matches!(settlement, Settlement::Resume);
+    let settled = core.store.settle(SettleRequest {
+        key: key.clone(),
+        token: record.token,
+        settlement,
+        actor: Actor::Resolver,
+    })?;
+    Ok(Some((settled, resumed)))
+}
+
+/// The key's record if it is in doubt at `now_ms` (UNKNOWN, or PROCESSING
+/// with its lease ended: read-time truth, the settlement moves it in the
+/// same write).
+fn in_doubt_record(core: &Core, key: &IdempotencyKey, action: &'static str) -> Result<Record> {
     let rec = core
         .store
         .record(key)?
         .ok_or_else(|| Error::NotFound { key: key.clone() })?;
-    // Read-time truth: a PROCESSING record whose lease has ended is in
-    // doubt already; the settlement moves it in the same write.
     let now_ms = core.clock.now_ms();
     let in_doubt = rec.state == RecordState::Unknown
         || (rec.state == RecordState::Processing && rec.lease_until_ms <= now_ms);
     if !in_doubt {
         return Err(Error::InvalidState {
             key: key.clone(),
-            action: "resolve",
+            action,
             state: rec.state.into(),
         });
     }
-    if resolution == Resolution::NotExecuted && rec.lease_until_ms > now_ms {
+    Ok(rec)
+}
+
+/// `NotExecuted` is refused before the dropped claim's lease ends.
+fn check_not_running(core: &Core, key: &IdempotencyKey, rec: &Record) -> Result<()> {
+    if rec.lease_until_ms > core.clock.now_ms() {
         return Err(Error::InvalidState {
             key: key.clone(),
             action: "settle as not executed before the dropped claim's lease ends \
                      (its work may still be running)",
             state: rec.state.into(),
         });
+    }
+    Ok(())
+}
+
+/// Settles one in-doubt record by hand (what `idem resolve` does), with the
+/// operator's reason recorded in the evidence log.
+pub(crate) fn resolve(
+    core: &Core,
+    key: &IdempotencyKey,
+    resolution: Resolution,
+    reason: &str,
+) -> Result<()> {
+    check_reason(reason)?;
+    let rec = in_doubt_record(core, key, "resolve")?;
+    if resolution == Resolution::NotExecuted {
+        check_not_running(core, key, &rec)?;
     }
     let settlement = core.settlement(key, resolution)?;
     // "Still unknown" settles nothing: not counted as resolved, as in
@@ -102,9 +202,89 @@ pub(crate) fn resolve(core: &Core, key: &IdempotencyKey, resolution: Resolution)
         key: key.clone(),
         token: rec.token,
         settlement,
+        actor: Actor::Operator {
+            reason: reason.to_string(),
+        },
     })?;
     if resolved {
         core.counters.resolved.add(1);
     }
     Ok(())
+}
+
+/// Settles one step of an in-doubt key by hand; when that settles the
+/// key's last unsettled step, the key settles too (completed from the
+/// steps by the engine's resolver, or resumed).
+pub(crate) fn resolve_step(
+    core: &Core,
+    key: &IdempotencyKey,
+    name: &str,
+    resolution: StepResolution,
+    reason: &str,
+) -> Result<()> {
+    check_reason(reason)?;
+    check_name(name)?;
+    let answer = match resolution {
+        StepResolution::Executed(evidence) => {
+            check_evidence(key, name, &evidence)?;
+            StepAnswer::Executed(evidence)
+        }
+        StepResolution::NotExecuted => StepAnswer::NotExecuted,
+        StepResolution::StillUnknown => StepAnswer::StillUnknown,
+    };
+    let rec = in_doubt_record(core, key, "resolve a step of")?;
+    if answer == StepAnswer::NotExecuted {
+        check_not_running(core, key, &rec)?;
+    }
+    let actor = Actor::Operator {
+        reason: reason.to_string(),
+    };
+    core.store.settle_step(SettleStepRequest {
+        key: key.clone(),
+        token: rec.token,
+        name: name.to_string(),
+        answer,
+        actor: actor.clone(),
+    })?;
+    let now_ms = core.clock.now_ms();
+    let steps = core.store.steps(key)?;
+    let resolver = core.cfg.resolver.as_deref();
+    match core.key_settlement(key, &rec, steps, resolver, now_ms)? {
+        StepsSettled::InDoubt(_) => Ok(()),
+        StepsSettled::Settle(settlement) => {
+            let settled = core.store.settle(SettleRequest {
+                key: key.clone(),
+                token: rec.token,
+                settlement,
+                actor,
+            });
+            match settled {
+                Ok(_) => {
+                    core.counters.resolved.add(1);
+                    Ok(())
+                }
+                // Settled by someone else meanwhile (a `begin` that
+                // resumed it): the step's answer is stored all the same.
+                Err(Error::Fenced { .. } | Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+/// The key's steps, as seen now.
+pub(crate) fn steps(core: &Core, key: &IdempotencyKey) -> Result<Vec<StepInfo>> {
+    let record = core.store.record(key)?;
+    let now_ms = core.clock.now_ms();
+    Ok(step_infos(record.as_ref(), core.store.steps(key)?, now_ms))
+}
+
+/// The key's evidence log, oldest first.
+pub(crate) fn history(core: &Core, key: &IdempotencyKey) -> Result<Vec<HistoryEntry>> {
+    Ok(core
+        .store
+        .history(key)?
+        .into_iter()
+        .map(history_entry)
+        .collect())
 }

@@ -130,22 +130,39 @@ where
                 .lease_ends_at(lease_end);
             }
             Begin::Mismatch => break mismatch(&cfg, key, fingerprinted.digests).await,
-            Begin::InDoubt(in_doubt) => {
-                tracing::info!(key = %in_doubt.key, reference = %in_doubt.reference, "outcome unknown");
-                break ProblemDetails::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "outcome-unknown",
-                    "Outcome being recovered",
-                    "an earlier request with this Idempotency-Key may have had effects that \
-                     were not recorded; it is being recovered and will not be executed again",
-                )
-                .retry_after(ceil_secs(cfg.in_doubt_retry_after))
-                .lease_ends_at(in_doubt.resolvable_at_ms);
-            }
+            Begin::InDoubt(in_doubt) => break outcome_unknown(&cfg, &in_doubt),
             Begin::Tombstoned { reusable_at_ms, .. } => break expired(&cfg, reusable_at_ms),
         }
     };
     Ok(problem.into_response())
+}
+
+/// The answer for a key whose earlier attempt's outcome is unknown: the
+/// operation's reference, each effect step's name and state (never its
+/// evidence: a provider's answer may hold data the client should not see),
+/// and whether a retry can help without an operator.
+fn outcome_unknown(cfg: &Config, in_doubt: &crate::InDoubt) -> ProblemDetails {
+    tracing::info!(key = %in_doubt.key, reference = %in_doubt.reference, steps = in_doubt.steps.len(), "outcome unknown");
+    let steps: Vec<serde_json::Value> = in_doubt
+        .steps
+        .iter()
+        .map(|s| serde_json::json!({ "name": s.name, "state": s.state.as_str() }))
+        .collect();
+    ProblemDetails::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "outcome-unknown",
+        "Outcome being recovered",
+        "an earlier request with this Idempotency-Key may have had effects that \
+         were not recorded; it is being recovered and will not be executed again",
+    )
+    .retry_after(ceil_secs(cfg.in_doubt_retry_after))
+    .lease_ends_at(in_doubt.resolvable_at_ms)
+    .member("reference", in_doubt.reference.clone().into())
+    .member("steps", steps.into())
+    .member(
+        "retry_can_help",
+        cfg.engine.settles_in_doubt(in_doubt).into(),
+    )
 }
 
 /// The answer for a key whose record expired and is kept as a tombstone
@@ -461,6 +478,7 @@ where
         reference: claim.reference().to_owned(),
         fencing_token: claim.fencing_token(),
     });
+    req.extensions_mut().insert(claim.effects());
     let called = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(req))) {
         Ok(future) => CatchUnwind(Box::pin(future)).await,
         Err(panic) => Err(panic),

@@ -110,7 +110,8 @@ use serde::{Deserialize, Serialize};
 use crate::message::OutboxEntry;
 
 use super::record::{EntityState, Record};
-use super::wire::{EntityWire, OutboxWire, RecordWire};
+use super::step::{HistoryRecord, StepRecord};
+use super::wire::{EntityWire, HistoryWire, OutboxWire, RecordWire, StepWire};
 
 /// The format this build writes (and the newest it reads).
 pub(crate) const FORMAT_VERSION: u8 = 2;
@@ -133,6 +134,8 @@ const RECORD_TAG: &[u8] = b"idempotency.record\0";
 const OUTBOX_TAG: &[u8] = b"idempotency.outbox\0";
 const ENTITY_TAG: &[u8] = b"idempotency.entity\0";
 const META_TAG: &[u8] = b"idempotency.meta\0";
+const STEP_TAG: &[u8] = b"idempotency.step\0";
+const HISTORY_TAG: &[u8] = b"idempotency.history\0";
 
 /// Why a value failed to decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +200,90 @@ pub(crate) fn encode_entity(id: &str, entity: &EntityState) -> Vec<u8> {
 /// The entity state stored under `id`.
 pub(crate) fn decode_entity(id: &str, bytes: &[u8]) -> Result<EntityState, DecodeError> {
     decode_checked::<EntityWire>(ENTITY_TAG, id.as_bytes(), bytes).map(EntityState::from)
+}
+
+/// The checksum's key bytes of step `name` of the record key `rkey`:
+/// `[rkey length: u32 LE][rkey][name]` (the length keeps the split
+/// between the two unambiguous).
+fn step_key(rkey: &[u8], name: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(4 + rkey.len() + name.len());
+    key.extend_from_slice(&u32::try_from(rkey.len()).unwrap_or(u32::MAX).to_le_bytes());
+    key.extend_from_slice(rkey);
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+/// The checksum's key bytes of entry `seq` of the log of `rkey`:
+/// `[rkey][seq: u32 LE]`.
+fn history_key(rkey: &[u8], seq: u32) -> Vec<u8> {
+    let mut key = Vec::with_capacity(rkey.len() + 4);
+    key.extend_from_slice(rkey);
+    key.extend_from_slice(&seq.to_le_bytes());
+    key
+}
+
+/// Effect step `step` of the record key `rkey`, stored under
+/// `(rkey, step.name)`.
+pub(crate) fn encode_step(rkey: &[u8], step: &StepRecord) -> Vec<u8> {
+    encode_checked(STEP_TAG, &step_key(rkey, &step.name), &StepWire::from(step))
+}
+
+/// The step stored under `(rkey, name)`. Steps only exist in format 2: a
+/// value of any other version is refused. A value whose name field is not
+/// `name` is refused too (it cannot pass the checksum unless written so).
+pub(crate) fn decode_step(
+    rkey: &[u8],
+    name: &str,
+    bytes: &[u8],
+) -> Result<StepRecord, DecodeError> {
+    only_format_2(bytes)?;
+    let step =
+        decode_checked::<StepWire>(STEP_TAG, &step_key(rkey, name), bytes).map(StepRecord::from)?;
+    if step.name != name {
+        return Err(DecodeError::Malformed(format!(
+            "the step stored under {name:?} names itself {:?}",
+            step.name
+        )));
+    }
+    Ok(step)
+}
+
+/// Entry `entry.seq` of the evidence log of `rkey`, stored under
+/// `(rkey, entry.seq)`.
+pub(crate) fn encode_history(rkey: &[u8], entry: &HistoryRecord) -> Vec<u8> {
+    encode_checked(
+        HISTORY_TAG,
+        &history_key(rkey, entry.seq),
+        &HistoryWire::from(entry),
+    )
+}
+
+/// The log entry stored under `(rkey, seq)` (format 2 only).
+pub(crate) fn decode_history(
+    rkey: &[u8],
+    seq: u32,
+    bytes: &[u8],
+) -> Result<HistoryRecord, DecodeError> {
+    only_format_2(bytes)?;
+    let entry = decode_checked::<HistoryWire>(HISTORY_TAG, &history_key(rkey, seq), bytes)
+        .map(HistoryRecord::from)?;
+    if entry.seq != seq {
+        return Err(DecodeError::Malformed(format!(
+            "the entry stored as #{seq} names itself #{}",
+            entry.seq
+        )));
+    }
+    Ok(entry)
+}
+
+/// Refuses a value whose version byte is not format 2's (tables added in
+/// format 2 never held format 1).
+fn only_format_2(bytes: &[u8]) -> Result<(), DecodeError> {
+    match bytes.first() {
+        None => Err(DecodeError::Empty),
+        Some(&FORMAT_VERSION) => Ok(()),
+        Some(&v) => Err(DecodeError::UnknownVersion(v)),
+    }
 }
 
 /// The meta value (format 2) with `payload` under the meta key `name`.

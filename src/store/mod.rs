@@ -27,6 +27,8 @@ pub(crate) mod record;
 pub(crate) mod redb;
 mod refuse;
 pub(crate) mod reply;
+pub(crate) mod step;
+pub(crate) mod step_ops;
 mod wire;
 
 use crate::error::Result;
@@ -43,6 +45,9 @@ pub use self::local_tx::LocalTx;
 pub(crate) use self::local_tx::{LocalTarget, LocalWrite};
 pub(crate) use self::pending::Pending;
 pub(crate) use self::record::{Completion, EntityState, Record, StoredResponse};
+pub(crate) use self::step::{
+    Actor, FinishStepRequest, HistoryRecord, SettleStepRequest, StepRecord, StepRequest,
+};
 
 /// A won claim, as the store recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +56,9 @@ pub(crate) struct Claimed {
     pub(crate) reference: String,
     pub(crate) claimed_at_ms: u64,
     pub(crate) lease_until_ms: u64,
+    /// The key's effect steps as the claim finds them (kept from earlier
+    /// claims of a resumed key; empty for a fresh key).
+    pub(crate) steps: Vec<StepRecord>,
 }
 
 /// A record that holds its key, classified at `now_ms` (the instant the
@@ -61,6 +69,10 @@ pub(crate) struct Found {
     pub(crate) record: Record,
     pub(crate) held: Held,
     pub(crate) now_ms: u64,
+    /// The key's effect steps, as seen at `now_ms` (filled for a record in
+    /// doubt; empty otherwise).
+    #[cfg_attr(not(test), allow(dead_code))] // read by the engine's effect steps
+    pub(crate) steps: Vec<StepRecord>,
 }
 
 /// The result of a claim attempt.
@@ -126,7 +138,15 @@ pub(crate) struct InDoubtRequest {
 #[derive(Clone, Debug)]
 pub(crate) enum Settlement {
     Completed(StoredResponse),
+    /// The work never ran: the record goes, with its steps and log
+    /// (refused while a step is Confirmed).
     NotExecuted,
+    /// Every step is settled: the record is released as for
+    /// `NotExecuted`, but its steps and log are KEPT, so the next claim
+    /// resumes with them (refused while a step is unsettled). Answered
+    /// as `Settled::NotExecuted`.
+    #[cfg_attr(not(test), allow(dead_code))] // used by the engine's effect steps
+    Resume,
     StillInDoubt,
 }
 
@@ -136,6 +156,8 @@ pub(crate) struct SettleRequest {
     pub(crate) key: IdempotencyKey,
     pub(crate) token: u64,
     pub(crate) settlement: Settlement,
+    /// Who settles (`Resolver` or `Operator`), for the evidence log.
+    pub(crate) actor: Actor,
 }
 
 /// The result of a settlement. `N` is what "not executed" yields: nothing
@@ -199,6 +221,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>>;
     fn outbox_len(&self) -> Result<u64>;
     fn entity(&self, entity: &str) -> Result<Option<EntityState>>;
+    /// The key's effect steps in name order, as seen now: a step still
+    /// Reserved under a claim that no longer runs reads as Unknown.
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<StepRecord>>;
+    /// The key's evidence log, oldest first.
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn history(&self, key: &IdempotencyKey) -> Result<Vec<HistoryRecord>>;
 
     /// The read `begin` starts with. A backend whose every read is a
     /// network round trip may, when the key has no record, claim it in the
@@ -250,8 +279,28 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Pending::ready(self.settle_then_claim(req, claim))
     }
 
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn reserve_step_pending(&self, req: StepRequest) -> Pending<StepRecord> {
+        Pending::ready(self.reserve_step(req))
+    }
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn finish_step_pending(&self, req: FinishStepRequest) -> Pending<StepRecord> {
+        Pending::ready(self.finish_step(req))
+    }
+
     // Writes, durable before they return.
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult>;
+    /// Reserves an effect step for the claim (see `step_ops.rs`); the
+    /// step as stored (Confirmed or Failed: an earlier claim's, to skip).
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn reserve_step(&self, req: StepRequest) -> Result<StepRecord>;
+    /// Confirms or rejects a step the claim reserved.
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn finish_step(&self, req: FinishStepRequest) -> Result<StepRecord>;
+    /// A resolver's or operator's answer about one step of a record in
+    /// doubt.
+    #[cfg_attr(not(test), allow(dead_code))] // called by the engine's effect steps
+    fn settle_step(&self, req: SettleStepRequest) -> Result<StepRecord>;
     fn complete(&self, req: CompleteRequest) -> Result<()>;
     /// A retryable failure: deletes the claim's record.
     fn release(&self, key: IdempotencyKey, token: u64) -> Result<()>;

@@ -22,6 +22,9 @@ use crate::transition::Transition;
 use super::classify::{classify, Class, Held};
 use super::codec::DecodeError;
 use super::record::{reference, EntityState, Record, RecordState};
+use super::step::{Actor, FinishStepRequest, SettleStepRequest, StepRequest, StepStatus};
+use super::step::{HistoryRecord, StepRecord};
+use super::step_ops::{self, drop_steps, entry, log, steps_of, to_unknown};
 use super::{
     Abandon, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Found, InDoubtRequest,
     SettleRequest, Settled, Settlement, TransitionRequest,
@@ -71,7 +74,30 @@ pub(crate) trait Txn {
     /// An entity's state, locked like a record.
     fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Self::Fatal>;
     fn store_entity(&mut self, entity: &str, state: &EntityState) -> Result<(), Self::Fatal>;
+
+    /// Every effect step of `key`, in name order: the stored name and the
+    /// decoded step (or why it does not decode).
+    fn load_steps(&mut self, key: &IdempotencyKey) -> Result<Vec<LoadedStep>, Self::Fatal>;
+    /// Writes `step` under `(key, step.name)`.
+    fn store_step(&mut self, key: &IdempotencyKey, step: &StepRecord) -> Result<(), Self::Fatal>;
+    /// Deletes every step of `key`.
+    fn remove_steps(&mut self, key: &IdempotencyKey) -> Result<(), Self::Fatal>;
+    /// The first and last sequence numbers of `key`'s evidence log (`None`:
+    /// empty). Entries are contiguous: a log is only ever appended to or
+    /// deleted as a whole.
+    fn history_span(&mut self, key: &IdempotencyKey) -> Result<Option<(u32, u32)>, Self::Fatal>;
+    /// Appends `entry` under `(key, entry.seq)`.
+    fn append_history(
+        &mut self,
+        key: &IdempotencyKey,
+        entry: &HistoryRecord,
+    ) -> Result<(), Self::Fatal>;
+    /// Deletes `key`'s whole evidence log.
+    fn remove_history(&mut self, key: &IdempotencyKey) -> Result<(), Self::Fatal>;
 }
+
+/// A step as loaded: its stored name and its decoded value.
+pub(crate) type LoadedStep = (String, std::result::Result<StepRecord, DecodeError>);
 
 /// The operations, over any [`Txn`].
 pub(crate) trait Ops: Txn + Sized {
@@ -101,12 +127,48 @@ pub(crate) trait Ops: Txn + Sized {
         self.remove(key, Some(old)).map_err(OpError::Fatal)
     }
 
-    fn found(&self, record: Record, held: Held) -> Found {
-        Found {
+    /// The answer for a held key; a record in doubt comes with its steps
+    /// (as seen: a Reserved step of its ended claim reads as Unknown).
+    fn found(
+        &mut self,
+        key: &IdempotencyKey,
+        record: Record,
+        held: Held,
+    ) -> OpResult<Found, Self::Fatal> {
+        let now = self.now();
+        let steps = if held == Held::InDoubt {
+            let claim = Some((
+                record.token,
+                record.state == RecordState::Processing && record.lease_until_ms > now,
+            ));
+            steps_of(self, key)?
+                .into_iter()
+                .map(|s| s.as_seen(claim))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Found {
             record,
             held,
-            now_ms: self.now(),
-        }
+            now_ms: now,
+            steps,
+        })
+    }
+
+    /// Reserves an effect step (see `step_ops.rs`).
+    fn reserve_step(&mut self, req: StepRequest) -> OpResult<super::StepRecord, Self::Fatal> {
+        step_ops::reserve_step(self, req)
+    }
+
+    /// Confirms or rejects an effect step (see `step_ops.rs`).
+    fn finish_step(&mut self, req: FinishStepRequest) -> OpResult<super::StepRecord, Self::Fatal> {
+        step_ops::finish_step(self, req)
+    }
+
+    /// Settles one effect step of a record in doubt (see `step_ops.rs`).
+    fn settle_step(&mut self, req: SettleStepRequest) -> OpResult<super::StepRecord, Self::Fatal> {
+        step_ops::settle_step(self, req)
     }
 
     /// Claims the key, or reports what holds it. A stale PROCESSING record
@@ -120,15 +182,25 @@ pub(crate) trait Ops: Txn + Sized {
                 Class::Stale => {
                     tracing::warn!(key = %req.key, token = rec.token, "stale claim moved to UNKNOWN");
                     let new = rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now);
-                    self.put(&req.key, Some(rec), &new)?;
-                    return Ok(ClaimResult::Held(Box::new(self.found(new, Held::InDoubt))));
+                    to_unknown(self, &req.key, rec, &new, &Actor::Sweeper)?;
+                    let found = self.found(&req.key, new, Held::InDoubt)?;
+                    return Ok(ClaimResult::Held(Box::new(found)));
                 }
                 Class::Held(held) => {
-                    return Ok(ClaimResult::Held(Box::new(self.found(rec.clone(), held))))
+                    let found = self.found(&req.key, rec.clone(), held)?;
+                    return Ok(ClaimResult::Held(Box::new(found)));
                 }
             }
         }
-        let claimed = self.new_claim(existing.as_ref(), req)?;
+        // An expired record's steps and log go with it; with no record,
+        // the steps a resumed key kept are the new claim's to see.
+        let steps = if existing.is_some() {
+            drop_steps(self, &req.key)?;
+            Vec::new()
+        } else {
+            steps_of(self, &req.key)?
+        };
+        let claimed = self.new_claim(existing.as_ref(), req, steps)?;
         Ok(ClaimResult::Claimed(claimed))
     }
 
@@ -137,9 +209,11 @@ pub(crate) trait Ops: Txn + Sized {
         &mut self,
         old: Option<&Record>,
         req: &ClaimRequest,
+        steps: Vec<super::StepRecord>,
     ) -> OpResult<Claimed, Self::Fatal> {
         let token = self.next_token().map_err(OpError::Fatal)?;
-        let (rec, claimed) = fresh_claim(req, token, self.now());
+        let (rec, mut claimed) = fresh_claim(req, token, self.now());
+        claimed.steps = steps;
         self.put(&req.key, old, &rec)?;
         tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
         Ok(claimed)
@@ -148,8 +222,34 @@ pub(crate) trait Ops: Txn + Sized {
     /// Stores a claim's outcome, with any outbox messages it carries.
     fn complete(&mut self, req: CompleteRequest) -> OpResult<(), Self::Fatal> {
         let rec = self.owned(&req.key, req.token, "complete")?;
+        let steps = steps_of(self, &req.key)?;
+        if steps
+            .iter()
+            .any(|s| s.status == StepStatus::Reserved && s.token == req.token)
+        {
+            return Err(OpError::Refused(Error::InvalidState {
+                key: req.key.clone(),
+                action:
+                    "complete while an effect step is still reserved (confirm or reject it first)",
+                state: State::from(rec.state),
+            }));
+        }
         let cfg = self.cfg();
-        let new = rec.completed(req.completion, req.response, self.now(), cfg.ttl_ms);
+        let now = self.now();
+        let new = rec.completed(req.completion, req.response, now, cfg.ttl_ms);
+        if !steps.is_empty() {
+            // The log says who completed a key that made calls; never
+            // blocked by a full log.
+            let e = entry(
+                now,
+                Actor::Claim { token: req.token },
+                None,
+                State::from(rec.state).as_str(),
+                State::from(new.state).as_str(),
+                Vec::new(),
+            );
+            log(self, &req.key, vec![e], true)?;
+        }
         self.put(&req.key, Some(&rec), &new)?;
         for (n, msg) in req.messages.into_iter().enumerate() {
             self.push_outbox(format!("{}/{n}", rec.reference), msg)
@@ -162,7 +262,27 @@ pub(crate) trait Ops: Txn + Sized {
     /// A retryable failure: the claim's record is deleted.
     fn release(&mut self, key: &IdempotencyKey, token: u64) -> OpResult<(), Self::Fatal> {
         let rec = self.owned(key, token, "release")?;
+        let steps = steps_of(self, key)?;
+        // Work may have happened: a reserved call, or one this claim
+        // confirmed. Such a claim fails in doubt instead.
+        if steps.iter().any(|s| {
+            s.status == StepStatus::Reserved
+                || (s.status == StepStatus::Confirmed && s.token == token)
+        }) {
+            return Err(OpError::Refused(Error::InvalidState {
+                key: key.clone(),
+                action:
+                    "release (fail retryable) a claim with a reserved or confirmed effect step \
+                         (fail it in doubt instead)",
+                state: State::from(rec.state),
+            }));
+        }
         self.delete(key, &rec)?;
+        // Steps only this claim made go with it; an earlier claim's
+        // settled steps are kept for the next claim to resume with.
+        if steps.iter().all(|s| s.token == token) {
+            drop_steps(self, key)?;
+        }
         tracing::debug!(key = %key, token, "claim released (retryable failure)");
         Ok(())
     }
@@ -179,7 +299,13 @@ pub(crate) trait Ops: Txn + Sized {
             };
             tracing::warn!(key = %req.key, token = rec.token, reason = %req.reason, "moved to UNKNOWN");
             let new = rec.in_doubt(req.reason, lease_end, now);
-            self.put(&req.key, Some(&rec), &new)?;
+            to_unknown(
+                self,
+                &req.key,
+                &rec,
+                &new,
+                &Actor::Claim { token: req.token },
+            )?;
         }
         Ok(())
     }
@@ -206,7 +332,13 @@ pub(crate) trait Ops: Txn + Sized {
     /// be settled as completed at once, but not as "not executed" before
     /// its lease ends (`Error::InvalidState`).
     fn settle(&mut self, req: SettleRequest) -> OpResult<Settled<()>, Self::Fatal> {
-        self.settle_with(req, Self::delete)
+        self.settle_with(req, |t, key, rec, keep| {
+            t.delete(key, rec)?;
+            if !keep {
+                drop_steps(t, key)?;
+            }
+            Ok(())
+        })
     }
 
     /// As [`Ops::settle`]; "not executed" claims the key afresh for a
@@ -216,13 +348,21 @@ pub(crate) trait Ops: Txn + Sized {
         req: SettleRequest,
         claim: &ClaimRequest,
     ) -> OpResult<Settled<Claimed>, Self::Fatal> {
-        self.settle_with(req, |t, _, rec| t.new_claim(Some(rec), claim))
+        self.settle_with(req, |t, key, rec, keep| {
+            let steps = if keep {
+                steps_of(t, key)?
+            } else {
+                drop_steps(t, key)?;
+                Vec::new()
+            };
+            t.new_claim(Some(rec), claim, steps)
+        })
     }
 
     fn settle_with<N>(
         &mut self,
         req: SettleRequest,
-        not_executed: impl FnOnce(&mut Self, &IdempotencyKey, &Record) -> OpResult<N, Self::Fatal>,
+        not_executed: impl FnOnce(&mut Self, &IdempotencyKey, &Record, bool) -> OpResult<N, Self::Fatal>,
     ) -> OpResult<Settled<N>, Self::Fatal> {
         let now = self.now();
         let key = &req.key;
@@ -240,7 +380,9 @@ pub(crate) trait Ops: Txn + Sized {
         // executed" could be overtaken by it, so it waits for the lease
         // end (a second claim must never run beside the first). A positive
         // answer is final whenever it comes, and settles the key at once.
-        if matches!(req.settlement, Settlement::NotExecuted) && rec.may_still_run(now) {
+        if matches!(req.settlement, Settlement::NotExecuted | Settlement::Resume)
+            && rec.may_still_run(now)
+        {
             return Err(OpError::Refused(Error::InvalidState {
                 key: key.clone(),
                 action: "settle as not executed before the dropped claim's lease ends \
@@ -248,20 +390,62 @@ pub(crate) trait Ops: Txn + Sized {
                 state: State::from(rec.state),
             }));
         }
+        let steps = steps_of(self, key)?;
+        let from = State::Unknown.as_str();
         match req.settlement {
             Settlement::Completed(response) => {
                 // The claim's token no longer owns it: a late complete from
                 // the original holder is refused because the state is
                 // COMPLETED.
                 let ttl_ms = self.cfg().ttl_ms;
+                let evidence = response
+                    .body
+                    .iter()
+                    .take(super::step::MAX_EVIDENCE_BYTES)
+                    .copied()
+                    .collect();
+                let e = entry(
+                    now,
+                    req.actor,
+                    None,
+                    from,
+                    State::Completed.as_str(),
+                    evidence,
+                );
                 let new = rec.completed(super::Completion::Success, response, now, ttl_ms);
+                let mut entries = stale_entries(&rec, &steps, now);
+                entries.push(e);
+                log(self, key, entries, false)?;
                 self.put(key, Some(&rec), &new)?;
+                self.steps_to_unknown(key, &steps)?;
                 tracing::info!(key = %key, token = req.token, "in-doubt record resolved: completed");
                 Ok(Settled::Completed(new))
             }
             Settlement::NotExecuted => {
+                if let Some(s) = steps.iter().find(|s| s.status == StepStatus::Confirmed) {
+                    let _ = s;
+                    return Err(OpError::Refused(Error::InvalidState {
+                        key: key.clone(),
+                        action: "settle as not executed a key with a confirmed effect step \
+                                 (settle its steps and resume it instead)",
+                        state: State::from(rec.state),
+                    }));
+                }
                 tracing::info!(key = %key, token = req.token, "in-doubt record resolved: not executed");
-                Ok(Settled::NotExecuted(not_executed(self, key, &rec)?))
+                Ok(Settled::NotExecuted(not_executed(self, key, &rec, false)?))
+            }
+            Settlement::Resume => {
+                if steps.iter().any(|s| !s.status.is_settled()) {
+                    return Err(OpError::Refused(Error::InvalidState {
+                        key: key.clone(),
+                        action: "resume a key whose effect steps are not all settled",
+                        state: State::from(rec.state),
+                    }));
+                }
+                let e = entry(now, req.actor, None, from, "RESUMED", Vec::new());
+                log(self, key, vec![e], false)?;
+                tracing::info!(key = %key, token = req.token, "in-doubt record resolved: resumed with its steps");
+                Ok(Settled::NotExecuted(not_executed(self, key, &rec, true)?))
             }
             Settlement::StillInDoubt => {
                 let new = match rec.state {
@@ -271,10 +455,29 @@ pub(crate) trait Ops: Txn + Sized {
                     _ => rec.clone(),
                 }
                 .still_in_doubt(now);
+                log(self, key, stale_entries(&rec, &steps, now), true)?;
                 self.put(key, Some(&rec), &new)?;
+                self.steps_to_unknown(key, &steps)?;
                 Ok(Settled::StillInDoubt(new))
             }
         }
+    }
+
+    /// Stores the steps of an in-doubt record that were still Reserved as
+    /// Unknown (their claim ended); see [`stale_entries`] for their log.
+    fn steps_to_unknown(
+        &mut self,
+        key: &IdempotencyKey,
+        steps: &[super::StepRecord],
+    ) -> OpResult<(), Self::Fatal> {
+        for step in steps.iter().filter(|s| s.status == StepStatus::Reserved) {
+            let moved = super::StepRecord {
+                status: StepStatus::Unknown,
+                ..step.clone()
+            };
+            self.store_step(key, &moved).map_err(OpError::Fatal)?;
+        }
+        Ok(())
     }
 
     /// Deletes one record; returns the state it was in (`None` when it did
@@ -291,6 +494,7 @@ pub(crate) trait Ops: Txn + Sized {
             // A record that does not decode can only be removed by force.
             Some(Err(e)) if force => {
                 self.remove(key, None).map_err(OpError::Fatal)?;
+                drop_steps(self, key)?;
                 tracing::warn!(key = %key, error = %e, "corrupt record purged");
                 return Ok(None);
             }
@@ -310,6 +514,7 @@ pub(crate) trait Ops: Txn + Sized {
             }));
         }
         self.delete(key, &rec)?;
+        drop_steps(self, key)?;
         tracing::warn!(key = %key, state = %state, ?mode, "record purged");
         Ok(Some(state))
     }
@@ -403,7 +608,7 @@ pub(crate) trait Ops: Txn + Sized {
             RecordState::Processing if rec.lease_until_ms <= now => {
                 tracing::warn!(key = %key, token = rec.token, "stale claim moved to UNKNOWN");
                 let new = rec.in_doubt(rec.stale_reason(), rec.lease_until_ms, now);
-                self.put(key, Some(rec), &new)?;
+                to_unknown(self, key, rec, &new, &Actor::Sweeper)?;
                 Ok(Some(Swept::MovedToUnknown))
             }
             RecordState::Completed | RecordState::FinalFailure | RecordState::Tombstone
@@ -420,10 +625,18 @@ pub(crate) trait Ops: Txn + Sized {
                 };
                 if let Some(until) = keep {
                     let new = rec.tombstone(until, now);
+                    if rec.state != RecordState::Tombstone {
+                        step_ops::summarize_for_tombstone(
+                            self,
+                            key,
+                            State::from(rec.state).as_str(),
+                        )?;
+                    }
                     self.put(key, Some(rec), &new)?;
                     Ok(Some(Swept::Tombstoned))
                 } else {
                     self.delete(key, rec)?;
+                    drop_steps(self, key)?;
                     Ok(Some(Swept::Deleted))
                 }
             }
@@ -451,8 +664,34 @@ pub(crate) fn fresh_claim(req: &ClaimRequest, token: u64, now: u64) -> (Record, 
         reference,
         claimed_at_ms: now,
         lease_until_ms,
+        steps: Vec::new(),
     };
     (rec, claimed)
+}
+
+/// The log entries of the Reserved steps of the in-doubt record `rec`,
+/// moving to Unknown (actor: the sweeper when its lease ended unnoticed,
+/// else its claim).
+fn stale_entries(rec: &Record, steps: &[super::StepRecord], now: u64) -> Vec<super::HistoryRecord> {
+    let actor = if rec.state == RecordState::Processing {
+        Actor::Sweeper
+    } else {
+        Actor::Claim { token: rec.token }
+    };
+    steps
+        .iter()
+        .filter(|s| s.status == StepStatus::Reserved)
+        .map(|s| {
+            entry(
+                now,
+                actor.clone(),
+                Some(&s.name),
+                "reserved",
+                "unknown",
+                Vec::new(),
+            )
+        })
+        .collect()
 }
 
 /// What a sweep did with one record.
@@ -463,7 +702,7 @@ pub(crate) enum Swept {
     Deleted,
 }
 
-fn fenced<F>(key: &IdempotencyKey, token: u64, rec: &Record) -> OpError<F> {
+pub(crate) fn fenced<F>(key: &IdempotencyKey, token: u64, rec: &Record) -> OpError<F> {
     let state = State::from(rec.state);
     let reason = if rec.token == token {
         format!("the record is already {state}")

@@ -18,6 +18,27 @@ macro_rules! refuse_writes {
             $crate::store::refuse::refused("claim")
         }
 
+        fn reserve_step(
+            &self,
+            _: $crate::store::StepRequest,
+        ) -> $crate::error::Result<$crate::store::StepRecord> {
+            $crate::store::refuse::refused("reserve an effect step")
+        }
+
+        fn finish_step(
+            &self,
+            _: $crate::store::FinishStepRequest,
+        ) -> $crate::error::Result<$crate::store::StepRecord> {
+            $crate::store::refuse::refused("confirm an effect step")
+        }
+
+        fn settle_step(
+            &self,
+            _: $crate::store::SettleStepRequest,
+        ) -> $crate::error::Result<$crate::store::StepRecord> {
+            $crate::store::refuse::refused("settle an effect step")
+        }
+
         fn complete(&self, _: $crate::store::CompleteRequest) -> $crate::error::Result<()> {
             $crate::store::refuse::refused("complete")
         }

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::message::OutboxEntry;
 
 use super::record::{EntityState, Record, RecordState, StoredResponse};
+use super::step::{Actor, HistoryRecord, StepRecord, StepStatus};
 
 /// A record's state; variant order is the format (0 = PROCESSING …
 /// 4 = TOMBSTONE).
@@ -85,6 +86,56 @@ pub(super) struct EntityWire<'a> {
     state: Cow<'a, str>,
     version: u64,
     updated_at_ms: u64,
+}
+
+/// An effect step's state; variant order is the format (0 = reserved …
+/// 4 = not executed).
+#[derive(Clone, Copy, Serialize, Deserialize)]
+pub(super) enum StepStatusWire {
+    Reserved,
+    Confirmed,
+    Failed,
+    Unknown,
+    NotExecuted,
+}
+
+/// An effect step (`idempotency.steps`, PostgreSQL's steps table), added
+/// beside format 2 in tables created on first use.
+#[derive(Serialize, Deserialize)]
+pub(super) struct StepWire<'a> {
+    name: Cow<'a, str>,
+    reference: Cow<'a, str>,
+    status: StepStatusWire,
+    token: u64,
+    #[serde(with = "cow_bytes")]
+    evidence: Cow<'a, [u8]>,
+    reserved_at_ms: u64,
+    settled_at_ms: Option<u64>,
+    attempts: u32,
+    last_asked_ms: Option<u64>,
+}
+
+/// Who made a logged transition; variant order is the format.
+#[derive(Serialize, Deserialize)]
+pub(super) enum ActorWire<'a> {
+    Claim { token: u64 },
+    Resolver,
+    Operator { reason: Cow<'a, str> },
+    Sweeper,
+}
+
+/// An entry of a key's evidence log (`idempotency.history`, PostgreSQL's
+/// history table).
+#[derive(Serialize, Deserialize)]
+pub(super) struct HistoryWire<'a> {
+    seq: u32,
+    at_ms: u64,
+    actor: ActorWire<'a>,
+    step: Option<Cow<'a, str>>,
+    from: Cow<'a, str>,
+    to: Cow<'a, str>,
+    #[serde(with = "cow_bytes")]
+    evidence: Cow<'a, [u8]>,
 }
 
 /// `Vec<u8>` as a serde byte string. postcard writes exactly the bytes a
@@ -274,6 +325,116 @@ impl From<EntityWire<'_>> for EntityState {
             state: w.state.into_owned(),
             version: w.version,
             updated_at_ms: w.updated_at_ms,
+        }
+    }
+}
+
+impl From<StepStatus> for StepStatusWire {
+    fn from(s: StepStatus) -> StepStatusWire {
+        match s {
+            StepStatus::Reserved => StepStatusWire::Reserved,
+            StepStatus::Confirmed => StepStatusWire::Confirmed,
+            StepStatus::Failed => StepStatusWire::Failed,
+            StepStatus::Unknown => StepStatusWire::Unknown,
+            StepStatus::NotExecuted => StepStatusWire::NotExecuted,
+        }
+    }
+}
+
+impl From<StepStatusWire> for StepStatus {
+    fn from(s: StepStatusWire) -> StepStatus {
+        match s {
+            StepStatusWire::Reserved => StepStatus::Reserved,
+            StepStatusWire::Confirmed => StepStatus::Confirmed,
+            StepStatusWire::Failed => StepStatus::Failed,
+            StepStatusWire::Unknown => StepStatus::Unknown,
+            StepStatusWire::NotExecuted => StepStatus::NotExecuted,
+        }
+    }
+}
+
+impl<'a> From<&'a StepRecord> for StepWire<'a> {
+    fn from(s: &'a StepRecord) -> StepWire<'a> {
+        StepWire {
+            name: Cow::Borrowed(&s.name),
+            reference: Cow::Borrowed(&s.reference),
+            status: s.status.into(),
+            token: s.token,
+            evidence: Cow::Borrowed(&s.evidence),
+            reserved_at_ms: s.reserved_at_ms,
+            settled_at_ms: s.settled_at_ms,
+            attempts: s.attempts,
+            last_asked_ms: s.last_asked_ms,
+        }
+    }
+}
+
+impl From<StepWire<'_>> for StepRecord {
+    fn from(w: StepWire<'_>) -> StepRecord {
+        StepRecord {
+            name: w.name.into_owned(),
+            reference: w.reference.into_owned(),
+            status: w.status.into(),
+            token: w.token,
+            evidence: w.evidence.into_owned(),
+            reserved_at_ms: w.reserved_at_ms,
+            settled_at_ms: w.settled_at_ms,
+            attempts: w.attempts,
+            last_asked_ms: w.last_asked_ms,
+        }
+    }
+}
+
+impl<'a> From<&'a Actor> for ActorWire<'a> {
+    fn from(a: &'a Actor) -> ActorWire<'a> {
+        match a {
+            Actor::Claim { token } => ActorWire::Claim { token: *token },
+            Actor::Resolver => ActorWire::Resolver,
+            Actor::Operator { reason } => ActorWire::Operator {
+                reason: Cow::Borrowed(reason),
+            },
+            Actor::Sweeper => ActorWire::Sweeper,
+        }
+    }
+}
+
+impl From<ActorWire<'_>> for Actor {
+    fn from(w: ActorWire<'_>) -> Actor {
+        match w {
+            ActorWire::Claim { token } => Actor::Claim { token },
+            ActorWire::Resolver => Actor::Resolver,
+            ActorWire::Operator { reason } => Actor::Operator {
+                reason: reason.into_owned(),
+            },
+            ActorWire::Sweeper => Actor::Sweeper,
+        }
+    }
+}
+
+impl<'a> From<&'a HistoryRecord> for HistoryWire<'a> {
+    fn from(h: &'a HistoryRecord) -> HistoryWire<'a> {
+        HistoryWire {
+            seq: h.seq,
+            at_ms: h.at_ms,
+            actor: ActorWire::from(&h.actor),
+            step: h.step.as_deref().map(Cow::Borrowed),
+            from: Cow::Borrowed(&h.from),
+            to: Cow::Borrowed(&h.to),
+            evidence: Cow::Borrowed(&h.evidence),
+        }
+    }
+}
+
+impl From<HistoryWire<'_>> for HistoryRecord {
+    fn from(w: HistoryWire<'_>) -> HistoryRecord {
+        HistoryRecord {
+            seq: w.seq,
+            at_ms: w.at_ms,
+            actor: w.actor.into(),
+            step: w.step.map(Cow::into_owned),
+            from: w.from.into_owned(),
+            to: w.to.into_owned(),
+            evidence: w.evidence.into_owned(),
         }
     }
 }

@@ -59,7 +59,7 @@ both_backends! {
         let k = key("resolved")?;
         let a = claimed(engine.begin(&k, fp(1)?)?)?;
         clock.advance(Duration::from_millis(LEASE_MS));
-        engine.resolve(&k, Resolution::Completed(Envelope::new(1, 201, "from provider")))?;
+        engine.resolve(&k, Resolution::Completed(Envelope::new(1, 201, "from provider")), "provider has it")?;
         let settled = engine.record(&k)?;
         fenced(engine.fail(a, Failure::Final(Envelope::new(1, 402, "late"))))?;
         assert_eq!(engine.record(&k)?, settled);
@@ -115,7 +115,7 @@ both_backends! {
             let c = claimed(engine.begin(&k, fp(1)?)?)?;
             tokens.push(c.fencing_token());
             engine.fail(c, Failure::InDoubt { reason: "timeout".into() })?;
-            engine.resolve(&k, Resolution::NotExecuted)?;
+            engine.resolve(&k, Resolution::NotExecuted, "provider has nothing")?;
             // Purged.
             let c = claimed(engine.begin(&k, fp(1)?)?)?;
             tokens.push(c.fencing_token());

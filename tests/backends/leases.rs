@@ -136,7 +136,7 @@ both_backends! {
         // Neither the sweeper nor a settlement takes it early.
         assert_eq!(engine.sweep_now()?.moved_to_unknown, 0);
         let err = engine
-            .resolve(&dropped, idempotency::Resolution::NotExecuted)
+            .resolve(&dropped, idempotency::Resolution::NotExecuted, "test")
             .err()
             .ok_or("NotExecuted before the lease ends was taken")?;
         assert!(matches!(err, idempotency::Error::InvalidState { .. }), "{err:?}");

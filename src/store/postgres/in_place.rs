@@ -24,8 +24,9 @@ use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::store::codec;
 use crate::store::config::StoreConfig;
-use crate::store::ops::{Loaded, Ops, Txn};
+use crate::store::ops::{Loaded, LoadedStep, Ops, Txn};
 use crate::store::record::{EntityState, Record, RecordState};
+use crate::store::step::{HistoryRecord, StepRecord};
 use crate::store::CompleteRequest;
 
 use super::schema::Names;
@@ -129,6 +130,33 @@ impl Txn for OneRecord<'_> {
     }
 
     fn store_entity(&mut self, _: &str, _: &EntityState) -> Result<(), ()> {
+        Err(())
+    }
+
+    // A remembered claim has no steps: reserving one forgets it (see
+    // `PgStore::reserve_step`), and a claim that found steps is never
+    // remembered.
+    fn load_steps(&mut self, _: &IdempotencyKey) -> Result<Vec<LoadedStep>, ()> {
+        Ok(Vec::new())
+    }
+
+    fn store_step(&mut self, _: &IdempotencyKey, _: &StepRecord) -> Result<(), ()> {
+        Err(())
+    }
+
+    fn remove_steps(&mut self, _: &IdempotencyKey) -> Result<(), ()> {
+        Err(())
+    }
+
+    fn history_span(&mut self, _: &IdempotencyKey) -> Result<Option<(u32, u32)>, ()> {
+        Ok(None)
+    }
+
+    fn append_history(&mut self, _: &IdempotencyKey, _: &HistoryRecord) -> Result<(), ()> {
+        Err(())
+    }
+
+    fn remove_history(&mut self, _: &IdempotencyKey) -> Result<(), ()> {
         Err(())
     }
 }

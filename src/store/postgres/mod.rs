@@ -31,6 +31,7 @@ mod tls;
 mod txn;
 mod verify;
 
+use crate::store::{FinishStepRequest, HistoryRecord, SettleStepRequest, StepRecord, StepRequest};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -329,8 +330,9 @@ impl PgStore {
                  RETURNING token
              )
              SELECT (SELECT token FROM inserted), (SELECT token FROM existing),
-                    (SELECT record FROM existing)",
-            s.names.tokens
+                    (SELECT record FROM existing),
+                    EXISTS (SELECT 1 FROM {} WHERE scope = $1 AND key = $2)",
+            s.names.tokens, s.names.steps
         );
         let now = s.clock.now_ms();
         let (rec, _) = crate::store::ops::fresh_claim(req, 0, now);
@@ -359,13 +361,22 @@ impl PgStore {
         if let Some(token) = row.get::<_, Option<i64>>(0) {
             let token = txn::sql_u64(token);
             let record = txn::with_token(rec, token, &req.key);
+            // A resumed key kept its steps: the claim sees them (one more
+            // read, for such keys only), and completes through the full
+            // path, which logs the completion.
+            let steps = if row.get::<_, bool>(3) {
+                s.steps(&req.key, now)?
+            } else {
+                self.remembered.insert(&req.key, record.clone(), bytes);
+                Vec::new()
+            };
             let claimed = Claimed {
                 token,
                 reference: record.reference.clone(),
                 claimed_at_ms: now,
                 lease_until_ms: record.lease_until_ms,
+                steps,
             };
-            self.remembered.insert(&req.key, record, bytes);
             tracing::debug!(key = %req.key, token, reference = %claimed.reference, "claimed");
             return Ok(ReadOrClaim::Claimed(claimed));
         }
@@ -521,6 +532,33 @@ impl Backend for PgStore {
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         self.open_check()?;
         guard("reading an entity", || self.shared()?.entity(entity))
+    }
+
+    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<StepRecord>> {
+        self.open_check()?;
+        guard("reading effect steps", || {
+            let shared = self.shared()?;
+            shared.steps(key, shared.clock.now_ms())
+        })
+    }
+
+    fn history(&self, key: &IdempotencyKey) -> Result<Vec<HistoryRecord>> {
+        self.open_check()?;
+        guard("reading the evidence log", || self.shared()?.history(key))
+    }
+
+    fn reserve_step(&self, req: StepRequest) -> Result<StepRecord> {
+        self.remembered.forget(&req.key);
+        self.write("reserving an effect step", |t| t.reserve_step(req.clone()))
+    }
+
+    fn finish_step(&self, req: FinishStepRequest) -> Result<StepRecord> {
+        self.remembered.forget(&req.key);
+        self.write("confirming an effect step", |t| t.finish_step(req.clone()))
+    }
+
+    fn settle_step(&self, req: SettleStepRequest) -> Result<StepRecord> {
+        self.write("settling an effect step", |t| t.settle_step(req.clone()))
     }
 
     fn read_or_claim(

@@ -7,11 +7,12 @@ use crate::error::{Corrupted, Error, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::codec;
-use crate::store::record::{EntityState, Record};
+use crate::store::record::{EntityState, Record, RecordState};
+use crate::store::step::{HistoryRecord, StepRecord};
 use crate::store::Scanned;
 
 use super::shared::Shared;
-use super::txn::{sql_i64, sql_u64, with_token};
+use super::txn::{sql_i64, sql_u64, state_code, with_token};
 
 /// Rows per page of a full scan.
 const SCAN_PAGE: i64 = 1_000;
@@ -28,7 +29,89 @@ fn decode(key: &IdempotencyKey, bytes: &[u8], token: i64) -> Result<Record> {
         })
 }
 
+/// Whether `e` says a table does not exist (the steps and history tables
+/// of a schema that no writable open of this build has touched yet).
+fn missing_table(e: &super::client::PgError) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
+}
+
 impl Shared {
+    /// `key`'s effect steps in name order, as seen at `now_ms` (a step
+    /// Reserved under a claim that no longer runs reads as Unknown), in
+    /// one statement with the record's claim.
+    pub(super) fn steps(&self, key: &IdempotencyKey, now_ms: u64) -> Result<Vec<StepRecord>> {
+        let what = "reading effect steps";
+        let sql = format!(
+            "SELECT s.name, s.step, r.token, r.state, r.lease_until_ms
+             FROM {} s LEFT JOIN {} r ON r.scope = s.scope AND r.key = s.key
+             WHERE s.scope = $1 AND s.key = $2 ORDER BY s.name",
+            self.names.steps, self.names.records
+        );
+        let rows = self.read(what, |conn| {
+            match conn.query_typed(
+                &sql,
+                &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+            ) {
+                Err(e) if missing_table(&e) => Ok(Vec::new()),
+                other => other,
+            }
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.get(0);
+            let step = codec::decode_step(key.record_key(), &name, row.get::<_, &[u8]>(1))
+                .map_err(|e| Error::Corrupt {
+                    what: Corrupted::Step {
+                        key: key.clone(),
+                        step: name.clone(),
+                    },
+                    reason: e.to_string(),
+                })?;
+            let token: Option<i64> = row.get(2);
+            let state: Option<i16> = row.get(3);
+            let lease: Option<i64> = row.get(4);
+            let claim = token.map(|token| {
+                let live = state == Some(state_code(RecordState::Processing))
+                    && lease.is_some_and(|l| sql_u64(l) > now_ms);
+                (sql_u64(token), live)
+            });
+            out.push(step.as_seen(claim));
+        }
+        Ok(out)
+    }
+
+    /// `key`'s evidence log, oldest first.
+    pub(super) fn history(&self, key: &IdempotencyKey) -> Result<Vec<HistoryRecord>> {
+        let what = "reading the evidence log";
+        let sql = format!(
+            "SELECT seq, entry FROM {} WHERE scope = $1 AND key = $2 ORDER BY seq",
+            self.names.history
+        );
+        let rows = self.read(what, |conn| {
+            match conn.query_typed(
+                &sql,
+                &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+            ) {
+                Err(e) if missing_table(&e) => Ok(Vec::new()),
+                other => other,
+            }
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let seq = u32::try_from(row.get::<_, i64>(0)).unwrap_or(u32::MAX);
+            let entry = codec::decode_history(key.record_key(), seq, row.get::<_, &[u8]>(1))
+                .map_err(|e| Error::Corrupt {
+                    what: Corrupted::History {
+                        key: key.clone(),
+                        seq,
+                    },
+                    reason: e.to_string(),
+                })?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
     pub(super) fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         let what = "reading a record";
         let sql = format!(

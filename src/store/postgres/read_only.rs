@@ -152,6 +152,14 @@ impl Backend for PgReader {
         self.0.entity(entity)
     }
 
+    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
+        self.0.steps(key)
+    }
+
+    fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
+        self.0.history(key)
+    }
+
     fn read_or_claim(
         &self,
         key: &IdempotencyKey,

@@ -8,6 +8,13 @@
 //! | `<prefix>outbox` | unpublished outbox messages by sequence number |
 //! | `<prefix>entities` | business entity id → state and version |
 //! | `<prefix>tokens`, `<prefix>outbox_seq` | sequences: fencing tokens, outbox sequence numbers |
+//! | `<prefix>steps` | effect steps: `scope`, `key`, `name`, the encoded step (`store/codec.rs`) |
+//! | `<prefix>history` | the evidence log: `scope`, `key`, `seq`, the encoded entry |
+//!
+//! The steps and history tables came with effect steps, without a schema
+//! version change: every writable open creates them if they are missing
+//! (`CREATE TABLE IF NOT EXISTS`), and an open without `create` does not
+//! require them (reads find no steps where they are missing).
 
 use super::client::{Client, PgError, Transaction};
 
@@ -31,6 +38,8 @@ pub(super) struct Names {
     pub(super) entities: String,
     pub(super) tokens: String,
     pub(super) outbox_seq: String,
+    pub(super) steps: String,
+    pub(super) history: String,
 }
 
 impl Names {
@@ -65,6 +74,8 @@ impl Names {
             entities: name("entities"),
             tokens: name("tokens"),
             outbox_seq: name("outbox_seq"),
+            steps: name("steps"),
+            history: name("history"),
         })
     }
 
@@ -77,6 +88,8 @@ impl Names {
             entities,
             tokens,
             outbox_seq,
+            steps,
+            history,
         } = self;
         format!(
             "CREATE TABLE IF NOT EXISTS {meta} (
@@ -110,7 +123,19 @@ impl Names {
                  entity text COLLATE \"C\" PRIMARY KEY,
                  state text NOT NULL,
                  version bigint NOT NULL,
-                 updated_at_ms bigint NOT NULL);"
+                 updated_at_ms bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS {steps} (
+                 scope text COLLATE \"C\" NOT NULL,
+                 key text COLLATE \"C\" NOT NULL,
+                 name text COLLATE \"C\" NOT NULL,
+                 step bytea NOT NULL,
+                 PRIMARY KEY (scope, key, name));
+             CREATE TABLE IF NOT EXISTS {history} (
+                 scope text COLLATE \"C\" NOT NULL,
+                 key text COLLATE \"C\" NOT NULL,
+                 seq bigint NOT NULL,
+                 entry bytea NOT NULL,
+                 PRIMARY KEY (scope, key, seq));"
         )
     }
 }

@@ -10,8 +10,9 @@ use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::store::codec;
 use crate::store::config::StoreConfig;
-use crate::store::ops::{Loaded, Txn};
+use crate::store::ops::{Loaded, LoadedStep, Txn};
 use crate::store::record::{EntityState, Record, RecordState};
+use crate::store::step::{HistoryRecord, StepRecord};
 
 use super::client::{PgError, Transaction};
 use super::schema::Names;
@@ -175,6 +176,101 @@ impl Txn for PgTxn<'_, '_> {
             .tx
             .execute_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?
             > 0)
+    }
+
+    fn load_steps(&mut self, key: &IdempotencyKey) -> Result<Vec<LoadedStep>, Fault> {
+        let sql = format!(
+            "SELECT name, step FROM {} WHERE scope = $1 AND key = $2 ORDER BY name",
+            self.names.steps
+        );
+        let rows = self.tx.query_typed(
+            &sql,
+            &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let name: String = row.get(0);
+                let step = codec::decode_step(key.record_key(), &name, row.get::<_, &[u8]>(1));
+                (name, step)
+            })
+            .collect())
+    }
+
+    fn store_step(&mut self, key: &IdempotencyKey, step: &StepRecord) -> Result<(), Fault> {
+        let bytes = codec::encode_step(key.record_key(), step);
+        let sql = format!(
+            "INSERT INTO {} (scope, key, name, step) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (scope, key, name) DO UPDATE SET step = EXCLUDED.step",
+            self.names.steps
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[
+                (&key.scope(), Type::TEXT),
+                (&key.key(), Type::TEXT),
+                (&step.name, Type::TEXT),
+                (&bytes, Type::BYTEA),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn remove_steps(&mut self, key: &IdempotencyKey) -> Result<(), Fault> {
+        let sql = format!(
+            "DELETE FROM {} WHERE scope = $1 AND key = $2",
+            self.names.steps
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+        )?;
+        Ok(())
+    }
+
+    fn history_span(&mut self, key: &IdempotencyKey) -> Result<Option<(u32, u32)>, Fault> {
+        let sql = format!(
+            "SELECT min(seq), max(seq) FROM {} WHERE scope = $1 AND key = $2",
+            self.names.history
+        );
+        let row = self.tx.query_typed_one(
+            &sql,
+            &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+        )?;
+        let first: Option<i64> = row.get(0);
+        let last: Option<i64> = row.get(1);
+        let seq = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(first.zip(last).map(|(f, l)| (seq(f), seq(l))))
+    }
+
+    fn append_history(&mut self, key: &IdempotencyKey, entry: &HistoryRecord) -> Result<(), Fault> {
+        let bytes = codec::encode_history(key.record_key(), entry);
+        let sql = format!(
+            "INSERT INTO {} (scope, key, seq, entry) VALUES ($1, $2, $3, $4)",
+            self.names.history
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[
+                (&key.scope(), Type::TEXT),
+                (&key.key(), Type::TEXT),
+                (&i64::from(entry.seq), Type::INT8),
+                (&bytes, Type::BYTEA),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn remove_history(&mut self, key: &IdempotencyKey) -> Result<(), Fault> {
+        let sql = format!(
+            "DELETE FROM {} WHERE scope = $1 AND key = $2",
+            self.names.history
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+        )?;
+        Ok(())
     }
 
     fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Fault> {

@@ -41,8 +41,9 @@ use crate::store::poison::Poison;
 use crate::store::record::{EntityState, Record};
 use crate::store::reply::{self, Unheard};
 use crate::store::{
-    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
-    LocalWrite, Scanned, SettleRequest, Settled, TransitionRequest,
+    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, FinishStepRequest,
+    InDoubtRequest, LocalResult, LocalWrite, Scanned, SettleRequest, SettleStepRequest, Settled,
+    StepRecord, StepRequest, TransitionRequest,
 };
 use crate::transition::Transition;
 
@@ -748,6 +749,37 @@ impl Backend for RedbStore {
             let (db, overlay) = self.snapshot()?;
             read::entity_seen(&*db, &overlay, entity)
         })
+    }
+
+    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
+        let now_ms = self.settings.clock.now_ms();
+        contained("reading the database", || {
+            read::steps(&*self.db()?, key, now_ms)
+        })
+    }
+
+    fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
+        contained("reading the database", || read::history(&*self.db()?, key))
+    }
+
+    fn reserve_step_pending(&self, req: StepRequest) -> Pending<StepRecord> {
+        self.call_pending(move |t| t.reserve_step(req))
+    }
+
+    fn finish_step_pending(&self, req: FinishStepRequest) -> Pending<StepRecord> {
+        self.call_pending(move |t| t.finish_step(req))
+    }
+
+    fn reserve_step(&self, req: StepRequest) -> Result<StepRecord> {
+        self.reserve_step_pending(req).wait()
+    }
+
+    fn finish_step(&self, req: FinishStepRequest) -> Result<StepRecord> {
+        self.finish_step_pending(req).wait()
+    }
+
+    fn settle_step(&self, req: SettleStepRequest) -> Result<StepRecord> {
+        self.call(move |t| t.settle_step(req))
     }
 
     fn may_block(&self) -> bool {

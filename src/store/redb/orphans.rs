@@ -15,7 +15,6 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
 use crate::key::IdempotencyKey;
-use crate::store::ops::Ops;
 use crate::store::record::RecordState;
 
 use super::tables::{Context, OpError, Tables, LEASES};
@@ -57,7 +56,13 @@ impl Tables<'_> {
                 if rec.state == RecordState::Processing && rec.lease_until_ms == at {
                     tracing::warn!(key = %key, token = rec.token, lease_until_ms = at, "claim of an ended process moved to UNKNOWN");
                     let new = rec.in_doubt(REASON.to_owned(), at, now);
-                    self.put(&key, Some(&rec), &new)?;
+                    crate::store::step_ops::to_unknown(
+                        self,
+                        &key,
+                        &rec,
+                        &new,
+                        &crate::store::Actor::Sweeper,
+                    )?;
                     moved += 1;
                 }
             }
@@ -138,6 +143,7 @@ mod tests {
             key: key.clone(),
             token,
             settlement,
+            actor: crate::store::Actor::Resolver,
         })
     }
 

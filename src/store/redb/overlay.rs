@@ -79,10 +79,16 @@ impl Overlay {
                 Change::PutEntity { id, value } => {
                     maps.entities.insert(id, Some(value.into()));
                 }
+                // Steps and log entries are read per key over a range:
+                // such reads commit first, as whole-table reads do.
                 Change::PutIndex { .. }
                 | Change::DelIndex { .. }
                 | Change::PutOutbox { .. }
-                | Change::DelOutbox { .. } => {}
+                | Change::DelOutbox { .. }
+                | Change::PutStep { .. }
+                | Change::DelStep { .. }
+                | Change::PutHistory { .. }
+                | Change::DelHistory { .. } => {}
             }
         }
         // Index and outbox changes count too: whole-table reads must then

@@ -16,7 +16,10 @@ use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
 use super::overlay::{Overlay, Seen};
-use super::tables::{Context, ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
+use super::tables::{
+    Context, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+};
+use crate::store::step::{HistoryRecord, StepRecord};
 /// One engine table in a fresh read transaction.
 fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
     db: &impl ReadableDatabase,
@@ -57,7 +60,9 @@ pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<()
     probe(&txn, RECOVERY)?;
     probe(&txn, EXPIRY)?;
     probe(&txn, OUTBOX)?;
-    probe(&txn, ENTITIES)
+    probe(&txn, ENTITIES)?;
+    probe(&txn, STEPS)?;
+    probe(&txn, HISTORY)
 }
 
 /// `key`'s record as of the last commit, unless an acknowledged write not
@@ -87,6 +92,84 @@ pub(super) fn entity_seen(
         Seen::Deleted => Ok(None),
         Seen::Value(v) => decode_entity(entity_id, &v).map(Some),
     }
+}
+
+/// `key`'s effect steps in name order, as seen at `now_ms` (a step
+/// Reserved under a claim that no longer runs reads as Unknown), from one
+/// snapshot with its record. A file without the steps table (format 2
+/// before any step) has none.
+pub(super) fn steps(
+    db: &impl ReadableDatabase,
+    key: &IdempotencyKey,
+    now_ms: u64,
+) -> Result<Vec<StepRecord>> {
+    let what = "reading effect steps";
+    let rkey = key.record_key();
+    let txn = db.begin_read().context(what)?;
+    let table = match txn.open_table(STEPS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e).context(what),
+    };
+    let record = txn
+        .open_table(RECORDS)
+        .context(what)?
+        .get(rkey)
+        .context(what)?
+        .map(|v| decode_record(key, rkey, v.value()))
+        .transpose()?;
+    let claim = record.map(|r| {
+        let live =
+            r.state == crate::store::record::RecordState::Processing && r.lease_until_ms > now_ms;
+        (r.token, live)
+    });
+    let mut out = Vec::new();
+    for entry in table.range((rkey, "")..).context(what)? {
+        let (k, v) = entry.context(what)?;
+        let (at, name) = k.value();
+        if at != rkey {
+            break;
+        }
+        let step = codec::decode_step(rkey, name, v.value()).map_err(|e| Error::Corrupt {
+            what: Corrupted::Step {
+                key: key.clone(),
+                step: name.to_owned(),
+            },
+            reason: e.to_string(),
+        })?;
+        out.push(step.as_seen(claim));
+    }
+    Ok(out)
+}
+
+/// `key`'s evidence log, oldest first (empty in a file without the
+/// history table).
+pub(super) fn history(
+    db: &impl ReadableDatabase,
+    key: &IdempotencyKey,
+) -> Result<Vec<HistoryRecord>> {
+    let what = "reading the evidence log";
+    let rkey = key.record_key();
+    let txn = db.begin_read().context(what)?;
+    let table = match txn.open_table(HISTORY) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e).context(what),
+    };
+    let mut out = Vec::new();
+    for entry in table.range((rkey, 0)..=(rkey, u32::MAX)).context(what)? {
+        let (k, v) = entry.context(what)?;
+        let seq = k.value().1;
+        let e = codec::decode_history(rkey, seq, v.value()).map_err(|e| Error::Corrupt {
+            what: Corrupted::History {
+                key: key.clone(),
+                seq,
+            },
+            reason: e.to_string(),
+        })?;
+        out.push(e);
+    }
+    Ok(out)
 }
 
 pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use redb::{ReadOnlyDatabase, ReadableDatabase, TableError};
 
+use crate::clock::Clock as _;
 use crate::error::{OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
@@ -138,6 +139,17 @@ impl Backend for RedbReader {
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         contained("reading the database", || read::entity(&self.db, entity))
+    }
+
+    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
+        let now_ms = crate::clock::SystemClock.now_ms();
+        contained("reading the database", || {
+            read::steps(&self.db, key, now_ms)
+        })
+    }
+
+    fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
+        contained("reading the database", || read::history(&self.db, key))
     }
 
     crate::store::refuse::refuse_writes!();

@@ -12,7 +12,7 @@ use super::journal::{
     Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
 };
 use super::meta::{self, file_format, read_meta, Counter, Format, MetaError, StoredJournal};
-use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
+use super::tables::{ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS};
 
 /// The journal the database at `path` (a file of `format`) was last used
 /// with (`None`: it has never had one, or it has no meta table yet: a new
@@ -287,6 +287,8 @@ fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), MetaError> {
     let mut expiry = txn.open_table(EXPIRY)?;
     let mut outbox = txn.open_table(OUTBOX)?;
     let mut entities = txn.open_table(ENTITIES)?;
+    let mut steps = txn.open_table(STEPS)?;
+    let mut history = txn.open_table(HISTORY)?;
     let mut table = txn.open_table(META)?;
     for change in &frame.changes {
         match change {
@@ -312,6 +314,18 @@ fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), MetaError> {
             }
             Change::PutEntity { id, value } => {
                 entities.insert(id.as_str(), value.as_slice())?;
+            }
+            Change::PutStep { key, name, value } => {
+                steps.insert((key.as_slice(), name.as_str()), value.as_slice())?;
+            }
+            Change::DelStep { key, name } => {
+                steps.remove((key.as_slice(), name.as_str()))?;
+            }
+            Change::PutHistory { key, seq, value } => {
+                history.insert((key.as_slice(), *seq), value.as_slice())?;
+            }
+            Change::DelHistory { key, seq } => {
+                history.remove((key.as_slice(), *seq))?;
             }
         }
     }

@@ -12,6 +12,11 @@
 //! | PROCESSING | `idempotency.leases` | `(lease_until_ms, record key)` |
 //! | UNKNOWN | `idempotency.recovery` | `(unknown_since_ms, record key)` |
 //! | COMPLETED, FINAL_FAILURE, TOMBSTONE | `idempotency.expiry` | `(expires_at_ms, record key)` |
+//!
+//! Effect steps and the evidence log live in two tables created on first
+//! use (a format-2 file without them opens as it is): `idempotency.steps`
+//! `(record key, step name)` → encoded step, `idempotency.history`
+//! `(record key, seq)` → encoded log entry (`store/codec.rs`).
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -20,8 +25,9 @@ use crate::key::IdempotencyKey;
 use crate::message::{OutboxEntry, OutgoingMessage};
 use crate::store::codec::{self, DecodeError};
 use crate::store::config::StoreConfig;
-use crate::store::ops::{Loaded, Txn};
+use crate::store::ops::{Loaded, LoadedStep, Txn};
 use crate::store::record::{EntityState, Record};
+use crate::store::step::{HistoryRecord, StepRecord};
 
 use super::journal::{Change, IndexTable};
 
@@ -45,6 +51,12 @@ pub(super) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("ide
 /// Business entity id → encoded state and version.
 pub(super) const ENTITIES: TableDefinition<&str, &[u8]> =
     TableDefinition::new("idempotency.entities");
+/// (Record key, step name) → encoded effect step; created on first use.
+pub(super) const STEPS: TableDefinition<(&[u8], &str), &[u8]> =
+    TableDefinition::new("idempotency.steps");
+/// (Record key, seq) → encoded evidence log entry; created on first use.
+pub(super) const HISTORY: TableDefinition<(&[u8], u32), &[u8]> =
+    TableDefinition::new("idempotency.history");
 
 /// Adds what the engine was doing to a redb error.
 pub(super) trait Context<T> {
@@ -90,6 +102,8 @@ pub(crate) struct Tables<'t> {
     pub(super) expiry: Table<'t, (u64, &'static [u8]), ()>,
     pub(super) outbox: Table<'t, u64, &'static [u8]>,
     pub(super) entities: Table<'t, &'static str, &'static [u8]>,
+    pub(super) steps: Table<'t, (&'static [u8], &'static str), &'static [u8]>,
+    pub(super) history: Table<'t, (&'static [u8], u32), &'static [u8]>,
     pub(super) seq: Sequences,
     /// The batch's one reading of the clock, in ms.
     pub(super) now: u64,
@@ -115,6 +129,8 @@ impl<'t> Tables<'t> {
             expiry: txn.open_table(EXPIRY)?,
             outbox: txn.open_table(OUTBOX)?,
             entities: txn.open_table(ENTITIES)?,
+            steps: txn.open_table(STEPS)?,
+            history: txn.open_table(HISTORY)?,
             seq,
             now,
             cfg,
@@ -339,6 +355,110 @@ impl Txn for Tables<'_> {
             self.log(|| Change::DelOutbox { seq });
         }
         Ok(removed)
+    }
+
+    fn load_steps(
+        &mut self,
+        key: &IdempotencyKey,
+    ) -> std::result::Result<Vec<LoadedStep>, redb::Error> {
+        let rkey = key.record_key();
+        let mut out = Vec::new();
+        for entry in self.steps.range((rkey, "")..)? {
+            let (k, v) = entry?;
+            let (at, name) = k.value();
+            if at != rkey {
+                break;
+            }
+            out.push((name.to_owned(), codec::decode_step(rkey, name, v.value())));
+        }
+        Ok(out)
+    }
+
+    fn store_step(
+        &mut self,
+        key: &IdempotencyKey,
+        step: &StepRecord,
+    ) -> std::result::Result<(), redb::Error> {
+        let rkey = key.record_key();
+        let value = codec::encode_step(rkey, step);
+        self.steps
+            .insert((rkey, step.name.as_str()), value.as_slice())?;
+        self.log(|| Change::PutStep {
+            key: rkey.to_vec(),
+            name: step.name.clone(),
+            value,
+        });
+        Ok(())
+    }
+
+    fn remove_steps(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
+        let rkey = key.record_key();
+        let mut names = Vec::new();
+        for entry in self.steps.range((rkey, "")..)? {
+            let (k, _) = entry?;
+            let (at, name) = k.value();
+            if at != rkey {
+                break;
+            }
+            names.push(name.to_owned());
+        }
+        for name in names {
+            self.steps.remove((rkey, name.as_str()))?;
+            self.log(|| Change::DelStep {
+                key: rkey.to_vec(),
+                name,
+            });
+        }
+        Ok(())
+    }
+
+    fn history_span(
+        &mut self,
+        key: &IdempotencyKey,
+    ) -> std::result::Result<Option<(u32, u32)>, redb::Error> {
+        let rkey = key.record_key();
+        let mut range = self.history.range((rkey, 0)..=(rkey, u32::MAX))?;
+        let first = match range.next() {
+            Some(entry) => entry?.0.value().1,
+            None => return Ok(None),
+        };
+        let last = match range.next_back() {
+            Some(entry) => entry?.0.value().1,
+            None => first,
+        };
+        Ok(Some((first, last)))
+    }
+
+    fn append_history(
+        &mut self,
+        key: &IdempotencyKey,
+        entry: &HistoryRecord,
+    ) -> std::result::Result<(), redb::Error> {
+        let rkey = key.record_key();
+        let value = codec::encode_history(rkey, entry);
+        self.history.insert((rkey, entry.seq), value.as_slice())?;
+        self.log(|| Change::PutHistory {
+            key: rkey.to_vec(),
+            seq: entry.seq,
+            value,
+        });
+        Ok(())
+    }
+
+    fn remove_history(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
+        let rkey = key.record_key();
+        let mut seqs = Vec::new();
+        for entry in self.history.range((rkey, 0)..=(rkey, u32::MAX))? {
+            seqs.push(entry?.0.value().1);
+        }
+        for seq in seqs {
+            self.history.remove((rkey, seq))?;
+            self.log(|| Change::DelHistory {
+                key: rkey.to_vec(),
+                seq,
+            });
+        }
+        Ok(())
     }
 
     fn load_entity(

@@ -51,6 +51,34 @@ pub(in crate::store::redb) enum Change {
         #[serde(with = "crate::store::wire::byte_buf")]
         value: Vec<u8>,
     },
+    // Added with effect steps: appended, so the variant indexes above (the
+    // journal's format 2) never move.
+    /// `idempotency.steps`: (record key, step name) → encoded step.
+    PutStep {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+        name: String,
+        #[serde(with = "crate::store::wire::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelStep {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+        name: String,
+    },
+    /// `idempotency.history`: (record key, seq) → encoded log entry.
+    PutHistory {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+        seq: u32,
+        #[serde(with = "crate::store::wire::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelHistory {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+        seq: u32,
+    },
 }
 
 impl Change {
@@ -64,6 +92,13 @@ impl Change {
             Change::PutOutbox { value, .. } => value.len(),
             Change::DelOutbox { .. } => 0,
             Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
+            Change::PutStep { key, name, value } => key
+                .len()
+                .saturating_add(name.len())
+                .saturating_add(value.len()),
+            Change::DelStep { key, name } => key.len().saturating_add(name.len()),
+            Change::PutHistory { key, value, .. } => key.len().saturating_add(value.len()),
+            Change::DelHistory { key, .. } => key.len(),
         }
     }
 }

@@ -30,6 +30,10 @@ pub(super) struct Work {
     pub(super) next_outbox: u64,
     /// Entities not copied: last written before an unreadable frame (LSN).
     pub(super) stale_entities: Vec<(String, u64)>,
+    /// (Record key, step name) → encoded step.
+    pub(super) steps: BTreeMap<(Vec<u8>, String), Vec<u8>>,
+    /// (Record key, seq) → encoded log entry.
+    pub(super) history: BTreeMap<(Vec<u8>, u32), Vec<u8>>,
 }
 
 /// Why a value last written before an unreadable frame is not copied.
@@ -83,6 +87,19 @@ impl Work {
                     Change::PutEntity { id, value } => {
                         last_entity_write.insert(id.clone(), *lsn);
                         self.entities.insert(id.clone(), value.clone());
+                    }
+                    Change::PutStep { key, name, value } => {
+                        self.steps
+                            .insert((key.clone(), name.clone()), value.clone());
+                    }
+                    Change::DelStep { key, name } => {
+                        self.steps.remove(&(key.clone(), name.clone()));
+                    }
+                    Change::PutHistory { key, seq, value } => {
+                        self.history.insert((key.clone(), *seq), value.clone());
+                    }
+                    Change::DelHistory { key, seq } => {
+                        self.history.remove(&(key.clone(), *seq));
                     }
                 }
             }

@@ -125,6 +125,8 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         next_token: 0,
         next_outbox: 0,
         stale_entities: Vec::new(),
+        steps: BTreeMap::new(),
+        history: BTreeMap::new(),
     };
     work.apply(&frames, stale_before);
     g.report.journal_frames = frames.len() as u64;
