@@ -370,7 +370,12 @@ fn write_history<W: Write>(out: &mut W, history: &[HistoryEntry], now: u64) -> C
                 h.step
                     .as_deref()
                     .map_or_else(|| "operation".to_string(), escape_controls),
-                escape_controls(&h.from),
+                // A new step's first entry has no state before it.
+                if h.from.is_empty() {
+                    "new".to_string()
+                } else {
+                    escape_controls(&h.from)
+                },
                 escape_controls(&h.to)
             );
             vec![

@@ -94,6 +94,11 @@ fn show_lists_steps_and_history() -> TestResult {
             .any(|l| l.contains("receipt: reserved -> unknown")),
         "{text}"
     );
+    // A step's first entry: no state before it.
+    assert!(
+        text.lines().any(|l| l.contains("charge: new -> reserved")),
+        "{text}"
+    );
 
     let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k1", "--json"], &db))?)?;
     let steps = v["steps"].as_array().ok_or("no steps")?;
