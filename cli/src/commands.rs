@@ -12,14 +12,14 @@ use std::fmt;
 use std::io::Write;
 
 use idempotency::{
-    Corrupted, Damage, Engine, Envelope, IdempotencyKey, PurgeMode, RecordFilter, RecordInfo,
-    Resolution, State,
+    Actor, Corrupted, Damage, Engine, Envelope, HistoryEntry, IdempotencyKey, PurgeMode,
+    RecordFilter, RecordInfo, Resolution, State, StepInfo, StepResolution,
 };
 use serde_json::{json, Value};
 
 use crate::envelope_json;
 use crate::render::{
-    self, bytes_for_line, bytes_for_terminal, escape_controls, human_ms, relative, when,
+    self, bytes_for_line, bytes_for_terminal, escape_controls, evidence, human_ms, relative, when,
 };
 
 /// What a command returns: any error, printed by `main` on one line.
@@ -162,11 +162,20 @@ fn corrupt_json(e: &idempotency::Error) -> Value {
 /// `idem show`: one record with every field and its stored response.
 pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &mut W) -> CliResult {
     let now = engine.clock().now_ms();
-    let info = engine
-        .record(key)?
-        .ok_or_else(|| CliError(format!("no record for {key}")))?;
+    let record = engine.record(key)?;
+    let steps = engine.steps(key)?;
+    let history = engine.history(key)?;
+    let Some(info) = record else {
+        if steps.is_empty() && history.is_empty() {
+            return Err(CliError(format!("no record for {key}")).into());
+        }
+        return show_released(key, &steps, &history, now, json, out);
+    };
     if json {
-        return print_json(out, &record_json(&info, now));
+        let mut value = record_json(&info, now);
+        value["steps"] = Value::Array(steps.iter().map(step_json).collect());
+        value["history"] = Value::Array(history.iter().map(history_json).collect());
+        return print_json(out, &value);
     }
     let opt_when = |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| when(t, now));
     let or_dash = |s: &str| {
@@ -212,6 +221,176 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
         None => writeln!(out, "{:<15}-", "response:")?,
         Some(env) => write_envelope(out, env)?,
     }
+    write_steps(out, &steps)?;
+    write_history(out, &history, now)?;
+    Ok(())
+}
+
+/// `show` for a key whose record was released to resume (every step
+/// settled, some confirmed): no record, but its steps and history are
+/// kept for the next claim, which skips the confirmed calls.
+fn show_released<W: Write>(
+    key: &IdempotencyKey,
+    steps: &[StepInfo],
+    history: &[HistoryEntry],
+    now: u64,
+    json: bool,
+    out: &mut W,
+) -> CliResult {
+    const STATE: &str = "released to resume: the next request with this key claims it and \
+        skips the steps confirmed";
+    if json {
+        let value = json!({
+            "scope": key.scope(),
+            "key": key.key(),
+            "state": Value::Null,
+            "note": STATE,
+            "steps": steps.iter().map(step_json).collect::<Vec<_>>(),
+            "history": history.iter().map(history_json).collect::<Vec<_>>(),
+        });
+        return print_json(out, &value);
+    }
+    writeln!(out, "{:<15}{}", "scope:", escape_controls(key.scope()))?;
+    writeln!(out, "{:<15}{}", "key:", escape_controls(key.key()))?;
+    writeln!(out, "{:<15}- ({STATE})", "state:")?;
+    write_steps(out, steps)?;
+    write_history(out, history, now)?;
+    Ok(())
+}
+
+/// Whether a step still waits for its provider's answer (the key cannot
+/// settle before it has).
+fn unsettled(step: &StepInfo) -> bool {
+    !step.state.is_settled()
+}
+
+/// Who made a history entry: `claim #7`, `resolver`, `operator (REASON)`,
+/// `sweeper`.
+fn actor_text(actor: &Actor) -> String {
+    match actor {
+        Actor::Claim { fencing_token } => format!("claim #{fencing_token}"),
+        Actor::Resolver => "resolver".to_string(),
+        Actor::Operator { reason } => format!("operator ({})", escape_controls(reason)),
+        Actor::Sweeper => "sweeper".to_string(),
+        other => escape_controls(&other.to_string()),
+    }
+}
+
+fn actor_json(actor: &Actor) -> Value {
+    match actor {
+        Actor::Claim { fencing_token } => json!({"kind": "claim", "fencing_token": fencing_token}),
+        Actor::Resolver => json!({"kind": "resolver"}),
+        Actor::Operator { reason } => json!({"kind": "operator", "reason": reason}),
+        Actor::Sweeper => json!({"kind": "sweeper"}),
+        other => json!({"kind": other.to_string()}),
+    }
+}
+
+/// Evidence bytes in JSON: `text` when they are valid UTF-8, else `hex`;
+/// always the whole value (the text views truncate).
+fn evidence_json(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => json!({"bytes": bytes.len(), "text": text}),
+        Err(_) => json!({"bytes": bytes.len(), "hex": render::hex(bytes)}),
+    }
+}
+
+fn step_json(step: &StepInfo) -> Value {
+    json!({
+        "name": step.name,
+        "reference": step.reference,
+        "state": step.state.as_str(),
+        "attempts": step.attempts,
+        "reserved_at_ms": step.reserved_at_ms,
+        "settled_at_ms": step.settled_at_ms,
+        "age_ms": duration_ms(step.age),
+        "evidence": step.evidence.as_deref().map(evidence_json),
+    })
+}
+
+fn history_json(entry: &HistoryEntry) -> Value {
+    json!({
+        "seq": entry.seq,
+        "at_ms": entry.at_ms,
+        "actor": actor_json(&entry.actor),
+        "step": entry.step,
+        "from": entry.from,
+        "to": entry.to,
+        "evidence": evidence_json(&entry.evidence),
+    })
+}
+
+/// `show`'s steps: name, reference, state, attempts, age, evidence.
+fn write_steps<W: Write>(out: &mut W, steps: &[StepInfo]) -> CliResult {
+    if steps.is_empty() {
+        writeln!(out, "{:<15}-", "steps:")?;
+        return Ok(());
+    }
+    writeln!(out, "steps:")?;
+    let rows: Vec<Vec<String>> = steps
+        .iter()
+        .map(|s| {
+            vec![
+                format!("  {}", escape_controls(&s.name)),
+                escape_controls(&s.reference),
+                s.state.as_str().to_string(),
+                s.attempts.to_string(),
+                human_ms(duration_ms(s.age)),
+                s.evidence
+                    .as_deref()
+                    .map_or_else(|| "-".to_string(), evidence),
+            ]
+        })
+        .collect();
+    let header = [
+        "  NAME",
+        "REFERENCE",
+        "STATE",
+        "ATTEMPTS",
+        "AGE",
+        "EVIDENCE",
+    ];
+    render::table(out, &header, &rows)?;
+    Ok(())
+}
+
+/// `show`'s history, oldest first: when, who, what (`charge: RESERVED ->
+/// CONFIRMED`, or the operation's own move), evidence.
+fn write_history<W: Write>(out: &mut W, history: &[HistoryEntry], now: u64) -> CliResult {
+    if history.is_empty() {
+        writeln!(out, "{:<15}-", "history:")?;
+        return Ok(());
+    }
+    writeln!(out, "history:")?;
+    let rows: Vec<Vec<String>> = history
+        .iter()
+        .map(|h| {
+            let what = format!(
+                "{}: {} -> {}",
+                h.step
+                    .as_deref()
+                    .map_or_else(|| "operation".to_string(), escape_controls),
+                // A new step's first entry has no state before it.
+                if h.from.is_empty() {
+                    "new".to_string()
+                } else {
+                    escape_controls(&h.from)
+                },
+                escape_controls(&h.to)
+            );
+            vec![
+                format!("  {}", when(h.at_ms, now)),
+                actor_text(&h.actor),
+                what,
+                if h.evidence.is_empty() {
+                    "-".to_string()
+                } else {
+                    evidence(&h.evidence)
+                },
+            ]
+        })
+        .collect();
+    render::table(out, &["  WHEN", "WHO", "WHAT", "EVIDENCE"], &rows)?;
     Ok(())
 }
 
@@ -293,6 +472,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                     "age_ms": now.saturating_sub(p.claimed_at_ms),
                     "in_doubt_ms": duration_ms(p.age),
                     "reason": p.reason,
+                    "steps": p.steps.iter().filter(|s| unsettled(s)).map(step_json).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -312,6 +492,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                 p.attempts.to_string(),
                 human_ms(now.saturating_sub(p.claimed_at_ms)),
                 human_ms(duration_ms(p.age)),
+                unsettled_steps(&p.steps),
                 escape_controls(&p.reason),
             ]
         })
@@ -323,10 +504,35 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
         "ATTEMPTS",
         "AGE",
         "IN DOUBT",
+        "UNSETTLED STEPS",
         "REASON",
     ];
     render::table(out, &header, &rows)?;
     Ok(())
+}
+
+/// The UNSETTLED STEPS cell: `charge (UNKNOWN, 3 attempts, 42s)` for each
+/// step still waiting for its provider's answer, `-` for none.
+fn unsettled_steps(steps: &[StepInfo]) -> String {
+    let cells: Vec<String> = steps
+        .iter()
+        .filter(|s| unsettled(s))
+        .map(|s| {
+            format!(
+                "{} ({}, {} attempt{}, {})",
+                escape_controls(&s.name),
+                s.state.as_str(),
+                s.attempts,
+                if s.attempts == 1 { "" } else { "s" },
+                human_ms(duration_ms(s.age))
+            )
+        })
+        .collect();
+    if cells.is_empty() {
+        "-".to_string()
+    } else {
+        cells.join("; ")
+    }
 }
 
 /// `idem resolve`: settles one UNKNOWN record by hand.
@@ -334,6 +540,7 @@ pub fn resolve<W: Write>(
     engine: &Engine,
     key: &IdempotencyKey,
     resolution: Resolution,
+    reason: &str,
     out: &mut W,
 ) -> CliResult {
     let what = match &resolution {
@@ -347,10 +554,37 @@ pub fn resolve<W: Write>(
         }
         Resolution::StillInDoubt => "still unknown".to_string(),
     };
-    // Placeholder until `idem resolve --reason` (helper DEMO's change)
-    // passes the operator's reason through.
-    engine.resolve(key, resolution, "idem resolve")?;
+    engine.resolve(key, resolution, reason)?;
     writeln!(out, "resolved {key} as {what}")?;
+    Ok(())
+}
+
+/// `idem resolve --step`: settles one effect step of an in-doubt record by
+/// hand; the key settles once all its steps have.
+pub fn resolve_step<W: Write>(
+    engine: &Engine,
+    key: &IdempotencyKey,
+    step: &str,
+    resolution: StepResolution,
+    reason: &str,
+    out: &mut W,
+) -> CliResult {
+    let what = match &resolution {
+        StepResolution::Executed(evidence) => format!(
+            "executed ({} evidence bytes): the next attempt skips the call",
+            evidence.len()
+        ),
+        StepResolution::NotExecuted => {
+            "not executed: the next attempt makes the call under the same reference".to_string()
+        }
+        StepResolution::StillUnknown => "still unknown".to_string(),
+    };
+    engine.resolve_step(key, step, resolution, reason)?;
+    writeln!(
+        out,
+        "resolved step {} of {key} as {what}",
+        escape_controls(step)
+    )?;
     Ok(())
 }
 

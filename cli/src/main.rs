@@ -29,6 +29,7 @@ use std::process::ExitCode;
 use clap::{ArgGroup, Parser, Subcommand};
 use idempotency::{
     Engine, EngineBuilder, IdempotencyKey, OpenError, RecordFilter, Resolution, State,
+    StepResolution,
 };
 
 use crate::commands::{CliError, CliResult};
@@ -67,7 +68,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show one record with every field and its stored response.
+    /// Show one record with every field, its stored response, its effect
+    /// steps and its history (the evidence log).
     Show {
         /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
@@ -81,7 +83,8 @@ enum Command {
         json: bool,
     },
     /// List records in doubt awaiting recovery, oldest first: UNKNOWN ones
-    /// and PROCESSING ones whose lease has ended.
+    /// and PROCESSING ones whose lease has ended, each with its effect
+    /// steps not yet settled (their attempts and age).
     Unknown {
         /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
@@ -92,8 +95,10 @@ enum Command {
         #[arg(long)]
         limit: Option<usize>,
     },
-    /// Settle one UNKNOWN record after checking with the provider.
-    #[command(group(ArgGroup::new("outcome").required(true).args(["not_executed", "completed"])))]
+    /// Settle one UNKNOWN record, or one of its effect steps (--step), after
+    /// checking with the provider. --reason is required and recorded in the
+    /// key's history.
+    #[command(group(ArgGroup::new("outcome").required(true).args(["not_executed", "completed", "executed"])))]
     Resolve {
         /// The database file, or a PostgreSQL connection string.
         db: PathBuf,
@@ -101,18 +106,31 @@ enum Command {
         scope: String,
         /// The record's key.
         key: String,
-        /// The work never happened: release the key so the next request
-        /// executes afresh.
-        #[arg(
-            long,
-            required_unless_present = "completed",
-            conflicts_with = "completed"
-        )]
+        /// Why you settle it this way (what the provider said, a ticket):
+        /// written to the key's history with the settlement. Required, and
+        /// not blank.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// Settle this effect step only (by its name, as `idem show`
+        /// lists it), with --executed or --not-executed. The key settles
+        /// once all its steps have.
+        #[arg(long, value_name = "NAME", conflicts_with = "completed")]
+        step: Option<String>,
+        /// Without --step: the work never happened, release the key so the
+        /// next request executes afresh. With --step: the provider never
+        /// executed that call; the next attempt makes it under the same
+        /// reference.
+        #[arg(long)]
         not_executed: bool,
         /// The work happened and this was its response (see cli/README.md
         /// for the file's shape). Later requests replay it.
         #[arg(long, value_name = "ENVELOPE.json")]
         completed: Option<PathBuf>,
+        /// With --step: the provider executed the call; EVIDENCE (its
+        /// answer, as text) is recorded with the step, and the next
+        /// attempt skips the call.
+        #[arg(long, value_name = "EVIDENCE", requires = "step")]
+        executed: Option<String>,
     },
     /// Run one sweep pass: stale claims to UNKNOWN, expired records deleted
     /// or tombstoned.
@@ -256,18 +274,44 @@ fn run<W: Write, E: Write>(
             db,
             scope,
             key,
+            reason,
+            step,
             not_executed,
             completed,
+            executed,
         } => {
             let key = IdempotencyKey::parse_any(&scope, &key)?;
+            if reason.trim().is_empty() {
+                return Err(UsageError(
+                    "--reason must say why (what the provider said, a ticket): it is \
+                     recorded in the key's history"
+                        .into(),
+                )
+                .into());
+            }
+            // clap enforces exactly one outcome, --completed without --step
+            // and --executed with it.
+            if let Some(step) = step {
+                let resolution = match (not_executed, executed) {
+                    (true, None) => StepResolution::NotExecuted,
+                    (false, Some(evidence)) => StepResolution::Executed(evidence.into_bytes()),
+                    _ => return Err(UsageError("give --executed or --not-executed".into()).into()),
+                };
+                let engine = open(&db, builder())?;
+                return commands::resolve_step(&engine, &key, &step, resolution, &reason, out);
+            }
             let resolution = match (not_executed, completed) {
                 (true, None) => Resolution::NotExecuted,
                 (false, Some(path)) => Resolution::Completed(read_envelope(&path)?),
-                // clap enforces exactly one of the two.
-                _ => return Err(CliError("give --not-executed or --completed".into()).into()),
+                _ => {
+                    return Err(UsageError(
+                        "give --not-executed or --completed (--executed needs --step)".into(),
+                    )
+                    .into())
+                }
             };
             let engine = open(&db, builder())?;
-            commands::resolve(&engine, &key, resolution, out)
+            commands::resolve(&engine, &key, resolution, &reason, out)
         }
         Command::Sweep { db } => commands::sweep(&open(&db, builder())?, out),
         Command::Stats { db, json } => commands::stats(&open_read_only(&db, builder())?, json, out),
@@ -389,6 +433,10 @@ fn is_usage(e: &(dyn StdError + 'static)) -> bool {
         || matches!(
             e.downcast_ref::<OpenError>(),
             Some(OpenError::InvalidTablePrefix { .. })
+        )
+        || matches!(
+            e.downcast_ref::<idempotency::Error>(),
+            Some(idempotency::Error::ReasonRequired)
         )
 }
 

@@ -95,6 +95,31 @@ fn bytes_shown(bytes: &[u8], multi_line: bool) -> String {
     }
 }
 
+/// How many characters of evidence a table cell shows before it is cut.
+pub const EVIDENCE_CHARS: usize = 60;
+
+/// Evidence bytes for a table cell: printable UTF-8 (no control or
+/// bidirectional formatting characters) as text, anything else as
+/// `<N bytes> ` and a hex prefix; text longer than [`EVIDENCE_CHARS`] is
+/// cut and ends in `… (N bytes)`.
+pub fn evidence(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) if !s.chars().any(|c| c.is_control() || is_bidi_control(c)) => {
+            if s.chars().count() <= EVIDENCE_CHARS {
+                s.to_string()
+            } else {
+                let cut: String = s.chars().take(EVIDENCE_CHARS).collect();
+                format!("{cut}… ({} bytes)", bytes.len())
+            }
+        }
+        _ => {
+            let shown = &bytes[..bytes.len().min(HEX_PREFIX_BYTES)];
+            let more = if bytes.len() > shown.len() { "…" } else { "" };
+            format!("<{} bytes> {}{more}", bytes.len(), hex(shown))
+        }
+    }
+}
+
 /// Escapes a value shown on one line (a table cell, a `show` field):
 /// every control character, newline and tab included, so stored text
 /// cannot add a row or a field, and the bidirectional formatting
@@ -149,6 +174,19 @@ mod tests {
         let shown = bytes_for_terminal(&long);
         assert!(shown.starts_with("<40 bytes> 808182"), "{shown}");
         assert!(shown.ends_with("9f…"), "{shown}");
+    }
+
+    #[test]
+    fn evidence_is_printable_text_or_hex_and_cut() {
+        assert_eq!(evidence(b"ch_42"), "ch_42");
+        assert_eq!(evidence(b"a\nb"), "<3 bytes> 610a62");
+        assert_eq!(evidence(&[0xff, 0x01]), "<2 bytes> ff01");
+        let long = "x".repeat(100);
+        let shown = evidence(long.as_bytes());
+        assert_eq!(
+            shown,
+            format!("{}… (100 bytes)", "x".repeat(EVIDENCE_CHARS))
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! backend than on the other. One scenario is written to both (with the
 //! same manual clock, so the records' stored instants are equal): records
 //! in every state (PROCESSING with a live lease, PROCESSING whose lease ran
-//! out, COMPLETED with an outbox message, FINAL_FAILURE, two UNKNOWN,
+//! out, COMPLETED with an outbox message, FINAL_FAILURE, two UNKNOWN, an
+//! UNKNOWN one with two effect steps (one confirmed, one in doubt),
 //! TOMBSTONE). Then every command runs on both, read-only ones first, then
 //! the writing ones (including refusals: resolve of a key that is not
 //! UNKNOWN, a purge that needs `--force`, show of a missing key), then
@@ -30,7 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::pg::{client, pg_url, unique_prefix};
 use common::*;
 use idempotency::{
-    Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, ManualClock, OutgoingMessage,
+    Begin, EffectStep, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, ManualClock,
+    OutgoingMessage,
 };
 use serde_json::Value;
 
@@ -75,6 +77,14 @@ fn populate(engine: Engine, clock: &ManualClock) -> TestResult {
         let reason = "provider timed out".to_string();
         engine.fail(c, Failure::InDoubt { reason })?;
     }
+    // Two effect steps: the charge confirmed, the receipt in flight when
+    // the claim failed in doubt (so it is unknown).
+    let c = claim(&engine, &key("shop:refund", "h-steps")?, fp(r#"{"n":8}"#)?)?;
+    assert!(matches!(c.effect("charge")?, EffectStep::Run { .. }));
+    c.confirm("charge", b"ch_8")?;
+    assert!(matches!(c.effect("receipt")?, EffectStep::Run { .. }));
+    let reason = "receipt provider timed out".to_string();
+    engine.fail(c, Failure::InDoubt { reason })?;
     let running = begin(&engine, "f-running", 48 * HOUR)?;
     let stale = begin(&engine, "g-stale", Duration::from_secs(30))?;
     assert_eq!(engine.outbox().len()?, 1);
@@ -338,6 +348,7 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
         ("shop:refund", "e-unknown"),
         ("shop:pay", "f-running"),
         ("shop:pay", "g-stale"),
+        ("shop:refund", "h-steps"),
     ];
     let read_only: Vec<Vec<&str>> = vec![
         vec!["stats"],
@@ -364,8 +375,32 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
     // Refusals and missing records: exit 1 on both, same message.
     for args in [
         vec!["show", "shop:pay", "zz-missing"],
-        vec!["resolve", "shop:pay", "b-done", "--not-executed"],
-        vec!["resolve", "shop:pay", "zz-missing", "--not-executed"],
+        vec![
+            "resolve",
+            "shop:pay",
+            "b-done",
+            "--not-executed",
+            "--reason",
+            "r",
+        ],
+        vec![
+            "resolve",
+            "shop:pay",
+            "zz-missing",
+            "--not-executed",
+            "--reason",
+            "r",
+        ],
+        vec![
+            "resolve",
+            "shop:refund",
+            "h-steps",
+            "--step",
+            "refund",
+            "--not-executed",
+            "--reason",
+            "r",
+        ],
         vec!["purge", "shop:refund", "d-unknown"],
         vec!["purge", "shop:pay", "zz-missing"],
     ] {
@@ -392,15 +427,42 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
     }
     // Usage errors: exit 2 on both.
     assert_eq!(agree(&redb, &pg, &["inspect", "--state", "DONE"])?, Some(2));
+    // A resolve without --reason (clap's usage line names --table-prefix
+    // on PostgreSQL, so only the exit code and the message are compared).
+    for db in [&redb, &pg] {
+        let (code, _, err) = db.run(&["resolve", "shop:refund", "d-unknown", "--not-executed"])?;
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("--reason <TEXT>"), "{err}");
+    }
     // The writing commands.
     for args in [
-        vec!["resolve", "shop:refund", "d-unknown", "--not-executed"],
+        vec![
+            "resolve",
+            "shop:refund",
+            "d-unknown",
+            "--not-executed",
+            "--reason",
+            "no refund at the provider",
+        ],
         vec![
             "resolve",
             "shop:refund",
             "e-unknown",
             "--completed",
             envelope,
+            "--reason",
+            "refund r_5 found",
+        ],
+        vec![
+            "resolve",
+            "shop:refund",
+            "h-steps",
+            "--step",
+            "receipt",
+            "--executed",
+            "msg_8",
+            "--reason",
+            "receipt found in the mail log",
         ],
         vec!["purge", "shop:pay", "c-failed"],
         vec!["sweep"],
@@ -414,6 +476,8 @@ fn every_command_prints_the_same_on_redb_and_postgresql() -> TestResult {
         vec!["unknown", "--json"],
         vec!["show", "shop:refund", "e-unknown", "--json"],
         vec!["show", "shop:pay", "g-stale"],
+        vec!["show", "shop:refund", "h-steps"],
+        vec!["show", "shop:refund", "h-steps", "--json"],
     ] {
         assert_eq!(agree(&redb, &pg, &args)?, Some(0), "idem {args:?}");
     }

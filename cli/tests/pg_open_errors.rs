@@ -94,7 +94,7 @@ fn no_tables_under_the_prefix_is_an_error_and_creates_none() -> TestResult {
         vec!["unknown"],
         vec!["verify"],
         vec!["sweep"],
-        vec!["resolve", "shop", "k", "--not-executed"],
+        vec!["resolve", "shop", "k", "--not-executed", "--reason", "r"],
         vec!["purge", "shop", "k"],
     ] {
         let mut v = vec![args[0], url.as_str()];

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::pg::{checksums, client, pg_url, select_only_role, unique_prefix};
 use common::*;
-use idempotency::{Begin, Engine, Envelope, Failure, ManualClock, OutgoingMessage};
+use idempotency::{Begin, EffectStep, Engine, Envelope, Failure, ManualClock, OutgoingMessage};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -34,6 +34,12 @@ fn populate(url: &str, prefix: &str) -> TestResult {
     let message = OutgoingMessage::new("payments", "p_1");
     engine.complete_with_messages(c, Envelope::new(1, 201, "ok"), vec![message])?;
     let c = claim(&engine, &key("shop", "unknown")?, fp("{}")?)?;
+    let reason = "provider timed out".to_string();
+    engine.fail(c, Failure::InDoubt { reason })?;
+    // A key with an effect step in doubt: show and unknown read the step
+    // and history tables too.
+    let c = claim(&engine, &key("shop", "steps")?, fp("{}")?)?;
+    assert!(matches!(c.effect("charge")?, EffectStep::Run { .. }));
     let reason = "provider timed out".to_string();
     engine.fail(c, Failure::InDoubt { reason })?;
     let k = key("shop", "stale")?;
@@ -62,6 +68,8 @@ fn read_only_commands(db: &str, prefix: &str) -> Vec<Vec<String>> {
         with(&["inspect", "--json", "--state", "UNKNOWN"]),
         with(&["show", "shop", "expired"]),
         with(&["show", "shop", "stale", "--json"]),
+        with(&["show", "shop", "steps"]),
+        with(&["show", "shop", "steps", "--json"]),
         with(&["unknown"]),
         with(&["unknown", "--json"]),
         with(&["verify"]),
@@ -86,7 +94,7 @@ fn read_only_commands_write_nothing() -> TestResult {
     }
     // What they saw: the stale claim counts as UNKNOWN, nothing was swept.
     let stats = idem_ok(["stats", reader.as_str(), "--table-prefix", &prefix])?;
-    assert!(stats.contains("UNKNOWN        2"), "{stats}");
+    assert!(stats.contains("UNKNOWN        3"), "{stats}");
     assert!(stats.contains("expired        1"), "{stats}");
 
     assert_eq!(checksums(&mut admin, &prefix)?, before);

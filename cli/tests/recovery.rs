@@ -78,7 +78,17 @@ fn unknown_with_none_says_so() -> TestResult {
 fn resolve_not_executed_lets_the_next_begin_claim_afresh() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (db, _) = with_unknown(dir.path(), "k2")?;
-    let out = idem_ok(args(&["resolve", SCOPE, "k2", "--not-executed"], &db))?;
+    let out = idem_ok(args(
+        &[
+            "resolve",
+            SCOPE,
+            "k2",
+            "--not-executed",
+            "--reason",
+            "no charge at the provider",
+        ],
+        &db,
+    ))?;
     assert!(out.contains("not executed"), "{out}");
 
     let engine = engine(&db)?;
@@ -98,7 +108,10 @@ fn resolve_completed_makes_begin_replay_that_envelope() -> TestResult {
             "headers":[["content-type","application/json"]],
             "body":{"payment":"p_42"}}"#,
     )?;
-    let mut a = args(&["resolve", SCOPE, "k3", "--completed"], &db);
+    let mut a = args(
+        &["resolve", SCOPE, "k3", "--reason", "checked", "--completed"],
+        &db,
+    );
     a.push(file.into());
     let out = idem_ok(a)?;
     assert!(out.contains("status 201"), "{out}");
@@ -134,7 +147,10 @@ fn show_after_resolve_reports_the_reason_as_history() -> TestResult {
 
     let file = dir.path().join("envelope.json");
     std::fs::write(&file, r#"{"schema_version":1,"status":201,"body":"ok"}"#)?;
-    let mut a = args(&["resolve", SCOPE, "k7", "--completed"], &db);
+    let mut a = args(
+        &["resolve", SCOPE, "k7", "--reason", "checked", "--completed"],
+        &db,
+    );
     a.push(file.into());
     idem_ok(a)?;
 
@@ -197,7 +213,10 @@ fn resolve_refuses_a_bad_envelope_and_leaves_the_record_unknown() -> TestResult 
     let (db, _) = with_unknown(dir.path(), "k4")?;
     let file = dir.path().join("bad.json");
     std::fs::write(&file, r#"{"schema_version":1,"body":"x"}"#)?;
-    let mut a = args(&["resolve", SCOPE, "k4", "--completed"], &db);
+    let mut a = args(
+        &["resolve", SCOPE, "k4", "--reason", "checked", "--completed"],
+        &db,
+    );
     a.push(file.clone().into());
     let err = idem_err(a)?;
     assert!(
@@ -206,7 +225,10 @@ fn resolve_refuses_a_bad_envelope_and_leaves_the_record_unknown() -> TestResult 
     );
 
     let missing = dir.path().join("absent.json");
-    let mut a = args(&["resolve", SCOPE, "k4", "--completed"], &db);
+    let mut a = args(
+        &["resolve", SCOPE, "k4", "--reason", "checked", "--completed"],
+        &db,
+    );
     a.push(missing.into());
     let err = idem_err(a)?;
     assert!(
@@ -223,8 +245,28 @@ fn resolve_refuses_a_bad_envelope_and_leaves_the_record_unknown() -> TestResult 
 fn resolve_of_a_record_that_is_not_unknown_is_an_error() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (db, _) = with_unknown(dir.path(), "k5")?;
-    idem_ok(args(&["resolve", SCOPE, "k5", "--not-executed"], &db))?;
-    let err = idem_err(args(&["resolve", SCOPE, "k5", "--not-executed"], &db))?;
+    idem_ok(args(
+        &[
+            "resolve",
+            SCOPE,
+            "k5",
+            "--not-executed",
+            "--reason",
+            "checked",
+        ],
+        &db,
+    ))?;
+    let err = idem_err(args(
+        &[
+            "resolve",
+            SCOPE,
+            "k5",
+            "--not-executed",
+            "--reason",
+            "checked",
+        ],
+        &db,
+    ))?;
     assert!(err.contains(&format!("{SCOPE}/k5")), "{err}");
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! The demo: runs the API as a child process on a loopback port, drives
-//! real HTTP traffic at it, crashes and restarts it; then serves the same
-//! API inside this process on engines of its own, one on a manual clock
-//! (expiry) and one on a disk that fills up; then audits the provider's
-//! ledger for double and lost charges.
+//! real HTTP traffic at it, crashes and restarts it (an abort after the
+//! charge, a SIGKILL between the charge and the receipt); then serves the
+//! same API inside this process on engines of its own, one on a manual
+//! clock (expiry) and one on a disk that fills up; then audits both
+//! providers' ledgers for double and lost charges and receipts.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -13,18 +14,35 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
 
-use crate::provider::{read_ledger, Charge, DECLINE_ABOVE};
-use crate::server::{provider_path, DEFAULT_MISMATCH_STATUS, FAULT_HEADER};
+use crate::provider::{read_ledger, DECLINE_ABOVE};
+use crate::receipts::{read_receipts, receipts_path};
+use crate::server::{provider_path, DEFAULT_MISMATCH_STATUS, FAULT_HEADER, STEPS_HEADER};
 use crate::store::{Store, TABLE_PREFIX};
 
+mod audit;
 mod in_process;
+mod kill_between_steps;
+
+use audit::{ledger_count, receipt_count, Tally};
 
 type DemoResult<T> = Result<T, Box<dyn Error>>;
 
 /// The lease the demo's servers use: short, so the crash scenario's
 /// PROCESSING record becomes UNKNOWN quickly.
 const LEASE_MS: u64 = 1500;
+
+/// The fault a server child is started with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ServerFault {
+    None,
+    /// `--crash-after-charge`: abort after the first charge.
+    CrashAfterCharge,
+    /// `--crash-between-steps`: hold a payment once its charge is
+    /// confirmed, for the demo to SIGKILL.
+    PauseBetweenSteps,
+}
 
 /// A server child process.
 struct Server {
@@ -33,6 +51,8 @@ struct Server {
     base: String,
     /// Copies the server's stderr to ours until the server exits.
     stderr: tokio::task::JoinHandle<()>,
+    /// The server's stdout lines after "listening on".
+    stdout: mpsc::UnboundedReceiver<String>,
 }
 
 impl Server {
@@ -45,7 +65,7 @@ impl Server {
     /// `error`: the warnings a server logs in these scenarios (a claim
     /// dropped, a record moved to UNKNOWN) are what the narrative tells;
     /// errors (a failed commit, a poisoned engine) still show.
-    async fn start(store: &Store, ledger: &Path, crash_after_charge: bool) -> DemoResult<Server> {
+    async fn start(store: &Store, ledger: &Path, fault: ServerFault) -> DemoResult<Server> {
         let exe = std::env::current_exe()?;
         let mut cmd = Command::new(exe);
         cmd.args(["serve", "--addr", "127.0.0.1:0", "--exit-on-stdin-eof"])
@@ -62,8 +82,14 @@ impl Server {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "error");
         }
-        if crash_after_charge {
-            cmd.arg("--crash-after-charge");
+        match fault {
+            ServerFault::None => {}
+            ServerFault::CrashAfterCharge => {
+                cmd.arg("--crash-after-charge");
+            }
+            ServerFault::PauseBetweenSteps => {
+                cmd.arg("--crash-between-steps");
+            }
         }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -92,7 +118,12 @@ impl Server {
             .strip_prefix("listening on ")
             .ok_or_else(|| format!("unexpected server output: {first}"))?
             .to_string();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (tx, stdout) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = tx.send(line);
+            }
+        });
         let _ = tokio::time::timeout(Duration::from_secs(5), first_line).await;
         let stdin = child.stdin.take();
         Ok(Server {
@@ -100,7 +131,31 @@ impl Server {
             stdin,
             base,
             stderr,
+            stdout,
         })
+    }
+
+    /// The server's next stdout line that starts with `prefix`, waiting at
+    /// most `within`.
+    async fn line_starting(&mut self, prefix: &str, within: Duration) -> DemoResult<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.stdout.recv()).await {
+                Ok(Some(line)) if line.starts_with(prefix) => return Ok(line),
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(format!("the server exited before {prefix:?}").into()),
+                Err(_) => return Err(format!("no {prefix:?} within {within:?}").into()),
+            }
+        }
+    }
+
+    /// Kills the server with SIGKILL (no shutdown of any kind: the engine
+    /// and the providers stop mid-request) and waits for it to exit.
+    async fn kill(&mut self) -> DemoResult<std::process::ExitStatus> {
+        // tokio sends SIGKILL on Unix.
+        self.child.start_kill()?;
+        self.exited().await
     }
 
     /// Closes its standard input (graceful shutdown) and waits for it.
@@ -137,6 +192,7 @@ struct Row {
     name: &'static str,
     requests: u32,
     charges: usize,
+    receipts: usize,
     replays: u32,
     conflicts: u32,
     recovered: u32,
@@ -149,10 +205,21 @@ struct Answer {
     status: Option<u16>,
     replayed: bool,
     retry_after: Option<u64>,
+    /// The `x-payment-steps` header: what each step did in the run that
+    /// answered (`charge=confirmed-earlier, receipt=sent`).
+    steps: Option<String>,
     body: serde_json::Value,
 }
 
 impl Answer {
+    /// Whether the run that answered skipped the charge because an
+    /// earlier attempt's charge was confirmed (a resumed payment).
+    fn resumed(&self) -> bool {
+        self.steps
+            .as_deref()
+            .is_some_and(|s| s.contains("charge=confirmed-earlier"))
+    }
+
     fn problem_type(&self) -> &str {
         self.body["type"]
             .as_str()
@@ -165,6 +232,7 @@ impl Answer {
     }
 }
 
+#[derive(Clone)]
 struct Client {
     http: reqwest::Client,
     base: String,
@@ -210,11 +278,17 @@ impl Client {
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse().ok());
+                let steps = r
+                    .headers()
+                    .get(STEPS_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
                 let body = r.json().await.unwrap_or(serde_json::Value::Null);
                 Answer {
                     status,
                     replayed,
                     retry_after,
+                    steps,
                     body,
                 }
             }
@@ -222,6 +296,7 @@ impl Client {
                 status: None,
                 replayed: false,
                 retry_after: None,
+                steps: None,
                 body: serde_json::Value::Null,
             },
         }
@@ -264,94 +339,6 @@ impl Audit {
     }
 }
 
-/// The provider's charges for the keys under one prefix, against what the
-/// client was told.
-struct Tally {
-    /// Keys the client saw succeed.
-    succeeded: usize,
-    charges: usize,
-    /// Keys charged more than once.
-    charged_twice: usize,
-    /// Keys the client saw succeed without a charge, or charged without
-    /// the client learning of it.
-    lost: usize,
-    /// Each problem, naming its key.
-    problems: Vec<String>,
-}
-
-impl Tally {
-    fn of(charges: &[Charge], prefix: &str, audit: &Audit) -> Tally {
-        let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for c in charges.iter().filter(|c| c.client_key.starts_with(prefix)) {
-            by_key.entry(&c.client_key).or_default().push(&c.id);
-        }
-        let told: BTreeMap<&str, &str> = audit
-            .succeeded
-            .iter()
-            .filter(|(key, _)| key.starts_with(prefix))
-            .map(|(key, id)| (key.as_str(), id.as_str()))
-            .collect();
-        let mut tally = Tally {
-            succeeded: told.len(),
-            charges: by_key.values().map(Vec::len).sum(),
-            charged_twice: 0,
-            lost: 0,
-            problems: Vec::new(),
-        };
-        for (key, ids) in &by_key {
-            if ids.len() > 1 {
-                tally.charged_twice += 1;
-                tally
-                    .problems
-                    .push(format!("{key}: charged {} times: {ids:?}", ids.len()));
-            }
-        }
-        for (key, told) in &told {
-            match by_key.get(key).map(Vec::as_slice) {
-                Some([id]) if id == told => {}
-                Some(ids) => tally.problems.push(format!(
-                    "{key}: client was told {told}, provider has {ids:?}"
-                )),
-                None => {
-                    tally.lost += 1;
-                    tally.problems.push(format!(
-                        "{key}: client was told {told}, provider has no charge"
-                    ));
-                }
-            }
-        }
-        for key in by_key.keys() {
-            if !told.contains_key(key) {
-                tally.lost += 1;
-                tally.problems.push(format!(
-                    "{key}: charged, but the client never learned of it"
-                ));
-            }
-        }
-        for key in audit.refused.iter().filter(|k| k.starts_with(prefix)) {
-            if by_key.contains_key(key.as_str()) {
-                tally
-                    .problems
-                    .push(format!("{key}: refused to the client, yet charged"));
-            }
-        }
-        tally
-    }
-
-    /// A phase's own audit line (the final audit repeats every check).
-    fn print_phase(ledger: &Path, prefix: &str, audit: &Audit) -> DemoResult<()> {
-        let tally = Tally::of(&read_ledger(ledger)?.charges, prefix, audit);
-        println!(
-            "    audit: {} succeeded for the client, {}, {} charged twice, {} lost",
-            plural(tally.succeeded, "payment"),
-            plural(tally.charges, "charge"),
-            tally.charged_twice,
-            tally.lost
-        );
-        Ok(())
-    }
-}
-
 /// `1 payment`, `2 payments`.
 fn plural(n: usize, word: &str) -> String {
     if n == 1 {
@@ -361,24 +348,13 @@ fn plural(n: usize, word: &str) -> String {
     }
 }
 
-/// The rows' charges come from the provider's own ledger. The server may
-/// be appending while this reads, so a partial last line is not counted;
-/// a corrupt line is an error.
-fn ledger_count(ledger: &Path, run: &str) -> DemoResult<usize> {
-    Ok(read_ledger(ledger)?
-        .charges
-        .iter()
-        .filter(|c| c.client_key.starts_with(run))
-        .count())
-}
-
 /// Runs the whole demo on `store` (a redb file in a temporary directory
 /// if `None`); `Ok(false)` if any check failed.
 pub async fn run(store: Option<Store>) -> DemoResult<bool> {
     let started = Instant::now();
     let tempdir = tempfile::tempdir()?;
     let store = store.unwrap_or_else(|| Store::Redb(tempdir.path().join("payments.redb")));
-    // The provider's ledger: beside a redb file, else a temporary file.
+    // The providers' ledgers: beside a redb file, else temporary files.
     let ledger = match store.redb_path() {
         Some(db) => provider_path(db),
         None => tempdir.path().join("payments.provider.jsonl"),
@@ -393,20 +369,41 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
         }
     }
     println!("provider file  {}", ledger.display());
+    println!("receipt file   {}", receipts_path(&ledger).display());
     println!("key prefix     {run}");
 
-    let server = Server::start(&store, &ledger, false).await?;
+    let server = Server::start(&store, &ledger, ServerFault::None).await?;
     println!("server         {} (child process)", server.base);
     let mut client = Client::new(server.base.clone(), Duration::from_secs(10))?;
     let mut audit = Audit::default();
     let mut rows = Vec::new();
 
-    rows.push(concurrent_duplicates(&client, &mut audit, &ledger, &run).await?);
-    rows.push(lost_responses(&client, &mut audit, &ledger, &run).await?);
-    rows.push(tampered_retry(&client, &mut audit, &ledger, &run).await?);
-    rows.push(declined(&client, &mut audit, &ledger, &run).await?);
-    rows.push(provider_timeout(&client, &mut audit, &ledger, &run).await?);
-    rows.push(client_hangs_up(&client, &mut audit, &ledger, &run).await?);
+    // Each phase counts its charges; its receipts are counted around it.
+    let mut receipts = receipt_count(&ledger, &run)?;
+    let mut counted = |mut row: Row| -> DemoResult<Row> {
+        let now = receipt_count(&ledger, &run)?;
+        row.receipts = now - receipts;
+        receipts = now;
+        Ok(row)
+    };
+    rows.push(counted(
+        concurrent_duplicates(&client, &mut audit, &ledger, &run).await?,
+    )?);
+    rows.push(counted(
+        lost_responses(&client, &mut audit, &ledger, &run).await?,
+    )?);
+    rows.push(counted(
+        tampered_retry(&client, &mut audit, &ledger, &run).await?,
+    )?);
+    rows.push(counted(
+        declined(&client, &mut audit, &ledger, &run).await?,
+    )?);
+    rows.push(counted(
+        provider_timeout(&client, &mut audit, &ledger, &run).await?,
+    )?);
+    rows.push(counted(
+        client_hangs_up(&client, &mut audit, &ledger, &run).await?,
+    )?);
 
     // Crash: restart with fault injection, charge, abort, restart, retry.
     server.stop().await?;
@@ -417,10 +414,11 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
         ..Row::default()
     };
     println!("\n== {}", row.name);
-    let mut crashing = Server::start(&store, &ledger, true).await?;
+    let mut crashing = Server::start(&store, &ledger, ServerFault::CrashAfterCharge).await?;
     client.base = crashing.base.clone();
     println!(
-        "    server restarted on {} to abort right after the provider charges",
+        "    server restarted on {} to abort right after the provider charges, before the \
+         charge step is confirmed",
         crashing.base
     );
     let first = client.pay(&key, 4_200, "crash", None).await;
@@ -436,62 +434,92 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
     audit.expect(!status.success(), || {
         "the crashing server exited cleanly".into()
     });
-    let restarted = Server::start(&store, &ledger, false).await?;
+    let restarted = Server::start(&store, &ledger, ServerFault::None).await?;
     client.base = restarted.base.clone();
     println!(
         "    server restarted on {}, without fault injection",
         restarted.base
     );
-    retry_until_replayed(&client, &mut audit, &mut row, &key, 4_200, "crash retry").await;
-    row.charges = ledger_count(&ledger, &run)? - before;
-    if row.recovered == 1 {
+    if let Some(answer) =
+        retry_until_settled(&client, &mut audit, &mut row, &key, 4_200, "crash retry").await
+    {
+        audit.expect(answer.replayed || answer.resumed(), || {
+            format!("{key}: the retry charged again ({:?})", answer.steps)
+        });
         println!(
-            "    settled by the resolver: replayed {}",
-            audit.succeeded.get(&key).map_or("nothing", String::as_str)
+            "    settled: the resolver found charge {} at the provider under the step's \
+             reference; {}",
+            answer.payment_id().unwrap_or_default(),
+            if answer.replayed {
+                "replayed".to_owned()
+            } else {
+                format!(
+                    "the retry skipped the charge and sent the receipt ({})",
+                    answer.steps.as_deref().unwrap_or("-")
+                )
+            }
         );
     }
-    rows.push(row);
+    row.charges = ledger_count(&ledger, &run)? - before;
+    rows.push(counted(row)?);
     restarted.stop().await?;
 
-    // Every child server has stopped: the phases below run the API in this
-    // process, each on an engine of its own, with the provider on the same
-    // ledger.
-    rows.push(in_process::expiry(&mut audit, &ledger, &run, tempdir.path()).await?);
-    rows.push(in_process::disk_full(&mut audit, &ledger, &run).await?);
+    // SIGKILL between the two calls: charge confirmed, receipt not sent.
+    rows.push(counted(
+        kill_between_steps::phase(&store, &mut client, &mut audit, &ledger, &run).await?,
+    )?);
 
-    // The audit, from the provider's own ledger. Every server has stopped,
-    // so the ledger must be whole: a torn or unparsable one fails the audit
-    // (it could hide a charge).
-    let contents = match read_ledger(&ledger) {
-        Ok(contents) => contents,
-        Err(e) => {
-            audit.fail(format!("the ledger cannot be audited: {e}"));
+    // Every child server has stopped: the phases below run the API in this
+    // process, each on an engine of its own, with the providers on the
+    // same ledgers.
+    rows.push(counted(
+        in_process::expiry(&mut audit, &ledger, &run, tempdir.path()).await?,
+    )?);
+    rows.push(counted(
+        in_process::disk_full(&mut audit, &ledger, &run).await?,
+    )?);
+
+    // The audit, from the providers' own ledgers. Every server has
+    // stopped, so the ledgers must be whole: a torn or unparsable one
+    // fails the audit (it could hide a charge or a receipt).
+    let receipt_ledger = receipts_path(&ledger);
+    let contents = match (read_ledger(&ledger), read_receipts(&receipt_ledger)) {
+        (Ok(charges), Ok(receipts)) => (charges, receipts),
+        (Err(e), _) | (_, Err(e)) => {
+            audit.fail(format!("the ledgers cannot be audited: {e}"));
             print_table(&rows);
             println!("FAILED: {} check(s) failed", audit.failures.len());
             return Ok(false);
         }
     };
-    if contents.torn_tail_bytes > 0 {
-        audit.fail(format!(
-            "{}: a torn last line ({} bytes) after every server stopped",
-            ledger.display(),
-            contents.torn_tail_bytes
-        ));
+    for (path, torn) in [
+        (&ledger, contents.0.torn_tail_bytes),
+        (&receipt_ledger, contents.1.torn_tail_bytes),
+    ] {
+        if torn > 0 {
+            audit.fail(format!(
+                "{}: a torn last line ({torn} bytes) after every server stopped",
+                path.display(),
+            ));
+        }
     }
-    let tally = Tally::of(&contents.charges, &run, &audit);
-    for problem in &tally.problems {
+    let charges = Tally::charges(&contents.0.entries, &run, &audit);
+    let receipts = Tally::receipts(&contents.1.entries, &run, &audit);
+    for problem in charges.problems.iter().chain(&receipts.problems) {
         audit.fail(problem.clone());
     }
 
     print_table(&rows);
     println!(
-        "\naudit of the provider ledger: {} payments succeeded for the client, {} charges, \
-         {} charged twice, {} lost",
-        tally.succeeded, tally.charges, tally.charged_twice, tally.lost,
+        "\naudit of both providers' ledgers: {}",
+        Tally::line(&charges, &receipts)
     );
     println!("finished in {:.1} s", started.elapsed().as_secs_f64());
     if audit.failures.is_empty() {
-        println!("OK: every payment the client saw succeed was charged exactly once");
+        println!(
+            "OK: every payment the client saw succeed was charged exactly once and receipted \
+             exactly once"
+        );
         Ok(true)
     } else {
         println!("FAILED: {} check(s) failed", audit.failures.len());
@@ -501,22 +529,23 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "\n{:<28} {:>8} {:>8} {:>8} {:>9} {:>9}",
-        "scenario", "requests", "charges", "replays", "conflicts", "recovered"
+        "\n{:<32} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+        "scenario", "requests", "charges", "receipts", "replays", "conflicts", "recovered"
     );
-    println!("{}", "-".repeat(75));
+    println!("{}", "-".repeat(88));
     let mut total = Row {
         name: "total",
         ..Row::default()
     };
     for r in rows.iter().chain(std::iter::once(&Row::default())) {
         if r.name.is_empty() {
-            println!("{}", "-".repeat(75));
+            println!("{}", "-".repeat(88));
             println!(
-                "{:<28} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                "{:<32} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
                 total.name,
                 total.requests,
                 total.charges,
+                total.receipts,
                 total.replays,
                 total.conflicts,
                 total.recovered
@@ -524,11 +553,12 @@ fn print_table(rows: &[Row]) {
             break;
         }
         println!(
-            "{:<28} {:>8} {:>8} {:>8} {:>9} {:>9}",
-            r.name, r.requests, r.charges, r.replays, r.conflicts, r.recovered
+            "{:<32} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            r.name, r.requests, r.charges, r.receipts, r.replays, r.conflicts, r.recovered
         );
         total.requests += r.requests;
         total.charges += r.charges;
+        total.receipts += r.receipts;
         total.replays += r.replays;
         total.conflicts += r.conflicts;
         total.recovered += r.recovered;
@@ -701,8 +731,11 @@ async fn declined(client: &Client, audit: &mut Audit, ledger: &Path, run: &str) 
     Ok(row)
 }
 
-/// The provider charges, then the call times out: 503 and UNKNOWN. The
-/// retry is settled by the resolver asking the provider: a replay.
+/// The provider charges, then the call times out: 503, the key and its
+/// charge step UNKNOWN. The retry has the resolver ask the provider about
+/// the step by its reference: charged, so the step is confirmed with the
+/// provider's answer, and the retry resumes: it skips the charge and sends
+/// the receipt.
 async fn provider_timeout(
     client: &Client,
     audit: &mut Audit,
@@ -724,25 +757,22 @@ async fn provider_timeout(
         format!("{key}: got {:?} {}", first.status, first.body)
     });
     println!(
-        "    first attempt: {} (provider charged, then timed out)",
+        "    first attempt: {} (provider charged, then timed out: the charge step is in doubt)",
         first.status.unwrap_or(0)
     );
-    let retry = client.pay(&key, 3_100, "slow provider", None).await;
-    row.requests += 1;
-    audit.expect(retry.status == Some(201) && retry.replayed, || {
-        format!("{key}: retry got {:?} {}", retry.status, retry.body)
-    });
-    if retry.status == Some(201) {
-        row.replays += u32::from(retry.replayed);
-        row.recovered += u32::from(retry.replayed);
-        audit.success(&key, &retry);
+    if let Some(retry) =
+        retry_until_settled(client, audit, &mut row, &key, 3_100, "slow provider").await
+    {
+        audit.expect(retry.resumed() || retry.replayed, || {
+            format!("{key}: the retry charged again ({:?})", retry.steps)
+        });
+        println!(
+            "    retry: 201 (the resolver found charge {} under the step's reference; the retry \
+             skipped the charge: {})",
+            retry.payment_id().unwrap_or_default(),
+            retry.steps.as_deref().unwrap_or("replayed")
+        );
     }
-    println!(
-        "    retry: {} replayed={} (the resolver found charge {})",
-        retry.status.unwrap_or(0),
-        retry.replayed,
-        retry.payment_id().unwrap_or_default()
-    );
     row.charges = ledger_count(ledger, run)? - before;
     Ok(row)
 }
@@ -752,7 +782,10 @@ async fn provider_timeout(
 /// started still runs: the key answers 409 in progress until the resolver
 /// finds the charge at the provider (asked at most once a second while the
 /// claim's lease runs; a "not executed" heard before the charge landed
-/// waits for the lease end). One charge, and the retry replays it.
+/// waits for the lease end). One charge: the retry resumes (the charge
+/// step confirmed from the provider's answer, the receipt sent), or, had
+/// the step been found not executed, calls again under the same reference,
+/// which the provider dedupes.
 async fn client_hangs_up(
     client: &Client,
     audit: &mut Audit,
@@ -777,12 +810,13 @@ async fn client_hangs_up(
     });
     println!("    first attempt: client gave up after 50 ms (provider call in flight)");
     if let Some(answer) =
-        retry_until_replayed(client, audit, &mut row, &key, 1_900, "impatient").await
+        retry_until_settled(client, audit, &mut row, &key, 1_900, "impatient").await
     {
         println!(
-            "    retry: 201 replayed={} (charge {})",
+            "    retry: 201 replayed={} (charge {}; {})",
             answer.replayed,
-            answer.payment_id().unwrap_or_default()
+            answer.payment_id().unwrap_or_default(),
+            answer.steps.as_deref().unwrap_or("replayed")
         );
     }
     row.charges = ledger_count(ledger, run)? - before;
@@ -794,9 +828,11 @@ async fn client_hangs_up(
 
 /// Retries `key` until it is answered 201, for at most 20 s, waiting as
 /// `Retry-After` says (at most 2 s) after each 409 processing or 503. The
-/// 201 must be a replay: the work ran once already, and recovery settled it.
-/// Returns that answer, or `None` (recorded as an audit failure).
-async fn retry_until_replayed(
+/// 201 is a replay (recovery completed the payment) or a resumed run (its
+/// steps settled, the calls already made skipped); the ledgers' audit
+/// checks that no call was made twice. Returns that answer, or `None`
+/// (recorded as an audit failure).
+async fn retry_until_settled(
     client: &Client,
     audit: &mut Audit,
     row: &mut Row,
@@ -810,11 +846,8 @@ async fn retry_until_replayed(
         row.requests += 1;
         match answer.status {
             Some(201) => {
-                audit.expect(answer.replayed, || {
-                    format!("{key}: the retry ran the payment again")
-                });
                 row.replays += u32::from(answer.replayed);
-                row.recovered += u32::from(answer.replayed);
+                row.recovered += 1;
                 audit.success(key, &answer);
                 return Some(answer);
             }

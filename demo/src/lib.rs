@@ -5,6 +5,8 @@
 
 pub mod demo;
 pub mod disk;
+pub mod ledger;
 pub mod provider;
+pub mod receipts;
 pub mod server;
 pub mod store;

@@ -3,6 +3,9 @@
 //! `postgres` feature), a simulated payment provider that keeps
 //! its own durable ledger and dedupes charges by the claim's reference, and
 //! a resolver that asks the provider what happened to an UNKNOWN payment.
+//! Each payment makes two calls, each an effect step of its claim: the
+//! charge, then a receipt through a second simulated provider with a
+//! ledger of its own.
 //!
 //! ```text
 //! cargo run --release -p payments-demo -- demo
@@ -13,15 +16,17 @@
 //! `demo` runs the server as a child process on an ephemeral loopback port
 //! and drives real HTTP traffic at it: 20 concurrent duplicates, lost
 //! responses retried, a tampered retry, a declined card, a provider timeout
-//! after the charge, and a server crash (abort) between the provider's
-//! charge and the recorded outcome, followed by a restart and a retry.
+//! after the charge, a server crash (abort) between the provider's
+//! charge and its confirmation, and a SIGKILL between the two calls
+//! (charge confirmed, receipt not sent), each followed by a restart and a
+//! retry that resumes.
 //! Then it serves the same API inside its own process on two engines of
 //! its own: one on a manual clock, where a payment's key expires (TTL,
 //! sweep, a tombstone answered 409, never charged again), and one on an
 //! in-memory disk that fills up (503s, writes refused, space freed, the
 //! database reopened, retries replayed, never charged twice). It then
-//! audits the provider's ledger and exits 1 if any payment was charged
-//! twice or lost, or if the ledger is torn or unreadable. Its files go to a
+//! audits both providers' ledgers and exits 1 if any payment was charged
+//! or receipted twice or lost, or if a ledger is torn or unreadable. Its files go to a
 //! fresh temporary directory unless `--store` names a redb file or a
 //! PostgreSQL database (then only the provider's ledger is a temporary file);
 //! the expiry phase's engine file is always a temporary one.
@@ -45,7 +50,8 @@ const USAGE: &str = "usage:
   payments serve [--addr ADDR] [--store STORE] [--ledger PATH] [--lease-ms MS]
                  [--ttl DURATION] [--expiry tombstone|tombstone:DURATION|forget]
                  [--header-read-timeout DURATION] [--mismatch-status 422|409|400]
-                 [--crash-after-charge] [--exit-on-stdin-eof]
+                 [--crash-after-charge] [--crash-between-steps]
+                 [--exit-on-stdin-eof]
 
 STORE holds the idempotency records: the path of a redb file, or a PostgreSQL
 connection string (postgres://USER@HOST:PORT/DB or 'host=H port=P user=U
@@ -64,10 +70,15 @@ gets after that: `tombstone` (409 for the tombstone's lifetime, never a second
 charge) or `forget` (the key is new again: a retry that late charges again).
 --mismatch-status: the answer to a key reused with a different request: 422
 (the IETF Idempotency-Key draft's), 409 or 400 (Stripe's).
-The simulated provider keeps its own ledger file: by default beside a redb
-store (payments.redb -> payments.provider.jsonl) and payments.provider.jsonl
-with PostgreSQL; --ledger names another. demo keeps it in a temporary
-directory unless STORE is a redb file.
+The simulated card provider keeps its own ledger file: by default beside a
+redb store (payments.redb -> payments.provider.jsonl) and
+payments.provider.jsonl with PostgreSQL; --ledger names another. The receipt
+provider's ledger is beside it (payments.receipts.jsonl). demo keeps both in
+a temporary directory unless STORE is a redb file.
+--crash-after-charge aborts the server right after the first charge, before
+its step is confirmed; --crash-between-steps holds each payment once its
+charge is confirmed, before the receipt is sent, and prints a line on stdout
+(the demo then kills the server with SIGKILL).
 Logs (the engine's and the HTTP layer's events) go to stderr at the level
 RUST_LOG names (off, error, warn, info, debug or trace): serve logs warn and
 above by default. demo prints its narrative on stdout and its servers'
@@ -101,6 +112,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut header_read_timeout = Duration::from_secs(10);
     let mut mismatch_status = server::DEFAULT_MISMATCH_STATUS;
     let mut crash_after_charge = false;
+    let mut pause_between_steps = false;
     let mut exit_on_stdin_eof = false;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -118,6 +130,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
                 mismatch_status = parse_mismatch_status(&value()?)?;
             }
             "--crash-after-charge" if command == "serve" => crash_after_charge = true,
+            "--crash-between-steps" if command == "serve" => pause_between_steps = true,
             "--exit-on-stdin-eof" if command == "serve" => exit_on_stdin_eof = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -161,6 +174,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
                 header_read_timeout,
                 mismatch_status,
                 crash_after_charge,
+                pause_between_steps,
                 exit_on_stdin_eof,
             }))?;
             Ok(ExitCode::SUCCESS)

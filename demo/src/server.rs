@@ -1,7 +1,15 @@
 //! The payments API: axum behind the idempotency layer, the engine on a
-//! redb file or a PostgreSQL database, the simulated provider with its own
-//! ledger file, and a resolver that asks the provider what happened to an
-//! UNKNOWN payment.
+//! redb file or a PostgreSQL database, two simulated providers with a
+//! ledger file each (the card provider, then the receipt provider), and a
+//! resolver that asks them what happened to an UNKNOWN payment's calls.
+//!
+//! A payment makes two external calls, each an effect step of its claim:
+//! `effect("charge")` durably reserves the step and hands out its
+//! reference, the card provider is called with that reference as its
+//! idempotency key, and `confirm("charge", charge)` records the answer;
+//! then the same for `"receipt"`. A retry after a crash resumes: a step
+//! confirmed before the crash is skipped (its evidence is the provider's
+//! answer), and only the calls that did not happen are made.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,12 +25,32 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
-use idempotency::{Engine, EngineBuilder, Envelope, ExpiryPolicy, InDoubt, Resolution};
+use idempotency::{
+    EffectStep, Effects, Engine, EngineBuilder, Envelope, ExpiryPolicy, InDoubt, InDoubtStep,
+    Resolution, Resolver, StepInfo, StepResolution, StepState,
+};
 use serde::Deserialize;
 use tracing_subscriber::filter::LevelFilter;
 
 use crate::provider::{Charge, ChargeError, Fault, Provider};
+use crate::receipts::{receipts_path, Receipt, Receipts};
 use crate::store::Store;
+
+/// The payment's first effect step: the card charge.
+pub const CHARGE_STEP: &str = "charge";
+
+/// The payment's second effect step: the receipt sent to the customer.
+pub const RECEIPT_STEP: &str = "receipt";
+
+/// Response header naming what each step did in this run, e.g.
+/// `charge=confirmed-earlier, receipt=sent`: `made` (called now),
+/// `confirmed-earlier` (an earlier attempt's call, skipped now).
+pub const STEPS_HEADER: &str = "x-payment-steps";
+
+/// What `serve --crash-between-steps` prints on stdout once a payment's
+/// charge is confirmed and before its receipt is sent; the server then
+/// holds the request until it is killed (the demo sends SIGKILL).
+pub const BETWEEN_STEPS_LINE: &str = "between steps: charge confirmed, receipt not sent";
 
 /// Request header for the demo's fault injection: `provider-timeout` makes
 /// the provider charge and then time out; `slow` charges, then holds the
@@ -67,21 +95,61 @@ pub struct ServeOptions {
     /// Abort the process right after the provider charged, before the
     /// outcome is recorded (fault injection for the demo).
     pub crash_after_charge: bool,
+    /// Once a payment's charge is confirmed, print [`BETWEEN_STEPS_LINE`]
+    /// and hold the request (before the receipt is sent) until the process
+    /// is killed (fault injection for the demo's SIGKILL between the two
+    /// calls).
+    pub pause_between_steps: bool,
     /// Shut down when standard input closes (how the demo stops its child
     /// servers gracefully).
     pub exit_on_stdin_eof: bool,
 }
 
 /// The provider's ledger file for an engine file: `payments.redb` →
-/// `payments.provider.jsonl`.
+/// `payments.provider.jsonl` (the receipt provider's is beside it,
+/// `payments.receipts.jsonl`, see [`receipts_path`]).
 pub fn provider_path(db: &Path) -> PathBuf {
     db.with_extension("provider.jsonl")
 }
 
+/// The two simulated providers a payment calls.
+#[derive(Clone)]
+pub struct Providers {
+    /// The card provider: charges.
+    pub cards: Arc<Provider>,
+    /// The receipt provider: sends the receipt after the charge.
+    pub receipts: Arc<Receipts>,
+}
+
+impl Providers {
+    /// Opens the card provider's ledger at `ledger` and the receipt
+    /// provider's beside it ([`receipts_path`]).
+    ///
+    /// # Errors
+    /// Either ledger cannot be opened (I/O, a corrupt line).
+    pub fn open(ledger: &Path) -> std::io::Result<Providers> {
+        Ok(Providers {
+            cards: Arc::new(Provider::open(ledger)?),
+            receipts: Arc::new(Receipts::open(&receipts_path(ledger))?),
+        })
+    }
+}
+
+/// The faults `serve` injects on purpose (the demo's crash phases).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Abort right after the provider charged, before the charge step is
+    /// confirmed.
+    pub crash_after_charge: bool,
+    /// Hold each payment between its two calls (charge confirmed, receipt
+    /// not sent) after printing [`BETWEEN_STEPS_LINE`].
+    pub pause_between_steps: bool,
+}
+
 #[derive(Clone)]
 struct AppState {
-    provider: Arc<Provider>,
-    crash_after_charge: bool,
+    providers: Providers,
+    faults: Faults,
 }
 
 /// A payment request. The fingerprint covers `amount`, `currency` and
@@ -109,20 +177,19 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", opts.addr))?;
-    let (provider, engine) = {
-        let mut files = vec![opts.ledger.as_path()];
+    let receipts = receipts_path(&opts.ledger);
+    let (providers, engine) = {
+        let mut files = vec![opts.ledger.as_path(), receipts.as_path()];
         files.extend(opts.store.redb_path());
         let cleanup = RemoveOnFailure::new(&files);
-        let provider = Arc::new(
-            Provider::open(&opts.ledger)
-                .map_err(|e| format!("cannot open the provider ledger: {e}"))?,
-        );
+        let providers = Providers::open(&opts.ledger)
+            .map_err(|e| format!("cannot open the providers' ledgers: {e}"))?;
         let builder = with_resolver(
             Engine::builder()
                 .lease(opts.lease)
                 .ttl(opts.ttl)
                 .expiry_policy(opts.expiry),
-            provider.clone(),
+            providers.clone(),
         );
         // Engine calls block the calling thread; on PostgreSQL, opening
         // (and closing) one on a runtime thread even panics, because the
@@ -134,25 +201,35 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             .map_err(|e| format!("opening the engine failed: {e}"))?
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
         cleanup.disarm();
-        (provider, Arc::new(engine))
+        (providers, Arc::new(engine))
     };
 
+    let faults = Faults {
+        crash_after_charge: opts.crash_after_charge,
+        pause_between_steps: opts.pause_between_steps,
+    };
     let app = app(
         engine.clone(),
-        provider.clone(),
-        opts.crash_after_charge,
+        providers.clone(),
+        faults,
         opts.mismatch_status,
     );
 
     eprintln!(
-        "engine {}, provider ledger {}, lease {} ms, ttl {} s, expiry {:?}{}",
+        "engine {}, provider ledger {}, receipt ledger {}, lease {} ms, ttl {} s, expiry {:?}{}{}",
         opts.store,
-        provider.path().display(),
+        providers.cards.path().display(),
+        providers.receipts.path().display(),
         opts.lease.as_millis(),
         opts.ttl.as_secs(),
         opts.expiry,
         if opts.crash_after_charge {
             ", will abort after the first charge"
+        } else {
+            ""
+        },
+        if opts.pause_between_steps {
+            ", will hold each payment between its charge and its receipt"
         } else {
             ""
         }
@@ -237,10 +314,10 @@ pub fn init_logging(default: LevelFilter) {
         .try_init();
 }
 
-/// The engine settings of `builder`, plus the resolver that asks `provider`
-/// what happened to an UNKNOWN payment.
-pub fn with_resolver(builder: EngineBuilder, provider: Arc<Provider>) -> EngineBuilder {
-    builder.resolver(move |pending: &InDoubt| resolve(&provider, pending))
+/// The engine settings of `builder`, plus the resolver that asks the
+/// providers what happened to an UNKNOWN payment's calls.
+pub fn with_resolver(builder: EngineBuilder, providers: Providers) -> EngineBuilder {
+    builder.resolver(PaymentResolver { providers })
 }
 
 /// The API: `POST /payments` behind the idempotency layer (a key required
@@ -250,11 +327,11 @@ pub fn with_resolver(builder: EngineBuilder, provider: Arc<Provider>) -> EngineB
 /// answered `mismatch_status`), `GET /payments/{id}` and
 /// `GET /charges?key=KEY` (the charges made for a client's key: the
 /// conformance kit's execution count), charging through `provider`.
-/// `crash_after_charge` aborts the process after the first charge.
+/// `faults` injects the demo's crashes.
 pub fn app(
     engine: Arc<Engine>,
-    provider: Arc<Provider>,
-    crash_after_charge: bool,
+    providers: Providers,
+    faults: Faults,
     mismatch_status: StatusCode,
 ) -> Router {
     let layer = IdempotencyLayer::new(engine)
@@ -268,10 +345,7 @@ pub fn app(
         // instead of holding its slot and connection (the head of a
         // request is bounded by `--header-read-timeout`).
         .body_read_timeout(Duration::from_secs(10));
-    let state = AppState {
-        provider,
-        crash_after_charge,
-    };
+    let state = AppState { providers, faults };
     Router::new()
         .route("/payments", post(create_payment))
         .route("/payments/{id}", get(get_payment))
@@ -295,14 +369,19 @@ impl InProcess {
     /// # Errors
     ///
     /// When no loopback port can be bound.
-    pub async fn start(engine: Arc<Engine>, provider: Arc<Provider>) -> std::io::Result<InProcess> {
+    pub async fn start(engine: Arc<Engine>, providers: Providers) -> std::io::Result<InProcess> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let app = app(engine, provider, false, DEFAULT_MISMATCH_STATUS);
+        let app = app(
+            engine,
+            providers,
+            Faults::default(),
+            DEFAULT_MISMATCH_STATUS,
+        );
         let task = tokio::spawn(serve_http1(
             listener,
             app,
@@ -414,19 +493,88 @@ async fn stdin_closed() {
     .await;
 }
 
-/// The resolver: the provider is asked by the claim's reference. Charged →
-/// the response the handler would have sent; unknown to the provider → the
-/// payment never happened, so a retry may run it afresh; the provider
-/// cannot tell (its ledger is broken) → still unknown, never "not executed".
-fn resolve(provider: &Provider, pending: &InDoubt) -> Resolution {
-    match provider.status(&pending.reference) {
-        Ok(Some(charge)) => Resolution::Completed(payment_envelope(&charge)),
-        Ok(None) => Resolution::NotExecuted,
-        Err(e) => {
-            eprintln!("resolver: {}: {e}", pending.reference);
-            Resolution::StillInDoubt
+/// The resolver: each call is settled by asking its own provider by the
+/// step's reference, never by calling again.
+struct PaymentResolver {
+    providers: Providers,
+}
+
+impl Resolver for PaymentResolver {
+    /// A key without effect steps never reserved a call (a step is durable
+    /// before its call is made), unless it was charged by a server older
+    /// than steps, which charged by the claim's reference: asked by that.
+    /// Charged → the response the handler would have sent; unknown to the
+    /// provider → never happened, a retry may run it afresh; the provider
+    /// cannot tell (its ledger is broken) → still unknown, never "not
+    /// executed".
+    fn resolve(&self, pending: &InDoubt) -> Resolution {
+        match self.providers.cards.status(&pending.reference) {
+            Ok(Some(charge)) => Resolution::Completed(payment_envelope(&charge)),
+            Ok(None) => Resolution::NotExecuted,
+            Err(e) => {
+                eprintln!("resolver: {}: {e}", pending.reference);
+                Resolution::StillInDoubt
+            }
         }
     }
+
+    /// A step whose call may have happened: its provider's ledger has the
+    /// answer under the step's reference (the evidence is that entry, as
+    /// the handler would have confirmed it), or has nothing (not executed:
+    /// the next attempt calls under the same reference), or cannot tell.
+    fn resolve_step(&self, step: &InDoubtStep) -> StepResolution {
+        let found = match step.name.as_str() {
+            CHARGE_STEP => self
+                .providers
+                .cards
+                .status(&step.reference)
+                .map(|c| c.map(|c| charge_evidence(&c))),
+            RECEIPT_STEP => self
+                .providers
+                .receipts
+                .status(&step.reference)
+                .map(|r| r.map(|r| receipt_evidence(&r))),
+            other => {
+                eprintln!("resolver: no provider for step {other:?}");
+                return StepResolution::StillUnknown;
+            }
+        };
+        match found {
+            Ok(Some(evidence)) => StepResolution::Executed(evidence),
+            Ok(None) => StepResolution::NotExecuted,
+            Err(e) => {
+                eprintln!("resolver: {} step {}: {e}", step.key, step.reference);
+                StepResolution::StillUnknown
+            }
+        }
+    }
+
+    /// Both calls happened: the payment's response is the charge's, so
+    /// the key completes without running the handler again. With only the
+    /// charge made, `None`: the next attempt resumes (skips the charge,
+    /// sends the receipt).
+    fn complete_from_steps(&self, _in_doubt: &InDoubt, steps: &[StepInfo]) -> Option<Envelope> {
+        let confirmed = |name: &str| {
+            steps
+                .iter()
+                .find(|s| s.name == name && matches!(s.state, StepState::Confirmed))
+                .and_then(|s| s.evidence.as_deref())
+        };
+        confirmed(RECEIPT_STEP)?;
+        let charge = serde_json::from_slice::<Charge>(confirmed(CHARGE_STEP)?).ok()?;
+        Some(payment_envelope(&charge))
+    }
+}
+
+/// The charge step's evidence: the provider's charge as JSON (about 200
+/// bytes, well under the engine's evidence bound).
+fn charge_evidence(charge: &Charge) -> Vec<u8> {
+    serde_json::to_vec(charge).unwrap_or_default()
+}
+
+/// The receipt step's evidence: the provider's receipt as JSON.
+fn receipt_evidence(receipt: &Receipt) -> Vec<u8> {
+    serde_json::to_vec(receipt).unwrap_or_default()
 }
 
 /// The JSON body of a payment.
@@ -463,8 +611,19 @@ fn outcome_in_doubt(status: StatusCode, title: &str) -> Response {
 }
 
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
+    problem_with_type(status, "about:blank", title, detail)
+}
+
+/// The demo's own problem types: `tag:payments-demo.invalid,2026:problems#NAME`
+/// (a tag URI, never fetched, as the layer's are).
+fn problem_of_type(status: StatusCode, name: &str, title: &str, detail: &str) -> Response {
+    let type_uri = format!("tag:payments-demo.invalid,2026:problems#{name}");
+    problem_with_type(status, &type_uri, title, detail)
+}
+
+fn problem_with_type(status: StatusCode, type_uri: &str, title: &str, detail: &str) -> Response {
     let body = serde_json::json!({
-        "type": "about:blank",
+        "type": type_uri,
         "title": title,
         "status": status.as_u16(),
         "detail": detail,
@@ -480,13 +639,15 @@ fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
 async fn create_payment(
     State(app): State<AppState>,
     // Always there: the layer requires a key on every POST, so each one
-    // that reaches this handler is claimed. `Option` all the same, so that
-    // a change to the layer's settings is a 500 problem, not axum's 500.
+    // that reaches this handler is claimed, and the layer puts the claim's
+    // `Effects` beside its `ClaimInfo`. `Option` all the same, so that a
+    // change to the layer's settings is a 500 problem, not axum's 500.
     claim: Option<Extension<ClaimInfo>>,
+    effects: Option<Extension<Effects>>,
     headers: HeaderMap,
     Json(req): Json<CreatePayment>,
 ) -> Response {
-    let Some(Extension(claim)) = claim else {
+    let (Some(Extension(claim)), Some(Extension(effects))) = (claim, effects) else {
         eprintln!("payments: a POST /payments reached the handler without a claim");
         return problem(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -509,72 +670,210 @@ async fn create_payment(
         Some(b"slow") => (Fault::None, true),
         _ => (Fault::None, false),
     };
-    let provider = app.provider.clone();
     let client_key = claim.key.key().to_owned();
-    // The provider call blocks (latency, fsync): keep it off the runtime's
-    // worker threads. The claim's reference is the provider's dedupe key.
-    let charged = tokio::task::spawn_blocking(move || {
-        provider.charge(
-            &claim.reference,
-            req.amount,
-            &req.currency,
-            &client_key,
-            fault,
-        )
-    })
-    .await;
-    match charged {
-        Ok(Ok(charge)) => {
-            if app.crash_after_charge {
-                // Charged at the provider, outcome not recorded: exactly
-                // the window the resolver exists for.
-                eprintln!("fault injection: aborting after charge {}", charge.id);
-                std::process::abort();
-            }
-            if slow {
-                // Charged, outcome not yet recorded: the key is in flight.
-                tokio::time::sleep(SLOW).await;
-            }
-            let envelope = payment_envelope(&charge);
-            let mut response = (StatusCode::CREATED, envelope.body).into_response();
-            for (name, value) in envelope.headers {
-                if let (Ok(name), Ok(value)) = (
-                    header::HeaderName::from_bytes(name.as_bytes()),
-                    HeaderValue::from_bytes(&value),
-                ) {
-                    response.headers_mut().insert(name, value);
+
+    // Step 1, the charge: reserved durably before the call, made with the
+    // step's reference as the provider's idempotency key, confirmed with
+    // the provider's answer. An earlier attempt's confirmed charge is
+    // skipped.
+    let (charge, charge_done) = match effects.effect_async(CHARGE_STEP).await {
+        Ok(EffectStep::Run { reference }) => {
+            let cards = app.providers.cards.clone();
+            let (amount, currency, key) = (req.amount, req.currency.clone(), client_key.clone());
+            // The provider call blocks (latency, fsync): keep it off the
+            // runtime's worker threads.
+            let charged = tokio::task::spawn_blocking(move || {
+                cards.charge(&reference, amount, &currency, &key, fault)
+            })
+            .await;
+            match charged {
+                Ok(Ok(charge)) => {
+                    if app.faults.crash_after_charge {
+                        // Charged at the provider, step not confirmed:
+                        // exactly the window the step resolver exists for.
+                        eprintln!("fault injection: aborting after charge {}", charge.id);
+                        std::process::abort();
+                    }
+                    if let Err(e) = effects
+                        .confirm_async(CHARGE_STEP, &charge_evidence(&charge))
+                        .await
+                    {
+                        eprintln!("payments: charge {} made, not confirmed: {e}", charge.id);
+                        return not_recorded();
+                    }
+                    (charge, "made")
+                }
+                Ok(Err(ChargeError::Declined)) => {
+                    // The provider said no: nothing was charged, and the
+                    // step records that answer.
+                    if let Err(e) = effects.reject_async(CHARGE_STEP, b"declined").await {
+                        eprintln!("payments: a declined charge not recorded: {e}");
+                        return not_recorded();
+                    }
+                    return declined();
+                }
+                Ok(Err(ChargeError::Timeout)) => {
+                    // The provider may have charged: never retry blindly.
+                    // The layer marks the key UNKNOWN (the charge step with
+                    // it); a retry asks the resolver about the step.
+                    let mut response = outcome_in_doubt(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Payment provider timed out",
+                    );
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return response;
+                }
+                Ok(Err(ChargeError::Io(e))) => {
+                    // The ledger write failed: the charge may or may not be
+                    // durable. The cause (paths, OS errors) goes to the
+                    // log, not to clients.
+                    eprintln!("payments: the provider's ledger write failed: {e}");
+                    return outcome_in_doubt(StatusCode::BAD_GATEWAY, "Payment provider failed");
+                }
+                Err(join) => {
+                    eprintln!("payments: the charge task failed: {join}");
+                    return outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed");
                 }
             }
-            response
         }
-        Ok(Err(ChargeError::Declined)) => problem(
-            StatusCode::PAYMENT_REQUIRED,
-            "Card declined",
-            "the provider declined the charge",
-        ),
-        Ok(Err(ChargeError::Timeout)) => {
-            // The provider may have charged: never retry blindly. The
-            // layer marks the key UNKNOWN; a retry asks the resolver.
-            let mut response = outcome_in_doubt(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Payment provider timed out",
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            response
+        Ok(EffectStep::Confirmed { evidence, .. }) => {
+            match serde_json::from_slice::<Charge>(&evidence) {
+                Ok(charge) => (charge, "confirmed-earlier"),
+                Err(e) => {
+                    eprintln!("payments: a confirmed charge's evidence does not parse: {e}");
+                    return outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed");
+                }
+            }
         }
-        Ok(Err(ChargeError::Io(e))) => {
-            // The ledger write failed: the charge may or may not be durable.
-            // The cause (paths, OS errors) goes to the log, not to clients.
-            eprintln!("payments: the provider's ledger write failed: {e}");
-            outcome_in_doubt(StatusCode::BAD_GATEWAY, "Payment provider failed")
+        Ok(EffectStep::Failed { .. }) => return declined(),
+        Err(e) => {
+            // Nothing was called in this attempt (the reservation is
+            // written before the call), but an earlier attempt may have
+            // acted: in doubt, so the key is settled, never re-run blindly.
+            eprintln!("payments: the charge step could not be reserved: {e}");
+            return step_not_recorded();
         }
-        Err(join) => {
-            eprintln!("payments: the charge task failed: {join}");
-            outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed")
+    };
+
+    if app.faults.pause_between_steps && charge_done == "made" {
+        // The demo kills the process here (SIGKILL): the charge is
+        // confirmed, the receipt not sent.
+        println!("{BETWEEN_STEPS_LINE}: {}", charge.id);
+        std::future::pending::<()>().await;
+    }
+
+    // Step 2, the receipt: the same, with the receipt provider.
+    let receipt_done = match effects.effect_async(RECEIPT_STEP).await {
+        Ok(EffectStep::Run { reference }) => {
+            let receipts = app.providers.receipts.clone();
+            let (charge_id, customer, key) =
+                (charge.id.clone(), req.customer.clone(), client_key.clone());
+            let sent = tokio::task::spawn_blocking(move || {
+                receipts.send(&reference, &charge_id, &customer, &key)
+            })
+            .await;
+            match sent {
+                Ok(Ok(receipt)) => {
+                    if let Err(e) = effects
+                        .confirm_async(RECEIPT_STEP, &receipt_evidence(&receipt))
+                        .await
+                    {
+                        eprintln!("payments: receipt {} sent, not confirmed: {e}", receipt.id);
+                        return not_recorded();
+                    }
+                    "sent"
+                }
+                Ok(Err(e)) => {
+                    eprintln!("payments: the receipt provider's ledger write failed: {e}");
+                    return outcome_in_doubt(StatusCode::BAD_GATEWAY, "Receipt provider failed");
+                }
+                Err(join) => {
+                    eprintln!("payments: the receipt task failed: {join}");
+                    return outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed");
+                }
+            }
+        }
+        Ok(EffectStep::Confirmed { .. }) => "confirmed-earlier",
+        Ok(EffectStep::Failed { .. }) => {
+            // This handler never rejects a receipt step.
+            eprintln!("payments: a receipt step recorded as failed");
+            return outcome_in_doubt(StatusCode::INTERNAL_SERVER_ERROR, "Payment failed");
+        }
+        Err(e) => {
+            eprintln!("payments: the receipt step could not be reserved: {e}");
+            return step_not_recorded();
+        }
+    };
+
+    if slow {
+        // Charged and receipted, outcome not yet recorded: the key is in
+        // flight.
+        tokio::time::sleep(SLOW).await;
+    }
+    let envelope = payment_envelope(&charge);
+    let mut response = (StatusCode::CREATED, envelope.body).into_response();
+    for (name, value) in envelope.headers {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(&value),
+        ) {
+            response.headers_mut().insert(name, value);
         }
     }
+    if let Ok(steps) = HeaderValue::from_str(&format!(
+        "{CHARGE_STEP}={charge_done}, {RECEIPT_STEP}={receipt_done}"
+    )) {
+        response
+            .headers_mut()
+            .insert(header::HeaderName::from_static(STEPS_HEADER), steps);
+    }
+    response
+}
+
+fn declined() -> Response {
+    problem(
+        StatusCode::PAYMENT_REQUIRED,
+        "Card declined",
+        "the provider declined the charge",
+    )
+}
+
+/// A provider answered but its step could not be recorded (storage
+/// failing): in doubt, so a retry settles the step with the provider
+/// instead of calling it again.
+fn not_recorded() -> Response {
+    let mut response = problem_of_type(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "call-not-recorded",
+        "Call not recorded",
+        "the payment's outcome is being checked with the provider; retry later with the same \
+         Idempotency-Key",
+    );
+    response.extensions_mut().insert(Disposition::InDoubt);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// A step could not be reserved (storage failing): its call was not made.
+/// In doubt all the same, since an earlier step may have acted; a retry
+/// settles the key (a key with no call made is released) and resumes.
+fn step_not_recorded() -> Response {
+    let mut response = problem_of_type(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "step-not-recorded",
+        "Step not recorded",
+        "the payment's next call could not be recorded, so it was not made; retry later with \
+         the same Idempotency-Key",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response.extensions_mut().insert(Disposition::InDoubt);
+    response
 }
 
 /// The answer `x-simulate-status: NNN` asks for (see [`STATUS_HEADER`]).
@@ -614,7 +913,8 @@ struct ChargesQuery {
 /// charges made under the client's `Idempotency-Key` KEY.
 async fn charges_for_key(State(app): State<AppState>, Query(q): Query<ChargesQuery>) -> Response {
     let ids: Vec<String> = app
-        .provider
+        .providers
+        .cards
         .by_client_key(&q.key)
         .into_iter()
         .map(|c| c.id)
@@ -623,7 +923,7 @@ async fn charges_for_key(State(app): State<AppState>, Query(q): Query<ChargesQue
 }
 
 async fn get_payment(State(app): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
-    match app.provider.by_id(&id) {
+    match app.providers.cards.by_id(&id) {
         Some(charge) => Json(payment_json(&charge)).into_response(),
         None => problem(StatusCode::NOT_FOUND, "No such payment", &id),
     }

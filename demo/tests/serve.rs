@@ -88,16 +88,26 @@ fn ledger_lines(dir: &Path) -> Result<usize> {
     )
 }
 
+/// Receipts sent: the receipt provider's ledger, beside the card ledger.
+fn receipt_lines(dir: &Path) -> Result<usize> {
+    Ok(
+        std::fs::read_to_string(dir.join("payments.receipts.jsonl"))?
+            .lines()
+            .count(),
+    )
+}
+
 #[test]
 fn a_key_reused_after_its_ttl_is_not_charged_again_by_default() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let server = Server::start(&dir.path().join("payments.redb"), &["--ttl", "1s"])?;
     assert_eq!(pay(server.addr, "order-1", 500)?, 201);
     std::thread::sleep(Duration::from_millis(1_500));
-    // Expired and tombstoned: 409, never a second charge.
+    // Expired and tombstoned: 409, never a second charge or receipt.
     assert_eq!(pay(server.addr, "order-1", 500)?, 409);
     drop(server);
     assert_eq!(ledger_lines(dir.path())?, 1);
+    assert_eq!(receipt_lines(dir.path())?, 1);
     Ok(())
 }
 
@@ -115,6 +125,7 @@ fn the_forget_policy_is_there_when_asked_for() -> Result<()> {
     assert_eq!(pay(server.addr, "order-1", 500)?, 201);
     drop(server);
     assert_eq!(ledger_lines(dir.path())?, 2);
+    assert_eq!(receipt_lines(dir.path())?, 2);
     Ok(())
 }
 

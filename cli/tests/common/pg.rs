@@ -42,7 +42,8 @@ pub fn client(url: &str) -> TestResult<Client> {
     Ok(Client::connect(url, NoTls)?)
 }
 
-/// The engine's tables under `prefix`.
+/// The engine's tables under `prefix` (a writable open creates them all,
+/// the effect steps' and their history's included).
 pub fn tables(prefix: &str) -> Vec<String> {
     ["meta", "records", "outbox", "entities", "steps", "history"]
         .iter()

@@ -1,7 +1,7 @@
 //! The phases that serve the API inside this process, each on an engine
 //! of its own, because they need what a child server does not offer: an
 //! engine clock the demo moves (expiry) and a disk the demo fills and
-//! frees (a full disk). The provider writes to the same ledger as in the
+//! frees (a full disk). The providers write to the same ledgers as in the
 //! other phases, so the final audit covers them too.
 
 use std::path::Path;
@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use idempotency::{Clock, Engine, ExpiryPolicy, ManualClock, SystemClock};
 
-use super::{ledger_count, plural, Audit, Client, DemoResult, Row, Tally, LEASE_MS};
+use super::audit::{ledger_count, Tally};
+use super::{plural, Audit, Client, DemoResult, Row, LEASE_MS};
 use crate::disk::BudgetDisk;
-use crate::provider::{read_ledger, Provider};
-use crate::server::{with_resolver, InProcess};
+use crate::provider::read_ledger;
+use crate::server::{with_resolver, InProcess, Providers};
 
 /// The expiry phase's TTL: how long a completed payment is replayed (on a
 /// manual clock, so no one waits for it).
@@ -51,7 +52,7 @@ pub(super) async fn expiry(
     };
     println!("\n== {}", row.name);
     let before = ledger_count(ledger, run)?;
-    let provider = Arc::new(Provider::open(ledger)?);
+    let providers = Providers::open(ledger)?;
     let clock = ManualClock::new(SystemClock.now_ms());
     let builder = with_resolver(
         Engine::builder()
@@ -62,7 +63,7 @@ pub(super) async fn expiry(
                 keep: TOMBSTONE_KEEP,
             })
             .sweep_interval(None),
-        provider.clone(),
+        providers.clone(),
     );
     let path = dir.join("expiry.redb");
     let engine = Arc::new(blocking(move || builder.open(path)).await??);
@@ -71,7 +72,7 @@ pub(super) async fn expiry(
         EXPIRY_TTL.as_secs(),
         TOMBSTONE_KEEP.as_secs()
     );
-    let api = InProcess::start(engine.clone(), provider).await?;
+    let api = InProcess::start(engine.clone(), providers).await?;
     let client = Client::new(api.base.clone(), Duration::from_secs(10))?;
     let key = format!("{run}-expiry");
 
@@ -160,7 +161,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
     };
     println!("\n== {}", row.name);
     let before = ledger_count(ledger, run)?;
-    let provider = Arc::new(Provider::open(ledger)?);
+    let providers = Providers::open(ledger)?;
     let clock = ManualClock::new(SystemClock.now_ms());
     let disk = BudgetDisk::new(u64::MAX);
     let builder = with_resolver(
@@ -168,7 +169,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
             .clock(clock.clone())
             .lease(Duration::from_millis(LEASE_MS))
             .sweep_interval(None),
-        provider.clone(),
+        providers.clone(),
     );
     let (device, probe) = (disk.clone(), disk.clone());
     let engine = Arc::new(
@@ -178,21 +179,25 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
         })
         .await??,
     );
-    // The disk is full from here on: the database may not grow.
-    disk.set_budget(disk.used_bytes());
-    println!(
-        "    an engine of its own on an in-memory disk: the database has {} KiB and no room to grow",
-        disk.used_bytes() / 1024
-    );
-    let api = InProcess::start(engine.clone(), provider).await?;
+    let api = InProcess::start(engine.clone(), providers).await?;
     let client = Client::new(api.base.clone(), Duration::from_secs(10))?;
     let prefix = format!("{run}-disk");
     let amount = |i: u32| 500 + 10 * u64::from(i);
 
-    // Payments until one is refused.
+    // Payments until one is refused. The first one goes through with room
+    // to spare (it creates the step and history tables, made on first
+    // use); the disk is full from then on: the database may not grow.
     let mut acknowledged = Vec::new();
     let mut refused = None;
     for i in 0..DISK_PAYMENTS_MAX {
+        if i == 1 {
+            disk.set_budget(disk.used_bytes());
+            println!(
+                "    an engine of its own on an in-memory disk: after its first payment the \
+                 database has {} KiB and no room to grow",
+                disk.used_bytes() / 1024
+            );
+        }
         let key = format!("{prefix}-{i}");
         let answer = client.pay(&key, amount(i), "disk", None).await;
         row.requests += 1;
@@ -230,15 +235,18 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
         refusal.problem_type(),
         refusal.retry_after.unwrap_or(0),
         if charged {
-            "the provider charged it, but its outcome could not be recorded"
+            "the provider charged it, but a later write (its step's confirmation, the receipt \
+             step, the outcome) could not be recorded"
         } else {
-            "its claim could not be recorded, so it never ran"
+            "its claim or its charge step could not be recorded, so it was never charged"
         }
     );
+    // The layer's answers (its claim or its outcome not written) or the
+    // handler's (a step's reservation or confirmation not written).
     audit.expect(
         matches!(
             refusal.problem_type(),
-            "outcome-not-recorded" | "engine-error"
+            "outcome-not-recorded" | "engine-error" | "step-not-recorded" | "call-not-recorded"
         ),
         || format!("{key}: 503 {}", refusal.body),
     );
@@ -346,22 +354,32 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
     }
     match settled {
         Some(answer) => {
-            audit.expect(answer.replayed == charged, || {
+            // Charged before the failure: the retry replays it (completed
+            // from both steps' evidence) or resumes (the charge step
+            // confirmed from the provider's answer and skipped). Never
+            // charged: its first run. The ledgers' audit checks the charge.
+            let recovered = answer.replayed || answer.resumed();
+            audit.expect(recovered == charged, || {
                 format!(
-                    "{key}: charged before the failure: {charged}, retry replayed: {}",
-                    answer.replayed
+                    "{key}: charged before the failure: {charged}, retry replayed: {}, steps: {:?}",
+                    answer.replayed, answer.steps
                 )
             });
             audit.success(&key, &answer);
             row.replays += u32::from(answer.replayed);
-            row.recovered += u32::from(answer.replayed);
+            row.recovered += u32::from(recovered);
             println!(
                 "    retry: 201 replayed={} ({} {})",
                 answer.replayed,
                 if answer.replayed {
-                    "the resolver found charge"
+                    "the resolver found charge".to_owned()
+                } else if recovered {
+                    format!(
+                        "resumed, {}: charge",
+                        answer.steps.as_deref().unwrap_or_default()
+                    )
                 } else {
-                    "charged once now:"
+                    "charged once now:".to_owned()
                 },
                 answer.payment_id().unwrap_or_default()
             );
@@ -418,7 +436,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
 /// Whether the provider's ledger has a charge for client key `key`.
 fn provider_has(ledger: &Path, key: &str) -> DemoResult<bool> {
     Ok(read_ledger(ledger)?
-        .charges
+        .entries
         .iter()
         .any(|c| c.client_key == key))
 }

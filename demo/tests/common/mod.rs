@@ -4,9 +4,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Runs `payments demo` with `args` and checks that it succeeded, that its
-/// audit of the provider's ledger found 0 double and 0 lost charges, and
-/// that it took under two minutes, with its narrative on stdout free of
-/// server and log lines.
+/// audit of both providers' ledgers found 0 double and 0 lost charges and
+/// receipts, that the SIGKILL between the two calls was followed by a
+/// resume (the charge skipped, the receipt sent once), and that it took
+/// under two minutes, with its narrative on stdout free of server and log
+/// lines.
 pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
     // Cargo builds the binary, in this test's profile, before the test.
     let started = Instant::now();
@@ -21,15 +23,40 @@ pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error:
         "demo failed with {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
         output.status
     );
+    let audit = stdout
+        .lines()
+        .find(|line| line.starts_with("audit of both providers' ledgers: "))
+        .ok_or_else(|| format!("no final audit line:\n{stdout}"))?;
     assert!(
-        stdout.contains("0 charged twice, 0 lost"),
-        "no clean audit line:\n{stdout}"
+        audit.contains("0 charged twice, 0 lost;") && audit.ends_with("0 receipted twice, 0 lost"),
+        "{audit}"
     );
     assert!(stdout.contains("OK: every payment"), "{stdout}");
-    // The expiry and full-disk phases each end in an audit line of their own.
-    for phase in ["== key expired, retried", "== disk full, space freed"] {
+    // Every payment that was charged was receipted: the table's totals.
+    let total: Vec<&str> = stdout
+        .lines()
+        .find(|line| line.starts_with("total "))
+        .ok_or("no total row")?
+        .split_whitespace()
+        .collect();
+    assert_eq!(total.get(2), total.get(3), "charges vs receipts: {total:?}");
+    // The SIGKILL phase, the expiry and full-disk phases each end in an
+    // audit line of their own.
+    for phase in [
+        "== SIGKILL between the 2 calls",
+        "== key expired, retried",
+        "== disk full, space freed",
+    ] {
         assert!(stdout.contains(phase), "no phase {phase:?}:\n{stdout}");
     }
+    // The kill came between the calls, and the retry resumed.
+    let killed = stdout
+        .find("server killed with SIGKILL before the receipt call")
+        .ok_or("no kill line")?;
+    let resumed = stdout
+        .find("resumed: the retry found step \"charge\" confirmed")
+        .ok_or("no resume line")?;
+    assert!(killed < resumed, "{stdout}");
     // The narrative stays on stdout; the servers' lines and every log
     // event go to stderr.
     assert!(
@@ -46,11 +73,11 @@ pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error:
         .lines()
         .filter(|line| line.trim_start().starts_with("audit: "))
         .collect();
-    assert_eq!(phase_audits.len(), 2, "{stdout}");
+    assert_eq!(phase_audits.len(), 3, "{stdout}");
     assert!(
-        phase_audits
-            .iter()
-            .all(|line| line.ends_with("0 charged twice, 0 lost")),
+        phase_audits.iter().all(|line| {
+            line.contains("0 charged twice, 0 lost;") && line.ends_with("0 receipted twice, 0 lost")
+        }),
         "{phase_audits:?}"
     );
     assert!(
