@@ -61,7 +61,7 @@
 //! | retry, same request, completed but its body was too large to keep | 409 [`response-not-retained`](#response-not-retained), plus `Idempotent-Replayed: true` |
 //! | retry while the first still runs | 409, `Retry-After`, [`processing`](#processing) (or, on a route with [`Route::wait_for_outcome`], the outcome once it is there) |
 //! | same key, different request | 409 (or 422, see [`IdempotencyLayer::mismatch_status`]), [`key-mismatch`](#key-mismatch) |
-//! | earlier attempt's outcome unknown | 503, `Retry-After`, [`outcome-unknown`](#outcome-unknown), unless the engine's [`crate::Resolver`] settles it during `begin` (then a replay, or a fresh run if the work never happened) |
+//! | earlier attempt's outcome unknown | 503, `Retry-After`, [`outcome-unknown`](#outcome-unknown), unless the engine's [`crate::Resolver`] settles it during `begin` (then a replay, or a fresh run if the work never happened, or for a key with effect steps a resumed run that skips the confirmed calls) |
 //! | key expired and tombstoned | 409 (or 410, see [`IdempotencyLayer::expired_status`]), [`key-expired`](#key-expired) |
 //! | missing key where required | 400, [`missing-key`](#missing-key) |
 //! | malformed (or blank) key | 400, [`malformed-key`](#malformed-key) |

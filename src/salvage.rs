@@ -54,7 +54,7 @@ pub enum Lost {
     /// found another way and not listed elsewhere. Their keys cannot be
     /// known.
     Range {
-        /// `"records"` or `"entities"`.
+        /// `"records"`, `"entities"`, `"steps"` or `"history"`.
         table: &'static str,
         /// The last key read before the damage, in hex (`None`: from the
         /// start of the table).
@@ -87,6 +87,25 @@ pub enum Lost {
         /// What is wrong with the journal (or with the meta values that
         /// name it).
         detail: String,
+    },
+    /// An effect step was not copied (it fails its checksum or does not
+    /// decode). Resolve the key's step with its provider by hand.
+    Step {
+        /// The stored key bytes of its record, in hex.
+        key_hex: String,
+        /// The step name as stored.
+        step: String,
+        /// Why it was not copied.
+        reason: String,
+    },
+    /// An entry of a key's evidence log was not copied.
+    HistoryEntry {
+        /// The stored key bytes of its record, in hex.
+        key_hex: String,
+        /// The entry's sequence number.
+        seq: u32,
+        /// Why it was not copied.
+        reason: String,
     },
     /// A meta value could not be read; the new file uses the value the
     /// copied data allows (a fencing-token or outbox counter is set well
@@ -134,6 +153,24 @@ impl fmt::Display for Lost {
             Lost::Entity { entity, reason } => {
                 write!(f, "entity {entity:?} not copied: {reason}")
             }
+            Lost::Step {
+                key_hex,
+                step,
+                reason,
+            } => write!(
+                f,
+                "effect step {step:?} of {} not copied: {reason}",
+                crate::verify::shown(key_hex)
+            ),
+            Lost::HistoryEntry {
+                key_hex,
+                seq,
+                reason,
+            } => write!(
+                f,
+                "evidence log entry #{seq} of {} not copied: {reason}",
+                crate::verify::shown(key_hex)
+            ),
             Lost::Journal { detail } => write!(
                 f,
                 "the journal could not be read ({detail}); writes after the last checkpoint may be missing"

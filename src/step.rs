@@ -18,14 +18,14 @@ use crate::key::IdempotencyKey;
 pub const MAX_STEP_NAME_BYTES: usize = 64;
 
 /// Most steps one key may hold (over all its claims); the 17th distinct
-/// name is refused with [`Error::TooManySteps`].
+/// name is refused with [`crate::Error::TooManySteps`].
 pub const MAX_STEPS_PER_KEY: usize = 16;
 
 /// Largest evidence (a provider's answer, as bytes) a step stores.
 pub const MAX_EVIDENCE_BYTES: usize = 4096;
 
 /// Most history entries one key keeps. A transition that would write
-/// entry 257 is refused with [`Error::HistoryFull`] and writes nothing (an
+/// entry 257 is refused with [`crate::Error::HistoryFull`] and writes nothing (an
 /// operator can still purge the key). A key with at most 16 steps, each
 /// reserved, finished and settled a few times, stays far below it.
 pub const MAX_HISTORY_ENTRIES: usize = 256;

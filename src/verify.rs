@@ -160,7 +160,7 @@ pub enum Damage {
     /// pages read and pass their own checksums.
     EntriesOnDamagedPage {
         /// The table: `"records"`, `"leases"`, `"recovery"`, `"expiry"`,
-        /// `"outbox"`, `"entities"` or `"meta"`.
+        /// `"outbox"`, `"entities"`, `"meta"`, `"steps"` or `"history"`.
         table: &'static str,
         /// The damaged page's offset in the file, in bytes.
         page_offset: u64,

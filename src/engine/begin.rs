@@ -46,7 +46,11 @@ pub enum Begin {
     /// The key's work may have had side effects whose result was never
     /// recorded: the record is in doubt. It is never executed again by
     /// `begin`; resolve it with a [`crate::Resolver`] (query the provider by
-    /// `reference`).
+    /// `reference`). A key with effect steps is settled step by step
+    /// instead ([`InDoubt::steps`] says which are still unknown) and is
+    /// answered `InDoubt` until every step is settled; then `begin`
+    /// resumes it (`Claimed`, with the steps in [`Claim::steps`]) or
+    /// replays the response a resolver built from them.
     InDoubt(InDoubt),
     /// The key's record expired and is kept as a tombstone: the key may not
     /// be reused until `reusable_at_ms`. The work does not run.

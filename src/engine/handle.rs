@@ -354,16 +354,23 @@ impl Engine {
     /// PROCESSING records whose lease has ended (they count as UNKNOWN at
     /// read time, before any sweep moves them). A record that does not
     /// decode is skipped (and logged); see [`Engine::records`] to list it.
+    /// Each carries its effect steps ([`InDoubt::steps`]), with the
+    /// attempts and age of any a provider keeps answering "still unknown"
+    /// about (what `idem unknown` shows).
     ///
     /// # Errors
     ///
-    /// Storage errors.
+    /// Storage errors; [`Error::Corrupt`] for a step that does not decode.
     pub fn in_doubt(&self, limit: usize) -> Result<Vec<InDoubt>> {
         recovery::in_doubt(&self.core, limit)
     }
 
     /// Settles up to `limit` in-doubt records (as listed by
-    /// [`Engine::in_doubt`]), oldest first, by asking `resolver` about each.
+    /// [`Engine::in_doubt`]), oldest first, by asking `resolver` about each
+    /// (for a key with effect steps: about each unsettled step, asking the
+    /// [`EngineBuilder::step_resolver`] for its name first; a key whose
+    /// steps all settle completes from them or is released to resume,
+    /// counted in [`RecoveryReport::resumed`]).
     ///
     /// # Errors
     ///

@@ -29,6 +29,8 @@ mod refuse;
 pub(crate) mod reply;
 pub(crate) mod step;
 pub(crate) mod step_ops;
+#[cfg(test)]
+mod step_ops_tests;
 mod wire;
 
 use crate::error::Result;

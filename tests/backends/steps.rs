@@ -533,3 +533,78 @@ fn effects_is_send_sync_clone() {
     fn check<T: Send + Sync + Clone + 'static>() {}
     check::<idempotency::Effects>();
 }
+
+both_backends! {
+    /// A process that dies after its last confirmation but before
+    /// `complete` (no drop notice: the record stays PROCESSING) needs no
+    /// resolver: once the lease ends every step is settled, so the next
+    /// `begin` resumes the key and the handler skips both calls.
+    fn crash_after_the_last_step_resumes(h: &Harness) -> TestResult {
+        let clock = ManualClock::new(T0);
+        let engine = h.open(clocked(h, &clock))?;
+        let k = key("steps-crash")?;
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        for name in ["charge", "receipt"] {
+            run_ref(c.effect(name)?)?;
+            c.confirm(name, name.as_bytes())?;
+        }
+        // The process dies here: no outcome, no drop notice.
+        std::mem::forget(c);
+        assert!(matches!(engine.begin(&k, fp(1)?)?, Begin::Processing { .. }));
+        clock.advance(Duration::from_millis(LEASE_MS + 1));
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        for name in ["charge", "receipt"] {
+            match c.effect(name)? {
+                EffectStep::Confirmed { evidence, .. } => assert_eq!(evidence, name.as_bytes()),
+                other => return Err(format!("{name} must be skipped, got {other:?}").into()),
+            }
+        }
+        engine.complete(c, Envelope::new(1, 201, "paid"))?;
+        assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope.body, b"paid");
+        Ok(())
+    }
+}
+
+both_backends! {
+    /// A key whose evidence log is full: the transition that would write
+    /// one entry too many is refused with `HistoryFull` and writes nothing;
+    /// the log never grows past its bound; other keys are served and an
+    /// operator can still purge the key.
+    fn a_full_log_refuses_whole(h: &Harness) -> TestResult {
+        let clock = ManualClock::new(T0);
+        let engine = h.open(clocked(h, &clock).step_resolver("s", |_: &InDoubtStep| StepResolution::NotExecuted))?;
+        let k = key("steps-full-log")?;
+        let mut refused = None;
+        for _ in 0..idempotency::MAX_HISTORY_ENTRIES {
+            let c = match engine.begin(&k, fp(1)?) {
+                Ok(Begin::Claimed(c)) => c,
+                Ok(other) => return Err(format!("expected Claimed, got {other:?}").into()),
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            };
+            let before = engine.history(&k)?.len();
+            match c.effect("s") {
+                Ok(step) => {
+                    run_ref(step)?;
+                }
+                Err(e) => {
+                    assert_eq!(engine.history(&k)?.len(), before, "a refused reserve wrote to the log");
+                    refused = Some(e);
+                    break;
+                }
+            }
+            engine.fail(c, Failure::InDoubt { reason: "timeout".into() })?;
+        }
+        let err = refused.ok_or("the log never filled up")?;
+        assert!(matches!(err, Error::HistoryFull { .. }), "{err:?}");
+        assert!(engine.history(&k)?.len() <= idempotency::MAX_HISTORY_ENTRIES);
+        let other = key("steps-full-other")?;
+        let c = claimed(engine.begin(&other, fp(1)?)?)?;
+        engine.complete(c, Envelope::new(1, 201, "ok"))?;
+        engine.purge(&k, idempotency::PurgeMode::Force)?;
+        assert!(engine.history(&k)?.is_empty() && engine.steps(&k)?.is_empty());
+        Ok(())
+    }
+}

@@ -124,7 +124,7 @@ impl StepModel {
     }
 
     /// The record moves to UNKNOWN: reserved steps become unknown.
-    fn to_unknown(&mut self, token: u64, lease_until: u64) {
+    fn mark_unknown(&mut self, token: u64, lease_until: u64) {
         self.rec = MRec::Unknown { token, lease_until };
         for s in self.steps.values_mut() {
             if s.state == StepState::Reserved {
@@ -259,7 +259,7 @@ impl StepRun {
                 return Ok(());
             }
             MRec::Processing { token, lease_until } | MRec::Unknown { token, lease_until } => {
-                self.model.to_unknown(token, lease_until);
+                self.model.mark_unknown(token, lease_until);
                 if self.model.steps.is_empty() {
                     // Whole-key resolver: not executed, the steps-less key
                     // is claimed afresh.
@@ -545,12 +545,12 @@ impl StepRun {
             };
             check(got.is_ok(), "fail in doubt", &got)?;
             // Settleable at once: nothing of the holder runs any more.
-            self.model.to_unknown(token, now);
+            self.model.mark_unknown(token, now);
         } else {
             drop(claim);
             self.engine.flush().map_err(|e| fail(e.to_string()))?;
             if let Some((token, lease_until)) = owns {
-                self.model.to_unknown(token, lease_until);
+                self.model.mark_unknown(token, lease_until);
             }
         }
         Ok(())
@@ -581,7 +581,7 @@ impl StepRun {
             );
         }
         check(got.is_ok(), "operator settles a step", &got)?;
-        self.model.to_unknown(token, lease_until);
+        self.model.mark_unknown(token, lease_until);
         self.settle_in_model(i, says);
         if self.model.all_settled() {
             // Resumed: released with its steps kept.

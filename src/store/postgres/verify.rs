@@ -29,6 +29,18 @@ impl Shared {
         );
         let declare = format!("DECLARE idempotency_verify NO SCROLL CURSOR FOR {sql}");
         let fetch = format!("FETCH {PAGE_ROWS} FROM idempotency_verify");
+        let steps_table = self.names.steps.clone();
+        let history_table = self.names.history.clone();
+        let declare_steps = format!(
+            "DECLARE idempotency_verify_steps NO SCROLL CURSOR FOR
+             SELECT scope, key, name, step FROM {steps_table} ORDER BY scope, key, name"
+        );
+        let fetch_steps = format!("FETCH {PAGE_ROWS} FROM idempotency_verify_steps");
+        let declare_history = format!(
+            "DECLARE idempotency_verify_history NO SCROLL CURSOR FOR
+             SELECT scope, key, seq, entry FROM {history_table} ORDER BY scope, key, seq"
+        );
+        let fetch_history = format!("FETCH {PAGE_ROWS} FROM idempotency_verify_history");
         self.read(what, |conn| {
             let mut tx =
                 conn.transaction_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
@@ -44,6 +56,56 @@ impl Shared {
                 for row in &rows {
                     checked += 1;
                     check_row(row, &mut problems);
+                }
+            }
+            // Effect steps and log entries, in the same snapshot (tables
+            // a schema no writable open of this build touched may lack).
+            let exists = |tx: &mut super::client::Transaction<'_>, name: &str| {
+                tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+                    .map(|row| row.get::<_, bool>(0))
+            };
+            if exists(&mut tx, &steps_table)? {
+                tx.batch_execute(&declare_steps)?;
+                let fetch = tx.prepare(&fetch_steps)?;
+                loop {
+                    let rows = tx.query(&fetch, &[])?;
+                    if rows.is_empty() {
+                        break;
+                    }
+                    for row in &rows {
+                        let (scope, key, name): (&str, &str, &str) =
+                            (row.get(0), row.get(1), row.get(2));
+                        let rkey = record_key(scope, key);
+                        if let Err(e) = codec::decode_step(&rkey, name, row.get::<_, &[u8]>(3)) {
+                            problems.push(Damage::UndecodableStep {
+                                key_hex: hex(&rkey),
+                                step: name.to_owned(),
+                                reason: e.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+            if exists(&mut tx, &history_table)? {
+                tx.batch_execute(&declare_history)?;
+                let fetch = tx.prepare(&fetch_history)?;
+                loop {
+                    let rows = tx.query(&fetch, &[])?;
+                    if rows.is_empty() {
+                        break;
+                    }
+                    for row in &rows {
+                        let (scope, key): (&str, &str) = (row.get(0), row.get(1));
+                        let seq = u32::try_from(row.get::<_, i64>(2)).unwrap_or(u32::MAX);
+                        let rkey = record_key(scope, key);
+                        if let Err(e) = codec::decode_history(&rkey, seq, row.get::<_, &[u8]>(3)) {
+                            problems.push(Damage::UndecodableHistory {
+                                key_hex: hex(&rkey),
+                                seq,
+                                reason: e.to_string(),
+                            });
+                        }
+                    }
                 }
             }
             tx.commit()?;

@@ -13,6 +13,8 @@ mod read_only;
 mod recover;
 mod reserve;
 mod salvage;
+#[cfg(test)]
+mod step_tables_tests;
 mod sweep;
 mod syncer;
 mod tables;

@@ -34,7 +34,9 @@ use crate::key::IdempotencyKey;
 use crate::store::record::hex;
 use crate::verify::Damage;
 
-use super::super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
+use super::super::tables::{
+    ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+};
 use super::scratch_view;
 
 /// Most keys one [`Damage::EntriesOnDamagedPage`] lists.
@@ -197,7 +199,7 @@ fn locate(path: &Path, offset: u64) -> Result<Vec<OnPage>, redb::Error> {
     let txn = db.begin_read()?;
     let show_index = |k: &(u64, &[u8])| format!("{} {}", k.0, shown(k.1));
     let mut found = Vec::new();
-    let walks: [Option<OnPage>; 7] = [
+    let walks: [Option<OnPage>; 9] = [
         walk(&txn, RECORDS, "records", offset, &reads, |k: &&[u8]| {
             shown(k)
         }),
@@ -213,6 +215,17 @@ fn locate(path: &Path, offset: u64) -> Result<Vec<OnPage>, redb::Error> {
         walk(&txn, META, "meta", offset, &reads, |k: &&str| {
             format!("{k:?}")
         }),
+        walk(&txn, STEPS, "steps", offset, &reads, |k: &(&[u8], &str)| {
+            format!("{} {:?}", shown(k.0), k.1)
+        }),
+        walk(
+            &txn,
+            HISTORY,
+            "history",
+            offset,
+            &reads,
+            |k: &(&[u8], u32)| format!("{} #{}", shown(k.0), k.1),
+        ),
     ];
     found.extend(walks.into_iter().flatten());
     drop(txn);

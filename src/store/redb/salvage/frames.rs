@@ -249,6 +249,59 @@ impl Work {
     }
 }
 
+impl Work {
+    /// Moves into `g` each effect step and log entry that decodes under
+    /// its key; lists the others and the stretches no walk passed.
+    pub(super) fn check_steps(
+        &mut self,
+        steps_gap: Option<Gap<(Vec<u8>, String)>>,
+        history_gap: Option<Gap<(Vec<u8>, u32)>>,
+        g: &mut Gathered,
+    ) {
+        let lost = &mut g.report.lost;
+        for ((rkey, name), value) in std::mem::take(&mut self.steps) {
+            match codec::decode_step(&rkey, &name, &value) {
+                Ok(_) => {
+                    g.steps.insert((rkey, name), value);
+                }
+                Err(e) => lost.push(Lost::Step {
+                    key_hex: hex(&rkey),
+                    step: name,
+                    reason: format!("does not decode: {e}"),
+                }),
+            }
+        }
+        for ((rkey, seq), value) in std::mem::take(&mut self.history) {
+            match codec::decode_history(&rkey, seq, &value) {
+                Ok(_) => {
+                    g.history.insert((rkey, seq), value);
+                }
+                Err(e) => lost.push(Lost::HistoryEntry {
+                    key_hex: hex(&rkey),
+                    seq,
+                    reason: format!("does not decode: {e}"),
+                }),
+            }
+        }
+        if let Some(gap) = steps_gap {
+            lost.push(Lost::Range {
+                table: "steps",
+                after_hex: gap.after.map(|(k, _)| hex(&k)),
+                before_hex: gap.before.map(|(k, _)| hex(&k)),
+                reason: gap.reason,
+            });
+        }
+        if let Some(gap) = history_gap {
+            lost.push(Lost::Range {
+                table: "history",
+                after_hex: gap.after.map(|(k, _)| hex(&k)),
+                before_hex: gap.before.map(|(k, _)| hex(&k)),
+                reason: gap.reason,
+            });
+        }
+    }
+}
+
 /// The frames beyond the checkpoint in the journal beside `path` that
 /// still check, read one by one (after the ordinary read refused the
 /// journal), and what was missing.

@@ -26,6 +26,10 @@ pub(super) struct Gathered {
     pub(super) index: BTreeSet<IndexEntry>,
     pub(super) outbox: BTreeMap<u64, Vec<u8>>,
     pub(super) entities: BTreeMap<String, Vec<u8>>,
+    /// (Record key, step name) → encoded step.
+    pub(super) steps: BTreeMap<(Vec<u8>, String), Vec<u8>>,
+    /// (Record key, seq) → encoded log entry.
+    pub(super) history: BTreeMap<(Vec<u8>, u32), Vec<u8>>,
     pub(super) next_token: u64,
     pub(super) next_outbox: u64,
     pub(super) expiry: Option<(u64, ExpiryPolicy)>,

@@ -43,7 +43,7 @@ use crate::store::record::hex;
 use super::journal::{Change, Frame, JournalStorage};
 use super::meta::{self, Counter, Format};
 use super::open::{open_salvage_view, SalvageView};
-use super::tables::{ENTITIES, OUTBOX};
+use super::tables::{ENTITIES, HISTORY, OUTBOX, STEPS};
 
 use self::frames::{frames_one_by_one, settle_counter, Work};
 use self::gathered::{Entries, Gathered, IndexEntry, Reasons, StoredCounter};
@@ -114,6 +114,29 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             (k.value().to_string(), v.value().to_vec())
         },
     );
+    // Tables created on first use: a file may not have them.
+    let steps = walk_if_present(
+        db,
+        STEPS,
+        |(k, v): (
+            redb::AccessGuard<'_, (&[u8], &str)>,
+            redb::AccessGuard<'_, &[u8]>,
+        )| {
+            let (rkey, name) = k.value();
+            ((rkey.to_vec(), name.to_owned()), v.value().to_vec())
+        },
+    );
+    let history = walk_if_present(
+        db,
+        HISTORY,
+        |(k, v): (
+            redb::AccessGuard<'_, (&[u8], u32)>,
+            redb::AccessGuard<'_, &[u8]>,
+        )| {
+            let (rkey, seq) = k.value();
+            ((rkey.to_vec(), seq), v.value().to_vec())
+        },
+    );
     let (frames, stale_before) = read_frames(db, path, format, &mut g.report.lost);
     let (records, record_gap, unreadable) = read_records(db, &index, &frames);
     let mut work = Work {
@@ -125,8 +148,8 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         next_token: 0,
         next_outbox: 0,
         stale_entities: Vec::new(),
-        steps: BTreeMap::new(),
-        history: BTreeMap::new(),
+        steps: steps.entries,
+        history: history.entries,
     };
     work.apply(&frames, stale_before);
     g.report.journal_frames = frames.len() as u64;
@@ -145,6 +168,7 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
         });
     }
     work.check_rest(outbox.gap, entities.gap, &mut g);
+    work.check_steps(steps.gap, history.gap, &mut g);
     let lost = &mut g.report.lost;
     g.next_token = settle_counter(lost, "next_token", stored_token, work.next_token);
     g.next_outbox = settle_counter(lost, "next_outbox_seq", stored_outbox, work.next_outbox);
@@ -152,6 +176,34 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     g.report.outbox_messages = g.outbox.len() as u64;
     g.report.entities = g.entities.len() as u64;
     Ok(g)
+}
+
+/// [`walk_table`] of a table created on first use: none (and no gap) when
+/// the file does not have it.
+fn walk_if_present<K, V, KO, VO>(
+    db: &impl ReadableDatabase,
+    def: redb::TableDefinition<K, V>,
+    own: impl Fn((redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)) -> (KO, VO) + Copy,
+) -> walk::Walked<KO, VO>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+    KO: Ord + Clone,
+{
+    let absent = walk::guarded(|| {
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        Ok(matches!(
+            txn.open_table(def),
+            Err(redb::TableError::TableDoesNotExist(_))
+        ))
+    });
+    if absent == Ok(true) {
+        return walk::Walked {
+            entries: BTreeMap::new(),
+            gap: None,
+        };
+    }
+    walk_table(db, def, own)
 }
 
 /// The file's format, its two counters and (into `g`) its expiry

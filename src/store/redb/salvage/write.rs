@@ -11,7 +11,9 @@ use crate::store::config::StoreConfig;
 
 use super::super::meta::{self, Counter, OpenContext};
 use super::super::open::{open_path, prepare};
-use super::super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
+use super::super::tables::{
+    ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+};
 use super::gathered::Gathered;
 
 /// The temporary file the new file `new` is written through.
@@ -91,6 +93,20 @@ pub(super) fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
             entities
                 .insert(id.as_str(), value.as_slice())
                 .open_context(what)?;
+        }
+        if !g.steps.is_empty() || !g.history.is_empty() {
+            let mut steps = txn.open_table(STEPS).open_context(what)?;
+            for ((rkey, name), value) in &g.steps {
+                steps
+                    .insert((rkey.as_slice(), name.as_str()), value.as_slice())
+                    .open_context(what)?;
+            }
+            let mut history = txn.open_table(HISTORY).open_context(what)?;
+            for ((rkey, seq), value) in &g.history {
+                history
+                    .insert((rkey.as_slice(), *seq), value.as_slice())
+                    .open_context(what)?;
+            }
         }
         let mut meta_table = txn.open_table(META).open_context(what)?;
         meta::write_counter(&mut meta_table, Counter::NextToken, g.next_token)
