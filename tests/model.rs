@@ -1899,7 +1899,25 @@ proptest! {
     /// Effect steps on one key: see `tests/model/steps.rs`.
     #[test]
     fn steps_agree_with_the_model(ops in proptest::collection::vec(steps::step_op(), 1..48)) {
-        steps::run_steps(&ops)?;
+        steps::run_steps(&ops, Backend::Redb)?;
+    }
+}
+
+/// The step model on PostgreSQL: fewer cases (every write is a commit on
+/// the server); skipped without one, as above.
+#[test]
+fn steps_agree_with_the_model_on_postgres() {
+    if backends::pg_url().is_none() {
+        return;
+    }
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(16),
+        max_shrink_iters: 512,
+        ..ProptestConfig::default()
+    });
+    let strategy = proptest::collection::vec(steps::step_op(), 1..48);
+    if let Err(e) = runner.run(&strategy, |ops| steps::run_steps(&ops, Backend::Postgres)) {
+        panic!("PostgreSQL disagrees with the step model: {e}");
     }
 }
 

@@ -184,7 +184,8 @@ fn an_existing_open_needs_no_create_privilege() -> TestResult {
     admin.batch_execute(&format!(
         "CREATE ROLE {role} LOGIN;
          REVOKE CREATE ON SCHEMA public FROM PUBLIC;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON {p}meta, {p}records, {p}outbox, {p}entities TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {p}meta, {p}records, {p}outbox, {p}entities,
+             {p}steps, {p}history TO {role};
          GRANT USAGE ON SEQUENCE {p}tokens, {p}outbox_seq TO {role};"
     ))?;
     let as_role = format!("{url} user={role}");

@@ -251,6 +251,10 @@ pub(crate) fn resolve_step(
     let resolver = core.cfg.resolver.as_deref();
     match core.key_settlement(key, &rec, steps, resolver, now_ms)? {
         StepsSettled::InDoubt(_) => Ok(()),
+        // Resuming re-runs the handler: not before a dropped claim's lease
+        // ends (its work may still be running), as for "not executed".
+        // The next `begin` after the lease end resumes it.
+        StepsSettled::Settle(Settlement::Resume) if rec.lease_until_ms > now_ms => Ok(()),
         StepsSettled::Settle(settlement) => {
             let settled = core.store.settle(SettleRequest {
                 key: key.clone(),

@@ -238,3 +238,101 @@ fn write_record_seeds() -> TestResult {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Effect steps and log entries: the same framing, the same guarantees.
+
+mod steps {
+    use proptest::prelude::*;
+
+    use crate::store::codec::{decode_history, decode_step, encode_history, encode_step};
+    use crate::store::step::{Actor, HistoryRecord, StepRecord, StepStatus};
+
+    const RKEY: &[u8] = b"\x04shoppay-1";
+
+    fn step(status: u8, evidence: Vec<u8>, attempts: u32) -> StepRecord {
+        let status = match status % 5 {
+            0 => StepStatus::Reserved,
+            1 => StepStatus::Confirmed,
+            2 => StepStatus::Failed,
+            3 => StepStatus::Unknown,
+            _ => StepStatus::NotExecuted,
+        };
+        StepRecord {
+            name: "charge".into(),
+            reference: "idem_1_ref/charge".into(),
+            status,
+            token: 42,
+            evidence,
+            reserved_at_ms: 1_700_000_000_000,
+            settled_at_ms: (attempts % 2 == 0).then_some(1_700_000_000_001),
+            attempts,
+            last_asked_ms: None,
+        }
+    }
+
+    fn entry(seq: u32, actor: u8, evidence: Vec<u8>) -> HistoryRecord {
+        let actor = match actor % 4 {
+            0 => Actor::Claim { token: 7 },
+            1 => Actor::Resolver,
+            2 => Actor::Operator {
+                reason: "checked the ledger".into(),
+            },
+            _ => Actor::Sweeper,
+        };
+        HistoryRecord {
+            seq,
+            at_ms: 1_700_000_000_002,
+            actor,
+            step: (seq % 2 == 0).then(|| "charge".to_string()),
+            from: "reserved".into(),
+            to: "confirmed".into(),
+            evidence,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn step_and_history_decoders_never_panic_and_refuse_arbitrary_bytes(
+            input in proptest::collection::vec(any::<u8>(), 0..256),
+            seq in any::<u32>(),
+        ) {
+            prop_assert!(decode_step(RKEY, "charge", &input).is_err());
+            prop_assert!(decode_history(RKEY, seq, &input).is_err());
+        }
+
+        #[test]
+        fn steps_and_entries_round_trip_and_refuse_any_damage(
+            status in any::<u8>(),
+            actor in any::<u8>(),
+            seq in any::<u32>(),
+            attempts in any::<u32>(),
+            evidence in proptest::collection::vec(any::<u8>(), 0..64),
+            at in any::<prop::sample::Index>(),
+            flip in 1u8..=255,
+        ) {
+            let s = step(status, evidence.clone(), attempts);
+            let bytes = encode_step(RKEY, &s);
+            prop_assert_eq!(decode_step(RKEY, "charge", &bytes), Ok(s));
+            let mut damaged = bytes.clone();
+            damaged[at.index(bytes.len())] ^= flip;
+            prop_assert!(decode_step(RKEY, "charge", &damaged).is_err());
+            // Under another name or key, it does not verify.
+            prop_assert!(decode_step(RKEY, "receipt", &bytes).is_err());
+            prop_assert!(decode_step(b"\x04shoppay-2", "charge", &bytes).is_err());
+
+            let e = entry(seq, actor, evidence);
+            let bytes = encode_history(RKEY, &e);
+            prop_assert_eq!(decode_history(RKEY, seq, &bytes), Ok(e));
+            let mut damaged = bytes.clone();
+            damaged[at.index(bytes.len())] ^= flip;
+            prop_assert!(decode_history(RKEY, seq, &damaged).is_err());
+            prop_assert!(decode_history(RKEY, seq.wrapping_add(1), &bytes).is_err());
+            // Truncated or extended, never.
+            prop_assert!(decode_history(RKEY, seq, &bytes[..bytes.len() - 1]).is_err());
+            let mut longer = bytes.clone();
+            longer.push(0);
+            prop_assert!(decode_history(RKEY, seq, &longer).is_err());
+        }
+    }
+}

@@ -223,14 +223,17 @@ pub(crate) trait Ops: Txn + Sized {
     fn complete(&mut self, req: CompleteRequest) -> OpResult<(), Self::Fatal> {
         let rec = self.owned(&req.key, req.token, "complete")?;
         let steps = steps_of(self, &req.key)?;
-        if steps
-            .iter()
-            .any(|s| s.status == StepStatus::Reserved && s.token == req.token)
-        {
+        // A step this claim reserved and never finished: its call's outcome
+        // is unknown to the holder too (Unknown once the lease ended and
+        // the record went UNKNOWN: a late complete would leave it unsettled
+        // under a COMPLETED record forever).
+        if steps.iter().any(|s| {
+            matches!(s.status, StepStatus::Reserved | StepStatus::Unknown) && s.token == req.token
+        }) {
             return Err(OpError::Refused(Error::InvalidState {
                 key: req.key.clone(),
                 action:
-                    "complete while an effect step is still reserved (confirm or reject it first)",
+                    "complete while an effect step is still reserved or unknown (confirm or reject it first)",
                 state: State::from(rec.state),
             }));
         }

@@ -19,6 +19,8 @@ use idempotency::{
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
+use super::backends::{Backend, Harness};
+
 const NAMES: [&str; 3] = ["charge", "receipt", "notify"];
 const STEP_LEASE_MS: u64 = 1_000;
 
@@ -148,7 +150,8 @@ struct StepRun {
     /// its provider said "not executed" (which allows one more).
     runs: [u32; 3],
     not_executed: [u32; 3],
-    _dir: tempfile::TempDir,
+    /// Keeps the store (a temp dir, or a table prefix) for the run.
+    _store: Harness,
 }
 
 fn fail(msg: String) -> TestCaseError {
@@ -164,14 +167,17 @@ fn check<T: std::fmt::Debug>(ok: bool, what: &str, got: &T) -> Result<(), TestCa
 }
 
 impl StepRun {
-    fn new() -> Result<StepRun, TestCaseError> {
-        let dir = tempfile::tempdir().map_err(|e| fail(e.to_string()))?;
+    /// `None` when the backend is skipped (PostgreSQL without a server).
+    fn new(backend: Backend) -> Result<Option<StepRun>, TestCaseError> {
+        let Some(store) = Harness::new(backend) else {
+            return Ok(None);
+        };
         let clock = ManualClock::new(super::START_MS);
         let answers = Arc::new(Mutex::new([Says::StillUnknown; 3]));
-        let mut builder = Engine::builder()
+        let mut builder = store
+            .builder()
             .clock(clock.clone())
             .lease(Duration::from_millis(STEP_LEASE_MS))
-            .sweep_interval(None)
             // A key without steps: the provider has no trace of it.
             .resolver(|_: &InDoubt| Resolution::NotExecuted);
         for (i, name) in NAMES.iter().enumerate() {
@@ -180,10 +186,8 @@ impl StepRun {
                 answers.lock().unwrap_or_else(PoisonError::into_inner)[i].resolution()
             });
         }
-        let engine = builder
-            .open(dir.path().join("steps.redb"))
-            .map_err(|e| fail(e.to_string()))?;
-        Ok(StepRun {
+        let engine = store.open(builder).map_err(|e| fail(e.to_string()))?;
+        Ok(Some(StepRun {
             engine,
             clock,
             answers,
@@ -196,8 +200,8 @@ impl StepRun {
             claim: None,
             runs: [0; 3],
             not_executed: [0; 3],
-            _dir: dir,
-        })
+            _store: store,
+        }))
     }
 
     fn now(&self) -> u64 {
@@ -487,14 +491,28 @@ impl StepRun {
         }
     }
 
+    /// The held claim's token still owns the record, PROCESSING or UNKNOWN
+    /// (what `complete` and `fail` accept: a late outcome is recorded).
+    fn owner(&self) -> Option<MRec> {
+        let (token, _) = self.model.held.as_ref()?;
+        match self.model.rec {
+            r @ (MRec::Processing { token: t, .. } | MRec::Unknown { token: t, .. })
+                if t == *token =>
+            {
+                Some(r)
+            }
+            _ => None,
+        }
+    }
+
     fn complete(&mut self) -> Result<(), TestCaseError> {
         let Some(claim) = self.claim.take() else {
             return Ok(());
         };
         let got = self.engine.complete(claim, Envelope::new(1, 201, "done"));
-        let owns = self.owns();
-        self.model.held = None;
-        if owns.is_none() {
+        let owner = self.owner();
+        let token = self.model.held.take().map(|(t, _)| t);
+        if owner.is_none() {
             let err = got.err();
             return check(
                 matches!(err, Some(Error::Fenced { .. })),
@@ -502,17 +520,15 @@ impl StepRun {
                 &err,
             );
         }
-        if self
-            .model
-            .steps
-            .values()
-            .any(|s| s.state == StepState::Reserved)
-        {
-            // Refused: the claim is used up, its record waits for its lease.
+        // A step this claim reserved and never finished: refused, the
+        // claim is used up, its record waits for its lease.
+        if self.model.steps.values().any(|s| {
+            matches!(s.state, StepState::Reserved | StepState::Unknown) && Some(s.token) == token
+        }) {
             let err = got.err();
             return check(
                 matches!(err, Some(Error::InvalidState { .. })),
-                "complete with a reserved step",
+                "complete with an unfinished step",
                 &err,
             );
         }
@@ -525,7 +541,7 @@ impl StepRun {
         let Some(claim) = self.claim.take() else {
             return Ok(());
         };
-        let owns = self.owns();
+        let owner = self.owner();
         self.model.held = None;
         let now = self.now();
         if explicit {
@@ -535,7 +551,7 @@ impl StepRun {
                     reason: "timeout".into(),
                 },
             );
-            let Some((token, _)) = owns else {
+            let Some(owner) = owner else {
                 let err = got.err();
                 return check(
                     matches!(err, Some(Error::Fenced { .. })),
@@ -544,12 +560,14 @@ impl StepRun {
                 );
             };
             check(got.is_ok(), "fail in doubt", &got)?;
-            // Settleable at once: nothing of the holder runs any more.
-            self.model.mark_unknown(token, now);
+            if let MRec::Processing { token, lease_until } = owner {
+                // Settleable at once: nothing of the holder runs any more.
+                self.model.mark_unknown(token, lease_until.min(now));
+            }
         } else {
             drop(claim);
             self.engine.flush().map_err(|e| fail(e.to_string()))?;
-            if let Some((token, lease_until)) = owns {
+            if let Some(MRec::Processing { token, lease_until }) = owner {
                 self.model.mark_unknown(token, lease_until);
             }
         }
@@ -581,10 +599,16 @@ impl StepRun {
             );
         }
         check(got.is_ok(), "operator settles a step", &got)?;
-        self.model.mark_unknown(token, lease_until);
+        // A step settled already is handed back as it is: nothing written,
+        // so a stale PROCESSING record is not moved either.
+        let settled_already = self.model.steps[NAMES[i]].state.is_settled();
+        if !settled_already {
+            self.model.mark_unknown(token, lease_until);
+        }
         self.settle_in_model(i, says);
-        if self.model.all_settled() {
-            // Resumed: released with its steps kept.
+        if self.model.all_settled() && lease_until <= now {
+            // Resumed: released with its steps kept (not before a dropped
+            // claim's lease ends: resuming re-runs the handler).
             self.model.rec = MRec::Free;
         }
         Ok(())
@@ -628,8 +652,10 @@ impl StepRun {
     }
 }
 
-pub(crate) fn run_steps(ops: &[StepOp]) -> Result<(), TestCaseError> {
-    let mut run = StepRun::new()?;
+pub(crate) fn run_steps(ops: &[StepOp], backend: Backend) -> Result<(), TestCaseError> {
+    let Some(mut run) = StepRun::new(backend)? else {
+        return Ok(());
+    };
     for (n, op) in ops.iter().enumerate() {
         run.run(op)
             .map_err(|e| fail(format!("op {n} {op:?}: {e}")))?;

@@ -44,7 +44,7 @@ pub fn client(url: &str) -> TestResult<Client> {
 
 /// The engine's tables under `prefix`.
 pub fn tables(prefix: &str) -> Vec<String> {
-    ["meta", "records", "outbox", "entities"]
+    ["meta", "records", "outbox", "entities", "steps", "history"]
         .iter()
         .map(|t| format!("{prefix}{t}"))
         .collect()

@@ -26,6 +26,8 @@ mod read;
 mod read_only;
 mod schema;
 mod shared;
+#[cfg(test)]
+mod step_tables_tests;
 mod sweep;
 mod tls;
 mod txn;

@@ -13,8 +13,11 @@
 //!
 //! The steps and history tables came with effect steps, without a schema
 //! version change: every writable open creates them if they are missing
-//! (`CREATE TABLE IF NOT EXISTS`), and an open without `create` does not
-//! require them (reads find no steps where they are missing).
+//! (`CREATE TABLE IF NOT EXISTS`); an open of existing tables without
+//! DDL that writes requires them (`OpenError::NoPostgresTables` names
+//! them: run one writable open with `create` after upgrading), and a
+//! read-only open does not (its reads find no steps where they are
+//! missing).
 
 use super::client::{Client, PgError, Transaction};
 
@@ -199,6 +202,10 @@ pub(super) fn prepare(
             .map_err(storage("creating the schema"))?;
     } else {
         require_tables(&mut tx, names)?;
+        // A writable open without DDL needs the effect-step tables too:
+        // every claim and deletion touches them. (A read-only open does
+        // not: its reads find no steps where the tables are missing.)
+        require(&mut tx, names, &[&names.steps, &names.history])?;
     }
     let set = format!(
         "INSERT INTO {} (name, value) VALUES ($1, $2)
@@ -277,6 +284,11 @@ pub(super) fn require_tables(client: &mut Transaction<'_>, names: &Names) -> Res
         &names.tokens,
         &names.outbox_seq,
     ];
+    require(client, names, &all)
+}
+
+/// `OpenError::NoPostgresTables` unless every one of `all` exists.
+fn require(client: &mut Transaction<'_>, names: &Names, all: &[&String]) -> Result<(), OpenError> {
     let mut missing = Vec::new();
     for name in all {
         let found: bool = client
