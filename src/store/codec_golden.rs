@@ -7,8 +7,12 @@
 //! of them changes the bytes. (The meta values' goldens are in
 //! `redb/meta.rs`, the journal's in `redb/journal.rs`.)
 
-use super::codec::{decode, decode_entity, decode_outbox, encode, encode_entity, encode_outbox};
+use super::codec::{
+    decode, decode_entity, decode_history, decode_outbox, decode_step, encode, encode_entity,
+    encode_history, encode_outbox, encode_step,
+};
 use super::record::{hex, EntityState, Record, RecordState, StoredResponse};
+use super::step::{Actor, HistoryRecord, StepRecord, StepStatus};
 use crate::envelope::Envelope;
 use crate::message::OutboxEntry;
 
@@ -147,6 +151,100 @@ fn entity_state() -> TestResult {
     )
 }
 
+/// A step in `status` whose every field differs from every other of its
+/// type.
+fn step(status: StepStatus) -> StepRecord {
+    StepRecord {
+        name: "charge".into(),
+        reference: "idem_12c_ref/charge".into(),
+        status,
+        token: 300,
+        evidence: vec![0, 9, 255],
+        reserved_at_ms: 1_790_000_000_011,
+        settled_at_ms: Some(1_790_000_000_012),
+        attempts: 4,
+        last_asked_ms: Some(1_790_000_000_013),
+    }
+}
+
+/// Effect steps (`idempotency.steps`, added beside format 2 with the same
+/// framing): their bytes are fixed from the build that added them.
+#[test]
+fn steps_in_every_status() -> TestResult {
+    let cases = [
+        (StepStatus::Reserved, STEP_RESERVED),
+        (StepStatus::Confirmed, STEP_CONFIRMED),
+        (StepStatus::Failed, STEP_FAILED),
+        (StepStatus::Unknown, STEP_UNKNOWN),
+        (StepStatus::NotExecuted, STEP_NOT_EXECUTED),
+    ];
+    for (status, golden) in cases {
+        check(
+            &format!("step {status:?}"),
+            &step(status),
+            |s| encode_step(RKEY, s),
+            |b| decode_step(RKEY, "charge", b),
+            golden,
+        )?;
+    }
+    let bare = StepRecord {
+        settled_at_ms: None,
+        last_asked_ms: None,
+        evidence: Vec::new(),
+        ..step(StepStatus::Reserved)
+    };
+    check(
+        "step without options",
+        &bare,
+        |s| encode_step(RKEY, s),
+        |b| decode_step(RKEY, "charge", b),
+        STEP_BARE,
+    )
+}
+
+/// Evidence log entries (`idempotency.history`), one per actor.
+#[test]
+fn history_entries_of_every_actor() -> TestResult {
+    let entry = |seq: u32, actor: Actor, step: Option<&str>| HistoryRecord {
+        seq,
+        at_ms: 1_790_000_000_014,
+        actor,
+        step: step.map(str::to_owned),
+        from: "reserved".into(),
+        to: "confirmed".into(),
+        evidence: vec![7, 0, 200],
+    };
+    let cases = [
+        (
+            entry(5, Actor::Claim { token: 301 }, Some("charge")),
+            HISTORY_CLAIM,
+        ),
+        (entry(6, Actor::Resolver, Some("charge")), HISTORY_RESOLVER),
+        (
+            entry(
+                7,
+                Actor::Operator {
+                    reason: "ledger checked".into(),
+                },
+                None,
+            ),
+            HISTORY_OPERATOR,
+        ),
+        (entry(8, Actor::Sweeper, Some("receipt")), HISTORY_SWEEPER),
+    ];
+    for (e, golden) in cases {
+        let seq = e.seq;
+        check(
+            &format!("history {:?}", e.actor),
+            &e,
+            |h| encode_history(RKEY, h),
+            |b| decode_history(RKEY, seq, b),
+            golden,
+        )?;
+    }
+    Ok(())
+}
+
 // The committed golden bytes (hex), written by the released format 2.
 const PROCESSING: &str = concat!(
     "020001080f161d242b323940474e555c636a71787f868d949ba2a9b0b7bec5cc",
@@ -192,3 +290,16 @@ const OUTBOX: &str = concat!(
     "8c3472e4c727dac688ee",
 );
 const ENTITY: &str = "020470616964028ad8c1a28c348751fb6944c0d600";
+
+// Effect steps and log entries (same framing, tags `idempotency.step` and
+// `idempotency.history`), fixed by the build that added them.
+const STEP_RESERVED: &str = "0206636861726765136964656d5f3132635f7265662f63686172676500ac02030009ff8bd8c1a28c34018cd8c1a28c3404018dd8c1a28c341c3aa8fa3d899356";
+const STEP_CONFIRMED: &str = "0206636861726765136964656d5f3132635f7265662f63686172676501ac02030009ff8bd8c1a28c34018cd8c1a28c3404018dd8c1a28c3468c4ab31d97e4f86";
+const STEP_FAILED: &str = "0206636861726765136964656d5f3132635f7265662f63686172676502ac02030009ff8bd8c1a28c34018cd8c1a28c3404018dd8c1a28c348caddb7869dfc478";
+const STEP_UNKNOWN: &str = "0206636861726765136964656d5f3132635f7265662f63686172676503ac02030009ff8bd8c1a28c34018cd8c1a28c3404018dd8c1a28c340ced7878df8a1006";
+const STEP_NOT_EXECUTED: &str = "0206636861726765136964656d5f3132635f7265662f63686172676504ac02030009ff8bd8c1a28c34018cd8c1a28c3404018dd8c1a28c34b274263aef06864c";
+const STEP_BARE: &str = "0206636861726765136964656d5f3132635f7265662f63686172676500ac02008bd8c1a28c34000400c5c46c2937c3d0e5";
+const HISTORY_CLAIM: &str = "02058ed8c1a28c3400ad02010663686172676508726573657276656409636f6e6669726d6564030700c8fe195a06e2c22562";
+const HISTORY_RESOLVER: &str = "02068ed8c1a28c3401010663686172676508726573657276656409636f6e6669726d6564030700c8ea8181176a64eb25";
+const HISTORY_OPERATOR: &str = "02078ed8c1a28c34020e6c656467657220636865636b65640008726573657276656409636f6e6669726d6564030700c8c1338e064ea66568";
+const HISTORY_SWEEPER: &str = "02088ed8c1a28c340301077265636569707408726573657276656409636f6e6669726d6564030700c8ae08abe2ad7d6a9e";
