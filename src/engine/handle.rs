@@ -448,8 +448,8 @@ impl Engine {
 
     /// The key's effect steps, in the order the store keeps them (by name).
     /// A step reserved under a claim that no longer runs is reported as
-    /// `Unknown` (read-time truth). Empty for a key without steps or
-    /// without a record.
+    /// `Unknown` (read-time truth). Empty for a key without steps; a key
+    /// released to resume has no record but keeps its steps until claimed.
     ///
     /// # Errors
     ///
