@@ -140,13 +140,17 @@ both_backends! {
 
 both_backends! {
     /// A resumed key that nobody retries: its steps and evidence log must
-    /// not outlive every TTL and tombstone the store has (the log "expires
-    /// with its record"; here there is no record left to expire).
+    /// not outlive every TTL and tombstone the store has with no record to
+    /// expire or purge them. Adjusted to the decided design (FIXES22): the
+    /// record stays UNKNOWN ("resumable") until the client's retry resumes
+    /// it, so the key stays listed in doubt (with every step settled) like
+    /// any UNKNOWN record, its steps go with the record, and the retry
+    /// resumes it with the confirmed charge skipped.
     fn resumed_key_steps_expire(h: &Harness) -> TestResult {
         let clock = ManualClock::new(T0);
         let engine = h.open(clocked(h, &clock))?;
         let k = key("breaker-resumed-forever")?;
-        charge_then_resume(&engine, &clock, &k, 100)?;
+        let first = charge_then_resume(&engine, &clock, &k, 100)?;
         if engine.history(&k)?.is_empty() {
             return Err("the resumed key should keep its log until retried".into());
         }
@@ -155,18 +159,33 @@ both_backends! {
             clock.advance(Duration::from_millis(100 * TTL_MS));
             engine.sweep_now()?;
         }
-        let steps = engine.steps(&k)?;
-        let history = engine.history(&k)?;
-        if !steps.is_empty() || !history.is_empty() {
+        let listed = engine.in_doubt(100)?;
+        let Some(entry) = listed.iter().find(|d| d.key == k) else {
             return Err(format!(
-                "{} steps and {} log entries (evidence included) of a resumed key with no \
-                 record are still stored 300 TTLs later: nothing ever expires them",
-                steps.len(),
-                history.len()
+                "{} steps of a resumable key are stored but the key is not listed in doubt: \
+                 nothing would ever clear them",
+                engine.steps(&k)?.len()
             )
             .into());
+        };
+        if entry.steps.is_empty() || entry.steps.iter().any(|s| {
+            !matches!(
+                s.state,
+                idempotency::StepState::Confirmed
+                    | idempotency::StepState::Failed
+                    | idempotency::StepState::NotExecuted
+            )
+        }) {
+            return Err(format!("a resumable key lists unsettled steps: {:?}", entry.steps).into());
         }
-        Ok(())
+        let c = claimed(engine.begin(&k, fp(100)?)?)?;
+        if c.reference() == first {
+            return Err("the resumed claim must get a fresh reference".into());
+        }
+        match c.effect("charge")? {
+            EffectStep::Confirmed { .. } => Ok(()),
+            other => Err(format!("the retry must skip the confirmed charge, got {other:?}").into()),
+        }
     }
 }
 

@@ -58,23 +58,20 @@ pub(crate) fn recover(
             settle_by_steps(core, resolver, &in_doubt)
         };
         match settled {
-            Ok(Some((settled, resumed))) => match settled {
-                Settled::Completed(_) => {
-                    core.counters.resolved.add(1);
-                    report.completed += 1;
-                }
-                Settled::NotExecuted(()) if resumed => {
-                    core.counters.resolved.add(1);
-                    report.resumed += 1;
-                }
-                Settled::NotExecuted(()) => {
-                    core.counters.resolved.add(1);
-                    report.not_executed += 1;
-                }
-                Settled::StillInDoubt(_) => report.still_in_doubt += 1,
-            },
-            // A refused answer (see `settle_whole`), or a step still unknown.
-            Ok(None) => report.still_in_doubt += 1,
+            Ok(Recovered::Completed) => {
+                core.counters.resolved.add(1);
+                report.completed += 1;
+            }
+            Ok(Recovered::NotExecuted) => {
+                core.counters.resolved.add(1);
+                report.not_executed += 1;
+            }
+            // Every step settled: the record stays UNKNOWN until the
+            // client's retry resumes it (not resolved yet).
+            Ok(Recovered::Resumable) => report.resumed += 1,
+            // Still in doubt, a refused answer (see `settle_whole`), or a
+            // step still unknown.
+            Ok(Recovered::StillInDoubt) => report.still_in_doubt += 1,
             Err(Error::Fenced { .. } | Error::NotFound { .. }) => report.skipped += 1,
             Err(e) => return Err(e),
         }
@@ -82,19 +79,35 @@ pub(crate) fn recover(
     Ok(report)
 }
 
+/// What recovery did with one in-doubt record.
+enum Recovered {
+    Completed,
+    NotExecuted,
+    /// Every step is settled: the next `begin` with its fingerprint
+    /// resumes it.
+    Resumable,
+    StillInDoubt,
+}
+
+impl From<Settled<()>> for Recovered {
+    fn from(settled: Settled<()>) -> Self {
+        match settled {
+            Settled::Completed(_) => Recovered::Completed,
+            Settled::NotExecuted(()) => Recovered::NotExecuted,
+            Settled::StillInDoubt(_) => Recovered::StillInDoubt,
+        }
+    }
+}
+
 /// Settles a record without steps as a whole. `None`: the resolver's
 /// answer was refused (an envelope over the size limit); one bad answer
 /// must not stop the rest of the queue, so the record stays UNKNOWN.
-fn settle_whole(
-    core: &Core,
-    resolver: &dyn Resolver,
-    in_doubt: &InDoubt,
-) -> Result<Option<(Settled<()>, bool)>> {
+fn settle_whole(core: &Core, resolver: &dyn Resolver, in_doubt: &InDoubt) -> Result<Recovered> {
     let settlement = match core.settlement(&in_doubt.key, resolver.resolve(in_doubt)) {
         Ok(settlement) => settlement,
         Err(e) => {
             tracing::error!(key = %in_doubt.key, error = %e, "resolver answer refused");
-            return Ok(None);
+            return Ok(Recovered::StillInDoubt);
         }
     };
     let settled = core.store.settle(SettleRequest {
@@ -103,17 +116,14 @@ fn settle_whole(
         settlement,
         actor: Actor::Resolver,
     })?;
-    Ok(Some((settled, false)))
+    Ok(settled.into())
 }
 
 /// Settles a record with steps: each unsettled step, then (all settled)
-/// the key, completed from the steps or resumed. `None`: a step is still
-/// unsettled.
-fn settle_by_steps(
-    core: &Core,
-    resolver: &dyn Resolver,
-    in_doubt: &InDoubt,
-) -> Result<Option<(Settled<()>, bool)>> {
+/// the key: completed from the steps, or left UNKNOWN and resumable (the
+/// client's retry resumes it; the record is never deleted here, so its
+/// fingerprint is still checked and its steps go with it).
+fn settle_by_steps(core: &Core, resolver: &dyn Resolver, in_doubt: &InDoubt) -> Result<Recovered> {
     let key = &in_doubt.key;
     let Some(record) = core.store.record(key)? else {
         return Err(Error::NotFound { key: key.clone() });
@@ -129,22 +139,22 @@ fn settle_by_steps(
     let (steps, _) = core.settle_steps(key, &record, steps, Some(resolver))?;
     let now_ms = core.clock.now_ms();
     let settlement = match core.key_settlement(key, &record, steps, Some(resolver), now_ms) {
-        Ok(StepsSettled::InDoubt(_)) => return Ok(None),
+        Ok(StepsSettled::InDoubt(_)) => return Ok(Recovered::StillInDoubt),
+        Ok(StepsSettled::Settle(Settlement::Resume)) => return Ok(Recovered::Resumable),
         Ok(StepsSettled::Settle(settlement)) => settlement,
         Err(e @ Error::ResponseTooLarge { .. }) => {
             tracing::error!(key = %key, error = %e, "resolver's response from steps refused");
-            return Ok(None);
+            return Ok(Recovered::StillInDoubt);
         }
         Err(e) => return Err(e),
     };
-    let resumed = matches!(settlement, Settlement::Resume);
     let settled = core.store.settle(SettleRequest {
         key: key.clone(),
         token: record.token,
         settlement,
         actor: Actor::Resolver,
     })?;
-    Ok(Some((settled, resumed)))
+    Ok(settled.into())
 }
 
 /// The key's record if it is in doubt at `now_ms` (UNKNOWN, or PROCESSING
@@ -213,8 +223,9 @@ pub(crate) fn resolve(
 }
 
 /// Settles one step of an in-doubt key by hand; when that settles the
-/// key's last unsettled step, the key settles too (completed from the
-/// steps by the engine's resolver, or resumed).
+/// key's last unsettled step and the engine's resolver completes the key
+/// from the steps, the key completes too; otherwise it stays UNKNOWN,
+/// resumable (the client's retry resumes it).
 pub(crate) fn resolve_step(
     core: &Core,
     key: &IdempotencyKey,
@@ -246,34 +257,39 @@ pub(crate) fn resolve_step(
         answer,
         actor: actor.clone(),
     })?;
+    // The step's answer is stored: from here on nothing returns an
+    // error (the documented contract is all or nothing). A key whose
+    // steps are now all settled stays UNKNOWN and resumes on the client's
+    // retry, unless the engine's resolver completes it from the steps.
     let now_ms = core.clock.now_ms();
-    let steps = core.store.steps(key)?;
     let resolver = core.cfg.resolver.as_deref();
-    match core.key_settlement(key, &rec, steps, resolver, now_ms)? {
-        StepsSettled::InDoubt(_) => Ok(()),
-        // Resuming re-runs the handler: not before a dropped claim's lease
-        // ends (its work may still be running), as for "not executed".
-        // The next `begin` after the lease end resumes it.
-        StepsSettled::Settle(Settlement::Resume) if rec.lease_until_ms > now_ms => Ok(()),
-        StepsSettled::Settle(settlement) => {
-            let settled = core.store.settle(SettleRequest {
+    let settlement = core
+        .store
+        .steps(key)
+        .and_then(|steps| core.key_settlement(key, &rec, steps, resolver, now_ms));
+    match settlement {
+        Ok(StepsSettled::InDoubt(_) | StepsSettled::Settle(Settlement::Resume)) => {}
+        Ok(StepsSettled::Settle(settlement)) => {
+            match core.store.settle(SettleRequest {
                 key: key.clone(),
                 token: rec.token,
                 settlement,
                 actor,
-            });
-            match settled {
-                Ok(_) => {
-                    core.counters.resolved.add(1);
-                    Ok(())
-                }
+            }) {
+                Ok(_) => core.counters.resolved.add(1),
                 // Settled by someone else meanwhile (a `begin` that
                 // resumed it): the step's answer is stored all the same.
-                Err(Error::Fenced { .. } | Error::NotFound { .. }) => Ok(()),
-                Err(e) => Err(e),
+                Err(Error::Fenced { .. } | Error::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::error!(key = %key, error = %e, "step settled; completing the key from its steps failed (it stays in doubt)");
+                }
             }
         }
+        Err(e) => {
+            tracing::error!(key = %key, error = %e, "step settled; settling the key from its steps failed (it stays in doubt)");
+        }
     }
+    Ok(())
 }
 
 /// The key's steps, as seen now.

@@ -141,13 +141,14 @@ pub(crate) struct InDoubtRequest {
 pub(crate) enum Settlement {
     Completed(StoredResponse),
     /// The work never ran: the record goes, with its steps and log
-    /// (refused while a step is Confirmed).
+    /// (refused while a step is Reserved, Unknown or Confirmed: its call
+    /// may have happened; settle the steps instead).
     NotExecuted,
-    /// Every step is settled: the record is released as for
-    /// `NotExecuted`, but its steps and log are KEPT, so the next claim
-    /// resumes with them (refused while a step is unsettled). Answered
-    /// as `Settled::NotExecuted`.
-    #[cfg_attr(not(test), allow(dead_code))] // used by the engine's effect steps
+    /// Every step is settled: the old record is replaced by the waiting
+    /// claim's fresh PROCESSING record in ONE write, the steps and log
+    /// KEPT, so the claim resumes with them (refused while a step is
+    /// unsettled). Only `settle_then_claim` takes it: a key with steps is
+    /// never left without its record. Answered as `Settled::NotExecuted`.
     Resume,
     StillInDoubt,
 }

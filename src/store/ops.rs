@@ -335,6 +335,19 @@ pub(crate) trait Ops: Txn + Sized {
     /// be settled as completed at once, but not as "not executed" before
     /// its lease ends (`Error::InvalidState`).
     fn settle(&mut self, req: SettleRequest) -> OpResult<Settled<()>, Self::Fatal> {
+        if matches!(req.settlement, Settlement::Resume) {
+            // A resumable key keeps its UNKNOWN record until a claim
+            // replaces it (`settle_then_claim`): never record-less steps.
+            let state = match self.get(&req.key)? {
+                Some(rec) => State::from(rec.state),
+                None => return Err(OpError::Refused(Error::NotFound { key: req.key })),
+            };
+            return Err(OpError::Refused(Error::InvalidState {
+                key: req.key,
+                action: "resume a key without a claim to hand it to (the next begin resumes it)",
+                state,
+            }));
+        }
         self.settle_with(req, |t, key, rec, keep| {
             t.delete(key, rec)?;
             if !keep {
@@ -425,12 +438,19 @@ pub(crate) trait Ops: Txn + Sized {
                 Ok(Settled::Completed(new))
             }
             Settlement::NotExecuted => {
-                if let Some(s) = steps.iter().find(|s| s.status == StepStatus::Confirmed) {
-                    let _ = s;
+                // A step whose call happened or may have happened: "not
+                // executed" for the whole key would drop it and re-run the
+                // call under a new reference.
+                if steps.iter().any(|s| {
+                    matches!(
+                        s.status,
+                        StepStatus::Confirmed | StepStatus::Reserved | StepStatus::Unknown
+                    )
+                }) {
                     return Err(OpError::Refused(Error::InvalidState {
                         key: key.clone(),
-                        action: "settle as not executed a key with a confirmed effect step \
-                                 (settle its steps and resume it instead)",
+                        action: "settle as not executed a key with a confirmed or unsettled \
+                                 effect step (settle its steps instead; the key then resumes)",
                         state: State::from(rec.state),
                     }));
                 }
@@ -458,7 +478,14 @@ pub(crate) trait Ops: Txn + Sized {
                     _ => rec.clone(),
                 }
                 .still_in_doubt(now);
-                log(self, key, stale_entries(&rec, &steps, now), true)?;
+                let mut entries = stale_entries(&rec, &steps, now);
+                // An operator's "still unknown" leaves a trace with its
+                // reason (a resolver's counts attempts instead).
+                let by_operator = matches!(req.actor, Actor::Operator { .. });
+                if by_operator {
+                    entries.push(entry(now, req.actor, None, from, from, Vec::new()));
+                }
+                log(self, key, entries, !by_operator)?;
                 self.put(key, Some(&rec), &new)?;
                 self.steps_to_unknown(key, &steps)?;
                 Ok(Settled::StillInDoubt(new))

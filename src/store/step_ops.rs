@@ -14,7 +14,8 @@
 //!   doubt; a PROCESSING record whose lease ended moves to UNKNOWN in the
 //!   same write, its Reserved steps to Unknown;
 //! - every transition appends one entry to the key's log, except a
-//!   "still unknown" answer (the step counts its attempts instead). A
+//!   resolver's "still unknown" answer (the step counts its attempts
+//!   instead; an operator's is logged with its reason). A
 //!   transition that would take the log past [`MAX_HISTORY_ENTRIES`] is
 //!   refused (`HistoryFull`), except the engine's own moves to UNKNOWN and
 //!   a claim's completion, which are never blocked: their entries are
@@ -431,7 +432,10 @@ pub(crate) fn settle_step<T: Txn>(
             ..step
         },
     };
-    if new.status != StepStatus::Unknown {
+    // A resolver's "still unknown" only counts attempts; an operator's
+    // leaves a trace with its reason.
+    let by_operator = matches!(req.actor, Actor::Operator { .. });
+    if new.status != StepStatus::Unknown || by_operator {
         entries.push(entry(
             now,
             req.actor.clone(),

@@ -239,6 +239,36 @@ impl Fixture {
         })
     }
 
+    /// Resumes the key for a fresh claim (the only way: in one write).
+    fn resume(&self, token: u64) -> crate::error::Result<Claimed> {
+        let settled = self.store.settle_then_claim(
+            SettleRequest {
+                key: self.key.clone(),
+                token,
+                settlement: Settlement::Resume,
+                actor: Actor::Operator {
+                    reason: "ledger checked".into(),
+                },
+            },
+            ClaimRequest {
+                key: self.key.clone(),
+                fingerprint: Fingerprint::from_bytes([1; 32]),
+                lease_ms: LEASE_MS,
+            },
+        )?;
+        match settled {
+            Settled::NotExecuted(claimed) => Ok(claimed),
+            other => Err(Error::InvalidState {
+                key: self.key.clone(),
+                action: "resume (test: unexpected answer)",
+                state: match other {
+                    Settled::Completed(_) => crate::state::State::Completed,
+                    _ => crate::state::State::Unknown,
+                },
+            }),
+        }
+    }
+
     fn step(&self, name: &str) -> R<StepRecord> {
         self.store
             .steps(&self.key)?
@@ -372,6 +402,8 @@ fn a_crash_settled_step_by_step_resumes_with_the_confirmed_calls() -> TestResult
             assert_eq!(f.step("charge")?.status, StepStatus::Unknown);
             assert_eq!(f.step("receipt")?.status, StepStatus::Confirmed);
             // Not all steps settled: no resume, nothing written.
+            assert!(matches!(f.resume(c.token), Err(Error::InvalidState { .. })));
+            // Never without a claim to hand the key to.
             assert!(matches!(
                 f.settle(c.token, Settlement::Resume),
                 Err(Error::InvalidState { .. })
@@ -394,12 +426,13 @@ fn a_crash_settled_step_by_step_resumes_with_the_confirmed_calls() -> TestResult
                 f.settle(c.token, Settlement::NotExecuted),
                 Err(Error::InvalidState { .. })
             ));
+            // All settled, no claim waiting: still refused, the record stays.
             assert!(matches!(
-                f.settle(c.token, Settlement::Resume)?,
-                Settled::NotExecuted(())
+                f.settle(c.token, Settlement::Resume),
+                Err(Error::InvalidState { .. })
             ));
-            assert!(f.store.record(&f.key)?.is_none());
-            let next = f.claim()?;
+            assert!(f.store.record(&f.key)?.is_some());
+            let next = f.resume(c.token)?;
             assert!(next.token > c.token);
             let names: Vec<_> = next
                 .steps
@@ -559,8 +592,8 @@ fn a_full_log_refuses_the_transition_and_writes_nothing() -> TestResult {
             // Each round: reserve, in doubt, settled not executed, resumed: four
             // entries.
             let mut round = 0;
+            let mut c = f.claim()?;
             loop {
-                let c = f.claim()?;
                 if f.log_len()? + 1 > MAX_HISTORY_ENTRIES {
                     break;
                 }
@@ -571,11 +604,10 @@ fn a_full_log_refuses_the_transition_and_writes_nothing() -> TestResult {
                 }
                 f.in_doubt(c.token)?;
                 f.settle_step(c.token, "charge", StepAnswer::NotExecuted)?;
-                if matches!(
-                    f.settle(c.token, Settlement::Resume),
-                    Err(Error::HistoryFull { .. })
-                ) {
-                    break;
+                match f.resume(c.token) {
+                    Ok(next) => c = next,
+                    Err(Error::HistoryFull { .. }) => break,
+                    Err(e) => return Err(e.into()),
                 }
                 round += 1;
                 if round > MAX_HISTORY_ENTRIES {

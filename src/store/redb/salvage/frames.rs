@@ -259,8 +259,16 @@ impl Work {
         g: &mut Gathered,
     ) {
         let lost = &mut g.report.lost;
+        // A key's steps and log are copied only with its record: without
+        // it nothing could settle them, and the key would look resumable.
+        let orphan = "its record was not copied (listed above); it goes with it";
         for ((rkey, name), value) in std::mem::take(&mut self.steps) {
             match codec::decode_step(&rkey, &name, &value) {
+                Ok(_) if !g.records.contains_key(&rkey) => lost.push(Lost::Step {
+                    key_hex: hex(&rkey),
+                    step: name,
+                    reason: orphan.to_owned(),
+                }),
                 Ok(_) => {
                     g.steps.insert((rkey, name), value);
                 }
@@ -273,6 +281,11 @@ impl Work {
         }
         for ((rkey, seq), value) in std::mem::take(&mut self.history) {
             match codec::decode_history(&rkey, seq, &value) {
+                Ok(_) if !g.records.contains_key(&rkey) => lost.push(Lost::HistoryEntry {
+                    key_hex: hex(&rkey),
+                    seq,
+                    reason: orphan.to_owned(),
+                }),
                 Ok(_) => {
                     g.history.insert((rkey, seq), value);
                 }
