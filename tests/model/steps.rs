@@ -606,11 +606,8 @@ impl StepRun {
             self.model.mark_unknown(token, lease_until);
         }
         self.settle_in_model(i, says);
-        if self.model.all_settled() && lease_until <= now {
-            // Resumed: released with its steps kept (not before a dropped
-            // claim's lease ends: resuming re-runs the handler).
-            self.model.rec = MRec::Free;
-        }
+        // All steps settled: the record stays (resumable); the next
+        // `begin` resumes it in one write (see `begin`).
         Ok(())
     }
 
