@@ -20,9 +20,12 @@ pub struct RecoveryReport {
     pub completed: u64,
     /// Records the resolver settled as not executed (released).
     pub not_executed: u64,
-    /// Keys with effect steps whose steps all settled and that were
-    /// released to resume with their steps kept (the next `begin` claims
-    /// them and skips the confirmed steps).
+    /// Keys with effect steps whose steps are all settled: RESUMABLE. The
+    /// record stays UNKNOWN (its fingerprint still checked) until the
+    /// client's retry resumes it: the next `begin` with the same
+    /// fingerprint replaces it by a fresh claim in one write, steps and
+    /// log kept, and skips the confirmed steps. Counted on every run until
+    /// then; a key never retried stays listed until retried or purged.
     pub resumed: u64,
     /// Records still in doubt after this run (the resolver could not tell,
     /// its answer was refused, or the record is not resolvable yet).

@@ -369,8 +369,8 @@ impl Engine {
     /// [`Engine::in_doubt`]), oldest first, by asking `resolver` about each
     /// (for a key with effect steps: about each unsettled step, asking the
     /// [`EngineBuilder::step_resolver`] for its name first; a key whose
-    /// steps all settle completes from them or is released to resume,
-    /// counted in [`RecoveryReport::resumed`]).
+    /// steps all settle completes from them or stays UNKNOWN, resumable on
+    /// the client's retry, counted in [`RecoveryReport::resumed`]).
     ///
     /// # Errors
     ///
@@ -406,7 +406,8 @@ impl Engine {
     /// [`Error::ReasonRequired`] for a blank `reason`; [`Error::NotFound`]
     /// if there is no record; [`Error::InvalidState`] if it is not UNKNOWN,
     /// or for `NotExecuted` before `resolvable_at_ms` (or, on a key with
-    /// steps, while a step is confirmed: work happened);
+    /// steps, while a step is Reserved, Unknown or Confirmed: its call
+    /// happened or may have; settle the steps instead);
     /// [`Error::Fenced`] if it changed meanwhile;
     /// [`Error::ResponseTooLarge`]; [`Error::HistoryFull`]; storage errors.
     /// Nothing is written on an error.
@@ -424,8 +425,9 @@ impl Engine {
     /// and the answer go into the evidence log. When this settles the key's
     /// last unsettled step, the key settles too: completed from the steps
     /// if the engine's resolver builds a response from them
-    /// ([`Resolver::complete_from_steps`]), else released to resume (the
-    /// next `begin` claims it and skips the confirmed steps).
+    /// ([`Resolver::complete_from_steps`]), else it stays UNKNOWN,
+    /// resumable: the next `begin` with the same fingerprint resumes it
+    /// in one write and skips the confirmed steps.
     ///
     /// # Errors
     ///
@@ -435,7 +437,9 @@ impl Engine {
     /// [`Error::InvalidState`] if the key is not in doubt, or for
     /// `NotExecuted` before its claim's lease ends; [`Error::Fenced`] if
     /// it changed meanwhile; [`Error::HistoryFull`]; storage errors.
-    /// Nothing is written on an error.
+    /// Nothing is written on an error (once the step's answer is stored,
+    /// a failure to complete the key from its steps is logged, not
+    /// returned: the key stays in doubt).
     pub fn resolve_step(
         &self,
         key: &IdempotencyKey,
@@ -448,8 +452,9 @@ impl Engine {
 
     /// The key's effect steps, in the order the store keeps them (by name).
     /// A step reserved under a claim that no longer runs is reported as
-    /// `Unknown` (read-time truth). Empty for a key without steps; a key
-    /// released to resume has no record but keeps its steps until claimed.
+    /// `Unknown` (read-time truth). Empty for a key without steps. Steps
+    /// never outlive their record: they go with it when it is purged,
+    /// expires or is settled as not executed.
     ///
     /// # Errors
     ///
