@@ -135,6 +135,19 @@ pub(crate) struct StepRequest {
     pub(crate) key: IdempotencyKey,
     pub(crate) token: u64,
     pub(crate) name: String,
+    /// The claim's deferred confirmations and rejections, written first in
+    /// the same transaction (so they cost no commit wait of their own).
+    pub(crate) finished: Vec<StepFinish>,
+}
+
+/// A confirmation (`confirmed`) or rejection of a step, as its claim
+/// reports it: alone (`FinishStepRequest`) or deferred to the claim's next
+/// write (`StepRequest::finished`, `CompleteRequest::finished`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StepFinish {
+    pub(crate) name: String,
+    pub(crate) confirmed: bool,
+    pub(crate) evidence: Vec<u8>,
 }
 
 /// Confirming (`confirmed`) or rejecting a step the claim reserved.
