@@ -80,7 +80,7 @@ impl Effects {
     /// # Errors
     ///
     /// [`Error::InvalidStepName`] (empty, over
-    /// [`crate::MAX_STEP_NAME_BYTES`], a control character or `/`);
+    /// [`crate::MAX_STEP_NAME_BYTES`], not printable ASCII, or a `/`);
     /// [`Error::StepReused`] if this claim already reserved `name`;
     /// [`Error::TooManySteps`] past [`crate::MAX_STEPS_PER_KEY`];
     /// [`Error::HistoryFull`]; [`Error::Fenced`] once the claim no longer
