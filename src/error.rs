@@ -448,8 +448,10 @@ pub enum Error {
     Closed,
 
     /// An effect step name is empty, longer than
-    /// [`crate::MAX_STEP_NAME_BYTES`] bytes, contains a control character
-    /// (`char::is_control`) or a `/` (the step's reference is
+    /// [`crate::MAX_STEP_NAME_BYTES`] bytes, contains a character that is
+    /// not printable ASCII (`u8::is_ascii_graphic`: no space, control, bidi
+    /// or other non-ASCII character, so a name cannot pass for another in
+    /// `idem show`) or a `/` (the step's reference is
     /// `{claim reference}/{name}`). Nothing was written.
     #[error("invalid effect step name {name:?}: {reason}")]
     InvalidStepName {
@@ -514,6 +516,19 @@ pub enum Error {
     /// evidence log records. Nothing was written.
     #[error("a reason is required to settle by hand; it is recorded in the evidence log")]
     ReasonRequired,
+
+    /// An operator's reason is longer than [`crate::MAX_REASON_BYTES`]
+    /// bytes (it is stored in the key's evidence log, whose size per key is
+    /// bounded). Nothing was written.
+    #[error(
+        "the reason given to settle {key} by hand is {bytes} bytes, over the limit of 1024 bytes"
+    )]
+    ReasonTooLong {
+        /// The key being settled.
+        key: IdempotencyKey,
+        /// The reason's size in bytes.
+        bytes: usize,
+    },
 
     /// Opening a database failed (lets `?` mix opening and requests in one
     /// function).

@@ -220,10 +220,18 @@
 //! that attempt may still be running), `reference` (the earlier attempt's
 //! claim reference), `steps` (each effect step's `name` and `state`:
 //! `reserved`, `confirmed`, `failed`, `unknown`, `not_executed`; never its
-//! evidence) and `retry_can_help`: `true` when the engine has a resolver
-//! that settles the key as providers answer, so a later retry is answered
-//! (a replay, or a resumed run that skips the confirmed steps); `false`
-//! when only an operator can settle it (`idem resolve`).
+//! evidence) and `retry_can_help`: `true` when the engine has someone to
+//! ask, so a later retry is answered (a replay, or a resumed run that skips
+//! the confirmed steps); `false` when only an operator can settle it
+//! (`idem resolve`). For a key without steps it is `true` when the engine
+//! has a [`crate::Resolver`]. For a key with steps, when every step not yet
+//! settled (`reserved` or `unknown`) has a per-step resolver for its name
+//! ([`crate::EngineBuilder::step_resolver`]) or the engine has a
+//! `Resolver`; the engine cannot tell whether that `Resolver` implements
+//! [`crate::Resolver::resolve_step`], so it counts as covering every step
+//! (register per-step resolvers if yours does not). The `detail` of a key
+//! with steps says that the retry runs the request again, making only the
+//! calls not already confirmed.
 //! ### outcome-not-recorded
 //! 503: the handler answered, but its outcome could not be recorded (the
 //! store failed, e.g. the disk is full), so its answer is withheld. Retry
@@ -242,6 +250,12 @@
 //! 500: the stored record for this key is damaged; the request was not
 //! run. Not retryable until an operator repairs the record (`idem verify`
 //! lists it).
+//! ### evidence-log-full
+//! 500: this key's evidence log holds [`crate::MAX_HISTORY_ENTRIES`]
+//! entries (its attempts died in doubt again and again), and the engine
+//! refuses every further transition of it; the request was not run. Not
+//! retryable: an operator must look at the key (`idem show`) and settle or
+//! purge it. No `Retry-After`.
 
 mod admit;
 mod body;

@@ -159,7 +159,8 @@ pub use salvage::{Lost, SalvageReport};
 pub use state::State;
 pub use step::{
     Actor, EffectStep, HistoryEntry, InDoubtStep, StepInfo, StepResolution, StepState,
-    MAX_EVIDENCE_BYTES, MAX_HISTORY_ENTRIES, MAX_STEPS_PER_KEY, MAX_STEP_NAME_BYTES,
+    MAX_EVIDENCE_BYTES, MAX_HISTORY_ENTRIES, MAX_REASON_BYTES, MAX_STEPS_PER_KEY,
+    MAX_STEP_NAME_BYTES,
 };
 pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};

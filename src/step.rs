@@ -14,7 +14,11 @@ use std::time::Duration;
 
 use crate::key::IdempotencyKey;
 
-/// Longest step name accepted, in bytes.
+/// Longest step name accepted, in bytes. A name is 1 to 64 printable ASCII
+/// characters (`u8::is_ascii_graphic`: letters, digits, punctuation; no
+/// space, control, bidi or other non-ASCII character, so one name cannot be
+/// printed as another) other than `/`; any other is refused with
+/// [`crate::Error::InvalidStepName`].
 pub const MAX_STEP_NAME_BYTES: usize = 64;
 
 /// Most steps one key may hold (over all its claims); the 17th distinct
@@ -23,6 +27,12 @@ pub const MAX_STEPS_PER_KEY: usize = 16;
 
 /// Largest evidence (a provider's answer, as bytes) a step stores.
 pub const MAX_EVIDENCE_BYTES: usize = 4096;
+
+/// Longest reason an operator may give when settling a key or a step by
+/// hand ([`crate::Engine::resolve`], [`crate::Engine::resolve_step`]), in
+/// bytes; a longer one is refused with [`crate::Error::ReasonTooLong`] (the
+/// reason is stored in the evidence log, like evidence).
+pub const MAX_REASON_BYTES: usize = 1024;
 
 /// Most history entries one key keeps. A transition that would write
 /// entry 257 is refused with [`crate::Error::HistoryFull`] and writes nothing (an

@@ -30,4 +30,5 @@ mod backends {
     mod recovery;
     mod reopen;
     mod steps;
+    mod steps_deferred;
 }

@@ -107,8 +107,8 @@ enum Command {
         /// The record's key.
         key: String,
         /// Why you settle it this way (what the provider said, a ticket):
-        /// written to the key's history with the settlement. Required, and
-        /// not blank.
+        /// written to the key's history with the settlement. Required, not
+        /// blank, at most 1024 bytes.
         #[arg(long, value_name = "TEXT")]
         reason: String,
         /// Settle this effect step only (by its name, as `idem show`
@@ -436,7 +436,7 @@ fn is_usage(e: &(dyn StdError + 'static)) -> bool {
         )
         || matches!(
             e.downcast_ref::<idempotency::Error>(),
-            Some(idempotency::Error::ReasonRequired)
+            Some(idempotency::Error::ReasonRequired | idempotency::Error::ReasonTooLong { .. })
         )
 }
 

@@ -217,6 +217,43 @@ fn resolve_without_a_reason_is_a_usage_error_and_changes_nothing() -> TestResult
 }
 
 #[test]
+fn an_overlong_reason_is_a_usage_error_and_changes_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (db, _) = with_steps(dir.path(), "k5", b"ch_1")?;
+    let long = "x".repeat(1025);
+    let attempts: [&[&str]; 2] = [
+        &["resolve", SCOPE, "k5", "--not-executed", "--reason", &long],
+        &[
+            "resolve",
+            SCOPE,
+            "k5",
+            "--step",
+            "receipt",
+            "--executed",
+            "msg_1",
+            "--reason",
+            &long,
+        ],
+    ];
+    for parts in attempts {
+        let (code, stderr) = failure(args(parts, &db))?;
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains("1024 bytes"), "{stderr}");
+    }
+    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k5", "--json"], &db))?)?;
+    assert_eq!(v["state"], "UNKNOWN");
+    assert!(
+        !v["history"]
+            .as_array()
+            .ok_or("no history")?
+            .iter()
+            .any(|h| h["actor"]["kind"] == "operator"),
+        "{v}"
+    );
+    Ok(())
+}
+
+#[test]
 fn step_flags_that_do_not_fit_are_usage_errors() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (db, _) = with_steps(dir.path(), "k4", b"ch_1")?;

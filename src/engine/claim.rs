@@ -131,6 +131,34 @@ impl Claim {
         self.effects.reject(name, evidence)
     }
 
+    /// Records the provider's yes for the reserved step `name`, written
+    /// with the claim's next write (its next [`Claim::effect`] or its
+    /// completion) instead of a write of its own: one commit wait less per
+    /// step. Not durable until then; a crash before it leaves the step to
+    /// be settled by asking its provider. See [`Effects::confirm_deferred`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Effects::confirm_deferred`].
+    pub fn confirm_deferred(&self, name: &str, evidence: &[u8]) -> Result<()> {
+        self.effects.confirm_deferred(name, evidence)
+    }
+
+    /// [`Claim::confirm_deferred`] for a provider that said no. See
+    /// [`Effects::reject_deferred`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Effects::confirm_deferred`].
+    pub fn reject_deferred(&self, name: &str, evidence: &[u8]) -> Result<()> {
+        self.effects.reject_deferred(name, evidence)
+    }
+
+    /// The deferred step finishes the completion carries.
+    pub(crate) fn take_deferred(&self) -> Vec<crate::store::step::StepFinish> {
+        self.effects.take_deferred()
+    }
+
     /// The key's effect steps as `begin` saw them: for a key resumed after
     /// an attempt that died, that attempt's settled steps (confirmed ones
     /// are skipped by [`Claim::effect`]); empty for a fresh key. Not

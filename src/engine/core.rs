@@ -480,6 +480,7 @@ impl Core {
                 claim: Some(ReturnedClaim::new(claim)),
             });
         }
+        let finished = claim.take_deferred();
         let (key, token) = claim.finish();
         Ok(self.store.complete_pending(CompleteRequest {
             key,
@@ -487,6 +488,7 @@ impl Core {
             completion,
             response: StoredResponse::new(envelope, resource),
             messages,
+            finished,
         }))
     }
 

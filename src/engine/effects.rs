@@ -2,7 +2,7 @@
 //! confirms and rejects steps, and the views of stored steps and history.
 
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -11,8 +11,8 @@ use crate::state::State;
 use crate::step::{Actor, EffectStep, HistoryEntry, StepInfo, StepState};
 use crate::store::record::RecordState;
 use crate::store::step::{
-    check_evidence, check_name, Actor as StoredActor, FinishStepRequest, HistoryRecord, StepRecord,
-    StepRequest, StepStatus,
+    check_evidence, check_name, Actor as StoredActor, FinishStepRequest, HistoryRecord, StepFinish,
+    StepRecord, StepRequest, StepStatus,
 };
 use crate::store::{Backend, Pending, Record};
 
@@ -35,12 +35,22 @@ struct Inner {
     key: IdempotencyKey,
     token: u64,
     store: Weak<dyn Backend>,
+    /// Confirmations and rejections waiting for the claim's next write.
+    deferred: Mutex<Vec<StepFinish>>,
+    /// Steps this handle reserved (`Run`) and has not finished yet.
+    running: Mutex<Vec<String>>,
 }
 
 impl Effects {
     pub(crate) fn new(key: IdempotencyKey, token: u64, store: Weak<dyn Backend>) -> Effects {
         Effects {
-            inner: Arc::new(Inner { key, token, store }),
+            inner: Arc::new(Inner {
+                key,
+                token,
+                store,
+                deferred: Mutex::new(Vec::new()),
+                running: Mutex::new(Vec::new()),
+            }),
         }
     }
 
@@ -70,7 +80,7 @@ impl Effects {
     /// # Errors
     ///
     /// [`Error::InvalidStepName`] (empty, over
-    /// [`crate::MAX_STEP_NAME_BYTES`], a control character or `/`);
+    /// [`crate::MAX_STEP_NAME_BYTES`], not printable ASCII, or a `/`);
     /// [`Error::StepReused`] if this claim already reserved `name`;
     /// [`Error::TooManySteps`] past [`crate::MAX_STEPS_PER_KEY`];
     /// [`Error::HistoryFull`]; [`Error::Fenced`] once the claim no longer
@@ -79,9 +89,10 @@ impl Effects {
     /// [`Error::Closed`], [`Error::Poisoned`], storage errors. A refused
     /// call writes nothing.
     pub fn effect(&self, name: &str) -> Result<EffectStep> {
-        self.reserve(name)
-            .wait()
-            .and_then(|rec| self.effect_of(rec))
+        let (pending, sent) = self.reserve(name);
+        let rec = pending.wait();
+        self.sent(&sent, rec.is_ok());
+        self.effect_of(rec?)
     }
 
     /// [`Effects::effect`] for async callers: the same write and errors,
@@ -92,8 +103,10 @@ impl Effects {
     ///
     /// As for [`Effects::effect`].
     pub async fn effect_async(&self, name: &str) -> Result<EffectStep> {
-        let rec = self.reserve(name).await?;
-        self.effect_of(rec)
+        let (pending, sent) = self.reserve(name);
+        let rec = pending.await;
+        self.sent(&sent, rec.is_ok());
+        self.effect_of(rec?)
     }
 
     /// Records that the provider said yes to the reserved step `name`,
@@ -108,7 +121,9 @@ impl Effects {
     /// [`Error::Closed`], [`Error::Poisoned`], storage errors. A refused
     /// call writes nothing.
     pub fn confirm(&self, name: &str, evidence: &[u8]) -> Result<()> {
-        self.finish(name, true, evidence).wait().map(drop)
+        self.finish(name, true, evidence).wait()?;
+        self.take_running(name);
+        Ok(())
     }
 
     /// [`Effects::confirm`] for async callers.
@@ -117,7 +132,9 @@ impl Effects {
     ///
     /// As for [`Effects::confirm`].
     pub async fn confirm_async(&self, name: &str, evidence: &[u8]) -> Result<()> {
-        self.finish(name, true, evidence).await.map(drop)
+        self.finish(name, true, evidence).await?;
+        self.take_running(name);
+        Ok(())
     }
 
     /// Records that the provider said no to the reserved step `name` (a
@@ -129,7 +146,9 @@ impl Effects {
     ///
     /// As for [`Effects::confirm`].
     pub fn reject(&self, name: &str, evidence: &[u8]) -> Result<()> {
-        self.finish(name, false, evidence).wait().map(drop)
+        self.finish(name, false, evidence).wait()?;
+        self.take_running(name);
+        Ok(())
     }
 
     /// [`Effects::reject`] for async callers.
@@ -138,28 +157,139 @@ impl Effects {
     ///
     /// As for [`Effects::confirm`].
     pub async fn reject_async(&self, name: &str, evidence: &[u8]) -> Result<()> {
-        self.finish(name, false, evidence).await.map(drop)
+        self.finish(name, false, evidence).await?;
+        self.take_running(name);
+        Ok(())
+    }
+
+    /// Records that the provider said yes to the reserved step `name`, to
+    /// be written with the claim's next write: the next
+    /// [`Effects::effect`] or the claim's completion
+    /// ([`crate::Engine::complete`], `fail` with `Failure::Final`), in the
+    /// same transaction. It saves the confirmation's own commit wait: a
+    /// request with two steps waits for 4 commits (`begin`, two `effect`s,
+    /// `complete`) instead of 6.
+    ///
+    /// Until that write the confirmation is not durable. If the process
+    /// dies first, or the claim fails in doubt or is dropped, the step is
+    /// left `Reserved` and becomes `Unknown` with its claim: it is then
+    /// settled by asking its provider (never by calling again), as any
+    /// step whose answer was lost. Use [`Effects::confirm`] when the
+    /// evidence must be on disk before going on.
+    ///
+    /// # Errors
+    ///
+    /// Checked now, without a write: [`Error::InvalidStepName`],
+    /// [`Error::EvidenceTooLarge`], [`Error::StepReused`] if `name` is
+    /// already waiting. The rest ([`Error::StepNotFound`] for a step this
+    /// claim never reserved, ...) refuses the write that carries it, which
+    /// then writes nothing.
+    pub fn confirm_deferred(&self, name: &str, evidence: &[u8]) -> Result<()> {
+        self.defer(name, true, evidence)
+    }
+
+    /// [`Effects::confirm_deferred`] for a provider that said no: the step
+    /// becomes `Failed` with the claim's next write.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Effects::confirm_deferred`].
+    pub fn reject_deferred(&self, name: &str, evidence: &[u8]) -> Result<()> {
+        self.defer(name, false, evidence)
+    }
+
+    fn defer(&self, name: &str, confirmed: bool, evidence: &[u8]) -> Result<()> {
+        check_name(name)?;
+        check_evidence(&self.inner.key, name, evidence)?;
+        // Only a step this handle reserved and has not finished: anything
+        // else would make the claim's next write refuse.
+        if !self.take_running(name) {
+            return Err(Error::StepNotFound {
+                key: self.inner.key.clone(),
+                step: name.to_string(),
+            });
+        }
+        self.deferred().push(StepFinish {
+            name: name.to_string(),
+            confirmed,
+            evidence: evidence.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// Whether this handle reserved `name` (a `Run` answer) and has not
+    /// finished it; forgets it.
+    fn take_running(&self, name: &str) -> bool {
+        let mut running = self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let was = running.iter().any(|n| n == name);
+        running.retain(|n| n != name);
+        was
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<StepFinish>> {
+        // The list is only pushed to and drained; a panic elsewhere leaves
+        // it whole.
+        self.inner
+            .deferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The deferred finishes to send with the claim's completion (taken:
+    /// the claim ends with that write, whatever its answer).
+    pub(crate) fn take_deferred(&self) -> Vec<StepFinish> {
+        std::mem::take(&mut *self.deferred())
+    }
+
+    /// After a write that carried `sent`: once it is durable they are no
+    /// longer waiting; a refused write leaves them waiting.
+    fn sent(&self, sent: &[StepFinish], durable: bool) {
+        if durable && !sent.is_empty() {
+            self.deferred().retain(|f| !sent.contains(f));
+        }
     }
 
     fn store(&self) -> Result<Arc<dyn Backend>> {
         self.inner.store.upgrade().ok_or(Error::Closed)
     }
 
-    fn reserve(&self, name: &str) -> Pending<StepRecord> {
+    /// The reservation's write, carrying the deferred finishes (returned
+    /// beside it, to be dropped from the list once it is durable).
+    fn reserve(&self, name: &str) -> (Pending<StepRecord>, Vec<StepFinish>) {
         let checked = check_name(name).and_then(|()| self.store());
         match checked {
-            Ok(store) => store.reserve_step_pending(StepRequest {
-                key: self.inner.key.clone(),
-                token: self.inner.token,
-                name: name.to_string(),
-            }),
-            Err(e) => Pending::ready(Err(e)),
+            Ok(store) => {
+                let sent = self.deferred().clone();
+                let pending = store.reserve_step_pending(StepRequest {
+                    key: self.inner.key.clone(),
+                    token: self.inner.token,
+                    name: name.to_string(),
+                    finished: sent.clone(),
+                });
+                (pending, sent)
+            }
+            Err(e) => (Pending::ready(Err(e)), Vec::new()),
         }
     }
 
     fn finish(&self, name: &str, confirmed: bool, evidence: &[u8]) -> Pending<StepRecord> {
+        let waiting = || {
+            if self.deferred().iter().any(|f| f.name == name) {
+                Err(Error::StepReused {
+                    key: self.inner.key.clone(),
+                    step: name.to_string(),
+                })
+            } else {
+                Ok(())
+            }
+        };
         let checked = check_name(name)
             .and_then(|()| check_evidence(&self.inner.key, name, evidence))
+            .and_then(|()| waiting())
             .and_then(|()| self.store());
         match checked {
             Ok(store) => store.finish_step_pending(FinishStepRequest {
@@ -176,13 +306,21 @@ impl Effects {
     /// What a reservation's stored step means to the handler.
     fn effect_of(&self, rec: StepRecord) -> Result<EffectStep> {
         let StepRecord {
+            name,
             reference,
             status,
             evidence,
             ..
         } = rec;
         match status {
-            StepStatus::Reserved => Ok(EffectStep::Run { reference }),
+            StepStatus::Reserved => {
+                self.inner
+                    .running
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(name);
+                Ok(EffectStep::Run { reference })
+            }
             StepStatus::Confirmed => Ok(EffectStep::Confirmed {
                 reference,
                 evidence,

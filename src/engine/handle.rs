@@ -403,8 +403,9 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`Error::ReasonRequired`] for a blank `reason`; [`Error::NotFound`]
-    /// if there is no record; [`Error::InvalidState`] if it is not UNKNOWN,
+    /// [`Error::ReasonRequired`] for a blank `reason`;
+    /// [`Error::ReasonTooLong`] for one over [`crate::MAX_REASON_BYTES`];
+    /// [`Error::NotFound`] if there is no record; [`Error::InvalidState`] if it is not UNKNOWN,
     /// or for `NotExecuted` before `resolvable_at_ms` (or, on a key with
     /// steps, while a step is Reserved, Unknown or Confirmed: its call
     /// happened or may have; settle the steps instead);
@@ -417,6 +418,7 @@ impl Engine {
         resolution: Resolution,
         reason: &str,
     ) -> Result<()> {
+        check_reason_len(key, reason)?;
         recovery::resolve(&self.core, key, resolution, reason)
     }
 
@@ -431,7 +433,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`Error::ReasonRequired`]; [`Error::InvalidStepName`];
+    /// [`Error::ReasonRequired`]; [`Error::ReasonTooLong`];
+    /// [`Error::InvalidStepName`];
     /// [`Error::EvidenceTooLarge`]; [`Error::NotFound`] (no record);
     /// [`Error::StepNotFound`] if the key has no step `name`;
     /// [`Error::InvalidState`] if the key is not in doubt, or for
@@ -447,6 +450,7 @@ impl Engine {
         resolution: crate::StepResolution,
         reason: &str,
     ) -> Result<()> {
+        check_reason_len(key, reason)?;
         recovery::resolve_step(&self.core, key, name, resolution, reason)
     }
 
@@ -478,12 +482,31 @@ impl Engine {
     }
 
     /// Whether a retry of this in-doubt key can be answered without an
-    /// operator: the engine has a resolver (and, for a key with steps, a
-    /// resolver or per-step resolvers) that settles it.
+    /// operator. A key without steps: the engine has a [`Resolver`]. A key
+    /// with steps: every step not yet settled (`Reserved` or `Unknown`) has
+    /// someone to ask, a per-step resolver for its name or the engine's
+    /// [`Resolver`]. The engine cannot tell whether that resolver
+    /// implements [`Resolver::resolve_step`] (its default answers "still
+    /// unknown"), so a `Resolver` counts as covering every step: an app
+    /// whose resolver does not answer for steps registers per-step
+    /// resolvers instead.
     #[cfg(feature = "http")]
     pub(crate) fn settles_in_doubt(&self, in_doubt: &InDoubt) -> bool {
         let cfg = &self.core.cfg;
-        cfg.resolver.is_some() || (!in_doubt.steps.is_empty() && !cfg.step_resolvers.is_empty())
+        if cfg.resolver.is_some() {
+            return true;
+        }
+        !in_doubt.steps.is_empty()
+            && in_doubt
+                .steps
+                .iter()
+                .filter(|s| {
+                    matches!(
+                        s.state,
+                        crate::StepState::Reserved | crate::StepState::Unknown
+                    )
+                })
+                .all(|s| cfg.step_resolvers.contains_key(&s.name))
     }
 
     /// Deletes one record. COMPLETED, `FINAL_FAILURE` and TOMBSTONE records
@@ -695,4 +718,17 @@ impl std::fmt::Debug for Engine {
             )
             .finish()
     }
+}
+
+/// Refuses an operator's reason over [`crate::MAX_REASON_BYTES`]: it is
+/// stored in the key's evidence log, whose size per key is bounded. (A
+/// blank reason is refused by `recovery`.)
+fn check_reason_len(key: &IdempotencyKey, reason: &str) -> Result<()> {
+    if reason.len() > crate::MAX_REASON_BYTES {
+        return Err(Error::ReasonTooLong {
+            key: key.clone(),
+            bytes: reason.len(),
+        });
+    }
+    Ok(())
 }

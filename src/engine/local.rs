@@ -37,11 +37,13 @@ where
     F: FnOnce(&mut LocalTx<'_>) -> Result<Envelope, BoxError> + Send + 'static,
 {
     let mut claim = core.own_claim(claim)?;
+    let finished = claim.take_deferred();
     let (key, token) = claim.finish();
     let local = LocalWrite {
         key: key.clone(),
         target: LocalTarget::Claimed { token },
         run: Box::new(write),
+        finished,
     };
     match core.store.local(local) {
         Ok(LocalResult::Executed) => Ok(()),
@@ -93,6 +95,7 @@ where
             lease_ms: core.cfg.lease_ms(),
         },
         run: Box::new(write),
+        finished: Vec::new(),
     };
     match core.store.local(local)? {
         LocalResult::Executed => Ok(LocalRun::Executed),

@@ -148,12 +148,22 @@ fn outcome_unknown(cfg: &Config, in_doubt: &crate::InDoubt) -> ProblemDetails {
         .iter()
         .map(|s| serde_json::json!({ "name": s.name, "state": s.state.as_str() }))
         .collect();
+    // With steps, a settled key resumes: the retry runs the handler again,
+    // and only the calls not yet confirmed are made.
+    let detail = if in_doubt.steps.is_empty() {
+        "an earlier request with this Idempotency-Key may have had effects that \
+         were not recorded; it is being recovered and will not be executed again"
+    } else {
+        "an earlier request with this Idempotency-Key stopped while an external call's \
+         outcome was unknown; each such call is being checked with its provider. Once all \
+         are settled, a retry runs the request again and makes only the calls not already \
+         confirmed"
+    };
     ProblemDetails::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "outcome-unknown",
         "Outcome being recovered",
-        "an earlier request with this Idempotency-Key may have had effects that \
-         were not recorded; it is being recovered and will not be executed again",
+        detail,
     )
     .retry_after(ceil_secs(cfg.in_doubt_retry_after))
     .lease_ends_at(in_doubt.resolvable_at_ms)
@@ -273,6 +283,20 @@ fn corrupt_problem() -> ProblemDetails {
     )
 }
 
+/// A 500 for a key whose evidence log is full (`Error::HistoryFull`): the
+/// engine refuses every further transition of the key, so a retry meets the
+/// same refusal until an operator acts (`idem show`, then `idem purge`).
+/// Nothing was run. No `Retry-After`.
+fn log_full_problem() -> ProblemDetails {
+    ProblemDetails::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "evidence-log-full",
+        "Evidence log full",
+        "this Idempotency-Key has been retried so often that its evidence log is full; the \
+         request was not run; retrying does not help: an operator must settle or purge the key",
+    )
+}
+
 /// The handler answered but its outcome could not be recorded.
 fn not_recorded(cfg: &Config) -> ProblemDetails {
     ProblemDetails::new(
@@ -334,18 +358,25 @@ async fn begin(
     begun.map_err(|e| begin_problem(key, &e))
 }
 
-/// The answer to a failed `begin`.
+/// The answer to a failed `begin`: a 500 where only an operator can help
+/// (a damaged record, a full evidence log), else a 503 `engine-error`.
 fn begin_problem(key: &IdempotencyKey, e: &crate::Error) -> ProblemDetails {
-    if let crate::Error::Corrupt {
-        what: crate::Corrupted::Record(_),
-        ..
-    } = e
-    {
-        tracing::error!(%key, error = %e, "stored record is damaged");
-        corrupt_problem()
-    } else {
-        tracing::error!(%key, error = %e, "begin failed");
-        engine_problem(e)
+    match e {
+        crate::Error::Corrupt {
+            what: crate::Corrupted::Record(_),
+            ..
+        } => {
+            tracing::error!(%key, error = %e, "stored record is damaged");
+            corrupt_problem()
+        }
+        crate::Error::HistoryFull { .. } => {
+            tracing::error!(%key, error = %e, "evidence log full: an operator must act");
+            log_full_problem()
+        }
+        _ => {
+            tracing::error!(%key, error = %e, "begin failed");
+            engine_problem(e)
+        }
     }
 }
 

@@ -22,7 +22,7 @@ pub(crate) const TYPE_PREFIX: &str = "tag:idempotency.invalid,2026:http-problems
 /// with the same key can succeed without changing anything (the body's
 /// `retryable` member). The module docs list the same names, each under its
 /// own heading (a unit test checks both ways).
-pub(crate) const KINDS: [(&str, bool); 17] = [
+pub(crate) const KINDS: [(&str, bool); 18] = [
     ("malformed-key", false),
     ("missing-key", false),
     ("invalid-scope", false),
@@ -40,6 +40,7 @@ pub(crate) const KINDS: [(&str, bool); 17] = [
     ("response-error", true),
     ("engine-error", true),
     ("stored-record-corrupt", false),
+    ("evidence-log-full", false),
 ];
 
 /// Whether a retry with the same key and request can succeed; `false` for

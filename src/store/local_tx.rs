@@ -131,6 +131,8 @@ pub(crate) struct LocalWrite {
     pub(crate) key: IdempotencyKey,
     pub(crate) target: LocalTarget,
     pub(crate) run: LocalFn,
+    /// The claim's deferred step finishes, stored with the outcome.
+    pub(crate) finished: Vec<super::step::StepFinish>,
 }
 
 impl std::fmt::Debug for LocalWrite {

@@ -114,6 +114,9 @@ pub(crate) struct CompleteRequest {
     pub(crate) response: StoredResponse,
     /// Outbox messages stored in the same transaction.
     pub(crate) messages: Vec<OutgoingMessage>,
+    /// The claim's deferred step confirmations and rejections, stored in
+    /// the same transaction before the outcome.
+    pub(crate) finished: Vec<step::StepFinish>,
 }
 
 /// Who moves a PROCESSING record to UNKNOWN.

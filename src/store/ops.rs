@@ -24,7 +24,7 @@ use super::codec::DecodeError;
 use super::record::{reference, EntityState, Record, RecordState};
 use super::step::{Actor, FinishStepRequest, SettleStepRequest, StepRequest, StepStatus};
 use super::step::{HistoryRecord, StepRecord};
-use super::step_ops::{self, drop_steps, entry, log, steps_of, to_unknown};
+use super::step_ops::{self, apply_finishes, drop_steps, entry, log, steps_of, to_unknown};
 use super::{
     Abandon, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Found, InDoubtRequest,
     SettleRequest, Settled, Settlement, TransitionRequest,
@@ -222,7 +222,20 @@ pub(crate) trait Ops: Txn + Sized {
     /// Stores a claim's outcome, with any outbox messages it carries.
     fn complete(&mut self, req: CompleteRequest) -> OpResult<(), Self::Fatal> {
         let rec = self.owned(&req.key, req.token, "complete")?;
-        let steps = steps_of(self, &req.key)?;
+        let mut steps = steps_of(self, &req.key)?;
+        let now = self.now();
+        // The claim's deferred confirmations land first, in this write (a
+        // completion after the lease ended may also settle its own steps
+        // the lease end moved to Unknown).
+        let (finished, entries) = apply_finishes(
+            &req.key,
+            req.token,
+            &mut steps,
+            req.finished,
+            now,
+            rec.state != RecordState::Processing,
+        )
+        .map_err(OpError::Refused)?;
         // A step this claim reserved and never finished: its call's outcome
         // is unknown to the holder too (Unknown once the lease ended and
         // the record went UNKNOWN: a late complete would leave it unsettled
@@ -238,8 +251,12 @@ pub(crate) trait Ops: Txn + Sized {
             }));
         }
         let cfg = self.cfg();
-        let now = self.now();
         let new = rec.completed(req.completion, req.response, now, cfg.ttl_ms);
+        // Refused (nothing written) when the log has no room for them.
+        log(self, &req.key, entries, false)?;
+        for step in &finished {
+            self.store_step(&req.key, step).map_err(OpError::Fatal)?;
+        }
         if !steps.is_empty() {
             // The log says who completed a key that made calls; never
             // blocked by a full log.

@@ -135,6 +135,19 @@ pub(crate) struct StepRequest {
     pub(crate) key: IdempotencyKey,
     pub(crate) token: u64,
     pub(crate) name: String,
+    /// The claim's deferred confirmations and rejections, written first in
+    /// the same transaction (so they cost no commit wait of their own).
+    pub(crate) finished: Vec<StepFinish>,
+}
+
+/// A confirmation (`confirmed`) or rejection of a step, as its claim
+/// reports it: alone (`FinishStepRequest`) or deferred to the claim's next
+/// write (`StepRequest::finished`, `CompleteRequest::finished`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StepFinish {
+    pub(crate) name: String,
+    pub(crate) confirmed: bool,
+    pub(crate) evidence: Vec<u8>,
 }
 
 /// Confirming (`confirmed`) or rejecting a step the claim reserved.
@@ -171,7 +184,10 @@ pub(crate) struct SettleStepRequest {
     pub(crate) actor: Actor,
 }
 
-/// Checks a step name: 1..=64 bytes, no control characters, no '/'.
+/// Checks a step name: 1..=64 bytes of printable ASCII
+/// (`u8::is_ascii_graphic`: no space, no control, bidi or other format
+/// character that could make `idem show` print one name as another), no
+/// '/'.
 ///
 /// # Errors
 /// `Error::InvalidStepName`.
@@ -180,8 +196,8 @@ pub(crate) fn check_name(name: &str) -> Result<(), Error> {
         Some("it is empty")
     } else if name.len() > MAX_STEP_NAME_BYTES {
         Some("it is longer than 64 bytes")
-    } else if name.chars().any(char::is_control) {
-        Some("it contains a control character")
+    } else if !name.bytes().all(|b| b.is_ascii_graphic()) {
+        Some("it contains a character that is not printable ASCII (a space, a control or a non-ASCII character)")
     } else if name.contains('/') {
         Some("it contains '/' (a step's reference is {claim reference}/{name})")
     } else {
@@ -221,13 +237,24 @@ mod tests {
 
     #[test]
     fn step_names_are_checked() {
-        for bad in ["", "a/b", "tab\there", &"x".repeat(65)] {
+        // Bidi and format characters would let `idem show` print one name
+        // as another.
+        for bad in [
+            "",
+            "a/b",
+            "tab\there",
+            &"x".repeat(65),
+            "a b",
+            "é",
+            "charge\u{202e}",
+            "\u{200b}charge",
+        ] {
             assert!(
                 matches!(check_name(bad), Err(Error::InvalidStepName { .. })),
                 "{bad:?} accepted"
             );
         }
-        for good in ["charge", "receipt-2", &"x".repeat(64), "é"] {
+        for good in ["charge", "receipt-2", &"x".repeat(64), "a.b_c:d~1"] {
             assert!(check_name(good).is_ok(), "{good:?} refused");
         }
     }

@@ -37,7 +37,8 @@ use super::ops::{fenced, OpError, OpResult, Txn};
 use super::record::{Record, RecordState};
 use super::step::{
     check_evidence, check_name, Actor, FinishStepRequest, HistoryRecord, SettleStepRequest,
-    StepAnswer, StepRecord, StepRequest, StepStatus, MAX_HISTORY_ENTRIES, MAX_STEPS_PER_KEY,
+    StepAnswer, StepFinish, StepRecord, StepRequest, StepStatus, MAX_HISTORY_ENTRIES,
+    MAX_STEPS_PER_KEY,
 };
 
 /// Every step of `key`; a step that does not decode refuses the op with
@@ -209,79 +210,164 @@ fn running<T: Txn>(
     }
 }
 
-/// Reserves step `req.name` for the claim `req.token`.
+/// Applies a claim's confirmation or rejection `f` to `steps` (in
+/// memory; nothing is written) and returns the changed step and its log
+/// entry. The step must be one `token` reserved and still `Reserved` (or,
+/// when `late` — a completion after the lease ended — `Unknown` under the
+/// same token: the holder knows the answer).
+pub(crate) fn apply_finish(
+    key: &IdempotencyKey,
+    token: u64,
+    steps: &mut [StepRecord],
+    f: StepFinish,
+    now: u64,
+    late: bool,
+) -> Result<(StepRecord, HistoryRecord), Error> {
+    check_name(&f.name)?;
+    check_evidence(key, &f.name, &f.evidence)?;
+    let Some(step) = steps.iter_mut().find(|s| s.name == f.name) else {
+        return Err(Error::StepNotFound {
+            key: key.clone(),
+            step: f.name,
+        });
+    };
+    if step.token != token {
+        return Err(Error::InvalidState {
+            key: key.clone(),
+            action: "confirm or reject an effect step this claim did not reserve",
+            state: State::Processing,
+        });
+    }
+    let finishable =
+        step.status == StepStatus::Reserved || (late && step.status == StepStatus::Unknown);
+    if !finishable {
+        return Err(Error::StepReused {
+            key: key.clone(),
+            step: f.name,
+        });
+    }
+    let status = if f.confirmed {
+        StepStatus::Confirmed
+    } else {
+        StepStatus::Failed
+    };
+    let from = step.status.as_str();
+    step.status = status;
+    step.evidence = f.evidence;
+    step.settled_at_ms = Some(now);
+    let e = entry(
+        now,
+        Actor::Claim { token },
+        Some(&step.name),
+        from,
+        status.as_str(),
+        step.evidence.clone(),
+    );
+    Ok((step.clone(), e))
+}
+
+/// Applies `finished` to `steps` in order (in memory); the changed steps
+/// and their log entries. The first refusal refuses them all.
+pub(crate) fn apply_finishes(
+    key: &IdempotencyKey,
+    token: u64,
+    steps: &mut [StepRecord],
+    finished: Vec<StepFinish>,
+    now: u64,
+    late: bool,
+) -> Result<(Vec<StepRecord>, Vec<HistoryRecord>), Error> {
+    let mut changed = Vec::new();
+    let mut entries = Vec::new();
+    for f in finished {
+        let (step, e) = apply_finish(key, token, steps, f, now, late)?;
+        changed.retain(|s: &StepRecord| s.name != step.name);
+        changed.push(step);
+        entries.push(e);
+    }
+    Ok((changed, entries))
+}
+
+/// Reserves step `req.name` for the claim `req.token`, after writing the
+/// claim's deferred confirmations (`req.finished`) in the same
+/// transaction.
 pub(crate) fn reserve_step<T: Txn>(t: &mut T, req: StepRequest) -> OpResult<StepRecord, T::Fatal> {
     check_name(&req.name).map_err(OpError::Refused)?;
     let now = t.now();
     let key = &req.key;
     let rec = running(t, key, req.token, "reserve an effect step")?;
-    let steps = steps_of(t, key)?;
+    let mut steps = steps_of(t, key)?;
+    let (mut changed, mut entries) =
+        apply_finishes(key, req.token, &mut steps, req.finished, now, false)
+            .map_err(OpError::Refused)?;
     let existing = steps.iter().find(|s| s.name == req.name).cloned();
-    let (step, from) = match existing {
-        Some(s) if s.token == req.token => {
-            return Err(OpError::Refused(Error::StepReused {
-                key: key.clone(),
-                step: req.name,
-            }))
-        }
-        // An earlier claim's call happened (or was refused): skip it.
-        Some(s) if matches!(s.status, StepStatus::Confirmed | StepStatus::Failed) => return Ok(s),
-        Some(s) if s.status == StepStatus::NotExecuted => (
-            StepRecord {
-                status: StepStatus::Reserved,
-                token: req.token,
-                evidence: Vec::new(),
-                reserved_at_ms: now,
-                settled_at_ms: None,
-                attempts: 0,
-                last_asked_ms: None,
-                ..s
-            },
-            StepStatus::NotExecuted.as_str(),
-        ),
-        Some(_) => {
-            return Err(OpError::Refused(Error::InvalidState {
+    let reserved =
+        match existing {
+            Some(s) if s.token == req.token => {
+                return Err(OpError::Refused(Error::StepReused {
+                    key: key.clone(),
+                    step: req.name,
+                }))
+            }
+            // An earlier claim's call happened (or was refused): skip it.
+            Some(s) if matches!(s.status, StepStatus::Confirmed | StepStatus::Failed) => Err(s),
+            Some(s) if s.status == StepStatus::NotExecuted => Ok((
+                StepRecord {
+                    status: StepStatus::Reserved,
+                    token: req.token,
+                    evidence: Vec::new(),
+                    reserved_at_ms: now,
+                    settled_at_ms: None,
+                    attempts: 0,
+                    last_asked_ms: None,
+                    ..s
+                },
+                StepStatus::NotExecuted.as_str(),
+            )),
+            Some(_) => return Err(OpError::Refused(Error::InvalidState {
                 key: key.clone(),
                 action:
                     "reserve an effect step whose earlier call is still unknown (settle it first)",
                 state: State::Processing,
-            }))
+            })),
+            None if steps.len() >= MAX_STEPS_PER_KEY => {
+                return Err(OpError::Refused(Error::TooManySteps { key: key.clone() }))
+            }
+            None => Ok((
+                StepRecord {
+                    reference: format!("{}/{}", rec.reference, req.name),
+                    name: req.name,
+                    status: StepStatus::Reserved,
+                    token: req.token,
+                    evidence: Vec::new(),
+                    reserved_at_ms: now,
+                    settled_at_ms: None,
+                    attempts: 0,
+                    last_asked_ms: None,
+                },
+                "",
+            )),
+        };
+    let answer = match reserved {
+        Ok((step, from)) => {
+            entries.push(entry(
+                now,
+                Actor::Claim { token: req.token },
+                Some(&step.name),
+                from,
+                "reserved",
+                Vec::new(),
+            ));
+            changed.push(step.clone());
+            tracing::debug!(key = %key, token = req.token, step = %step.name, reference = %step.reference, "effect step reserved");
+            step
         }
-        None if steps.len() >= MAX_STEPS_PER_KEY => {
-            return Err(OpError::Refused(Error::TooManySteps { key: key.clone() }))
-        }
-        None => (
-            StepRecord {
-                reference: format!("{}/{}", rec.reference, req.name),
-                name: req.name,
-                status: StepStatus::Reserved,
-                token: req.token,
-                evidence: Vec::new(),
-                reserved_at_ms: now,
-                settled_at_ms: None,
-                attempts: 0,
-                last_asked_ms: None,
-            },
-            "",
-        ),
+        Err(earlier) => earlier,
     };
-    let actor = Actor::Claim { token: req.token };
-    log(
-        t,
-        key,
-        vec![entry(
-            now,
-            actor,
-            Some(&step.name),
-            from,
-            "reserved",
-            Vec::new(),
-        )],
-        false,
-    )?;
-    t.store_step(key, &step).map_err(OpError::Fatal)?;
-    tracing::debug!(key = %key, token = req.token, step = %step.name, reference = %step.reference, "effect step reserved");
-    Ok(step)
+    log(t, key, entries, false)?;
+    for step in &changed {
+        t.store_step(key, step).map_err(OpError::Fatal)?;
+    }
+    Ok(answer)
 }
 
 /// Confirms (`req.confirmed`) or rejects a step the claim reserved.
@@ -303,53 +389,17 @@ pub(crate) fn finish_step<T: Txn>(
                     .into(),
         })),
     }
-    let steps = steps_of(t, key)?;
-    let Some(step) = steps.into_iter().find(|s| s.name == req.name) else {
-        return Err(OpError::Refused(Error::StepNotFound {
-            key: key.clone(),
-            step: req.name,
-        }));
-    };
-    if step.token != req.token {
-        return Err(OpError::Refused(Error::InvalidState {
-            key: key.clone(),
-            action: "confirm or reject an effect step this claim did not reserve",
-            state: State::Processing,
-        }));
-    }
-    if step.status != StepStatus::Reserved {
-        return Err(OpError::Refused(Error::StepReused {
-            key: key.clone(),
-            step: req.name,
-        }));
-    }
-    let status = if req.confirmed {
-        StepStatus::Confirmed
-    } else {
-        StepStatus::Failed
-    };
-    let new = StepRecord {
-        status,
+    let mut steps = steps_of(t, key)?;
+    let finish = StepFinish {
+        name: req.name,
+        confirmed: req.confirmed,
         evidence: req.evidence,
-        settled_at_ms: Some(now),
-        ..step
     };
-    let actor = Actor::Claim { token: req.token };
-    log(
-        t,
-        key,
-        vec![entry(
-            now,
-            actor,
-            Some(&new.name),
-            "reserved",
-            status.as_str(),
-            new.evidence.clone(),
-        )],
-        false,
-    )?;
+    let (new, e) =
+        apply_finish(key, req.token, &mut steps, finish, now, false).map_err(OpError::Refused)?;
+    log(t, key, vec![e], false)?;
     t.store_step(key, &new).map_err(OpError::Fatal)?;
-    tracing::debug!(key = %key, token = req.token, step = %new.name, status = status.as_str(), "effect step finished");
+    tracing::debug!(key = %key, token = req.token, step = %new.name, status = new.status.as_str(), "effect step finished");
     Ok(new)
 }
 

@@ -175,6 +175,7 @@ impl Fixture {
             key: self.key.clone(),
             token,
             name: name.into(),
+            finished: Vec::new(),
         })
     }
 
@@ -201,6 +202,7 @@ impl Fixture {
             completion: Completion::Success,
             response: StoredResponse::new(Envelope::new(1, 201, b"ok".to_vec()), None),
             messages: Vec::new(),
+            finished: Vec::new(),
         })
     }
 

@@ -358,7 +358,9 @@ both_backends! {
         let k = key("steps-bad")?;
         let c = claimed(engine.begin(&k, fp(1)?)?)?;
         let long = "x".repeat(65);
-        for bad in ["", long.as_str(), "tab\tname", "a/b"] {
+        // Not printable ASCII: a space, a bidi override, a zero-width space
+        // (`idem show` could print one name as another).
+        for bad in ["", long.as_str(), "tab\tname", "a/b", "a b", "charge\u{202e}", "\u{200b}charge", "é"] {
             let err = c.effect(bad).err().ok_or_else(|| format!("{bad:?} accepted"))?;
             assert!(matches!(err, Error::InvalidStepName { .. }), "{bad:?}: {err:?}");
         }

@@ -55,7 +55,12 @@ fn refused(e: OpError<Fault>) -> Error {
 
 impl Shared {
     pub(super) fn local(&self, write: LocalWrite) -> Result<LocalResult> {
-        let LocalWrite { key, target, run } = write;
+        let LocalWrite {
+            key,
+            target,
+            run,
+            finished,
+        } = write;
         let mut conn = self.live_conn(WHAT)?;
         // A fresh claim can lose an insert race before the app's closure
         // runs; the transaction is then retried (the closure has not run).
@@ -109,6 +114,7 @@ impl Shared {
                 completion: Completion::Success,
                 response: StoredResponse::new(envelope, None),
                 messages,
+                finished,
             })
             .map_err(refused)?;
         self.commit(WHAT, tx)?;

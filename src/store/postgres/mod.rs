@@ -587,7 +587,10 @@ impl Backend for PgStore {
 
     fn complete(&self, req: CompleteRequest) -> Result<()> {
         self.open_check()?;
-        if let Some(remembered) = self.remembered.take(&req.key, req.token) {
+        // Deferred step confirmations need the full transaction (the
+        // one-statement completion writes only the record).
+        let remembered = self.remembered.take(&req.key, req.token);
+        if let Some(remembered) = remembered.filter(|_| req.finished.is_empty()) {
             if guard("storing an outcome", || {
                 self.complete_in_place(&req, remembered)
             })? {

@@ -641,6 +641,7 @@ mod tests {
             completion: Completion::Success,
             response: StoredResponse::new(crate::Envelope::new(1, 200, b"ok".to_vec()), None),
             messages: Vec::new(),
+            finished: Vec::new(),
         };
         let shared = store.shared()?;
         assert_eq!(shared.in_place_landed(&req, &old)?, Some(false));

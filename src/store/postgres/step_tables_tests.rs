@@ -82,6 +82,7 @@ fn two_calls(store: &PgStore, key: &IdempotencyKey) -> R<()> {
             key: key.clone(),
             token: c.token,
             name: name.into(),
+            finished: Vec::new(),
         })?;
         store.finish_step(FinishStepRequest {
             key: key.clone(),
@@ -97,6 +98,7 @@ fn two_calls(store: &PgStore, key: &IdempotencyKey) -> R<()> {
         completion: Completion::Success,
         response: StoredResponse::new(Envelope::new(1, 200, b"ok".to_vec()), None),
         messages: Vec::new(),
+        finished: Vec::new(),
     })?;
     Ok(())
 }
@@ -160,6 +162,7 @@ fn verify_names_a_damaged_step_and_log_entry_and_read_only_reads_them() -> R<()>
             key: k.clone(),
             token: 1,
             name: "x".into(),
+            finished: Vec::new(),
         }),
         Err(crate::error::Error::ReadOnly { .. })
     ));

@@ -19,7 +19,12 @@ impl Tables<'_> {
     /// failed or panicked, the response is too large, the claim is fenced)
     /// makes the writer roll the whole transaction back.
     pub(super) fn local(&mut self, write: LocalWrite) -> Result<LocalResult, OpError> {
-        let LocalWrite { key, target, run } = write;
+        let LocalWrite {
+            key,
+            target,
+            run,
+            finished,
+        } = write;
         let token = match target {
             LocalTarget::Claimed { token } => token,
             LocalTarget::Fresh {
@@ -46,6 +51,7 @@ impl Tables<'_> {
             completion: Completion::Success,
             response: StoredResponse::new(envelope, None),
             messages: ltx.into_outbox(),
+            finished,
         })?;
         Ok(LocalResult::Executed)
     }

@@ -196,6 +196,7 @@ mod tests {
             completion: Completion::Success,
             response: response("holder"),
             messages: Vec::new(),
+            finished: Vec::new(),
         });
         assert!(matches!(late, Err(Error::Fenced { .. })), "{late:?}");
         let rec = second.record(&a)?.ok_or("gone")?;

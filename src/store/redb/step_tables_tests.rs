@@ -79,6 +79,7 @@ fn two_calls(store: &RedbStore, key: &IdempotencyKey) -> R<()> {
             key: key.clone(),
             token: c.token,
             name: name.into(),
+            finished: Vec::new(),
         })?;
         store.finish_step(FinishStepRequest {
             key: key.clone(),
@@ -94,6 +95,7 @@ fn two_calls(store: &RedbStore, key: &IdempotencyKey) -> R<()> {
         completion: Completion::Success,
         response: StoredResponse::new(Envelope::new(1, 200, b"paid".to_vec()), None),
         messages: Vec::new(),
+        finished: Vec::new(),
     })?;
     Ok(())
 }
