@@ -47,15 +47,7 @@ impl Shared {
              WHERE s.scope = $1 AND s.key = $2 ORDER BY s.name",
             self.names.steps, self.names.records
         );
-        let rows = self.read(what, |conn| {
-            match conn.query_typed(
-                &sql,
-                &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
-            ) {
-                Err(e) if missing_table(&e) => Ok(Vec::new()),
-                other => other,
-            }
-        })?;
+        let rows = self.rows_of_key(what, &sql, key)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let name: String = row.get(0);
@@ -80,6 +72,23 @@ impl Shared {
         Ok(out)
     }
 
+    /// The rows `sql` (parameters `$1` scope, `$2` key) returns for `key`;
+    /// none when its table does not exist yet (a schema from before
+    /// effect steps, opened without creating tables).
+    fn rows_of_key(
+        &self,
+        what: &'static str,
+        sql: &str,
+        key: &IdempotencyKey,
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        self.read(what, |conn| {
+            match conn.query_typed(sql, &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)]) {
+                Err(e) if missing_table(&e) => Ok(Vec::new()),
+                other => other,
+            }
+        })
+    }
+
     /// `key`'s evidence log, oldest first.
     pub(super) fn history(&self, key: &IdempotencyKey) -> Result<Vec<HistoryRecord>> {
         let what = "reading the evidence log";
@@ -87,15 +96,7 @@ impl Shared {
             "SELECT seq, entry FROM {} WHERE scope = $1 AND key = $2 ORDER BY seq",
             self.names.history
         );
-        let rows = self.read(what, |conn| {
-            match conn.query_typed(
-                &sql,
-                &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
-            ) {
-                Err(e) if missing_table(&e) => Ok(Vec::new()),
-                other => other,
-            }
-        })?;
+        let rows = self.rows_of_key(what, &sql, key)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let seq = u32::try_from(row.get::<_, i64>(0)).unwrap_or(u32::MAX);
