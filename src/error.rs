@@ -316,7 +316,7 @@ pub enum Error {
 
     /// The operation is not allowed in the record's current state (for
     /// example purging a PROCESSING record without [`crate::PurgeMode::Force`]).
-    #[error("cannot {action} {key}: record is {state}")]
+    #[error("{key}: record is {state}, cannot {action}")]
     InvalidState {
         /// The key involved.
         key: IdempotencyKey,

@@ -238,9 +238,13 @@ pub struct HistoryEntry {
     /// The step it is about; `None` for the operation as a whole.
     pub step: Option<String>,
     /// The state before (a step state's [`StepState::as_str`], or a record
-    /// state such as `UNKNOWN`).
+    /// state such as `UNKNOWN`); empty for a step reserved for the first
+    /// time (the CLI prints it as `new`).
     pub from: String,
-    /// The state after (`tombstone` for a tombstone's summary).
+    /// The state after: a step state, or for the operation a record state
+    /// (`COMPLETED`, `FAILED`), `RESUMED` (the next `begin` took the key
+    /// over with its settled steps) or `TOMBSTONE` (a tombstone's summary).
+    /// docs/design.md ("The evidence log") lists every transition logged.
     pub to: String,
     /// The evidence given with the change (a provider's answer; for a
     /// tombstone, a short text listing the steps and the entries dropped).
