@@ -419,7 +419,7 @@ impl Engine {
         reason: &str,
     ) -> Result<()> {
         check_reason_len(key, reason)?;
-        recovery::resolve(&self.core, key, resolution, reason)
+        recovery::resolve(&self.core, key, resolution, reason).map_err(|e| e.naming(key, None))
     }
 
     /// Settles one effect step of an in-doubt key by hand (what `idem
@@ -452,6 +452,7 @@ impl Engine {
     ) -> Result<()> {
         check_reason_len(key, reason)?;
         recovery::resolve_step(&self.core, key, name, resolution, reason)
+            .map_err(|e| e.naming(key, Some(name)))
     }
 
     /// The key's effect steps, in the order the store keeps them (by name).
@@ -522,7 +523,10 @@ impl Engine {
     /// [`Error::InvalidState`] or [`Error::Corrupt`] (a corrupt record);
     /// storage errors.
     pub fn purge(&self, key: &IdempotencyKey, mode: PurgeMode) -> Result<Option<State>> {
-        self.core.store.purge(key.clone(), mode)
+        self.core
+            .store
+            .purge(key.clone(), mode)
+            .map_err(|e| e.naming(key, None))
     }
 
     /// Runs one full sweep pass now, in bounded steps: stale PROCESSING

@@ -73,7 +73,7 @@ pub(crate) fn recover(
             // step still unknown.
             Ok(Recovered::StillInDoubt) => report.still_in_doubt += 1,
             Err(Error::Fenced { .. } | Error::NotFound { .. }) => report.skipped += 1,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.naming(&in_doubt.key, None)),
         }
     }
     Ok(report)

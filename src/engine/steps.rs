@@ -132,13 +132,14 @@ impl Core {
                 continue;
             };
             asked = true;
-            out.push(self.store.settle_step(SettleStepRequest {
+            let settled = self.store.settle_step(SettleStepRequest {
                 key: key.clone(),
                 token: record.token,
                 name: step.name.clone(),
                 answer,
                 actor: Actor::Resolver,
-            })?);
+            });
+            out.push(settled.map_err(|e| e.naming(key, Some(&step.name)))?);
         }
         Ok((out, asked))
     }
