@@ -12,7 +12,7 @@ use std::fmt;
 use std::io::Write;
 
 use idempotency::{
-    Actor, Corrupted, Damage, Engine, Envelope, HistoryEntry, IdempotencyKey, PurgeMode,
+    Actor, Corrupted, Damage, Engine, Envelope, HistoryEntry, IdempotencyKey, InDoubt, PurgeMode,
     RecordFilter, RecordInfo, Resolution, State, StepInfo, StepResolution,
 };
 use serde_json::{json, Value};
@@ -473,6 +473,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                     "in_doubt_ms": duration_ms(p.age),
                     "reason": p.reason,
                     "steps": p.steps.iter().filter(|s| unsettled(s)).map(step_json).collect::<Vec<_>>(),
+                    "resumable": p.is_resumable(),
                 })
             })
             .collect();
@@ -492,7 +493,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                 p.attempts.to_string(),
                 human_ms(now.saturating_sub(p.claimed_at_ms)),
                 human_ms(duration_ms(p.age)),
-                unsettled_steps(&p.steps),
+                unsettled_steps(p),
                 escape_controls(&p.reason),
             ]
         })
@@ -512,9 +513,15 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
 }
 
 /// The UNSETTLED STEPS cell: `charge (UNKNOWN, 3 attempts, 42s)` for each
-/// step still waiting for its provider's answer, `-` for none.
-fn unsettled_steps(steps: &[StepInfo]) -> String {
-    let cells: Vec<String> = steps
+/// step still waiting for its provider's answer; `none: resumable` for a
+/// key whose steps are all settled (it waits for its client's retry), `-`
+/// for a key without steps.
+fn unsettled_steps(p: &InDoubt) -> String {
+    if p.is_resumable() {
+        return "none: resumable".to_string();
+    }
+    let cells: Vec<String> = p
+        .steps
         .iter()
         .filter(|s| unsettled(s))
         .map(|s| {

@@ -175,6 +175,33 @@ fn unknown_shows_each_keys_unsettled_steps() -> TestResult {
     assert_eq!(steps[0]["state"], "unknown");
     assert_eq!(steps[0]["attempts"], 0);
     assert!(steps[0]["age_ms"].is_u64());
+    assert_eq!(rows[0]["resumable"], false);
+    Ok(())
+}
+
+#[test]
+fn unknown_marks_a_key_whose_steps_are_all_settled_resumable() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (db, _) = with_steps(dir.path(), "k9", b"ch_1")?;
+    let settle = [
+        "resolve",
+        SCOPE,
+        "k9",
+        "--step",
+        "receipt",
+        "--executed",
+        "msg_1",
+        "--reason",
+        "mailer log shows msg_1",
+    ];
+    idem_ok(args(&settle, &db))?;
+    let text = idem_ok(args(&["unknown"], &db))?;
+    let row = text.lines().nth(1).ok_or(text.clone())?;
+    assert!(row.contains("none: resumable"), "{text}");
+    let rows: Vec<Value> = serde_json::from_str(&idem_ok(args(&["unknown", "--json"], &db))?)?;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["resumable"], true);
+    assert_eq!(rows[0]["steps"].as_array().map(Vec::len), Some(0));
     Ok(())
 }
 

@@ -372,6 +372,14 @@ impl Engine {
     /// steps all settle completes from them or stays UNKNOWN, resumable on
     /// the client's retry, counted in [`RecoveryReport::resumed`]).
     ///
+    /// Resumable keys ([`InDoubt::is_resumable`]: every step settled,
+    /// waiting for the client's retry) do not count against `limit` while
+    /// other in-doubt records wait: the run settles up to `limit` of the
+    /// others first, then looks at resumable ones with what is left of
+    /// `limit`. So keys that are never retried cannot keep newer in-doubt
+    /// keys from recovery; the run reads past them (one record and one
+    /// steps read each, no write).
+    ///
     /// # Errors
     ///
     /// Storage errors and [`Error::Poisoned`]. Not errors: a record settled
