@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use idempotency::{
-    Engine, Failure, IdempotencyKey, InDoubt, ManualClock, RecoveryReport, Resolution, Resolver,
+    EffectStep, Engine, Failure, IdempotencyKey, InDoubt, ManualClock, RecoveryReport, Resolution,
+    Resolver,
 };
 
 use super::support::*;
@@ -28,7 +29,7 @@ impl Resolver for NotSent {
 /// key is resumable at once.
 fn leave_resumable(engine: &Engine, k: &IdempotencyKey) -> TestResult {
     let c = claimed(engine.begin(k, fp(1)?)?)?;
-    c.effect("charge")?;
+    assert!(matches!(c.effect("charge")?, EffectStep::Run { .. }));
     c.confirm("charge", b"ch_1")?;
     engine.fail(
         c,
@@ -107,7 +108,7 @@ both_backends! {
         assert!(listed.iter().all(InDoubt::is_resumable), "{listed:#?}");
         let c = claimed(engine.begin(&resumable[0], fp(1)?)?)?;
         assert!(
-            matches!(c.effect("charge")?, idempotency::EffectStep::Confirmed { .. }),
+            matches!(c.effect("charge")?, EffectStep::Confirmed { .. }),
             "a resumed key ran its confirmed step again"
         );
         Ok(())
