@@ -226,9 +226,11 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
     Ok(())
 }
 
-/// `show` for a key whose record was released to resume (every step
-/// settled, some confirmed): no record, but its steps and history are
-/// kept for the next claim, which skips the confirmed calls.
+/// `show` for a key whose record was released to resume: a resumed claim
+/// failed retryable before a call of its own, so its record went but the
+/// earlier claims' settled steps and the history stay for the next claim,
+/// which skips the confirmed calls (`cli/tests/steps.rs`,
+/// `show_a_key_released_to_resume`).
 fn show_released<W: Write>(
     key: &IdempotencyKey,
     steps: &[StepInfo],

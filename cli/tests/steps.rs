@@ -179,6 +179,54 @@ fn unknown_shows_each_keys_unsettled_steps() -> TestResult {
     Ok(())
 }
 
+/// A resumed claim that fails retryable before any call of its own is
+/// released, and the earlier claim's settled steps stay for the next one:
+/// no record, steps and log kept. `show` must still show them (not "no
+/// record"), and what it says must be true: the next claim skips the
+/// confirmed call.
+#[test]
+fn show_a_key_released_to_resume() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    let k = key(SCOPE, "k10")?;
+    {
+        let engine = engine(&db)?;
+        let first = claim(&engine, &k, fp(BODY)?)?;
+        let EffectStep::Run { .. } = first.effect("charge")? else {
+            return Err("a new step must run".into());
+        };
+        first.confirm("charge", b"ch_7")?;
+        let reason = "crashed after the charge".to_string();
+        engine.fail(first, Failure::InDoubt { reason })?;
+        // Every step settled: the retry resumes the key...
+        let resumed = claim(&engine, &k, fp(BODY)?)?;
+        // ... and gives up before any call of its own.
+        engine.fail(resumed, Failure::Retryable)?;
+        assert!(engine.record(&k)?.is_none(), "the record was not released");
+    }
+    let text = idem_ok(args(&["show", SCOPE, "k10"], &db))?;
+    assert!(text.contains("released to resume"), "{text}");
+    let charge = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("charge "))
+        .ok_or(text.clone())?;
+    assert!(
+        charge.contains("confirmed") && charge.contains("ch_7"),
+        "{charge}"
+    );
+    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k10", "--json"], &db))?)?;
+    assert!(v["state"].is_null(), "{v}");
+    assert_eq!(v["steps"][0]["state"], "confirmed", "{v}");
+
+    let engine = engine(&db)?;
+    let next = claim(&engine, &k, fp(BODY)?)?;
+    let EffectStep::Confirmed { evidence, .. } = next.effect("charge")? else {
+        return Err("the next claim must skip the confirmed charge".into());
+    };
+    assert_eq!(evidence, b"ch_7");
+    Ok(())
+}
+
 #[test]
 fn unknown_marks_a_key_whose_steps_are_all_settled_resumable() -> TestResult {
     let dir = tempfile::tempdir()?;
