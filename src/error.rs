@@ -391,7 +391,7 @@ pub enum Error {
     /// Unlike [`Error::Storage`], this is about one call's own transaction
     /// (PostgreSQL runs each call in its own), so it names the call's key
     /// and, for an effect-step write, the step.
-    #[error("{context}{}: not committed (the connection broke during COMMIT and the database rolled the transaction back); nothing was written, the call may be retried", subject(.key, .step))]
+    #[error("{context}{}: not committed (the connection broke during COMMIT and the database rolled the transaction back); nothing was written, the call may be retried", subject(.key.as_ref(), .step.as_deref()))]
     NotCommitted {
         /// What the engine was doing.
         context: &'static str,
@@ -619,7 +619,7 @@ impl std::fmt::Debug for ReturnedClaim {
 
 /// " for {key}" / " for step {step:?} of {key}" (empty without a key): the
 /// subject of an [`Error::NotCommitted`].
-fn subject(key: &Option<IdempotencyKey>, step: &Option<String>) -> String {
+fn subject(key: Option<&IdempotencyKey>, step: Option<&str>) -> String {
     match (key, step) {
         (Some(key), Some(step)) => format!(" for step {step:?} of {key}"),
         (Some(key), None) => format!(" for {key}"),
