@@ -13,7 +13,7 @@ use std::io::Write;
 
 use idempotency::{
     Actor, Corrupted, Damage, Engine, Envelope, HistoryEntry, IdempotencyKey, InDoubt, PurgeMode,
-    RecordFilter, RecordInfo, Resolution, State, StepInfo, StepResolution,
+    RecordFilter, RecordInfo, Resolution, State, StepInfo, StepResolution, StepState,
 };
 use serde_json::{json, Value};
 
@@ -664,7 +664,8 @@ pub fn purge<W: Write, E: Write>(
 ) -> CliResult {
     let now = engine.clock().now_ms();
     let info = match engine.record(key) {
-        Ok(info) => info.ok_or_else(|| CliError(format!("no record for {key}")))?,
+        Ok(Some(info)) => info,
+        Ok(None) => return purge_released(engine, key, force, out, warn),
         // A record that does not decode can only be deleted by force.
         Err(idempotency::Error::Corrupt {
             what: Corrupted::Record(_),
@@ -727,6 +728,46 @@ pub fn purge<W: Write, E: Write>(
             relative(info.claimed_at_ms, now)
         )?;
     }
+    Ok(())
+}
+
+/// `purge` of a key without a record: one released to resume keeps the
+/// earlier claims' settled steps and log for its next claim (see
+/// `show_released`); only `--force` deletes them.
+fn purge_released<W: Write, E: Write>(
+    engine: &Engine,
+    key: &IdempotencyKey,
+    force: bool,
+    out: &mut W,
+    warn: &mut E,
+) -> CliResult {
+    let steps = engine.steps(key)?;
+    if steps.is_empty() {
+        return Err(CliError(format!("no record for {key}")).into());
+    }
+    if !force {
+        return Err(Box::new(CliError(format!(
+            "{key} has no record but {} effect step(s) kept for its next claim (released to \
+             resume: `idem show` lists them); after a purge its next claim calls every \
+             provider again; re-run with --force to delete them",
+            steps.len()
+        ))));
+    }
+    engine.purge(key, PurgeMode::Force)?;
+    writeln!(
+        out,
+        "purged the effect steps and log of {key} (released to \
+             resume)"
+    )?;
+    let confirmed = steps
+        .iter()
+        .filter(|s| s.state == StepState::Confirmed)
+        .count();
+    writeln!(
+        warn,
+        "idem: warning: force-purged the steps of {key} ({confirmed} confirmed): its next claim \
+         calls every provider again"
+    )?;
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use idempotency::{EffectStep, Engine, Failure, StepState};
+use idempotency::{EffectStep, Engine, Failure, IdempotencyKey, StepState};
 use serde_json::Value;
 
 const SCOPE: &str = "shop:pay";
@@ -184,26 +184,32 @@ fn unknown_shows_each_keys_unsettled_steps() -> TestResult {
 /// no record, steps and log kept. `show` must still show them (not "no
 /// record"), and what it says must be true: the next claim skips the
 /// confirmed call.
+/// Charges (confirmed) and fails in doubt; the retry resumes the key and
+/// fails retryable before a call of its own: the key is released, its
+/// charge kept for the next claim.
+fn released_to_resume(db: &Path, k: &IdempotencyKey) -> TestResult {
+    let engine = engine(db)?;
+    let first = claim(&engine, k, fp(BODY)?)?;
+    let EffectStep::Run { .. } = first.effect("charge")? else {
+        return Err("a new step must run".into());
+    };
+    first.confirm("charge", b"ch_7")?;
+    let reason = "crashed after the charge".to_string();
+    engine.fail(first, Failure::InDoubt { reason })?;
+    // Every step settled: the retry resumes the key...
+    let resumed = claim(&engine, k, fp(BODY)?)?;
+    // ... and gives up before any call of its own.
+    engine.fail(resumed, Failure::Retryable)?;
+    assert!(engine.record(k)?.is_none(), "the record was not released");
+    Ok(())
+}
+
 #[test]
 fn show_a_key_released_to_resume() -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = db_path(dir.path());
     let k = key(SCOPE, "k10")?;
-    {
-        let engine = engine(&db)?;
-        let first = claim(&engine, &k, fp(BODY)?)?;
-        let EffectStep::Run { .. } = first.effect("charge")? else {
-            return Err("a new step must run".into());
-        };
-        first.confirm("charge", b"ch_7")?;
-        let reason = "crashed after the charge".to_string();
-        engine.fail(first, Failure::InDoubt { reason })?;
-        // Every step settled: the retry resumes the key...
-        let resumed = claim(&engine, &k, fp(BODY)?)?;
-        // ... and gives up before any call of its own.
-        engine.fail(resumed, Failure::Retryable)?;
-        assert!(engine.record(&k)?.is_none(), "the record was not released");
-    }
+    released_to_resume(&db, &k)?;
     let text = idem_ok(args(&["show", SCOPE, "k10"], &db))?;
     assert!(text.contains("released to resume"), "{text}");
     let charge = text
@@ -224,6 +230,30 @@ fn show_a_key_released_to_resume() -> TestResult {
         return Err("the next claim must skip the confirmed charge".into());
     };
     assert_eq!(evidence, b"ch_7");
+    Ok(())
+}
+
+/// A key released to resume has no record, yet its steps are there: `purge`
+/// refuses without `--force` (its next claim would call again) and deletes
+/// them with it.
+#[test]
+fn purge_a_key_released_to_resume() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    let k = key(SCOPE, "k11")?;
+    released_to_resume(&db, &k)?;
+    let err = idem_err(args(&["purge", SCOPE, "k11"], &db))?;
+    assert!(
+        err.contains("--force") && err.contains("released to resume"),
+        "{err}"
+    );
+    let text = idem_ok(args(&["purge", SCOPE, "k11", "--force"], &db))?;
+    assert!(text.contains("purged the effect steps and log"), "{text}");
+    let err = idem_err(args(&["show", SCOPE, "k11"], &db))?;
+    assert!(err.contains("no record"), "{err}");
+    let engine = engine(&db)?;
+    let next = claim(&engine, &k, fp(BODY)?)?;
+    assert!(matches!(next.effect("charge")?, EffectStep::Run { .. }));
     Ok(())
 }
 

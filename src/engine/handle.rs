@@ -525,6 +525,12 @@ impl Engine {
     /// already be running or have run — a possible double execution.
     /// Returns the state the record was in (`None` for a corrupt record).
     ///
+    /// A key released to resume has no record, only the effect steps and
+    /// evidence log an earlier claim left for the next one (a resumed claim
+    /// that failed retryable before a call of its own; `idem show` lists
+    /// them): [`PurgeMode::Force`] deletes those and returns `None`; its
+    /// next claim then runs every call again.
+    ///
     /// # Errors
     ///
     /// [`Error::NotFound`]; under [`PurgeMode::FinishedOnly`],
