@@ -387,10 +387,21 @@ pub enum Error {
     /// its record is still PROCESSING and becomes UNKNOWN when its lease
     /// ends (settle it with the resolver, or retry the request with the
     /// same key once it is).
-    #[error("{context}: not committed (the connection broke during COMMIT and the database rolled the transaction back); nothing was written, the call may be retried")]
+    ///
+    /// Unlike [`Error::Storage`], this is about one call's own transaction
+    /// (PostgreSQL runs each call in its own), so it names the call's key
+    /// and, for an effect-step write, the step.
+    #[error("{context}{}: not committed (the connection broke during COMMIT and the database rolled the transaction back); nothing was written, the call may be retried", subject(.key.as_ref(), .step.as_deref()))]
     NotCommitted {
         /// What the engine was doing.
         context: &'static str,
+        /// The key of the call whose write did not commit; `None` only for
+        /// a write that is not about one key (a sweep, an entity's state,
+        /// removing published outbox messages).
+        key: Option<IdempotencyKey>,
+        /// The effect step the write was for (a reservation, a
+        /// confirmation or rejection, a settlement of one step), if any.
+        step: Option<String>,
     },
 
     /// An earlier commit or I/O failure poisoned the engine: nothing is
@@ -606,5 +617,67 @@ impl std::fmt::Debug for ReturnedClaim {
     }
 }
 
+/// " for {key}" / " for step {step:?} of {key}" (empty without a key): the
+/// subject of an [`Error::NotCommitted`].
+fn subject(key: Option<&IdempotencyKey>, step: Option<&str>) -> String {
+    match (key, step) {
+        (Some(key), Some(step)) => format!(" for step {step:?} of {key}"),
+        (Some(key), None) => format!(" for {key}"),
+        (None, _) => String::new(),
+    }
+}
+
+impl Error {
+    /// Names `key` (and `step`) in an [`Error::NotCommitted`] raised below
+    /// the engine, where one transaction is known only by what it was
+    /// doing; a name already there is kept, and any other error is
+    /// returned as it is.
+    pub(crate) fn naming(self, key: &IdempotencyKey, step: Option<&str>) -> Error {
+        match self {
+            Error::NotCommitted {
+                context,
+                key: None,
+                step: None,
+            } => Error::NotCommitted {
+                context,
+                key: Some(key.clone()),
+                step: step.map(str::to_string),
+            },
+            other => other,
+        }
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_committed_names_its_key_and_step_once_named() -> Result<()> {
+        let key = IdempotencyKey::new("shop:pay", "k-1")?;
+        let bare = Error::NotCommitted {
+            context: "reserving an effect step",
+            key: None,
+            step: None,
+        };
+        assert!(bare
+            .to_string()
+            .starts_with("reserving an effect step: not committed"));
+        let named = bare.naming(&key, Some("charge"));
+        let text = named.to_string();
+        assert!(
+            text.starts_with("reserving an effect step for step \"charge\" of shop:pay/k-1:"),
+            "{text}"
+        );
+        // A name already given is kept; other errors pass through.
+        let other = IdempotencyKey::new("shop:pay", "k-2")?;
+        let again = named.naming(&other, None).to_string();
+        assert_eq!(again, text);
+        let closed = Error::Closed.naming(&key, None);
+        assert_eq!(closed.to_string(), "engine has been closed");
+        Ok(())
+    }
+}

@@ -80,6 +80,18 @@ pub struct InDoubt {
     pub steps: Vec<StepInfo>,
 }
 
+impl InDoubt {
+    /// Whether the key is resumable: it has effect steps and every one is
+    /// settled (its provider's answer is known), so nothing is left to ask;
+    /// the record stays UNKNOWN until the client's retry resumes it (the
+    /// next `begin` with the same fingerprint), unless a resolver completes
+    /// it from the steps. `recover_in_doubt` settles the other in-doubt
+    /// records before these (see [`crate::Engine::recover_in_doubt`]).
+    pub fn is_resumable(&self) -> bool {
+        !self.steps.is_empty() && self.steps.iter().all(|s| s.state.is_settled())
+    }
+}
+
 /// How a claimed operation failed (see [`crate::Engine::fail`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Failure {

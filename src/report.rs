@@ -24,8 +24,10 @@ pub struct RecoveryReport {
     /// record stays UNKNOWN (its fingerprint still checked) until the
     /// client's retry resumes it: the next `begin` with the same
     /// fingerprint replaces it by a fresh claim in one write, steps and
-    /// log kept, and skips the confirmed steps. Counted on every run until
-    /// then; a key never retried stays listed until retried or purged.
+    /// log kept, and skips the confirmed steps. Counted on runs that have
+    /// room for them after the other in-doubt records (they never take the
+    /// place of one); a key never retried stays listed until retried or
+    /// purged.
     pub resumed: u64,
     /// Records still in doubt after this run (the resolver could not tell,
     /// its answer was refused, or the record is not resolvable yet).

@@ -5,7 +5,9 @@
 //! losing what it was doing: a claim committed after its `begin_async`
 //! future was dropped must be released (not left PROCESSING until its
 //! lease runs out), and a `complete_async` future dropped at once must
-//! still record the outcome.
+//! still record the outcome. Also guards against `begin_async` holding its
+//! runtime thread while a commit waits: resuming a key with effect steps
+//! settles a step by a write that must be awaited, not waited for.
 
 mod common;
 #[path = "common/faulty_backend.rs"]
@@ -19,7 +21,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use idempotency::{Begin, Engine, Envelope, Failure, Fingerprint, IdempotencyKey, ManualClock};
+use idempotency::{
+    Begin, EffectStep, Engine, Envelope, Failure, Fingerprint, IdempotencyKey, ManualClock,
+    StepResolution,
+};
 
 use common::{claimed, replay};
 use faulty_backend::FaultyBackend;
@@ -225,5 +230,157 @@ async fn a_dropped_complete_future_still_records_the_outcome() -> TestResult {
     engine.flush()?;
     let replayed = replay(engine.begin_async(&k, fp(1)).await?)?;
     assert_eq!(replayed.envelope.body, b"kept");
+    Ok(())
+}
+
+/// A redb in-memory backend whose next sync, once armed, waits until the
+/// test opens the gate (at most `GATE_WAIT`, then notes that it starved).
+#[derive(Debug)]
+struct GatedBackend {
+    inner: redb::backends::InMemoryBackend,
+    gate: Gate,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Gate(Arc<GateState>);
+
+#[derive(Debug, Default)]
+struct GateState {
+    armed: std::sync::atomic::AtomicBool,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    starved: std::sync::atomic::AtomicBool,
+}
+
+/// Far longer than a commit in memory takes; only reached when the gate's
+/// opener cannot run.
+const GATE_WAIT: Duration = Duration::from_secs(3);
+
+impl Gate {
+    fn hold_next_sync(&self) {
+        *self
+            .0
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+        self.0
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn open(&self) {
+        *self
+            .0
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        self.0.opened.notify_all();
+    }
+
+    fn starved(&self) -> bool {
+        self.0.starved.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn pass(&self) {
+        if !self
+            .0
+            .armed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let open = self
+            .0
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (open, wait) = self
+            .0
+            .opened
+            .wait_timeout_while(open, GATE_WAIT, |open| !*open)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if wait.timed_out() && !*open {
+            self.0
+                .starved
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl redb::StorageBackend for GatedBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.gate.pass();
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write(offset, data)
+    }
+}
+
+/// A key whose attempt charged (confirmed), reserved "receipt" and failed
+/// in doubt; "receipt"'s provider says it sent it. `begin_async` from a
+/// current-thread runtime settles "receipt" (a write) and resumes the key.
+/// The write's commit waits for a task on that same runtime: awaited, the
+/// task runs and the commit goes through; waited for on the runtime's only
+/// thread, the task cannot run and the commit starves.
+#[test]
+fn begin_async_awaits_the_step_settlement_it_writes() -> TestResult {
+    let gate = Gate::default();
+    let backend = GatedBackend {
+        inner: redb::backends::InMemoryBackend::new(),
+        gate: gate.clone(),
+    };
+    let engine = Engine::builder()
+        .clock(ManualClock::new(1_000_000))
+        .lease(Duration::from_secs(3600))
+        .sweep_interval(None)
+        .step_resolver("receipt", |_| StepResolution::Executed(b"msg_1".to_vec()))
+        .open_with_backend(backend)?;
+    let k = key("steps-resume")?;
+    let c = claimed(engine.begin(&k, fp(1))?)?;
+    assert!(matches!(c.effect("charge")?, EffectStep::Run { .. }));
+    c.confirm("charge", b"ch_1")?;
+    assert!(matches!(c.effect("receipt")?, EffectStep::Run { .. }));
+    engine.fail(
+        c,
+        Failure::InDoubt {
+            reason: "mailer timed out".into(),
+        },
+    )?;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    gate.hold_next_sync();
+    let answer = runtime.block_on(async {
+        let opener = gate.clone();
+        // Runs only when the task below yields.
+        let opened = tokio::spawn(async move { opener.open() });
+        let answer = engine.begin_async(&k, fp(1)).await;
+        let _ = opened.await;
+        answer
+    })?;
+    assert!(
+        !gate.starved(),
+        "begin_async held its runtime thread while a step settlement committed"
+    );
+    let c = claimed(answer)?;
+    assert!(
+        matches!(c.effect("receipt")?, EffectStep::Confirmed { ref evidence, .. } if evidence == b"msg_1"),
+        "the resumed claim does not see the settled step"
+    );
     Ok(())
 }

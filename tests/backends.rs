@@ -31,4 +31,5 @@ mod backends {
     mod reopen;
     mod steps;
     mod steps_deferred;
+    mod steps_recovery;
 }

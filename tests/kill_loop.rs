@@ -15,6 +15,9 @@
 //! scheduling is not replayed). Unix only (the kill is observed as SIGKILL).
 #![cfg(unix)]
 
+#[path = "common/kill_child.rs"]
+mod kill_child;
+
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::fs::{File, OpenOptions};
@@ -111,28 +114,8 @@ fn child(db: &Path, round: u64, log: &Path) -> TestResult {
     // O_APPEND: each event is one `write_all` of a whole line, so lines of
     // different threads never interleave and a kill tears at most the last.
     let log = OpenOptions::new().create(true).append(true).open(log)?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{READY}")?;
-        out.flush()?;
-    }
-    std::thread::spawn(|| {
-        std::thread::sleep(CHILD_LIMIT);
-        eprintln!("child still running after {CHILD_LIMIT:?}: the parent is gone");
-        std::process::exit(4);
-    });
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (engine, log) = (&engine, &log);
-            s.spawn(move || {
-                if let Err(e) = worker(engine, log, round, t) {
-                    eprintln!("child worker {t} of round {round}: {e}");
-                    std::process::exit(3);
-                }
-            });
-        }
-    });
-    Err("the child's workers stopped".into())
+    kill_child::announce_ready(READY, CHILD_LIMIT)?;
+    kill_child::run_workers(round, THREADS, |t| worker(&engine, &log, round, t))
 }
 
 fn append(mut log: &File, line: &str) -> std::io::Result<()> {

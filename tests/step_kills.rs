@@ -64,6 +64,8 @@
 //! Run with `--nocapture` to see the summary lines. Unix only.
 #![cfg(unix)]
 
+#[path = "common/kill_child.rs"]
+mod kill_child;
 #[path = "common/pg_chaos.rs"]
 mod pg_chaos;
 #[path = "common/split_mix.rs"]
@@ -668,28 +670,10 @@ fn child_entry() -> TestResult {
         .create(true)
         .append(true)
         .open(dir.join(format!("acks-{round}.log")))?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{READY}")?;
-        out.flush()?;
-    }
-    std::thread::spawn(|| {
-        std::thread::sleep(CHILD_LIMIT);
-        eprintln!("child still running after {CHILD_LIMIT:?}: the parent is gone");
-        std::process::exit(4);
-    });
-    std::thread::scope(|s| {
-        for t in 0..CHILD_THREADS {
-            let (engine, providers, acks) = (&engine, &providers, &acks);
-            s.spawn(move || {
-                if let Err(e) = child_worker(engine, providers, acks, round, t, plan) {
-                    eprintln!("child worker {t} of round {round}: {e}");
-                    std::process::exit(3);
-                }
-            });
-        }
-    });
-    Err("the child's workers stopped".into())
+    kill_child::announce_ready(READY, CHILD_LIMIT)?;
+    kill_child::run_workers(round, CHILD_THREADS, |t| {
+        child_worker(&engine, &providers, &acks, round, t, plan)
+    })
 }
 
 /// Pays fresh keys until the process is killed; thread 0 stops at the

@@ -12,24 +12,16 @@ use std::error::Error;
 use std::path::Path;
 use std::time::Duration;
 
-use common::claimed;
+use common::{claimed, CannotTell};
 use idempotency::{
-    EffectStep, Engine, EngineBuilder, Failure, Fingerprint, IdempotencyKey, InDoubt, InDoubtStep,
-    ManualClock, PurgeMode, Resolution, Resolver, StepResolution,
+    EffectStep, Engine, EngineBuilder, Failure, Fingerprint, IdempotencyKey, InDoubtStep,
+    ManualClock, PurgeMode, StepResolution,
 };
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
 
 const T0: u64 = 1_700_000_000_000;
 const LEASE_MS: u64 = 1_000;
-
-struct Nobody;
-
-impl Resolver for Nobody {
-    fn resolve(&self, _: &InDoubt) -> Resolution {
-        Resolution::StillInDoubt
-    }
-}
 
 fn builder(clock: &ManualClock) -> EngineBuilder {
     Engine::builder()
@@ -65,7 +57,7 @@ fn resumed_key(
         },
     )?;
     clock.advance(Duration::from_millis(LEASE_MS + 1));
-    let report = engine.recover_in_doubt(&Nobody, 10)?;
+    let report = engine.recover_in_doubt(&CannotTell, 10)?;
     if report.resumed != 1 {
         return Err(format!("expected one resumed key, got {report:?}").into());
     }

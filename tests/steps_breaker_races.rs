@@ -17,11 +17,11 @@ mod harness;
 use std::sync::Barrier;
 use std::time::Duration;
 
-use common::claimed;
+use common::{claimed, CannotTell};
 use harness::{run, Backend, Harness, TestResult};
 use idempotency::{
-    Begin, EffectStep, Engine, EngineBuilder, Error, Failure, Fingerprint, IdempotencyKey, InDoubt,
-    InDoubtStep, ManualClock, Resolution, Resolver, StepResolution,
+    Begin, EffectStep, Engine, EngineBuilder, Error, Failure, Fingerprint, IdempotencyKey,
+    InDoubtStep, ManualClock, Resolution, StepResolution,
 };
 
 const T0: u64 = 1_700_000_000_000;
@@ -33,14 +33,6 @@ fn key(k: &str) -> Result<IdempotencyKey, Error> {
 
 fn fp() -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(br#"{"amount": 100}"#, &[])
-}
-
-struct Nobody;
-
-impl Resolver for Nobody {
-    fn resolve(&self, _: &InDoubt) -> Resolution {
-        Resolution::StillInDoubt
-    }
 }
 
 fn clocked(h: &Harness, clock: &ManualClock) -> EngineBuilder {
@@ -192,7 +184,7 @@ fn two_engines_race_a_resumable_key_on_postgres() -> TestResult {
             )
             .into());
         }
-        let _ = a.recover_in_doubt(&Nobody, 10)?;
+        let _ = a.recover_in_doubt(&CannotTell, 10)?;
     }
     Ok(())
 }

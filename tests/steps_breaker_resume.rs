@@ -24,12 +24,11 @@ mod harness;
 
 use std::time::Duration;
 
-use common::claimed;
+use common::{claimed, CannotTell};
 use harness::{run, Backend, Harness, TestResult};
 use idempotency::{
     Begin, EffectStep, Engine, EngineBuilder, Envelope, Error, ExpiryPolicy, Failure, Fingerprint,
-    IdempotencyKey, InDoubt, InDoubtStep, ManualClock, Resolution, Resolver, StepResolution,
-    MAX_EVIDENCE_BYTES,
+    IdempotencyKey, InDoubtStep, ManualClock, Resolution, StepResolution, MAX_EVIDENCE_BYTES,
 };
 
 const T0: u64 = 1_700_000_000_000;
@@ -47,16 +46,6 @@ fn fp(amount: u64) -> Result<Fingerprint, idempotency::FingerprintError> {
         format!(r#"{{"amount": {amount}, "currency": "EUR"}}"#).as_bytes(),
         &[],
     )
-}
-
-/// A whole-key resolver that never knows (keys with steps are settled step
-/// by step; this one is only here because `recover_in_doubt` takes one).
-struct Nobody;
-
-impl Resolver for Nobody {
-    fn resolve(&self, _: &InDoubt) -> Resolution {
-        Resolution::StillInDoubt
-    }
 }
 
 /// The receipt provider's ledger never saw the receipt.
@@ -104,7 +93,7 @@ fn charge_then_resume(
         },
     )?;
     clock.advance(Duration::from_millis(LEASE_MS + 1));
-    let report = engine.recover_in_doubt(&Nobody, 10)?;
+    let report = engine.recover_in_doubt(&CannotTell, 10)?;
     if report.resumed != 1 {
         return Err(format!("expected the key resumed by recovery, got {report:?}").into());
     }

@@ -15,10 +15,10 @@ mod common;
 use std::error::Error;
 use std::time::Duration;
 
-use common::claimed;
+use common::{claimed, CannotTell};
 use idempotency::{
-    Begin, EffectStep, Engine, EngineBuilder, Failure, Fingerprint, IdempotencyKey, InDoubt,
-    InDoubtStep, ManualClock, Resolution, Resolver, StepResolution,
+    Begin, EffectStep, Engine, EngineBuilder, Failure, Fingerprint, IdempotencyKey, InDoubtStep,
+    ManualClock, StepResolution,
 };
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
@@ -26,20 +26,12 @@ type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
 const T0: u64 = 1_700_000_000_000;
 const LEASE_MS: u64 = 1_000;
 
-struct Unsure;
-
-impl Resolver for Unsure {
-    fn resolve(&self, _: &InDoubt) -> Resolution {
-        Resolution::StillInDoubt
-    }
-}
-
 fn builder(clock: &ManualClock) -> EngineBuilder {
     Engine::builder()
         .clock(clock.clone())
         .sweep_interval(None)
         .lease(Duration::from_millis(LEASE_MS))
-        .resolver(Unsure)
+        .resolver(CannotTell)
         .step_resolver("charge", |_: &InDoubtStep| StepResolution::StillUnknown)
 }
 

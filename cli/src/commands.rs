@@ -12,8 +12,8 @@ use std::fmt;
 use std::io::Write;
 
 use idempotency::{
-    Actor, Corrupted, Damage, Engine, Envelope, HistoryEntry, IdempotencyKey, PurgeMode,
-    RecordFilter, RecordInfo, Resolution, State, StepInfo, StepResolution,
+    Actor, Corrupted, Damage, Engine, Envelope, HistoryEntry, IdempotencyKey, InDoubt, PurgeMode,
+    RecordFilter, RecordInfo, Resolution, State, StepInfo, StepResolution, StepState,
 };
 use serde_json::{json, Value};
 
@@ -226,9 +226,11 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
     Ok(())
 }
 
-/// `show` for a key whose record was released to resume (every step
-/// settled, some confirmed): no record, but its steps and history are
-/// kept for the next claim, which skips the confirmed calls.
+/// `show` for a key whose record was released to resume: a resumed claim
+/// failed retryable before a call of its own, so its record went but the
+/// earlier claims' settled steps and the history stay for the next claim,
+/// which skips the confirmed calls (`cli/tests/steps.rs`,
+/// `show_a_key_released_to_resume`).
 fn show_released<W: Write>(
     key: &IdempotencyKey,
     steps: &[StepInfo],
@@ -473,6 +475,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                     "in_doubt_ms": duration_ms(p.age),
                     "reason": p.reason,
                     "steps": p.steps.iter().filter(|s| unsettled(s)).map(step_json).collect::<Vec<_>>(),
+                    "resumable": p.is_resumable(),
                 })
             })
             .collect();
@@ -492,7 +495,7 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
                 p.attempts.to_string(),
                 human_ms(now.saturating_sub(p.claimed_at_ms)),
                 human_ms(duration_ms(p.age)),
-                unsettled_steps(&p.steps),
+                unsettled_steps(p),
                 escape_controls(&p.reason),
             ]
         })
@@ -512,9 +515,15 @@ pub fn unknown<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W)
 }
 
 /// The UNSETTLED STEPS cell: `charge (UNKNOWN, 3 attempts, 42s)` for each
-/// step still waiting for its provider's answer, `-` for none.
-fn unsettled_steps(steps: &[StepInfo]) -> String {
-    let cells: Vec<String> = steps
+/// step still waiting for its provider's answer; `none: resumable` for a
+/// key whose steps are all settled (it waits for its client's retry), `-`
+/// for a key without steps.
+fn unsettled_steps(p: &InDoubt) -> String {
+    if p.is_resumable() {
+        return "none: resumable".to_string();
+    }
+    let cells: Vec<String> = p
+        .steps
         .iter()
         .filter(|s| unsettled(s))
         .map(|s| {
@@ -655,7 +664,8 @@ pub fn purge<W: Write, E: Write>(
 ) -> CliResult {
     let now = engine.clock().now_ms();
     let info = match engine.record(key) {
-        Ok(info) => info.ok_or_else(|| CliError(format!("no record for {key}")))?,
+        Ok(Some(info)) => info,
+        Ok(None) => return purge_released(engine, key, force, out, warn),
         // A record that does not decode can only be deleted by force.
         Err(idempotency::Error::Corrupt {
             what: Corrupted::Record(_),
@@ -718,6 +728,46 @@ pub fn purge<W: Write, E: Write>(
             relative(info.claimed_at_ms, now)
         )?;
     }
+    Ok(())
+}
+
+/// `purge` of a key without a record: one released to resume keeps the
+/// earlier claims' settled steps and log for its next claim (see
+/// `show_released`); only `--force` deletes them.
+fn purge_released<W: Write, E: Write>(
+    engine: &Engine,
+    key: &IdempotencyKey,
+    force: bool,
+    out: &mut W,
+    warn: &mut E,
+) -> CliResult {
+    let steps = engine.steps(key)?;
+    if steps.is_empty() {
+        return Err(CliError(format!("no record for {key}")).into());
+    }
+    if !force {
+        return Err(Box::new(CliError(format!(
+            "{key} has no record but {} effect step(s) kept for its next claim (released to \
+             resume: `idem show` lists them); after a purge its next claim calls every \
+             provider again; re-run with --force to delete them",
+            steps.len()
+        ))));
+    }
+    engine.purge(key, PurgeMode::Force)?;
+    writeln!(
+        out,
+        "purged the effect steps and log of {key} (released to \
+             resume)"
+    )?;
+    let confirmed = steps
+        .iter()
+        .filter(|s| s.state == StepState::Confirmed)
+        .count();
+    writeln!(
+        warn,
+        "idem: warning: force-purged the steps of {key} ({confirmed} confirmed): its next claim \
+         calls every provider again"
+    )?;
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use idempotency::{EffectStep, Engine, Failure, StepState};
+use idempotency::{EffectStep, Engine, Failure, IdempotencyKey, StepState};
 use serde_json::Value;
 
 const SCOPE: &str = "shop:pay";
@@ -175,6 +175,111 @@ fn unknown_shows_each_keys_unsettled_steps() -> TestResult {
     assert_eq!(steps[0]["state"], "unknown");
     assert_eq!(steps[0]["attempts"], 0);
     assert!(steps[0]["age_ms"].is_u64());
+    assert_eq!(rows[0]["resumable"], false);
+    Ok(())
+}
+
+/// A resumed claim that fails retryable before any call of its own is
+/// released, and the earlier claim's settled steps stay for the next one:
+/// no record, steps and log kept. `show` must still show them (not "no
+/// record"), and what it says must be true: the next claim skips the
+/// confirmed call.
+/// Charges (confirmed) and fails in doubt; the retry resumes the key and
+/// fails retryable before a call of its own: the key is released, its
+/// charge kept for the next claim.
+fn released_to_resume(db: &Path, k: &IdempotencyKey) -> TestResult {
+    let engine = engine(db)?;
+    let first = claim(&engine, k, fp(BODY)?)?;
+    let EffectStep::Run { .. } = first.effect("charge")? else {
+        return Err("a new step must run".into());
+    };
+    first.confirm("charge", b"ch_7")?;
+    let reason = "crashed after the charge".to_string();
+    engine.fail(first, Failure::InDoubt { reason })?;
+    // Every step settled: the retry resumes the key...
+    let resumed = claim(&engine, k, fp(BODY)?)?;
+    // ... and gives up before any call of its own.
+    engine.fail(resumed, Failure::Retryable)?;
+    assert!(engine.record(k)?.is_none(), "the record was not released");
+    Ok(())
+}
+
+#[test]
+fn show_a_key_released_to_resume() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    let k = key(SCOPE, "k10")?;
+    released_to_resume(&db, &k)?;
+    let text = idem_ok(args(&["show", SCOPE, "k10"], &db))?;
+    assert!(text.contains("released to resume"), "{text}");
+    let charge = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("charge "))
+        .ok_or(text.clone())?;
+    assert!(
+        charge.contains("confirmed") && charge.contains("ch_7"),
+        "{charge}"
+    );
+    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k10", "--json"], &db))?)?;
+    assert!(v["state"].is_null(), "{v}");
+    assert_eq!(v["steps"][0]["state"], "confirmed", "{v}");
+
+    let engine = engine(&db)?;
+    let next = claim(&engine, &k, fp(BODY)?)?;
+    let EffectStep::Confirmed { evidence, .. } = next.effect("charge")? else {
+        return Err("the next claim must skip the confirmed charge".into());
+    };
+    assert_eq!(evidence, b"ch_7");
+    Ok(())
+}
+
+/// A key released to resume has no record, yet its steps are there: `purge`
+/// refuses without `--force` (its next claim would call again) and deletes
+/// them with it.
+#[test]
+fn purge_a_key_released_to_resume() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    let k = key(SCOPE, "k11")?;
+    released_to_resume(&db, &k)?;
+    let err = idem_err(args(&["purge", SCOPE, "k11"], &db))?;
+    assert!(
+        err.contains("--force") && err.contains("released to resume"),
+        "{err}"
+    );
+    let text = idem_ok(args(&["purge", SCOPE, "k11", "--force"], &db))?;
+    assert!(text.contains("purged the effect steps and log"), "{text}");
+    let err = idem_err(args(&["show", SCOPE, "k11"], &db))?;
+    assert!(err.contains("no record"), "{err}");
+    let engine = engine(&db)?;
+    let next = claim(&engine, &k, fp(BODY)?)?;
+    assert!(matches!(next.effect("charge")?, EffectStep::Run { .. }));
+    Ok(())
+}
+
+#[test]
+fn unknown_marks_a_key_whose_steps_are_all_settled_resumable() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (db, _) = with_steps(dir.path(), "k9", b"ch_1")?;
+    let settle = [
+        "resolve",
+        SCOPE,
+        "k9",
+        "--step",
+        "receipt",
+        "--executed",
+        "msg_1",
+        "--reason",
+        "mailer log shows msg_1",
+    ];
+    idem_ok(args(&settle, &db))?;
+    let text = idem_ok(args(&["unknown"], &db))?;
+    let row = text.lines().nth(1).ok_or(text.clone())?;
+    assert!(row.contains("none: resumable"), "{text}");
+    let rows: Vec<Value> = serde_json::from_str(&idem_ok(args(&["unknown", "--json"], &db))?)?;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["resumable"], true);
+    assert_eq!(rows[0]["steps"].as_array().map(Vec::len), Some(0));
     Ok(())
 }
 
@@ -198,12 +303,23 @@ fn resolve_without_a_reason_is_a_usage_error_and_changes_nothing() -> TestResult
             "",
         ],
     ];
+    refused_as_usage_and_unchanged(&db, "k3", &attempts, "--reason")
+}
+
+/// Each of `attempts` exits 2 with `says` in its error, and `key_name`
+/// stays UNKNOWN with no operator entry in its log.
+fn refused_as_usage_and_unchanged(
+    db: &Path,
+    key_name: &str,
+    attempts: &[&[&str]],
+    says: &str,
+) -> TestResult {
     for parts in attempts {
-        let (code, stderr) = failure(args(parts, &db))?;
+        let (code, stderr) = failure(args(parts, db))?;
         assert_eq!(code, Some(2), "{parts:?}: {stderr}");
-        assert!(stderr.contains("--reason"), "{parts:?}: {stderr}");
+        assert!(stderr.contains(says), "{parts:?}: {stderr}");
     }
-    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k3", "--json"], &db))?)?;
+    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, key_name, "--json"], db))?)?;
     assert_eq!(v["state"], "UNKNOWN");
     assert!(
         !v["history"]
@@ -235,22 +351,7 @@ fn an_overlong_reason_is_a_usage_error_and_changes_nothing() -> TestResult {
             &long,
         ],
     ];
-    for parts in attempts {
-        let (code, stderr) = failure(args(parts, &db))?;
-        assert_eq!(code, Some(2), "{stderr}");
-        assert!(stderr.contains("1024 bytes"), "{stderr}");
-    }
-    let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k5", "--json"], &db))?)?;
-    assert_eq!(v["state"], "UNKNOWN");
-    assert!(
-        !v["history"]
-            .as_array()
-            .ok_or("no history")?
-            .iter()
-            .any(|h| h["actor"]["kind"] == "operator"),
-        "{v}"
-    );
-    Ok(())
+    refused_as_usage_and_unchanged(&db, "k5", &attempts, "1024 bytes")
 }
 
 #[test]

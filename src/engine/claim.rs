@@ -186,7 +186,9 @@ impl Claim {
     /// [`Error::Poisoned`].
     pub fn extend(&mut self, lease: Duration) -> Result<()> {
         let store = self.store.upgrade().ok_or(Error::Closed)?;
-        self.lease_until_ms = store.extend(self.key.clone(), self.token, duration_ms(lease))?;
+        self.lease_until_ms = store
+            .extend(self.key.clone(), self.token, duration_ms(lease))
+            .map_err(|e| e.naming(&self.key, None))?;
         Ok(())
     }
 }

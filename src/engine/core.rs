@@ -126,6 +126,18 @@ impl Core {
         fingerprint: Fingerprint,
         lease_ms: u64,
     ) -> Result<Begin> {
+        self.begin_unnamed(key, fingerprint, lease_ms)
+            .await
+            .map_err(|e| e.naming(key, None))
+    }
+
+    /// `begin_async` before a write error below it is given the key.
+    async fn begin_unnamed(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        lease_ms: u64,
+    ) -> Result<Begin> {
         // No poison check here: a held key is answered from a read, which
         // works on a poisoned engine (replays go on while writes are
         // refused); a claim is a write, which the store refuses.
@@ -482,14 +494,18 @@ impl Core {
         }
         let finished = claim.take_deferred();
         let (key, token) = claim.finish();
-        Ok(self.store.complete_pending(CompleteRequest {
-            key,
-            token,
-            completion,
-            response: StoredResponse::new(envelope, resource),
-            messages,
-            finished,
-        }))
+        let named = key.clone();
+        Ok(self
+            .store
+            .complete_pending(CompleteRequest {
+                key,
+                token,
+                completion,
+                response: StoredResponse::new(envelope, resource),
+                messages,
+                finished,
+            })
+            .naming(&named, None))
     }
 
     /// Releases a claim (a retryable failure: nothing happened).
@@ -499,7 +515,9 @@ impl Core {
             Err(e) => return Pending::ready(Err(e)),
         };
         let (key, token) = claim.finish();
-        self.store.release_pending(key, token)
+        self.store
+            .release_pending(key.clone(), token)
+            .naming(&key, None)
     }
 
     /// Moves a claim's record to UNKNOWN at its holder's request.
@@ -509,12 +527,14 @@ impl Core {
             Err(e) => return Pending::ready(Err(e)),
         };
         let (key, token) = claim.finish();
-        self.store.mark_in_doubt_pending(InDoubtRequest {
-            key,
-            token,
-            reason,
-            by: Abandon::Explicit,
-        })
+        self.store
+            .mark_in_doubt_pending(InDoubtRequest {
+                key: key.clone(),
+                token,
+                reason,
+                by: Abandon::Explicit,
+            })
+            .naming(&key, None)
     }
 
     /// One full sweep pass in bounded steps; stops early when `stop` says

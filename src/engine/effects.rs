@@ -264,12 +264,14 @@ impl Effects {
         match checked {
             Ok(store) => {
                 let sent = self.deferred().clone();
-                let pending = store.reserve_step_pending(StepRequest {
-                    key: self.inner.key.clone(),
-                    token: self.inner.token,
-                    name: name.to_string(),
-                    finished: sent.clone(),
-                });
+                let pending = store
+                    .reserve_step_pending(StepRequest {
+                        key: self.inner.key.clone(),
+                        token: self.inner.token,
+                        name: name.to_string(),
+                        finished: sent.clone(),
+                    })
+                    .naming(&self.inner.key, Some(name));
                 (pending, sent)
             }
             Err(e) => (Pending::ready(Err(e)), Vec::new()),
@@ -292,13 +294,15 @@ impl Effects {
             .and_then(|()| waiting())
             .and_then(|()| self.store());
         match checked {
-            Ok(store) => store.finish_step_pending(FinishStepRequest {
-                key: self.inner.key.clone(),
-                token: self.inner.token,
-                name: name.to_string(),
-                confirmed,
-                evidence: evidence.to_vec(),
-            }),
+            Ok(store) => store
+                .finish_step_pending(FinishStepRequest {
+                    key: self.inner.key.clone(),
+                    token: self.inner.token,
+                    name: name.to_string(),
+                    confirmed,
+                    evidence: evidence.to_vec(),
+                })
+                .naming(&self.inner.key, Some(name)),
             Err(e) => Pending::ready(Err(e)),
         }
     }

@@ -372,6 +372,14 @@ impl Engine {
     /// steps all settle completes from them or stays UNKNOWN, resumable on
     /// the client's retry, counted in [`RecoveryReport::resumed`]).
     ///
+    /// Resumable keys ([`InDoubt::is_resumable`]: every step settled,
+    /// waiting for the client's retry) do not count against `limit` while
+    /// other in-doubt records wait: the run settles up to `limit` of the
+    /// others first, then looks at resumable ones with what is left of
+    /// `limit`. So keys that are never retried cannot keep newer in-doubt
+    /// keys from recovery; the run reads past them (one record and one
+    /// steps read each, no write).
+    ///
     /// # Errors
     ///
     /// Storage errors and [`Error::Poisoned`]. Not errors: a record settled
@@ -419,7 +427,7 @@ impl Engine {
         reason: &str,
     ) -> Result<()> {
         check_reason_len(key, reason)?;
-        recovery::resolve(&self.core, key, resolution, reason)
+        recovery::resolve(&self.core, key, resolution, reason).map_err(|e| e.naming(key, None))
     }
 
     /// Settles one effect step of an in-doubt key by hand (what `idem
@@ -452,6 +460,7 @@ impl Engine {
     ) -> Result<()> {
         check_reason_len(key, reason)?;
         recovery::resolve_step(&self.core, key, name, resolution, reason)
+            .map_err(|e| e.naming(key, Some(name)))
     }
 
     /// The key's effect steps, in the order the store keeps them (by name).
@@ -516,13 +525,22 @@ impl Engine {
     /// already be running or have run — a possible double execution.
     /// Returns the state the record was in (`None` for a corrupt record).
     ///
+    /// A key released to resume has no record, only the effect steps and
+    /// evidence log an earlier claim left for the next one (a resumed claim
+    /// that failed retryable before a call of its own; `idem show` lists
+    /// them): [`PurgeMode::Force`] deletes those and returns `None`; its
+    /// next claim then runs every call again.
+    ///
     /// # Errors
     ///
     /// [`Error::NotFound`]; under [`PurgeMode::FinishedOnly`],
     /// [`Error::InvalidState`] or [`Error::Corrupt`] (a corrupt record);
     /// storage errors.
     pub fn purge(&self, key: &IdempotencyKey, mode: PurgeMode) -> Result<Option<State>> {
-        self.core.store.purge(key.clone(), mode)
+        self.core
+            .store
+            .purge(key.clone(), mode)
+            .map_err(|e| e.naming(key, None))
     }
 
     /// Runs one full sweep pass now, in bounded steps: stale PROCESSING

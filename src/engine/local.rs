@@ -20,6 +20,7 @@ use crate::envelope::Envelope;
 use crate::error::{BoxError, Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+use crate::store::step::StepFinish;
 use crate::store::{Abandon, InDoubtRequest, LocalResult, LocalTarget, LocalTx, LocalWrite};
 
 /// The answer to [`crate::Engine::execute_local`].
@@ -39,6 +40,21 @@ where
     let mut claim = core.own_claim(claim)?;
     let finished = claim.take_deferred();
     let (key, token) = claim.finish();
+    let named = key.clone();
+    complete_claimed(core, key, token, finished, write).map_err(|e| e.naming(&named, None))
+}
+
+/// `complete_local` once the claim is taken apart.
+fn complete_claimed<F>(
+    core: &Core,
+    key: IdempotencyKey,
+    token: u64,
+    finished: Vec<StepFinish>,
+    write: F,
+) -> Result<()>
+where
+    F: FnOnce(&mut LocalTx<'_>) -> Result<Envelope, BoxError> + Send + 'static,
+{
     let local = LocalWrite {
         key: key.clone(),
         target: LocalTarget::Claimed { token },
@@ -97,7 +113,7 @@ where
         run: Box::new(write),
         finished: Vec::new(),
     };
-    match core.store.local(local)? {
+    match core.store.local(local).map_err(|e| e.naming(key, None))? {
         LocalResult::Executed => Ok(LocalRun::Executed),
         // The resolver is not consulted: the caller hears what holds the key.
         LocalResult::Held(found) => Ok(LocalRun::Skipped(core.answer(key, *found)?)),

@@ -45,7 +45,9 @@ pub(crate) fn recover(
 ) -> Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
     let now_ms = core.clock.now_ms();
-    for in_doubt in in_doubt(core, limit)? {
+    let (others, resumable) = recovery_queue(core, limit)?;
+    let spare = limit.saturating_sub(others.len());
+    for in_doubt in others.into_iter().chain(resumable.into_iter().take(spare)) {
         // A dropped claim's work may still be running until its lease
         // ends; it is not safe to settle yet.
         if in_doubt.resolvable_at_ms > now_ms {
@@ -73,10 +75,37 @@ pub(crate) fn recover(
             // step still unknown.
             Ok(Recovered::StillInDoubt) => report.still_in_doubt += 1,
             Err(Error::Fenced { .. } | Error::NotFound { .. }) => report.skipped += 1,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.naming(&in_doubt.key, None)),
         }
     }
     Ok(report)
+}
+
+/// What recovery works on: up to `limit` in-doubt records that are not
+/// resumable, oldest first, and the resumable ones ahead of or among them
+/// (for whatever of `limit` the others leave). A resumable key waits for
+/// its client's retry and may never get one; it sits at the front of the
+/// queue, so counting it against `limit` would let `limit` such keys hide
+/// every newer in-doubt key from recovery for good. The listing is read
+/// again, twice as long each time, until it holds `limit` others or ends:
+/// a run reads past every resumable key ahead of them (a record and a steps
+/// read each, no write).
+fn recovery_queue(core: &Core, limit: usize) -> Result<(Vec<InDoubt>, Vec<InDoubt>)> {
+    if limit == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut fetch = limit;
+    loop {
+        let listed = in_doubt(core, fetch)?;
+        let ended = listed.len() < fetch;
+        let (resumable, mut others): (Vec<InDoubt>, Vec<InDoubt>) =
+            listed.into_iter().partition(InDoubt::is_resumable);
+        if others.len() >= limit || ended || fetch == usize::MAX {
+            others.truncate(limit);
+            return Ok((others, resumable));
+        }
+        fetch = fetch.saturating_mul(2);
+    }
 }
 
 /// What recovery did with one in-doubt record.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::engine::begin::Begin;
 use crate::engine::core::Core;
 use crate::engine::effects::step_infos;
+use crate::engine::wait::block_on;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::outcome::InDoubt;
@@ -52,7 +53,7 @@ impl Core {
     ) -> Result<Option<Begin>> {
         let record = &found.record;
         let resolver = self.cfg.resolver.as_deref();
-        let (settled, asked) = match self.settle_steps(key, record, steps, resolver) {
+        let (settled, asked) = match self.settle_steps_async(key, record, steps, resolver).await {
             Ok(done) => done,
             Err(Error::Fenced { .. } | Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e),
@@ -117,6 +118,20 @@ impl Core {
         steps: Vec<StepRecord>,
         resolver: Option<&dyn Resolver>,
     ) -> Result<(Vec<StepRecord>, bool)> {
+        block_on(self.settle_steps_async(key, record, steps, resolver))
+    }
+
+    /// [`Core::settle_steps`], the one implementation: each answer's write
+    /// is awaited (on redb the writer's reply wakes the task), so
+    /// `begin_async` never holds a runtime worker for a commit. (The
+    /// resolvers themselves are called inline, as everywhere.)
+    pub(crate) async fn settle_steps_async(
+        &self,
+        key: &IdempotencyKey,
+        record: &Record,
+        steps: Vec<StepRecord>,
+        resolver: Option<&dyn Resolver>,
+    ) -> Result<(Vec<StepRecord>, bool)> {
         let now_ms = self.clock.now_ms();
         let claim = Self::claim_of(record, now_ms);
         let mut out = Vec::with_capacity(steps.len());
@@ -132,13 +147,17 @@ impl Core {
                 continue;
             };
             asked = true;
-            out.push(self.store.settle_step(SettleStepRequest {
-                key: key.clone(),
-                token: record.token,
-                name: step.name.clone(),
-                answer,
-                actor: Actor::Resolver,
-            })?);
+            let settled = self
+                .store
+                .settle_step_pending(SettleStepRequest {
+                    key: key.clone(),
+                    token: record.token,
+                    name: step.name.clone(),
+                    answer,
+                    actor: Actor::Resolver,
+                })
+                .naming(key, Some(&step.name));
+            out.push(settled.await?);
         }
         Ok((out, asked))
     }

@@ -293,6 +293,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn finish_step_pending(&self, req: FinishStepRequest) -> Pending<StepRecord> {
         Pending::ready(self.finish_step(req))
     }
+    /// `settle_step` submitted: what `begin_async` awaits when it settles a
+    /// resumed key's steps, so no runtime worker waits for the commit.
+    fn settle_step_pending(&self, req: SettleStepRequest) -> Pending<StepRecord> {
+        Pending::ready(self.settle_step(req))
+    }
 
     // Writes, durable before they return.
     fn claim(&self, req: ClaimRequest) -> Result<ClaimResult>;

@@ -536,6 +536,15 @@ pub(crate) trait Ops: Txn + Sized {
     ) -> OpResult<Option<State>, Self::Fatal> {
         let force = mode == PurgeMode::Force;
         let rec = match self.load(key).map_err(OpError::Fatal)? {
+            // A key released to resume (a resumed claim failed retryable
+            // before a call of its own): no record, but the earlier
+            // claims' settled steps and the log, kept for the next claim.
+            // Only force deletes them (the next claim then calls again).
+            None if force && !steps_of(self, key)?.is_empty() => {
+                drop_steps(self, key)?;
+                tracing::warn!(key = %key, "steps of a key released to resume purged");
+                return Ok(None);
+            }
             None => return Err(OpError::Refused(Error::NotFound { key: key.clone() })),
             Some(Ok(rec)) => rec,
             // A record that does not decode can only be removed by force.

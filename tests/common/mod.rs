@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use idempotency::{Begin, Claim, InDoubt, Replay};
+use idempotency::{Begin, Claim, InDoubt, Replay, Resolution, Resolver};
 
 /// A `begin` answered something other than what the test expected. Converts
 /// into any boxed error with `?`.
@@ -41,5 +41,16 @@ pub fn unknown(b: Begin) -> Result<InDoubt, Unexpected> {
     match b {
         Begin::InDoubt(p) => Ok(p),
         other => Err(Unexpected(format!("expected InDoubt, got {other:?}"))),
+    }
+}
+
+/// A whole-key resolver that can never tell (`StillInDoubt`): for tests
+/// whose keys are settled step by step, or by hand, and that call
+/// `recover_in_doubt` (which takes a resolver) or need one set.
+pub struct CannotTell;
+
+impl Resolver for CannotTell {
+    fn resolve(&self, _: &InDoubt) -> Resolution {
+        Resolution::StillInDoubt
     }
 }

@@ -404,7 +404,11 @@ impl Shared {
         };
         if e.as_db_error().is_some() && !lost(&e) {
             tracing::warn!(error = %e, context, "the server refused the COMMIT; nothing was written");
-            return Err(Error::NotCommitted { context });
+            return Err(Error::NotCommitted {
+                context,
+                key: None,
+                step: None,
+            });
         }
         let unknown = |e: PgError| {
             tracing::error!(error = %e, context, "COMMIT's answer lost; its outcome is unknown");
@@ -424,7 +428,11 @@ impl Shared {
             }
             Some(false) => {
                 tracing::warn!(error = %e, context, xid = %xact.xid, "COMMIT's answer lost; the server says it did not commit");
-                Err(Error::NotCommitted { context })
+                Err(Error::NotCommitted {
+                    context,
+                    key: None,
+                    step: None,
+                })
             }
             None => Err(unknown(e)),
         }

@@ -780,8 +780,12 @@ impl Backend for RedbStore {
         self.finish_step_pending(req).wait()
     }
 
+    fn settle_step_pending(&self, req: SettleStepRequest) -> Pending<StepRecord> {
+        self.call_pending(move |t| t.settle_step(req))
+    }
+
     fn settle_step(&self, req: SettleStepRequest) -> Result<StepRecord> {
-        self.call(move |t| t.settle_step(req))
+        self.settle_step_pending(req).wait()
     }
 
     fn may_block(&self) -> bool {
