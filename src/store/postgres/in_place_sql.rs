@@ -13,7 +13,7 @@
 //! `chk` locks the record row and PostgreSQL re-checks its condition on the
 //! row's latest version, so the rest is written only when the row is still
 //! the remembered one; a record the op leaves as it is is only locked
-//! (`SET token = token`). A log entry written meanwhile makes `h` fail on
+//! (`SELECT 1 … FOR UPDATE`, re-checked the same way). A log entry written meanwhile makes `h` fail on
 //! the primary key, which aborts the whole statement: nothing is written.
 
 use tokio_postgres::error::SqlState;
@@ -43,10 +43,17 @@ pub(super) fn send(
     old: &View,
     writes: &Writes,
 ) -> std::result::Result<bool, PgError> {
-    let (set, record_types): (&str, &[Type]) = match writes.record {
+    let records = &names.records;
+    let matches = "scope = $1 AND key = $2 AND token = $3 AND record = $4";
+    // A record the op leaves as it is is only locked (no new row version);
+    // `chk` is read three times, so it runs once (materialized).
+    let (chk, record_types): (String, &[Type]) = match writes.record {
         Some(_) => (
-            "state = $5, token = $6, lease_until_ms = $7, unknown_since_ms = $8,
-             expires_at_ms = $9, record = $10",
+            format!(
+                "UPDATE {records} SET state = $5, token = $6, lease_until_ms = $7,
+                     unknown_since_ms = $8, expires_at_ms = $9, record = $10
+                 WHERE {matches} RETURNING 1"
+            ),
             &[
                 Type::INT2,
                 Type::INT8,
@@ -56,15 +63,14 @@ pub(super) fn send(
                 Type::BYTEA,
             ],
         ),
-        None => ("token = token", &[]),
+        None => (
+            format!("SELECT 1 FROM {records} WHERE {matches} FOR UPDATE"),
+            &[],
+        ),
     };
     let n = 5 + record_types.len();
     let sql = format!(
-        "WITH chk AS (
-             UPDATE {records} SET {set}
-             WHERE scope = $1 AND key = $2 AND token = $3 AND record = $4
-             RETURNING 1
-         ), s AS (
+        "WITH chk AS ({chk}), s AS (
              INSERT INTO {steps} (scope, key, name, step)
              SELECT $1, $2, u.name, u.step FROM unnest(${n0}::text[], ${n1}::bytea[]) AS u(name, step)
              WHERE EXISTS (SELECT 1 FROM chk)
@@ -77,7 +83,6 @@ pub(super) fn send(
              RETURNING 1
          )
          SELECT (SELECT count(*) FROM chk), (SELECT count(*) FROM s), (SELECT count(*) FROM h)",
-        records = names.records,
         steps = names.steps,
         history = names.history,
         n0 = n,
