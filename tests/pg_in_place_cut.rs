@@ -65,7 +65,7 @@ fn in_place_step_writes_with_a_cut_answer_are_read_back() -> TestResult {
         .enumerate()
         .map(|(n, (forward, at))| (n, forward, at))
     {
-        let k = IdempotencyKey::new("shop:pay", &format!("cut-{n}"))?;
+        let k = IdempotencyKey::new("shop:pay", format!("cut-{n}"))?;
         let cut = |step: usize, call: &mut dyn FnMut()| -> bool {
             if step == at {
                 cut(&proxy, forward, call).1

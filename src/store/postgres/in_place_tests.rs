@@ -145,8 +145,8 @@ fn a_fresh_claims_writes_go_in_place_and_match_the_full_path() -> R<()> {
     let clock = ManualClock::new(T0);
     let store = open(&url, &prefix("inplace"), Mode::Create, &clock)?;
     for deferred in [true, false] {
-        let fast = IdempotencyKey::new("shop", &format!("fast-{deferred}"))?;
-        let full = IdempotencyKey::new("shop", &format!("full-{deferred}"))?;
+        let fast = IdempotencyKey::new("shop", format!("fast-{deferred}"))?;
+        let full = IdempotencyKey::new("shop", format!("full-{deferred}"))?;
         let before = store.in_place.get();
         let fast_token = request(&store, &fast, deferred, false)?;
         let writes = if deferred { 3 } else { 5 };
