@@ -1,62 +1,89 @@
-//! Completing a claim in one statement, without a transaction block.
+//! A claim's writes in one statement, without a transaction block.
 //!
-//! The full path (`Shared::write`) is four round trips: `BEGIN`, `SELECT …
-//! FOR UPDATE`, `UPDATE`, `COMMIT`. But a claim this engine inserted
-//! itself knows its record exactly: the bytes it wrote. So the shared
-//! operation (`Ops::complete`) runs against that remembered record, and
-//! its one write is sent as an autocommitted compare-and-set:
-//! `UPDATE … WHERE scope, key, token AND record = <the remembered bytes>`.
-//! PostgreSQL re-checks the condition on the row's latest version under its
-//! row lock, so the write lands only if the row is still exactly what the
-//! operation decided on; the outcome is then the same as the full path's,
-//! and durable (the statement commits) before the call returns. In every
-//! other case (nothing remembered, the row changed meanwhile, the op
-//! refuses, writes more than one row, or sends outbox messages) nothing was
-//! written and the caller takes the full path, which decides on the row as
-//! it is.
+//! The full path (`Shared::write`) is many round trips: `BEGIN`, `SELECT …
+//! FOR UPDATE`, the step and log reads, the writes, `COMMIT`. But a claim
+//! this engine inserted itself knows its rows exactly: the record bytes it
+//! wrote, and the steps and log entries it wrote since (a [`View`]). So the
+//! shared operation (`Ops::complete`, `step_ops::reserve_step`,
+//! `finish_step`: the same rules as every backend) runs against that view
+//! through [`Recorder`], which holds its writes back, and the writes are
+//! sent as one autocommitted statement (`in_place_sql.rs`): a
+//! compare-and-set of the record row (`… WHERE token AND record = <the
+//! remembered bytes>`, which locks the row and is re-checked on its latest
+//! version), and the step upserts and log inserts only when it matched.
+//!
+//! Why the view is exact when the statement lands: the record row holds
+//! the remembered bytes, and every other write that changes a step or the
+//! log of a PROCESSING claim (the claim's own calls through the full path)
+//! also appends to the log, whose next sequence number the statement
+//! inserts: a log entry written meanwhile makes that insert fail on the
+//! primary key, and the whole statement with it. So an op that writes no
+//! log entry is sent only while the view has no steps and no log (the
+//! plain completion). In every other case (nothing remembered, the row or
+//! the log changed, the op refuses, or needs anything but the record, its
+//! steps and its log) nothing was written and the caller takes the full
+//! path, which decides on the rows as they are.
 
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
-use tokio_postgres::types::Type;
 
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
-use crate::store::codec;
 use crate::store::config::StoreConfig;
-use crate::store::ops::{Loaded, LoadedStep, Ops, Txn};
-use crate::store::record::{EntityState, Record, RecordState};
+use crate::store::ops::{Loaded, LoadedStep, OpResult, Txn};
+use crate::store::record::{EntityState, Record};
 use crate::store::step::{HistoryRecord, StepRecord};
-use crate::store::CompleteRequest;
-
-use super::schema::Names;
-use super::shared::Conn;
-use super::txn::{sql_i64, state_code};
 
 /// Claims remembered at most; beyond this, new claims are not remembered
-/// and complete by the full path.
+/// and write through the full path.
 const REMEMBERED: usize = 4_096;
 
-/// A claim's record as inserted, and its encoded bytes.
-type Inserted = (Record, Vec<u8>);
+/// What a claim's rows hold, as this engine wrote them.
+#[derive(Clone, Debug)]
+pub(super) struct View {
+    /// The record, with its token (the row's bytes may carry token 0, see
+    /// `txn::with_token`).
+    pub(super) record: Record,
+    /// The record row's bytes.
+    pub(super) bytes: Vec<u8>,
+    /// The key's steps, in name order.
+    pub(super) steps: Vec<StepRecord>,
+    /// The first and last sequence numbers of the key's log.
+    pub(super) span: Option<(u32, u32)>,
+}
 
-/// The records of claims this engine inserted and has not finished yet.
+impl View {
+    /// A fresh claim's view: its record, no steps, no log.
+    pub(super) fn fresh(record: Record, bytes: Vec<u8>) -> View {
+        View {
+            record,
+            bytes,
+            steps: Vec::new(),
+            span: None,
+        }
+    }
+}
+
+/// The views of claims this engine inserted and has not finished yet. A
+/// write takes its claim's view out while it runs, so a second write of
+/// the same claim at the same time takes the full path.
 #[derive(Default)]
-pub(super) struct Remembered(Mutex<HashMap<IdempotencyKey, Inserted>>);
+pub(super) struct Remembered(Mutex<HashMap<IdempotencyKey, View>>);
 
 impl Remembered {
-    pub(super) fn insert(&self, key: &IdempotencyKey, record: Record, bytes: Vec<u8>) {
+    pub(super) fn insert(&self, key: &IdempotencyKey, view: View) {
         let mut map = self.0.lock();
-        if map.len() < REMEMBERED {
-            map.insert(key.clone(), (record, bytes));
+        if map.len() < REMEMBERED || map.contains_key(key) {
+            map.insert(key.clone(), view);
         }
     }
 
-    /// Takes the record remembered for `key`'s claim `token`.
-    pub(super) fn take(&self, key: &IdempotencyKey, token: u64) -> Option<Inserted> {
+    /// Takes the view remembered for `key`'s claim `token`.
+    pub(super) fn take(&self, key: &IdempotencyKey, token: u64) -> Option<View> {
         let mut map = self.0.lock();
         match map.get(key) {
-            Some((record, _)) if record.token == token => map.remove(key),
+            Some(view) if view.record.token == token => map.remove(key),
             _ => None,
         }
     }
@@ -66,17 +93,82 @@ impl Remembered {
     }
 }
 
-/// A transaction that sees one remembered record and holds back the single
-/// write the op makes; anything else it cannot do (`Err(())`).
-struct OneRecord<'a> {
-    key: &'a IdempotencyKey,
-    record: &'a Record,
-    now: u64,
-    cfg: StoreConfig,
-    write: Option<Record>,
+/// The writes an op made against a view.
+#[derive(Debug, Default)]
+pub(super) struct Writes {
+    /// The record's new value and bytes.
+    pub(super) record: Option<(Record, Vec<u8>)>,
+    /// Steps written, each once (its last value).
+    pub(super) steps: Vec<StepRecord>,
+    /// Log entries appended, in sequence order from the view's next one.
+    pub(super) history: Vec<HistoryRecord>,
 }
 
-impl Txn for OneRecord<'_> {
+/// A transaction that sees one [`View`] and holds back the op's writes;
+/// anything else it cannot do (`Err(())`).
+pub(super) struct Recorder<'a> {
+    key: &'a IdempotencyKey,
+    view: &'a View,
+    now: u64,
+    cfg: StoreConfig,
+    /// The view's steps with the op's writes applied.
+    steps: Vec<StepRecord>,
+    writes: Writes,
+}
+
+impl Recorder<'_> {
+    fn span(&self) -> Option<(u32, u32)> {
+        let added = u32::try_from(self.writes.history.len()).unwrap_or(u32::MAX);
+        match self.view.span {
+            _ if added == 0 => self.view.span,
+            None => Some((0, added - 1)),
+            Some((first, last)) => Some((first, last.saturating_add(added))),
+        }
+    }
+}
+
+/// Runs `op` against `view` at `now`: its answer, its writes and the view
+/// after them; `None` when the op refused, needed anything the view does
+/// not hold, or its writes cannot be checked in one statement (see the
+/// module docs): the full path decides.
+pub(super) fn decide<T>(
+    key: &IdempotencyKey,
+    view: &View,
+    now: u64,
+    cfg: StoreConfig,
+    op: impl FnOnce(&mut Recorder<'_>) -> OpResult<T, ()>,
+) -> Option<(T, Writes, View)> {
+    let mut t = Recorder {
+        key,
+        view,
+        now,
+        cfg,
+        steps: view.steps.clone(),
+        writes: Writes::default(),
+    };
+    let answer = op(&mut t).ok()?;
+    let unchecked = t.writes.history.is_empty();
+    if unchecked && (!view.steps.is_empty() || view.span.is_some() || !t.writes.steps.is_empty()) {
+        return None;
+    }
+    if unchecked && t.writes.record.is_none() {
+        return None;
+    }
+    let span = t.span();
+    let (record, bytes) = match &t.writes.record {
+        Some((record, bytes)) => (record.clone(), bytes.clone()),
+        None => (view.record.clone(), view.bytes.clone()),
+    };
+    let after = View {
+        record,
+        bytes,
+        steps: t.steps,
+        span,
+    };
+    Some((answer, t.writes, after))
+}
+
+impl Txn for Recorder<'_> {
     type Fatal = ();
 
     fn now(&self) -> u64 {
@@ -88,8 +180,8 @@ impl Txn for OneRecord<'_> {
     }
 
     fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, ()> {
-        if key == self.key && self.write.is_none() {
-            Ok(Some(Ok(self.record.clone())))
+        if key == self.key && self.writes.record.is_none() {
+            Ok(Some(Ok(self.view.record.clone())))
         } else {
             Err(())
         }
@@ -101,8 +193,9 @@ impl Txn for OneRecord<'_> {
         old: Option<&Record>,
         new: &Record,
     ) -> Result<(), ()> {
-        if key == self.key && old == Some(self.record) && self.write.is_none() {
-            self.write = Some(new.clone());
+        if key == self.key && old == Some(&self.view.record) && self.writes.record.is_none() {
+            let bytes = crate::store::codec::encode(key.record_key(), new);
+            self.writes.record = Some((new.clone(), bytes));
             Ok(())
         } else {
             Err(())
@@ -133,27 +226,51 @@ impl Txn for OneRecord<'_> {
         Err(())
     }
 
-    // A remembered claim has no steps: reserving one forgets it (see
-    // `PgStore::reserve_step`), and a claim that found steps is never
-    // remembered.
-    fn load_steps(&mut self, _: &IdempotencyKey) -> Result<Vec<LoadedStep>, ()> {
-        Ok(Vec::new())
+    fn load_steps(&mut self, key: &IdempotencyKey) -> Result<Vec<LoadedStep>, ()> {
+        if key != self.key {
+            return Err(());
+        }
+        Ok(self
+            .steps
+            .iter()
+            .map(|s| (s.name.clone(), Ok(s.clone())))
+            .collect())
     }
 
-    fn store_step(&mut self, _: &IdempotencyKey, _: &StepRecord) -> Result<(), ()> {
-        Err(())
+    fn store_step(&mut self, key: &IdempotencyKey, step: &StepRecord) -> Result<(), ()> {
+        if key != self.key {
+            return Err(());
+        }
+        match self.steps.binary_search_by(|s| s.name.cmp(&step.name)) {
+            Ok(at) => self.steps[at] = step.clone(),
+            Err(at) => self.steps.insert(at, step.clone()),
+        }
+        self.writes.steps.retain(|s| s.name != step.name);
+        self.writes.steps.push(step.clone());
+        Ok(())
     }
 
     fn remove_steps(&mut self, _: &IdempotencyKey) -> Result<(), ()> {
         Err(())
     }
 
-    fn history_span(&mut self, _: &IdempotencyKey) -> Result<Option<(u32, u32)>, ()> {
-        Ok(None)
+    fn history_span(&mut self, key: &IdempotencyKey) -> Result<Option<(u32, u32)>, ()> {
+        if key == self.key {
+            Ok(self.span())
+        } else {
+            Err(())
+        }
     }
 
-    fn append_history(&mut self, _: &IdempotencyKey, _: &HistoryRecord) -> Result<(), ()> {
-        Err(())
+    fn append_history(&mut self, key: &IdempotencyKey, entry: &HistoryRecord) -> Result<(), ()> {
+        // Only the next entry of a contiguous log (what `step_ops::log`
+        // appends): its sequence number is the statement's check.
+        let next = self.span().map_or(0, |(_, last)| last.saturating_add(1));
+        if key != self.key || entry.seq != next || self.span().is_some_and(|(_, l)| l == u32::MAX) {
+            return Err(());
+        }
+        self.writes.history.push(entry.clone());
+        Ok(())
     }
 
     fn remove_history(&mut self, _: &IdempotencyKey) -> Result<(), ()> {
@@ -161,108 +278,29 @@ impl Txn for OneRecord<'_> {
     }
 }
 
-/// Whether the completion was written here; `Ok(false)`: nothing was
-/// written, take the full path. An `Err` comes from the statement itself,
-/// whose outcome is then unknown.
-pub(super) fn complete(
-    conn: &mut Conn,
-    names: &Names,
-    cfg: StoreConfig,
-    now: u64,
-    req: &CompleteRequest,
-    (record, bytes): Inserted,
-) -> Result<bool, super::client::PgError> {
-    if !req.messages.is_empty() {
-        return Ok(false);
-    }
-    let mut t = OneRecord {
-        key: &req.key,
-        record: &record,
-        now,
-        cfg,
-        write: None,
-    };
-    if t.complete(req.clone()).is_err() {
-        return Ok(false);
-    }
-    let Some(new) = t.write else {
-        return Ok(false);
-    };
-    let sql = format!(
-        "UPDATE {} SET state = $3, token = $4, lease_until_ms = $5,
-             unknown_since_ms = $6, expires_at_ms = $7, record = $8
-         WHERE scope = $1 AND key = $2 AND token = $9 AND record = $10",
-        names.records
-    );
-    let encoded = codec::encode(req.key.record_key(), &new);
-    let statement = conn.prepared(
-        &sql,
-        &[
-            Type::TEXT,
-            Type::TEXT,
-            Type::INT2,
-            Type::INT8,
-            Type::INT8,
-            Type::INT8,
-            Type::INT8,
-            Type::BYTEA,
-            Type::INT8,
-            Type::BYTEA,
-        ],
-    )?;
-    let written = conn.execute(
-        &statement,
-        &[
-            &req.key.scope(),
-            &req.key.key(),
-            &state_code(new.state),
-            &sql_i64(new.token),
-            &sql_i64(new.lease_until_ms),
-            &sql_i64(new.unknown_since_ms),
-            &sql_i64(new.expires_at_ms),
-            &encoded,
-            &sql_i64(record.token),
-            &bytes,
-        ],
-    )?;
-    Ok(written == 1)
+/// How often a remembered claim's write was sent in place, and how often
+/// it fell back to the full path (the row or log changed, or the op
+/// refused or needed more than the view): for tests and debugging.
+#[derive(Default, Debug)]
+pub(super) struct Counts {
+    pub(super) written: std::sync::atomic::AtomicU64,
+    pub(super) fell_back: std::sync::atomic::AtomicU64,
 }
 
-impl super::shared::Shared {
-    /// After an in-place completion's answer was lost and its backend is
-    /// gone (`Shared::fence`): `Some(true)` if the row holds the claim's
-    /// completion (the statement ran), `Some(false)` if it does not (the
-    /// statement never ran, and the full path decides).
-    pub(super) fn in_place_landed(
-        &self,
-        req: &CompleteRequest,
-        old: &[u8],
-    ) -> crate::error::Result<Option<bool>> {
-        let what = "reading a record after a lost completion";
-        let sql = format!(
-            "SELECT record FROM {} WHERE scope = $1 AND key = $2",
-            self.names.records
-        );
-        let row = self.read(what, |conn| {
-            conn.query_typed_opt(
-                &sql,
-                &[(&req.key.scope(), Type::TEXT), (&req.key.key(), Type::TEXT)],
-            )
-        })?;
-        let Some(row) = row else {
-            return Ok(Some(false));
+impl Counts {
+    pub(super) fn count(&self, written: bool) {
+        let counter = if written {
+            &self.written
+        } else {
+            &self.fell_back
         };
-        let bytes: &[u8] = row.get(0);
-        if bytes == old {
-            return Ok(Some(false));
-        }
-        let landed = self.record(&req.key)?.is_some_and(|rec| {
-            rec.token == req.token
-                && matches!(
-                    rec.state,
-                    RecordState::Completed | RecordState::FinalFailure
-                )
-        });
-        Ok(Some(landed))
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `(written, fell_back)` so far.
+    #[cfg(test)]
+    pub(super) fn get(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.written.load(Relaxed), self.fell_back.load(Relaxed))
     }
 }

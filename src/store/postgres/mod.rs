@@ -21,6 +21,9 @@ mod clock;
 mod connstr;
 mod described;
 mod in_place;
+mod in_place_sql;
+#[cfg(test)]
+mod in_place_tests;
 mod local;
 mod read;
 mod read_only;
@@ -51,7 +54,7 @@ use crate::policy::PurgeMode;
 use crate::report::SweepCounts;
 use crate::state::State;
 use crate::store::config::StoreConfig;
-use crate::store::ops::Ops;
+use crate::store::ops::{OpResult, Ops};
 use crate::store::record::{EntityState, Record};
 use crate::store::{
     Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, InDoubtRequest, LocalResult,
@@ -114,8 +117,10 @@ impl PgOptions {
 pub(crate) struct PgStore {
     /// `None` only while being dropped.
     shared: Option<Arc<Shared>>,
-    /// Claims this engine inserted, for completing them in place.
+    /// Claims this engine inserted, for writing them in place.
     remembered: Remembered,
+    /// How often those writes went in place or fell back.
+    in_place: in_place::Counts,
     closed: AtomicBool,
     /// Dropped claims: `mark_in_doubt_detached` must never block, so a
     /// thread of its own does the write.
@@ -296,6 +301,7 @@ impl PgStore {
         let store = PgStore {
             shared: Some(shared),
             remembered: Remembered::default(),
+            in_place: in_place::Counts::default(),
             closed: AtomicBool::new(false),
             detached: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
@@ -333,8 +339,9 @@ impl PgStore {
              )
              SELECT (SELECT token FROM inserted), (SELECT token FROM existing),
                     (SELECT record FROM existing),
-                    EXISTS (SELECT 1 FROM {} WHERE scope = $1 AND key = $2)",
-            s.names.tokens, s.names.steps
+                    EXISTS (SELECT 1 FROM {} WHERE scope = $1 AND key = $2)
+                    OR EXISTS (SELECT 1 FROM {} WHERE scope = $1 AND key = $2)",
+            s.names.tokens, s.names.steps, s.names.history
         );
         let now = s.clock.now_ms();
         let (rec, _) = crate::store::ops::fresh_claim(req, 0, now);
@@ -364,12 +371,14 @@ impl PgStore {
             let token = txn::sql_u64(token);
             let record = txn::with_token(rec, token, &req.key);
             // A resumed key kept its steps: the claim sees them (one more
-            // read, for such keys only), and completes through the full
-            // path, which logs the completion.
+            // read, for such keys only), and writes through the full
+            // path, which logs the completion. So does a key that kept a
+            // log without steps (its view would not know the log).
             let steps = if row.get::<_, bool>(3) {
                 s.steps(&req.key, now)?
             } else {
-                self.remembered.insert(&req.key, record.clone(), bytes);
+                self.remembered
+                    .insert(&req.key, in_place::View::fresh(record.clone(), bytes));
                 Vec::new()
             };
             let claimed = Claimed {
@@ -398,55 +407,64 @@ impl PgStore {
         }
     }
 
-    /// Completes a claim this engine inserted in one statement (see
-    /// `in_place.rs`); `false`: nothing was written, take the full path.
-    fn complete_in_place(
+    /// Runs `op` in one statement on the view remembered for claim
+    /// `token` of `key` (see `in_place.rs`), and keeps the view after it
+    /// (unless `complete`: the claim is done). `None`: nothing was
+    /// written, take the full path. A statement whose answer was lost is
+    /// settled by reading the rows once its backend is gone, as a lost
+    /// COMMIT is; when that cannot be told, the error says the outcome is
+    /// unknown (`unknown`).
+    fn in_place<T: Send>(
         &self,
-        req: &CompleteRequest,
-        remembered: (Record, Vec<u8>),
-    ) -> Result<bool> {
-        let what = "storing an outcome";
-        let s = self.shared()?;
-        let mut conn = s.conn(what)?;
-        let backend = conn.backend().cloned();
-        let old = remembered.1.clone();
-        let done = match in_place::complete(
-            &mut conn,
-            &s.names,
-            s.cfg,
-            s.clock.now_ms(),
-            req,
-            remembered,
-        ) {
-            Ok(done) => done,
-            // The statement's answer was lost: once the connection's
-            // backend is gone, the row says whether it ran.
-            Err(e) if e.as_db_error().is_none() || shared::lost(&e) => {
-                drop(conn);
-                s.suspect();
-                let settled = backend
-                    .filter(|backend| s.fence(backend))
-                    .map(|_| s.in_place_landed(req, &old))
-                    .transpose()?
-                    .flatten();
-                match settled {
-                    Some(done) => {
-                        tracing::warn!(error = %e, key = %req.key, done, "an in-place completion's answer was lost; settled by reading the row");
-                        done
-                    }
-                    None => {
-                        return Err(shared::storage(
-                            "storing an outcome on PostgreSQL (the outcome is unknown)",
-                        )(e))
+        (context, unknown): (&'static str, &'static str),
+        key: &IdempotencyKey,
+        token: u64,
+        complete: Option<&CompleteRequest>,
+        op: impl FnOnce(&mut in_place::Recorder<'_>) -> OpResult<T, ()> + Send,
+    ) -> Result<Option<T>> {
+        let Some(view) = self.remembered.take(key, token) else {
+            return Ok(None);
+        };
+        let written = guard(context, || {
+            let s = self.shared()?;
+            let Some((answer, writes, after)) =
+                in_place::decide(key, &view, s.clock.now_ms(), s.cfg, op)
+            else {
+                return Ok(None);
+            };
+            let mut conn = s.conn(context)?;
+            let backend = conn.backend().cloned();
+            let landed = match in_place_sql::send(&mut conn, &s.names, key, &view, &writes) {
+                Ok(landed) => landed,
+                // The statement's answer was lost: once the connection's
+                // backend is gone, the rows say whether it ran.
+                Err(e) if e.as_db_error().is_none() || shared::lost(&e) => {
+                    drop(conn);
+                    s.suspect();
+                    let settled = backend
+                        .filter(|backend| s.fence(backend))
+                        .map(|_| s.in_place_landed(key, &view, &writes, complete))
+                        .transpose()?
+                        .flatten();
+                    match settled {
+                        Some(landed) => {
+                            tracing::warn!(error = %e, key = %key, landed, context, "an in-place write's answer was lost; settled by reading the rows");
+                            landed
+                        }
+                        None => return Err(shared::storage(unknown)(e)),
                     }
                 }
+                Err(e) => return Err(shared::storage(context)(e)),
+            };
+            Ok(landed.then_some((answer, after)))
+        })?;
+        self.in_place.count(written.is_some());
+        Ok(written.map(|(answer, after)| {
+            if complete.is_none() {
+                self.remembered.insert(key, after);
             }
-            Err(e) => return Err(shared::storage("storing an outcome on PostgreSQL")(e)),
-        };
-        if done {
-            tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
-        }
-        Ok(done)
+            answer
+        }))
     }
 
     fn shared(&self) -> Result<&Shared> {
@@ -550,13 +568,36 @@ impl Backend for PgStore {
     }
 
     fn reserve_step(&self, req: StepRequest) -> Result<StepRecord> {
+        self.open_check()?;
+        let contexts = (
+            "reserving an effect step",
+            "reserving an effect step on PostgreSQL (the outcome is unknown)",
+        );
+        let in_place = self.in_place(contexts, &req.key, req.token, None, |t| {
+            t.reserve_step(req.clone())
+        })?;
+        if let Some(step) = in_place {
+            return Ok(step);
+        }
+        // The full path changes the rows behind any view.
         self.remembered.forget(&req.key);
-        self.write("reserving an effect step", |t| t.reserve_step(req.clone()))
+        self.write(contexts.0, |t| t.reserve_step(req.clone()))
     }
 
     fn finish_step(&self, req: FinishStepRequest) -> Result<StepRecord> {
+        self.open_check()?;
+        let contexts = (
+            "confirming an effect step",
+            "confirming an effect step on PostgreSQL (the outcome is unknown)",
+        );
+        let in_place = self.in_place(contexts, &req.key, req.token, None, |t| {
+            t.finish_step(req.clone())
+        })?;
+        if let Some(step) = in_place {
+            return Ok(step);
+        }
         self.remembered.forget(&req.key);
-        self.write("confirming an effect step", |t| t.finish_step(req.clone()))
+        self.write(contexts.0, |t| t.finish_step(req.clone()))
     }
 
     fn settle_step(&self, req: SettleStepRequest) -> Result<StepRecord> {
@@ -587,15 +628,16 @@ impl Backend for PgStore {
 
     fn complete(&self, req: CompleteRequest) -> Result<()> {
         self.open_check()?;
-        // Deferred step confirmations need the full transaction (the
-        // one-statement completion writes only the record).
-        let remembered = self.remembered.take(&req.key, req.token);
-        if let Some(remembered) = remembered.filter(|_| req.finished.is_empty()) {
-            if guard("storing an outcome", || {
-                self.complete_in_place(&req, remembered)
-            })? {
-                return Ok(());
-            }
+        let contexts = (
+            "storing an outcome",
+            "storing an outcome on PostgreSQL (the outcome is unknown)",
+        );
+        let in_place = self.in_place(contexts, &req.key, req.token, Some(&req), |t| {
+            t.complete(req.clone())
+        })?;
+        if in_place.is_some() {
+            tracing::debug!(key = %req.key, token = req.token, completion = ?req.completion, "completed");
+            return Ok(());
         }
         // A retry (a connection found broken before the commit) needs the
         // request again.
@@ -622,6 +664,8 @@ impl Backend for PgStore {
     }
 
     fn extend(&self, key: IdempotencyKey, token: u64, lease_ms: u64) -> Result<u64> {
+        // The record changes: a view would no longer match it.
+        self.remembered.forget(&key);
         self.write("extending a lease", |t| t.extend(&key, token, lease_ms))
     }
 

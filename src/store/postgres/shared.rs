@@ -639,7 +639,7 @@ mod tests {
         let ClaimResult::Claimed(claimed) = claimed else {
             return Err("a fresh key must be claimed".into());
         };
-        let (_, old) = store
+        let old = store
             .remembered
             .take(&key, claimed.token)
             .ok_or("the claim was not remembered")?;
@@ -652,9 +652,12 @@ mod tests {
             finished: Vec::new(),
         };
         let shared = store.shared()?;
-        assert_eq!(shared.in_place_landed(&req, &old)?, Some(false));
+        let writes = super::super::in_place::Writes::default();
+        let landed =
+            |shared: &super::Shared| shared.in_place_landed(&key, &old, &writes, Some(&req));
+        assert_eq!(landed(shared)?, Some(false));
         store.complete(req.clone())?;
-        assert_eq!(shared.in_place_landed(&req, &old)?, Some(true));
+        assert_eq!(landed(shared)?, Some(true));
         Ok(())
     }
 }

@@ -20,13 +20,13 @@ use crate::verify::Damage;
 
 use super::{Mode, PgOptions, PgReader, PgStore};
 
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+pub(super) type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const PG_ENV: &str = "IDEMPOTENCY_TEST_PG";
-const T0: u64 = 1_796_000_000_000;
+pub(super) const T0: u64 = 1_796_000_000_000;
 
 /// The server's URL, or `None` (the test is skipped, and says so).
-fn url(test: &str) -> Option<String> {
+pub(super) fn url(test: &str) -> Option<String> {
     let url = std::env::var(PG_ENV).ok();
     if url.is_none() {
         eprintln!("{test}: skipped ({PG_ENV} is not set; see scripts/with-postgres)");
@@ -34,14 +34,14 @@ fn url(test: &str) -> Option<String> {
     url
 }
 
-fn prefix(test: &str) -> String {
+pub(super) fn prefix(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     format!("stt_{test}_{}_{}_", std::process::id(), nanos % 1_000_000)
 }
 
-fn open(url: &str, prefix: &str, mode: Mode, clock: &ManualClock) -> R<PgStore> {
+pub(super) fn open(url: &str, prefix: &str, mode: Mode, clock: &ManualClock) -> R<PgStore> {
     let opts = PgOptions {
         url: url.to_owned(),
         prefix: prefix.to_owned(),
