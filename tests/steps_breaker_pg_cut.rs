@@ -48,9 +48,15 @@ fn step_writes_across_a_cut_commit() -> TestResult {
     let engine = builder().open_postgres(&proxy.url("")?)?;
     let direct = builder().open_postgres(&url)?;
     let k = IdempotencyKey::new("shop:pay", "cut-1")?;
-    let Begin::Claimed(c) = engine.begin(&k, Fingerprint::of_json(br#"{"a":1}"#, &[])?)? else {
+    let Begin::Claimed(mut c) = engine.begin(&k, Fingerprint::of_json(br#"{"a":1}"#, &[])?)?
+    else {
         return Err("not claimed".into());
     };
+    // A fresh claim's step writes go in place, one autocommitted statement
+    // each, without a COMMIT (`tests/pg_in_place_cut.rs` cuts those).
+    // Extending the lease changes the record, so this claim's writes take
+    // the full transaction path, whose COMMIT is cut here.
+    c.extend(Duration::from_secs(10))?;
     let mut report = Vec::new();
 
     // 1. The reservation commits, its answer is lost.
@@ -69,7 +75,10 @@ fn step_writes_across_a_cut_commit() -> TestResult {
     if seen.len() != log.len() {
         return Err(format!("half-written: {report:#?}").into());
     }
-    if fired > 0 && !matches!(reserved, Ok(EffectStep::Run { .. })) {
+    if fired == 0 {
+        return Err(format!("the reservation sent no COMMIT to cut: {report:#?}").into());
+    }
+    if !matches!(reserved, Ok(EffectStep::Run { .. })) {
         return Err(format!(
             "a reservation the server committed is reported as failed: {report:#?}"
         )
@@ -85,7 +94,10 @@ fn step_writes_across_a_cut_commit() -> TestResult {
         "confirm with its COMMIT answer lost (fired {}): {confirmed:?}",
         fired2 - fired
     ));
-    if fired2 > fired && confirmed.is_err() {
+    if fired2 == fired {
+        return Err(format!("the confirmation sent no COMMIT to cut: {report:#?}").into());
+    }
+    if confirmed.is_err() {
         let again = c.confirm("charge", b"ch_1");
         return Err(format!(
             "a confirmation the server committed is reported as failed; the app's retry of \
@@ -98,7 +110,11 @@ fn step_writes_across_a_cut_commit() -> TestResult {
     let before = direct.history(&k)?.len();
     proxy.cut_after_commit(Forward::No);
     let receipt = c.effect("receipt");
+    let fired3 = proxy.fired();
     proxy.disarm();
+    if fired3 == fired2 {
+        return Err("the receipt's reservation sent no COMMIT to cut".into());
+    }
     let after = direct.history(&k)?.len();
     let steps = direct.steps(&k)?.len();
     report.push(format!(
