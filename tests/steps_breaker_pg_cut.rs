@@ -48,8 +48,7 @@ fn step_writes_across_a_cut_commit() -> TestResult {
     let engine = builder().open_postgres(&proxy.url("")?)?;
     let direct = builder().open_postgres(&url)?;
     let k = IdempotencyKey::new("shop:pay", "cut-1")?;
-    let Begin::Claimed(mut c) = engine.begin(&k, Fingerprint::of_json(br#"{"a":1}"#, &[])?)?
-    else {
+    let Begin::Claimed(mut c) = engine.begin(&k, Fingerprint::of_json(br#"{"a":1}"#, &[])?)? else {
         return Err("not claimed".into());
     };
     // A fresh claim's step writes go in place, one autocommitted statement

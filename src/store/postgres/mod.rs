@@ -722,6 +722,10 @@ impl Backend for PgStore {
 
     fn local(&self, write: LocalWrite) -> Result<LocalResult> {
         self.write_check()?;
+        // A local write finishes (or never had) a claim: its view goes as
+        // for every other finishing write, or it would hold one of the
+        // `REMEMBERED` places for good.
+        self.remembered.forget(&write.key);
         guard("running a local write", || self.shared()?.local(write))
     }
 
