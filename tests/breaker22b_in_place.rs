@@ -46,9 +46,7 @@ fn kind<T: Debug, E: Debug>(r: &Result<T, E>) -> String {
         Ok(v) => format!("Ok({v:?})"),
         Err(e) => format!("Err({e:?})"),
     };
-    let cut = text
-        .find(|c: char| c == ' ' || c == '{')
-        .unwrap_or(text.len());
+    let cut = text.find([' ', '{']).unwrap_or(text.len());
     text[..cut].to_owned()
 }
 

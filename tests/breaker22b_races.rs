@@ -58,7 +58,7 @@ fn purge_and_sweep_from_another_engine_never_resurrect_or_split_a_key() -> TestR
                     Ok(None) | Err(idempotency::Error::NotFound { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
-                if i % 16 == 0 {
+                if i.is_multiple_of(16) {
                     b.sweep_now()?;
                 }
                 i = i.wrapping_add(1);
