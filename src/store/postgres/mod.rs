@@ -16,6 +16,8 @@
 //! commit itself failed, its outcome is unknown and the caller is told),
 //! and the next call may well succeed on a fresh connection.
 
+#[cfg(test)]
+mod breaker22b_tests;
 mod client;
 mod clock;
 mod connstr;
