@@ -378,8 +378,13 @@ pub(crate) fn finish_step<T: Txn>(
     let key = &req.key;
     check_evidence(key, &req.name, &req.evidence).map_err(OpError::Refused)?;
     let now = t.now();
-    match super::ops::Ops::get(t, key)? {
-        Some(rec) if rec.token == req.token && rec.state == RecordState::Processing => {}
+    // The claim's holder may still report a call's outcome after its lease
+    // ended and the record went UNKNOWN (nobody claimed it since): its own
+    // step then settles from Unknown, as a late `complete` carrying the same
+    // confirmation does; the record stays UNKNOWN.
+    let late = match super::ops::Ops::get(t, key)? {
+        Some(rec) if rec.token == req.token && rec.state == RecordState::Processing => false,
+        Some(rec) if rec.token == req.token && rec.state == RecordState::Unknown => true,
         Some(rec) => return Err(fenced(key, req.token, &rec)),
         None => return Err(OpError::Refused(Error::Fenced {
             key: key.clone(),
@@ -388,7 +393,7 @@ pub(crate) fn finish_step<T: Txn>(
                 "cannot confirm an effect step: the record is gone (released, purged or expired)"
                     .into(),
         })),
-    }
+    };
     let mut steps = steps_of(t, key)?;
     let finish = StepFinish {
         name: req.name,
@@ -396,7 +401,7 @@ pub(crate) fn finish_step<T: Txn>(
         evidence: req.evidence,
     };
     let (new, e) =
-        apply_finish(key, req.token, &mut steps, finish, now, false).map_err(OpError::Refused)?;
+        apply_finish(key, req.token, &mut steps, finish, now, late).map_err(OpError::Refused)?;
     log(t, key, vec![e], false)?;
     t.store_step(key, &new).map_err(OpError::Fatal)?;
     tracing::debug!(key = %key, token = req.token, step = %new.name, status = new.status.as_str(), "effect step finished");

@@ -610,3 +610,50 @@ both_backends! {
         Ok(())
     }
 }
+
+both_backends! {
+    /// A claim whose lease ended, and whose key another request's `begin`
+    /// then moved to UNKNOWN, can still report its call's outcome: its
+    /// `confirm` settles its own step from Unknown (as a late `complete`
+    /// carrying the same confirmation does), the record stays UNKNOWN, and
+    /// the next `begin` resumes the key with the charge skipped. Guards
+    /// against a provider's answer that reached the app being refused (the
+    /// resolver would then have to find it again), and against a late
+    /// confirm that completes the key or touches a step it did not reserve.
+    fn a_late_confirm_settles_its_own_step(h: &Harness) -> TestResult {
+        let clock = ManualClock::new(T0);
+        let provider = Provider::answering(StepResolution::StillUnknown);
+        let engine = h.open(clocked(h, &clock).step_resolver("charge", provider.resolver()))?;
+        let k = key("steps-late-confirm")?;
+        let c = claimed(engine.begin(&k, fp(1)?)?)?;
+        run_ref(c.effect("charge")?)?;
+        // The provider is slow; the lease ends and a retry finds the key
+        // stale: it goes UNKNOWN and the provider cannot tell yet.
+        clock.advance(Duration::from_millis(LEASE_MS + 1));
+        let retry = engine.begin(&k, fp(1)?)?;
+        assert!(!matches!(retry, Begin::Claimed(_)), "claimed while the charge was unsettled: {retry:?}");
+        assert_eq!(engine.record(&k)?.ok_or("no record")?.state, State::Unknown);
+        assert_eq!(state_of(&engine.steps(&k)?, "charge")?, StepState::Unknown);
+        // Then the provider's answer reaches the first claim.
+        c.confirm("charge", b"ch_late")?;
+        assert_eq!(state_of(&engine.steps(&k)?, "charge")?, StepState::Confirmed);
+        assert_eq!(engine.record(&k)?.ok_or("no record")?.state, State::Unknown, "a confirm is not an outcome");
+        let last = engine.history(&k)?.pop().ok_or("no log")?;
+        assert_eq!((last.from.as_str(), last.to.as_str()), ("unknown", "confirmed"));
+        assert_eq!(last.actor, Actor::Claim { fencing_token: c.fencing_token() });
+        // Confirming again is refused; nothing else changes.
+        let again = c.confirm("charge", b"ch_late").err().ok_or("a second confirm was accepted")?;
+        assert!(matches!(again, Error::StepReused { .. }), "{again:?}");
+        drop(c);
+        let asked = provider.asked().len();
+        let resumed = claimed(engine.begin(&k, fp(1)?)?)?;
+        assert_eq!(provider.asked().len(), asked, "the resolver was asked about a settled step");
+        match resumed.effect("charge")? {
+            EffectStep::Confirmed { evidence, .. } => assert_eq!(evidence, b"ch_late"),
+            other => return Err(format!("the charge must be skipped, got {other:?}").into()),
+        }
+        engine.complete(resumed, Envelope::new(1, 201, "paid"))?;
+        assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope.body, b"paid");
+        Ok(())
+    }
+}
