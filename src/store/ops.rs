@@ -572,7 +572,7 @@ pub(crate) trait Ops: Txn + Sized {
             // writes this state; force still clears such a store.
             None if force && !steps_of(self, key)?.is_empty() => {
                 drop_steps(self, key)?;
-                tracing::warn!(key = %key, "steps of a key released to resume purged");
+                tracing::warn!(key = %key, "effect steps and log without a record purged");
                 return Ok(None);
             }
             None => return Err(OpError::Refused(Error::NotFound { key: key.clone() })),
