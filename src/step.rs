@@ -242,7 +242,8 @@ pub struct HistoryEntry {
     /// time (the CLI prints it as `new`).
     pub from: String,
     /// The state after: a step state, or for the operation a record state
-    /// (`COMPLETED`, `FAILED`), `RESUMED` (the next `begin` took the key
+    /// (`COMPLETED`, `FAILED`, `UNKNOWN` after a resumed claim's retryable
+    /// failure), `RESUMED` (the next `begin` took the key
     /// over with its settled steps) or `TOMBSTONE` (a tombstone's summary).
     /// docs/design.md ("The evidence log") lists every transition logged.
     pub to: String,

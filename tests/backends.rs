@@ -32,4 +32,5 @@ mod backends {
     mod steps;
     mod steps_deferred;
     mod steps_recovery;
+    mod steps_release;
 }

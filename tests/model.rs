@@ -1921,6 +1921,27 @@ fn steps_agree_with_the_model_on_postgres() {
     }
 }
 
+/// A resumed claim's retryable failure (rare in random sequences): the
+/// key must stay UNKNOWN with the earlier charge, then resume skipping it.
+#[test]
+fn a_released_resume_agrees_with_the_step_model() -> Result<(), TestCaseError> {
+    use steps::StepOp::{Advance, Begin, Confirm, Effect, FailInDoubt, FailRetryable};
+    let ops = [
+        Begin,
+        Effect(0),
+        Confirm(0),
+        FailInDoubt,
+        Advance(1),
+        Begin,
+        FailRetryable,
+        Begin,
+        Effect(0),
+        Effect(1),
+    ];
+    steps::run_steps(&ops, Backend::Redb)?;
+    steps::run_steps(&ops, Backend::Postgres)
+}
+
 /// Sequences that once failed, kept as plain tests.
 #[test]
 fn regressions() -> Result<(), TestCaseError> {

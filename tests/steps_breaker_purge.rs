@@ -1,6 +1,7 @@
 //! Breaker finding on purging a key released to RESUME (issue 22), redb: such
-//! a key has no record, only its effect steps and evidence log (`idem show`
-//! and `Engine::steps` list them). `purge` with `PurgeMode::Force` (what
+//! a key had no record, only its effect steps and evidence log (`idem show`
+//! and `Engine::steps` list them; now the record stays UNKNOWN, also after
+//! a resumed claim's retryable failure). `purge` with `PurgeMode::Force` (what
 //! `idem purge --force` runs, and the design's escape for a stuck key, e.g.
 //! one whose log is full or whose step does not decode) answers `NotFound`
 //! and deletes nothing. Guards against a key the operator can see but not
@@ -15,7 +16,7 @@ use std::time::Duration;
 use common::{claimed, CannotTell};
 use idempotency::{
     EffectStep, Engine, EngineBuilder, Failure, Fingerprint, IdempotencyKey, InDoubtStep,
-    ManualClock, PurgeMode, StepResolution,
+    ManualClock, PurgeMode, State, StepResolution,
 };
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
@@ -80,6 +81,35 @@ fn purge_clears_a_resumed_key() -> TestResult {
             "purge --force of a resumed key ({steps} steps shown) answered {purged:?} and left \
              {} steps and {} log entries",
             left.0, left.1
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A resumed claim that fails retryable before a call of its own leaves
+/// the key UNKNOWN with the earlier charge: `purge --force` takes the
+/// record, steps and log together, and says the record was UNKNOWN.
+#[test]
+fn purge_clears_a_released_resume() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("released.redb");
+    let clock = ManualClock::new(T0);
+    let k = IdempotencyKey::new("shop:pay", "breaker-purge-released")?;
+    resumed_key(&path, &clock, &k)?;
+    let engine = builder(&clock).open(&path)?;
+    let resumed = claimed(engine.begin(&k, fp()?)?)?;
+    engine.fail(resumed, Failure::Retryable)?;
+    let purged = engine.purge(&k, PurgeMode::Force)?;
+    let left = (
+        engine.record(&k)?.is_some(),
+        engine.steps(&k)?.len(),
+        engine.history(&k)?.len(),
+    );
+    if (purged, left) != (Some(State::Unknown), (false, 0, 0)) {
+        return Err(format!(
+            "purge --force of a released resume answered {purged:?} and left (record, steps, \
+             log entries) {left:?}"
         )
         .into());
     }

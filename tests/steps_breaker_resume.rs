@@ -1,10 +1,13 @@
 //! Breaker findings on a key RESUMED with its effect steps (issue 22), run
 //! on redb and on PostgreSQL (`scripts/with-postgres`): when every step of
-//! an in-doubt key is settled and the key is released to resume, the record
-//! is deleted and only the steps and the evidence log stay. Guards against
+//! an in-doubt key was settled and the key released to resume, the record
+//! was deleted and only the steps and the evidence log stayed (now the
+//! record stays UNKNOWN, "resumable", also when a resumed claim fails
+//! retryable). Guards against
 //! (1) a retry with a DIFFERENT payload under the same key inheriting the
 //! first payload's confirmed calls (the fingerprint is no longer checked,
-//! so a 5 EUR request is handed the 100 EUR charge as "already done");
+//! so a 5 EUR request is handed the 100 EUR charge as "already done"),
+//! while resumable and after a resumed claim's retryable failure;
 //! (2) the steps and log of a resumed key that nobody retries living
 //! forever (no record, so nothing expires them); (3) an operator's
 //! whole-key "not executed" over a step still in doubt handing the key out
@@ -111,19 +114,30 @@ both_backends! {
         let engine = h.open(clocked(h, &clock))?;
         let k = key("breaker-fp-after-resume")?;
         charge_then_resume(&engine, &clock, &k, 100)?;
-        match engine.begin(&k, fp(5)?)? {
-            Begin::Mismatch => Ok(()),
-            Begin::Claimed(c) => {
-                let charge = c.effect("charge")?;
-                Err(format!(
-                    "a 5 EUR request under the key of a resumed 100 EUR payment was \
-                     Claimed (not Mismatch); its charge step reads {charge:?}: the \
-                     handler skips charging 5 EUR and answers with the 100 EUR charge"
-                )
-                .into())
-            }
-            other => Err(format!("expected Mismatch, got {other:?}").into()),
+        five_eur_is_a_mismatch(&engine, &k, "resumable")?;
+        // The 100 EUR retry resumes it and fails retryable before a call
+        // of its own: the key must stay the 100 EUR payment's.
+        let resumed = claimed(engine.begin(&k, fp(100)?)?)?;
+        engine.fail(resumed, Failure::Retryable)?;
+        five_eur_is_a_mismatch(&engine, &k, "released after a resume")
+    }
+}
+
+/// A 5 EUR request under `k` (a 100 EUR payment's key, whose charge is
+/// confirmed) is told its payload does not match; `when` names the phase.
+fn five_eur_is_a_mismatch(engine: &Engine, k: &IdempotencyKey, when: &str) -> TestResult {
+    match engine.begin(k, fp(5)?)? {
+        Begin::Mismatch => Ok(()),
+        Begin::Claimed(c) => {
+            let charge = c.effect("charge")?;
+            Err(format!(
+                "{when}: a 5 EUR request under the key of a resumed 100 EUR payment was \
+                 Claimed (not Mismatch); its charge step reads {charge:?}: the \
+                 handler skips charging 5 EUR and answers with the 100 EUR charge"
+            )
+            .into())
         }
+        other => Err(format!("{when}: expected Mismatch, got {other:?}").into()),
     }
 }
 

@@ -169,7 +169,15 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
         if steps.is_empty() && history.is_empty() {
             return Err(CliError(format!("no record for {key}")).into());
         }
-        return show_released(key, &steps, &history, now, json, out);
+        // Only a store written before a released resume kept its record
+        // (see `purge_record_less`) holds steps without one.
+        return Err(CliError(format!(
+            "no record for {key}, but {} effect step(s) and {} log entries left without one \
+             by an older version; `idem purge --force` deletes them",
+            steps.len(),
+            history.len()
+        ))
+        .into());
     };
     if json {
         let mut value = record_json(&info, now);
@@ -223,40 +231,6 @@ pub fn show<W: Write>(engine: &Engine, key: &IdempotencyKey, json: bool, out: &m
     }
     write_steps(out, &steps)?;
     write_history(out, &history, now)?;
-    Ok(())
-}
-
-/// `show` for a key whose record was released to resume: a resumed claim
-/// failed retryable before a call of its own, so its record went but the
-/// earlier claims' settled steps and the history stay for the next claim,
-/// which skips the confirmed calls (`cli/tests/steps.rs`,
-/// `show_a_key_released_to_resume`).
-fn show_released<W: Write>(
-    key: &IdempotencyKey,
-    steps: &[StepInfo],
-    history: &[HistoryEntry],
-    now: u64,
-    json: bool,
-    out: &mut W,
-) -> CliResult {
-    const STATE: &str = "released to resume: the next request with this key claims it and \
-        skips the steps confirmed";
-    if json {
-        let value = json!({
-            "scope": key.scope(),
-            "key": key.key(),
-            "state": Value::Null,
-            "note": STATE,
-            "steps": steps.iter().map(step_json).collect::<Vec<_>>(),
-            "history": history.iter().map(history_json).collect::<Vec<_>>(),
-        });
-        return print_json(out, &value);
-    }
-    writeln!(out, "{:<15}{}", "scope:", escape_controls(key.scope()))?;
-    writeln!(out, "{:<15}{}", "key:", escape_controls(key.key()))?;
-    writeln!(out, "{:<15}- ({STATE})", "state:")?;
-    write_steps(out, steps)?;
-    write_history(out, history, now)?;
     Ok(())
 }
 
@@ -665,7 +639,7 @@ pub fn purge<W: Write, E: Write>(
     let now = engine.clock().now_ms();
     let info = match engine.record(key) {
         Ok(Some(info)) => info,
-        Ok(None) => return purge_released(engine, key, force, out, warn),
+        Ok(None) => return purge_record_less(engine, key, force, out, warn),
         // A record that does not decode can only be deleted by force.
         Err(idempotency::Error::Corrupt {
             what: Corrupted::Record(_),
@@ -731,10 +705,12 @@ pub fn purge<W: Write, E: Write>(
     Ok(())
 }
 
-/// `purge` of a key without a record: one released to resume keeps the
-/// earlier claims' settled steps and log for its next claim (see
-/// `show_released`); only `--force` deletes them.
-fn purge_released<W: Write, E: Write>(
+/// `purge` of a key without a record. Only a store written by main from
+/// the effect steps' arrival (7534400) to the commit that made a resumed
+/// claim's retryable failure keep its UNKNOWN record can hold steps and a
+/// log without a record (that release deleted the record); nothing writes
+/// them now. Only `--force` deletes them.
+fn purge_record_less<W: Write, E: Write>(
     engine: &Engine,
     key: &IdempotencyKey,
     force: bool,
@@ -747,18 +723,14 @@ fn purge_released<W: Write, E: Write>(
     }
     if !force {
         return Err(Box::new(CliError(format!(
-            "{key} has no record but {} effect step(s) kept for its next claim (released to \
-             resume: `idem show` lists them); after a purge its next claim calls every \
-             provider again; re-run with --force to delete them",
+            "{key} has no record but {} effect step(s) left by an older version; after a \
+             purge its next claim calls every provider again; re-run with --force to delete \
+             them",
             steps.len()
         ))));
     }
     engine.purge(key, PurgeMode::Force)?;
-    writeln!(
-        out,
-        "purged the effect steps and log of {key} (released to \
-             resume)"
-    )?;
+    writeln!(out, "purged the effect steps and log of {key} (no record)")?;
     let confirmed = steps
         .iter()
         .filter(|s| s.state == StepState::Confirmed)

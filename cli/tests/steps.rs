@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use idempotency::{EffectStep, Engine, Failure, IdempotencyKey, StepState};
+use idempotency::{Begin, EffectStep, Engine, Failure, IdempotencyKey, StepState};
 use serde_json::Value;
 
 const SCOPE: &str = "shop:pay";
@@ -179,14 +179,12 @@ fn unknown_shows_each_keys_unsettled_steps() -> TestResult {
     Ok(())
 }
 
-/// A resumed claim that fails retryable before any call of its own is
-/// released, and the earlier claim's settled steps stay for the next one:
-/// no record, steps and log kept. `show` must still show them (not "no
-/// record"), and what it says must be true: the next claim skips the
-/// confirmed call.
+/// A resumed claim that fails retryable before any call of its own keeps
+/// the key's record, UNKNOWN and resumable, with the earlier claim's
+/// confirmed charge. `show` must show it as such, and what it says must be
+/// true: a different request is a mismatch, the same one skips the charge.
 /// Charges (confirmed) and fails in doubt; the retry resumes the key and
-/// fails retryable before a call of its own: the key is released, its
-/// charge kept for the next claim.
+/// fails retryable before a call of its own.
 fn released_to_resume(db: &Path, k: &IdempotencyKey) -> TestResult {
     let engine = engine(db)?;
     let first = claim(&engine, k, fp(BODY)?)?;
@@ -200,7 +198,6 @@ fn released_to_resume(db: &Path, k: &IdempotencyKey) -> TestResult {
     let resumed = claim(&engine, k, fp(BODY)?)?;
     // ... and gives up before any call of its own.
     engine.fail(resumed, Failure::Retryable)?;
-    assert!(engine.record(k)?.is_none(), "the record was not released");
     Ok(())
 }
 
@@ -211,7 +208,10 @@ fn show_a_key_released_to_resume() -> TestResult {
     let k = key(SCOPE, "k10")?;
     released_to_resume(&db, &k)?;
     let text = idem_ok(args(&["show", SCOPE, "k10"], &db))?;
-    assert!(text.contains("released to resume"), "{text}");
+    assert!(
+        text.contains("UNKNOWN") && text.contains("released to resume"),
+        "{text}"
+    );
     let charge = text
         .lines()
         .find(|l| l.trim_start().starts_with("charge "))
@@ -221,10 +221,12 @@ fn show_a_key_released_to_resume() -> TestResult {
         "{charge}"
     );
     let v: Value = serde_json::from_str(&idem_ok(args(&["show", SCOPE, "k10", "--json"], &db))?)?;
-    assert!(v["state"].is_null(), "{v}");
+    assert_eq!(v["state"], "UNKNOWN", "{v}");
     assert_eq!(v["steps"][0]["state"], "confirmed", "{v}");
 
     let engine = engine(&db)?;
+    let other = engine.begin(&k, fp(r#"{"amount":99}"#)?)?;
+    assert!(matches!(other, Begin::Mismatch), "{other:?}");
     let next = claim(&engine, &k, fp(BODY)?)?;
     let EffectStep::Confirmed { evidence, .. } = next.effect("charge")? else {
         return Err("the next claim must skip the confirmed charge".into());
@@ -233,9 +235,9 @@ fn show_a_key_released_to_resume() -> TestResult {
     Ok(())
 }
 
-/// A key released to resume has no record, yet its steps are there: `purge`
-/// refuses without `--force` (its next claim would call again) and deletes
-/// them with it.
+/// A key released to resume is UNKNOWN: `purge` refuses without `--force`
+/// (its next claim would call again) and deletes the record, steps and
+/// log with it.
 #[test]
 fn purge_a_key_released_to_resume() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -243,14 +245,11 @@ fn purge_a_key_released_to_resume() -> TestResult {
     let k = key(SCOPE, "k11")?;
     released_to_resume(&db, &k)?;
     let err = idem_err(args(&["purge", SCOPE, "k11"], &db))?;
-    assert!(
-        err.contains("--force") && err.contains("released to resume"),
-        "{err}"
-    );
+    assert!(err.contains("--force") && err.contains("UNKNOWN"), "{err}");
     let text = idem_ok(args(&["purge", SCOPE, "k11", "--force"], &db))?;
-    assert!(text.contains("purged the effect steps and log"), "{text}");
+    assert!(text.contains("purged UNKNOWN record"), "{text}");
     let err = idem_err(args(&["show", SCOPE, "k11"], &db))?;
-    assert!(err.contains("no record"), "{err}");
+    assert_eq!(err.trim_end(), format!("idem: no record for {k}"), "{err}");
     let engine = engine(&db)?;
     let next = claim(&engine, &k, fp(BODY)?)?;
     assert!(matches!(next.effect("charge")?, EffectStep::Run { .. }));

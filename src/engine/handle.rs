@@ -525,10 +525,10 @@ impl Engine {
     /// already be running or have run — a possible double execution.
     /// Returns the state the record was in (`None` for a corrupt record).
     ///
-    /// A key released to resume has no record, only the effect steps and
-    /// evidence log an earlier claim left for the next one (a resumed claim
-    /// that failed retryable before a call of its own; `idem show` lists
-    /// them): [`PurgeMode::Force`] deletes those and returns `None`; its
+    /// A key's effect steps and evidence log go with its record. A store
+    /// written before a resumed claim's retryable failure kept the record
+    /// (it now stays UNKNOWN) may hold steps without a record:
+    /// [`PurgeMode::Force`] deletes those and returns `None`; the key's
     /// next claim then runs every call again.
     ///
     /// # Errors

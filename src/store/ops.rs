@@ -192,8 +192,10 @@ pub(crate) trait Ops: Txn + Sized {
                 }
             }
         }
-        // An expired record's steps and log go with it; with no record,
-        // the steps a resumed key kept are the new claim's to see.
+        // An expired record's steps and log go with it. A key with steps
+        // always has a record (a released resume stays UNKNOWN); steps
+        // without one exist only in a store written before that rule (see
+        // `purge`), and the new claim sees them as before.
         let steps = if existing.is_some() {
             drop_steps(self, &req.key)?;
             Vec::new()
@@ -279,14 +281,18 @@ pub(crate) trait Ops: Txn + Sized {
         Ok(())
     }
 
-    /// A retryable failure: the claim's record is deleted.
+    /// A retryable failure: the claim's record is deleted, with its steps
+    /// when they are all its own. A key with an earlier claim's settled
+    /// steps (a resumed claim) never loses its record: it goes UNKNOWN,
+    /// resumable, so the next `begin` is checked against its fingerprint.
     fn release(&mut self, key: &IdempotencyKey, token: u64) -> OpResult<(), Self::Fatal> {
         let rec = self.owned(key, token, "release")?;
         let steps = steps_of(self, key)?;
-        // Work may have happened: a reserved call, or one this claim
-        // confirmed. Such a claim fails in doubt instead.
+        // Work may have happened: a reserved call (Unknown once a lease
+        // end moved it), or one this claim confirmed. Such a claim fails
+        // in doubt instead.
         if steps.iter().any(|s| {
-            s.status == StepStatus::Reserved
+            matches!(s.status, StepStatus::Reserved | StepStatus::Unknown)
                 || (s.status == StepStatus::Confirmed && s.token == token)
         }) {
             return Err(OpError::Refused(Error::InvalidState {
@@ -297,13 +303,36 @@ pub(crate) trait Ops: Txn + Sized {
                 state: State::from(rec.state),
             }));
         }
-        self.delete(key, &rec)?;
-        // Steps only this claim made go with it; an earlier claim's
-        // settled steps are kept for the next claim to resume with.
         if steps.iter().all(|s| s.token == token) {
+            // Steps only this claim made (none confirmed) go with it.
+            self.delete(key, &rec)?;
             drop_steps(self, key)?;
+            tracing::debug!(key = %key, token, "claim released (retryable failure)");
+            return Ok(());
         }
-        tracing::debug!(key = %key, token, "claim released (retryable failure)");
+        // An earlier claim's settled steps stay for the next claim of the
+        // same request, so the record stays too: a record-less key would
+        // hand them to a request with another fingerprint, and nothing
+        // would expire them. Every step is settled here (none Reserved,
+        // this claim's own are Failed or NotExecuted): resumable at once.
+        let now = self.now();
+        let new = rec.in_doubt(
+            "released to resume: a resumed claim failed retryable".to_owned(),
+            rec.lease_until_ms.min(now),
+            now,
+        );
+        // Never blocked by a full log (an engine move).
+        let e = entry(
+            now,
+            Actor::Claim { token },
+            None,
+            State::from(rec.state).as_str(),
+            State::Unknown.as_str(),
+            Vec::new(),
+        );
+        log(self, key, vec![e], true)?;
+        self.put(key, Some(&rec), &new)?;
+        tracing::debug!(key = %key, token, "resumed claim released: UNKNOWN, resumable");
         Ok(())
     }
 
@@ -536,13 +565,14 @@ pub(crate) trait Ops: Txn + Sized {
     ) -> OpResult<Option<State>, Self::Fatal> {
         let force = mode == PurgeMode::Force;
         let rec = match self.load(key).map_err(OpError::Fatal)? {
-            // A key released to resume (a resumed claim failed retryable
-            // before a call of its own): no record, but the earlier
-            // claims' settled steps and the log, kept for the next claim.
-            // Only force deletes them (the next claim then calls again).
+            // Steps and a log without a record: only a store written by
+            // main from 7534400 (steps) to the commit that made a released
+            // resume keep its UNKNOWN record can hold them (a resumed
+            // claim's release deleted the record then). Nothing else
+            // writes this state; force still clears such a store.
             None if force && !steps_of(self, key)?.is_empty() => {
                 drop_steps(self, key)?;
-                tracing::warn!(key = %key, "steps of a key released to resume purged");
+                tracing::warn!(key = %key, "effect steps and log without a record purged");
                 return Ok(None);
             }
             None => return Err(OpError::Refused(Error::NotFound { key: key.clone() })),

@@ -123,7 +123,7 @@ pub(crate) struct HistoryRecord {
     /// `State`; empty for a step reserved for the first time).
     pub(crate) from: String,
     /// The state after (as `from`; `TOMBSTONE` for a tombstone's summary,
-    /// `RESUMED` for a key released to resume with its steps).
+    /// `RESUMED` for a key resumed with its steps).
     pub(crate) to: String,
     /// The provider's answer, the response's body, or the summary's text.
     pub(crate) evidence: Vec<u8>,

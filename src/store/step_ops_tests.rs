@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -471,6 +471,53 @@ fn a_crash_settled_step_by_step_resumes_with_the_confirmed_calls() -> TestResult
                 log.windows(2).all(|w| w[1].seq == w[0].seq + 1),
                 "entries are contiguous"
             );
+            Ok(())
+        },
+    )
+}
+
+#[test]
+fn a_released_resume_stays_unknown_and_an_unknown_step_refuses_release() -> TestResult {
+    on_every_backend(
+        "a_released_resume_stays_unknown_and_an_unknown_step_refuses_release",
+        |fixture| {
+            let f = fixture(ExpiryPolicy::Forget)?;
+            let c = f.claim()?;
+            f.reserve(c.token, "charge")?;
+            f.finish(c.token, "charge", true, b"ch")?;
+            f.in_doubt(c.token)?;
+            let next = f.resume(c.token)?;
+            f.store.release(f.key.clone(), next.token)?;
+            // The record stays (UNKNOWN, the resumed claim's token), so
+            // the next claim is checked against its fingerprint.
+            let rec = f.store.record(&f.key)?.ok_or("record deleted")?;
+            assert_eq!(
+                (rec.state, rec.token, rec.lease_until_ms <= f.clock.now_ms()),
+                (crate::store::record::RecordState::Unknown, next.token, true)
+            );
+            assert_eq!(f.step("charge")?.status, StepStatus::Confirmed);
+            let log = f.store.history(&f.key)?;
+            let last = log.last().ok_or("no log")?;
+            assert_eq!(
+                (&last.actor, last.from.as_str(), last.to.as_str()),
+                (&Actor::Claim { token: next.token }, "PROCESSING", "UNKNOWN")
+            );
+            let again = f.resume(next.token)?;
+            assert_eq!(again.steps.len(), 1);
+            assert_eq!(again.steps[0].status, StepStatus::Confirmed);
+
+            // A claim's own step moved to Unknown (its claim went in
+            // doubt): the call may have happened, so no release.
+            let g = fixture(ExpiryPolicy::Forget)?;
+            let c = g.claim()?;
+            g.reserve(c.token, "charge")?;
+            g.in_doubt(c.token)?;
+            assert_eq!(g.step("charge")?.status, StepStatus::Unknown);
+            assert!(matches!(
+                g.store.release(g.key.clone(), c.token),
+                Err(Error::InvalidState { .. })
+            ));
+            assert_eq!(g.step("charge")?.status, StepStatus::Unknown);
             Ok(())
         },
     )

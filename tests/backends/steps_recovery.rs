@@ -3,15 +3,14 @@
 //! and a client may never retry; such keys sit at the front of the recovery
 //! queue. Guards against `recover_in_doubt(limit)` spending its whole limit
 //! on them run after run, so that a newer in-doubt key is never settled,
-//! and against resumable keys dropping out of `in_doubt` listings. Also
-//! guards against a key released to resume (a resumed claim that failed
-//! retryable: no record, its earlier steps kept) that `purge` cannot clear.
+//! and against resumable keys dropping out of `in_doubt` listings. (A
+//! resumed claim released retryable: `steps_release.rs`.)
 
 use std::time::Duration;
 
 use idempotency::{
-    EffectStep, Engine, Failure, IdempotencyKey, InDoubt, ManualClock, PurgeMode, RecoveryReport,
-    Resolution, Resolver,
+    EffectStep, Engine, Failure, IdempotencyKey, InDoubt, ManualClock, RecoveryReport, Resolution,
+    Resolver,
 };
 
 use super::support::*;
@@ -113,29 +112,6 @@ both_backends! {
             matches!(c.effect("charge")?, EffectStep::Confirmed { .. }),
             "a resumed key ran its confirmed step again"
         );
-        Ok(())
-    }
-}
-
-both_backends! {
-    /// A resumed claim that fails retryable before a call of its own is
-    /// released; the earlier charge stays for the next claim. `Force`
-    /// purges it (steps and log), `FinishedOnly` finds nothing to purge.
-    fn a_key_released_to_resume_can_be_purged(h: &Harness) -> TestResult {
-        let engine = h.open(h.builder())?;
-        let k = key("released")?;
-        leave_resumable(&engine, &k)?;
-        let resumed = claimed(engine.begin(&k, fp(1)?)?)?;
-        engine.fail(resumed, Failure::Retryable)?;
-        assert!(engine.record(&k)?.is_none());
-        assert_eq!(engine.steps(&k)?.len(), 1);
-        let refused = engine.purge(&k, PurgeMode::FinishedOnly);
-        assert!(matches!(refused, Err(idempotency::Error::NotFound { .. })), "{refused:?}");
-        assert_eq!(engine.steps(&k)?.len(), 1);
-        assert_eq!(engine.purge(&k, PurgeMode::Force)?, None);
-        assert_eq!((engine.steps(&k)?.len(), engine.history(&k)?.len()), (0, 0));
-        let again = engine.purge(&k, PurgeMode::Force);
-        assert!(matches!(again, Err(idempotency::Error::NotFound { .. })), "{again:?}");
         Ok(())
     }
 }

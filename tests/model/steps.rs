@@ -1,5 +1,6 @@
 //! The model learns effect steps: random sequences of `begin`, `effect`,
-//! `confirm`, `reject`, `complete`, failures in doubt, dropped claims,
+//! `confirm`, `reject`, `complete`, failures in doubt and retryable ones
+//! (a resumed claim's must leave the key UNKNOWN), dropped claims,
 //! clock moves, provider answers and operator settlements run on one key
 //! against a plain model of the step rules (`docs/design.md`, "Effect
 //! steps"). Every answer and the key's steps after every operation must
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use idempotency::{
     Begin, Claim, Clock, EffectStep, Engine, Envelope, Error, Failure, InDoubt, InDoubtStep,
-    ManualClock, Resolution, StepResolution, StepState,
+    ManualClock, Resolution, State, StepResolution, StepState,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -49,6 +50,8 @@ pub(crate) enum StepOp {
     Reject(usize),
     Complete,
     FailInDoubt,
+    /// `fail(Failure::Retryable)`: refused while a call may have happened.
+    FailRetryable,
     Drop,
     Advance(u64),
     /// What the step's provider answers from now on.
@@ -74,6 +77,7 @@ pub(crate) fn step_op() -> impl Strategy<Value = StepOp> {
         1 => n.clone().prop_map(StepOp::Reject),
         2 => Just(StepOp::Complete),
         2 => Just(StepOp::FailInDoubt),
+        2 => Just(StepOp::FailRetryable),
         1 => Just(StepOp::Drop),
         2 => prop_oneof![Just(1u64), Just(STEP_LEASE_MS), Just(STEP_LEASE_MS + 1)].prop_map(StepOp::Advance),
         2 => (n.clone(), says()).prop_map(|(i, s)| StepOp::Provider(i, s)),
@@ -574,6 +578,64 @@ impl StepRun {
         Ok(())
     }
 
+    /// A retryable failure. Refused while a step is Reserved or Unknown, or
+    /// confirmed by this claim (a call may have happened). A claim whose
+    /// steps are all its own is released with them; one that holds an
+    /// earlier claim's steps (a resumed claim) leaves the key UNKNOWN,
+    /// resumable at once, never steps without a record.
+    fn release(&mut self) -> Result<(), TestCaseError> {
+        let Some(claim) = self.claim.take() else {
+            return Ok(());
+        };
+        let owner = self.owner();
+        self.model.held = None;
+        let now = self.now();
+        let got = self.engine.fail(claim, Failure::Retryable);
+        let Some(MRec::Processing { token, lease_until } | MRec::Unknown { token, lease_until }) =
+            owner
+        else {
+            let err = got.err();
+            return check(
+                matches!(err, Some(Error::Fenced { .. })),
+                "release without owning",
+                &err,
+            );
+        };
+        if self.model.steps.values().any(|s| {
+            matches!(s.state, StepState::Reserved | StepState::Unknown)
+                || (s.state == StepState::Confirmed && s.token == token)
+        }) {
+            let err = got.err();
+            return check(
+                matches!(err, Some(Error::InvalidState { .. })),
+                "release while a call may have happened",
+                &err,
+            );
+        }
+        check(got.is_ok(), "release", &got)?;
+        let want = if self.model.steps.values().all(|s| s.token == token) {
+            self.model.steps.clear();
+            self.model.rec = MRec::Free;
+            None
+        } else {
+            self.model.rec = MRec::Unknown {
+                token,
+                lease_until: lease_until.min(now),
+            };
+            Some((State::Unknown, token))
+        };
+        let record = self
+            .engine
+            .record(&self.key())
+            .map_err(|e| fail(e.to_string()))?
+            .map(|r| (r.state, r.fencing_token));
+        check(
+            record == want,
+            &format!("the record after a release, want {want:?}"),
+            &record,
+        )
+    }
+
     fn operator(&mut self, i: usize, says: Says) -> Result<(), TestCaseError> {
         let key = self.key();
         let now = self.now();
@@ -619,6 +681,7 @@ impl StepRun {
             StepOp::Reject(i) => self.finish_step(*i, false)?,
             StepOp::Complete => self.complete()?,
             StepOp::FailInDoubt => self.abandon(true)?,
+            StepOp::FailRetryable => self.release()?,
             StepOp::Drop => self.abandon(false)?,
             StepOp::Advance(ms) => self.clock.advance(Duration::from_millis(*ms)),
             StepOp::Provider(i, says) => {
