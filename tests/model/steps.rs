@@ -461,7 +461,14 @@ impl StepRun {
         } else {
             claim.reject(name, b"declined")
         };
-        let Some((token, _)) = self.owns() else {
+        // The holder may finish its own step while its token still owns
+        // the record, PROCESSING or UNKNOWN (a late answer from its
+        // provider settles the step from Unknown, as a late `complete`
+        // carrying it does).
+        let Some(token) = self.owner().and_then(|r| match r {
+            MRec::Processing { token, .. } | MRec::Unknown { token, .. } => Some(token),
+            _ => None,
+        }) else {
             let err = got.err();
             return check(
                 matches!(err, Some(Error::Fenced { .. })),
@@ -470,8 +477,11 @@ impl StepRun {
             );
         };
         match self.model.steps.get_mut(name) {
-            Some(s) if s.token == token && s.state == StepState::Reserved => {
-                check(got.is_ok(), "finishing a reserved step", &got)?;
+            Some(s)
+                if s.token == token
+                    && matches!(s.state, StepState::Reserved | StepState::Unknown) =>
+            {
+                check(got.is_ok(), "finishing a reserved or unknown step", &got)?;
                 s.state = if confirm {
                     StepState::Confirmed
                 } else {
@@ -614,6 +624,15 @@ impl StepRun {
         }
         check(got.is_ok(), "release", &got)?;
         let want = if self.model.steps.values().all(|s| s.token == token) {
+            // The claim's own steps go with it: each was declined (Failed)
+            // or never ran (NotExecuted), so the next claim may call again.
+            for (name, s) in &self.model.steps {
+                if s.state == StepState::Failed {
+                    if let Some(i) = NAMES.iter().position(|n| n == name) {
+                        self.not_executed[i] += 1;
+                    }
+                }
+            }
             self.model.steps.clear();
             self.model.rec = MRec::Free;
             None
