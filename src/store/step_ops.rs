@@ -310,17 +310,9 @@ pub(crate) fn reserve_step<T: Txn>(t: &mut T, req: StepRequest) -> OpResult<Step
             }
             // An earlier claim's call happened (or was refused): skip it.
             Some(s) if matches!(s.status, StepStatus::Confirmed | StepStatus::Failed) => Err(s),
+            // Reserved afresh under its first reference.
             Some(s) if s.status == StepStatus::NotExecuted => Ok((
-                StepRecord {
-                    status: StepStatus::Reserved,
-                    token: req.token,
-                    evidence: Vec::new(),
-                    reserved_at_ms: now,
-                    settled_at_ms: None,
-                    attempts: 0,
-                    last_asked_ms: None,
-                    ..s
-                },
+                reservation(s.name, s.reference, req.token, now),
                 StepStatus::NotExecuted.as_str(),
             )),
             Some(_) => return Err(OpError::Refused(Error::InvalidState {
@@ -333,17 +325,12 @@ pub(crate) fn reserve_step<T: Txn>(t: &mut T, req: StepRequest) -> OpResult<Step
                 return Err(OpError::Refused(Error::TooManySteps { key: key.clone() }))
             }
             None => Ok((
-                StepRecord {
-                    reference: format!("{}/{}", rec.reference, req.name),
-                    name: req.name,
-                    status: StepStatus::Reserved,
-                    token: req.token,
-                    evidence: Vec::new(),
-                    reserved_at_ms: now,
-                    settled_at_ms: None,
-                    attempts: 0,
-                    last_asked_ms: None,
-                },
+                reservation(
+                    req.name.clone(),
+                    format!("{}/{}", rec.reference, req.name),
+                    req.token,
+                    now,
+                ),
                 "",
             )),
         };
@@ -566,4 +553,20 @@ pub(crate) fn summarize_for_tombstone<T: Txn>(
     let seq = span.map_or(0, |(_, last)| last.saturating_add(1));
     t.append_history(key, &HistoryRecord { seq, ..summary })
         .map_err(OpError::Fatal)
+}
+
+/// Step `name` freshly reserved at `now` (ms) by the claim holding `token`,
+/// under `reference`: no evidence, no resolver attempts yet.
+fn reservation(name: String, reference: String, token: u64, now: u64) -> StepRecord {
+    StepRecord {
+        name,
+        reference,
+        status: StepStatus::Reserved,
+        token,
+        evidence: Vec::new(),
+        reserved_at_ms: now,
+        settled_at_ms: None,
+        attempts: 0,
+        last_asked_ms: None,
+    }
 }
