@@ -1,11 +1,12 @@
 //! Helpers shared by the benches: where databases live, the client-thread
 //! fan-out, latency percentiles, peak RSS, the request workload, and the
-//! plain-redb and SQLite baselines that run beside the engine.
+//! plain-redb, SQLite and Redis baselines that run beside the engine.
 #![allow(dead_code)] // each bench binary uses a different subset
 
 pub mod device;
 pub mod pg;
 pub mod redb_plain;
+pub mod redis_plain;
 pub mod sqlite;
 
 use std::path::PathBuf;

@@ -1,0 +1,190 @@
+//! Durable request throughput on Redis: a hand-written baseline on the
+//! server, with the embedded (redb) engine beside for scale.
+//!
+//! Workload, as in `postgres.rs`: one request = durable claim + durable
+//! completion with a 300-byte response, on a fresh random UUID key, from 8
+//! and from 64 client threads. The systems:
+//! - the hand-written baseline (`common::redis_plain`): a Lua claim script
+//!   (SET-if-absent of a small PROCESSING value with a token from `INCR`,
+//!   a fingerprint compare when the key is present) and a completion `SET
+//!   … PX`, one connection per client thread;
+//! - the engine on redb (a file on the local disk), for scale.
+//!
+//! The server's durability is printed (`appendonly`, `appendfsync`);
+//! `scripts/with-redis` starts one with `appendfsync always`, so every
+//! write is fsynced before its reply. After the criterion benches the
+//! ratios are measured again interleaved, one slice per system per round
+//! (`PAIRED` and `ROUNDS` lines; see `common::Rounds`).
+//!
+//! Needs a server: `IDEMPOTENCY_BENCH_REDIS` (or `IDEMPOTENCY_TEST_REDIS`)
+//! holds its URL. Without one the bench prints how to start one and does
+//! nothing, so `cargo test --benches` passes without a server.
+
+mod common;
+
+use common::redis_plain::Baseline;
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use idempotency::Engine;
+
+/// Client thread counts measured.
+const THREADS: [usize; 2] = [8, 64];
+/// Connections the baseline opens: one per client thread at the most.
+const MAX_THREADS: usize = 64;
+
+/// The server's URL, or `None` after saying how to get one.
+fn server() -> Option<String> {
+    let url = ["IDEMPOTENCY_BENCH_REDIS", "IDEMPOTENCY_TEST_REDIS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
+    if url.is_none() {
+        eprintln!(
+            "redis bench skipped: IDEMPOTENCY_BENCH_REDIS is not set. Start a throwaway server \
+             (redis-server on PATH) and run the bench against it with\n    \
+             scripts/with-redis cargo bench -p idempotency-bench --bench redis"
+        );
+    }
+    url
+}
+
+/// One `CONFIG GET` value.
+fn config(conn: &mut redis::Connection, name: &str) -> String {
+    let pair: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query(conn)
+        .expect("CONFIG GET");
+    pair.get(1).cloned().unwrap_or_default()
+}
+
+/// What the run compares, opened once and shared by criterion and the
+/// interleaved rounds.
+struct Systems {
+    url: String,
+    prefix: String,
+    baseline: Baseline,
+    redb: Engine,
+    _dir: tempfile::TempDir,
+}
+
+impl Systems {
+    fn open(url: String) -> Systems {
+        let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+        let mut admin = client.get_connection().expect("connect to Redis");
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut admin)
+            .expect("INFO");
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        let (aof, fsync) = (
+            config(&mut admin, "appendonly"),
+            config(&mut admin, "appendfsync"),
+        );
+        println!("Redis server {version}: appendonly={aof} appendfsync={fsync}");
+        if aof != "yes" || fsync != "always" {
+            eprintln!(
+                "warning: the server does not fsync every write; the figures are not comparable"
+            );
+        }
+        let prefix = format!("bench{}:", std::process::id());
+        let baseline = Baseline::open(&url, &format!("{prefix}base:"), MAX_THREADS);
+        let dir = common::bench_dir();
+        let redb = Engine::builder()
+            .open(dir.path().join("engine.redb"))
+            .expect("open the redb engine");
+        Systems {
+            url,
+            prefix,
+            baseline,
+            redb,
+            _dir: dir,
+        }
+    }
+
+    fn baseline_request(&self, t: usize) {
+        let key = uuid::Uuid::new_v4().to_string();
+        self.baseline.request(
+            t,
+            common::SCOPE,
+            &key,
+            &[7u8; 32],
+            &[b'x'; common::RESPONSE_BYTES],
+        );
+    }
+
+    /// Deletes what the bench wrote: the server may outlive it.
+    fn close(self) {
+        let Systems {
+            url,
+            prefix,
+            baseline,
+            redb,
+            _dir,
+        } = self;
+        drop(redb);
+        baseline.clear();
+        drop(baseline);
+        let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+        let mut admin = client.get_connection().expect("connect to Redis");
+        common::redis_plain::delete_prefix(&mut admin, &prefix);
+    }
+}
+
+fn throughput(c: &mut Criterion, s: &Systems) {
+    for threads in THREADS {
+        let mut g = c.benchmark_group(format!(
+            "redis: durable begin+complete, 300B, uuid keys, {threads} threads"
+        ));
+        g.sampling_mode(SamplingMode::Flat);
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(BenchmarkId::new("hand-written", "Lua claim + SET"), |b| {
+            b.iter_custom(|iters| {
+                common::run_clients(threads, iters, |t, _| s.baseline_request(t))
+            });
+        });
+        g.bench_function(BenchmarkId::new("redb engine", "local file"), |b| {
+            b.iter_custom(|iters| {
+                common::run_clients(threads, iters, |_, _| {
+                    common::engine_request(&s.redb, &common::random_key());
+                })
+            });
+        });
+        g.finish();
+    }
+}
+
+/// The ratios, interleaved: one slice per system per round.
+fn paired(s: &Systems) {
+    let r = common::rounds();
+    for threads in THREADS {
+        let (mut base, mut redb) = (vec![], vec![]);
+        for _ in 0..r.rounds {
+            base.push(common::rate_for(threads, r.slice, |t| {
+                s.baseline_request(t)
+            }));
+            redb.push(common::rate_for(threads, r.slice, |_| {
+                common::engine_request(&s.redb, &common::random_key());
+            }));
+        }
+        let name = format!("redis durable req/s, {threads} threads");
+        let redb_vs = format!("{name}: redb engine vs hand-written redis baseline");
+        common::report_paired(&redb_vs, "req/s", &redb, &base);
+        common::report_rounds(&redb_vs, &redb, &base);
+    }
+}
+
+fn main() {
+    let Some(url) = server() else { return };
+    let systems = Systems::open(url);
+    let mut c = common::durable_criterion();
+    throughput(&mut c, &systems);
+    if common::paired_selected() {
+        paired(&systems);
+    }
+    systems.close();
+    c.final_summary();
+}
