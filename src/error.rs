@@ -164,6 +164,42 @@ pub enum OpenError {
         reason: &'static str,
     },
 
+    /// The key prefix given to `EngineBuilder::redis_key_prefix` (feature
+    /// `redis`) is not usable: it must be 1 to 64 printable ASCII
+    /// characters without spaces or the glob characters `* ? [ ] \`.
+    #[error("invalid Redis key prefix {prefix:?}: {reason}")]
+    InvalidKeyPrefix {
+        /// The prefix given (at most 80 characters of it).
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The Redis server does not keep every acknowledged write across a
+    /// crash (feature `redis`): the engine needs `appendonly yes` and
+    /// `appendfsync always`, or a server crash can forget acknowledged
+    /// outcomes and work runs twice. Nothing was written. Fix the server
+    /// (`CONFIG SET appendonly yes`, `CONFIG SET appendfsync always`, and
+    /// the same in `redis.conf`), or accept the risk with
+    /// `EngineBuilder::allow_volatile(true)`.
+    #[error("the Redis server has {setting} {found}; the engine needs appendonly yes and appendfsync always, or a server crash can forget acknowledged outcomes (fix: CONFIG SET {setting} {}, and in redis.conf; or accept the risk with EngineBuilder::allow_volatile(true))", if *setting == "appendonly" { "yes" } else { "always" })]
+    RedisNotDurable {
+        /// `"appendonly"` or `"appendfsync"`.
+        setting: &'static str,
+        /// The value the server reported (or why it could not be read).
+        found: String,
+    },
+
+    /// The server behind a Redis URL cannot hold the engine's records
+    /// (feature `redis`): a cluster URL or a server in cluster mode, a
+    /// server that is not Redis or Valkey, or one that refuses Lua
+    /// scripts. Nothing was written.
+    #[error("unsupported Redis server: {reason}")]
+    RedisUnsupported {
+        /// What is unsupported, and what to use instead.
+        reason: String,
+    },
+
     /// An open that never creates tables
     /// (`EngineBuilder::open_postgres_existing`, `open_postgres_read_only`;
     /// feature `postgres`) found the engine's tables missing under this

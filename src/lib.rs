@@ -174,6 +174,8 @@ pub use verify::{Damage, VerifyReport};
 pub use postgres;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PgError, Transaction as PgTransaction};
+#[cfg(feature = "redis")]
+pub use store::redis::RedisLocal;
 
 /// Decodes a fuzz input as a stored record, for the `record_decode` fuzz
 /// target (built only under `cfg(fuzzing)`). Byte 0 picks the mode: even,

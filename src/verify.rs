@@ -104,6 +104,14 @@ pub enum Damage {
         /// What the decoder found.
         reason: String,
     },
+    /// A key under the engine's Redis key prefix that the engine never
+    /// writes (feature `redis`): something else writes under the prefix,
+    /// and may overwrite the engine's keys too. Give that writer another
+    /// prefix (or the engine one of its own).
+    ForeignKey {
+        /// The key, as stored (invalid UTF-8 shown lossily).
+        key: String,
+    },
     /// An entity a walk of the entities table meets is not found by a
     /// lookup of its id (a damaged page of the table's tree).
     UnreachableEntity {
@@ -271,6 +279,10 @@ impl fmt::Display for Damage {
             Damage::UndecodableStep { .. } | Damage::UndecodableHistory { .. } => {
                 fmt_step_damage(self, f)
             }
+            Damage::ForeignKey { key } => write!(
+                f,
+                "key {key:?} under the engine's Redis prefix was not written by the engine"
+            ),
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }

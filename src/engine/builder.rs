@@ -46,6 +46,20 @@ pub struct EngineBuilder {
     stored_expiry: bool,
     #[cfg(feature = "postgres")]
     postgres: PostgresSettings,
+    #[cfg(feature = "redis")]
+    redis: RedisSettings,
+}
+
+/// Settings only an engine on Redis reads.
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone)]
+struct RedisSettings {
+    prefix: String,
+    pool_size: u32,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    allow_volatile: bool,
+    wait_replicas: Option<(u32, Duration)>,
 }
 
 /// Settings only an engine on PostgreSQL reads.
@@ -77,6 +91,15 @@ impl Default for EngineBuilder {
                 pool_idle_timeout: Some(Duration::from_secs(600)),
                 pool_max_lifetime: Some(Duration::from_secs(1800)),
                 database_clock: true,
+            },
+            #[cfg(feature = "redis")]
+            redis: RedisSettings {
+                prefix: crate::store::redis::DEFAULT_PREFIX.to_owned(),
+                pool_size: 16,
+                connect_timeout: Duration::from_secs(2),
+                command_timeout: Duration::from_secs(5),
+                allow_volatile: false,
+                wait_replicas: None,
             },
         }
     }
@@ -655,6 +678,124 @@ impl EngineBuilder {
         if mode == crate::store::postgres::Mode::ReadOnly {
             return self.run(Arc::new(crate::store::postgres::PgReader(store)));
         }
+        self.run(Arc::new(store))
+    }
+
+    /// Key prefix of an engine on Redis (feature `redis`): every key the
+    /// engine writes starts with it (`<prefix>r:…` records, `<prefix>i:…`
+    /// indexes, `<prefix>token`; the layout is in `docs/design.md`), so
+    /// several apps or engines can share a server. Default
+    /// `idempotency:`. Checked when opening: 1 to 64 printable ASCII
+    /// characters without spaces or `* ? [ ] \`
+    /// ([`OpenError::InvalidKeyPrefix`] otherwise). Nothing else may write
+    /// under it: [`Engine::verify`] reports keys it did not write.
+    #[cfg(feature = "redis")]
+    pub fn redis_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.redis.prefix = prefix.into();
+        self
+    }
+
+    /// Most connections an engine on Redis keeps open (feature `redis`);
+    /// callers beyond it wait for one, up to five times the
+    /// [`redis_connect_timeout`](Self::redis_connect_timeout). Default 16;
+    /// at least 1.
+    #[cfg(feature = "redis")]
+    pub fn redis_pool_size(mut self, connections: u32) -> Self {
+        self.redis.pool_size = connections.max(1);
+        self
+    }
+
+    /// How long an engine on Redis waits to make a connection (feature
+    /// `redis`): the socket, TLS and authentication together. Default 2 s;
+    /// at least 1 ms.
+    #[cfg(feature = "redis")]
+    pub fn redis_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.redis.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest an engine on Redis waits for one answer (feature
+    /// `redis`): the read and write timeout of every round trip, so a
+    /// server that stops answering fails a call instead of blocking it.
+    /// A write whose answer does not come in time is settled by reading
+    /// it back (see `docs/design.md`, "Redis"). Default 5 s; at least 1 ms.
+    #[cfg(feature = "redis")]
+    pub fn redis_command_timeout(mut self, timeout: Duration) -> Self {
+        self.redis.command_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Opens on a Redis server that does not fsync every write (feature
+    /// `redis`): without `appendonly yes` and `appendfsync always`, a
+    /// server crash can forget acknowledged outcomes, so work may run
+    /// twice. Default `false`: such a server is refused
+    /// ([`OpenError::RedisNotDurable`]). With `true` the open logs a
+    /// warning and goes on (also when `CONFIG GET` is not allowed).
+    #[cfg(feature = "redis")]
+    pub fn allow_volatile(mut self, allow: bool) -> Self {
+        self.redis.allow_volatile = allow;
+        self
+    }
+
+    /// Makes every write of an engine on Redis wait until `replicas`
+    /// replicas acknowledged it (Redis `WAIT`, feature `redis`), at most
+    /// `timeout` (at least 1 ms). A write fewer replicas acknowledged in
+    /// time returns [`crate::Error::Storage`] saying how many did; it
+    /// stands on the primary (a retry of the call finds it). `0`: no wait
+    /// (the default).
+    #[cfg(feature = "redis")]
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.redis.wait_replicas =
+            (replicas > 0).then(|| (replicas, timeout.max(Duration::from_millis(1))));
+        self
+    }
+
+    /// Opens the engine on a Redis or Valkey server (feature `redis`).
+    /// `url` is `redis://[user:password@]host[:port][/db]` (or
+    /// `unix:///path/to/redis.sock`); every engine, in any process, opened
+    /// on the same server, database and
+    /// [`redis_key_prefix`](Self::redis_key_prefix) shares the same
+    /// records. Every transition is one atomic Lua script on the server.
+    ///
+    /// The server must keep what it acknowledged: the open reads `CONFIG
+    /// GET appendonly` and `appendfsync` and refuses anything but `yes`
+    /// and `always`, unless [`allow_volatile`](Self::allow_volatile). A
+    /// write returns once the server has applied it (and, with `always`,
+    /// fsynced its AOF); with [`wait_replicas`](Self::wait_replicas), once
+    /// replicas have it too. Time comes from the builder's
+    /// [`clock`](Self::clock): engines sharing a server need clocks that
+    /// agree.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::InvalidKeyPrefix`];
+    /// [`OpenError::RedisUnsupported`] for a cluster URL or a server in
+    /// cluster mode, a server that is not Redis, or one that refuses Lua
+    /// scripts; [`OpenError::RedisNotDurable`], naming the setting and the
+    /// fix; [`OpenError::Storage`] for a malformed URL, a server that
+    /// cannot be reached in time, or failed authentication (no message
+    /// shows the URL or the password); [`OpenError::ExpiryPolicyConflict`]
+    /// if other engines on the prefix expire by another policy;
+    /// [`OpenError::UnsupportedSchema`] if the prefix holds a newer layout;
+    /// [`OpenError::ThreadStart`].
+    #[cfg(feature = "redis")]
+    pub fn open_redis(mut self, url: &str) -> Result<Engine, OpenError> {
+        let opts = crate::store::redis::RedisOptions {
+            url: url.to_owned(),
+            prefix: self.redis.prefix.clone(),
+            pool_size: self.redis.pool_size,
+            connect_timeout: self.redis.connect_timeout,
+            command_timeout: self.redis.command_timeout,
+            allow_volatile: self.redis.allow_volatile,
+            wait_replicas: self.redis.wait_replicas,
+        };
+        let (store, store_cfg) = crate::store::redis::RedisStore::open(
+            &opts,
+            self.cfg.store,
+            self.stored_expiry,
+            self.clock.clone(),
+        )?;
+        self.cfg.store = store_cfg;
         self.run(Arc::new(store))
     }
 

@@ -152,13 +152,13 @@ impl Core {
         for _ in 0..4 {
             // A snapshot read answers most repeats without the writer.
             let now_ms = self.clock.now_ms();
-            // Without the postgres feature the only answer is a read.
+            // Without a networked backend the only answer is a read.
             #[cfg_attr(
-                not(feature = "postgres"),
+                not(any(feature = "postgres", feature = "redis")),
                 allow(clippy::infallible_destructuring_match)
             )]
             let read = match self.store.read_or_claim(key, &claim)? {
-                #[cfg(feature = "postgres")]
+                #[cfg(any(feature = "postgres", feature = "redis"))]
                 ReadOrClaim::Claimed(claimed) => {
                     return Ok(Begin::Claimed(self.claim(key, claimed)))
                 }

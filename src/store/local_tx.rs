@@ -26,6 +26,8 @@ enum Inner<'a> {
     Redb(&'a redb::WriteTransaction),
     #[cfg(feature = "postgres")]
     Postgres(crate::store::postgres::Transaction<'a>),
+    #[cfg(feature = "redis")]
+    Redis(crate::store::redis::RedisLocal<'a>),
 }
 
 impl<'a> LocalTx<'a> {
@@ -44,6 +46,26 @@ impl<'a> LocalTx<'a> {
         }
     }
 
+    #[cfg(feature = "redis")]
+    pub(crate) fn on_redis(local: crate::store::redis::RedisLocal<'a>) -> LocalTx<'a> {
+        LocalTx {
+            inner: Inner::Redis(local),
+            outbox: Vec::new(),
+        }
+    }
+
+    /// The app's keys, when the engine runs on Redis (feature `redis`);
+    /// `None` on redb and PostgreSQL. Their reads and writes commit with
+    /// the key's completion in one script, or not at all (see
+    /// [`crate::RedisLocal`]).
+    #[cfg(feature = "redis")]
+    pub fn redis(&mut self) -> Option<&mut crate::store::redis::RedisLocal<'a>> {
+        match &mut self.inner {
+            Inner::Redis(local) => Some(local),
+            _ => None,
+        }
+    }
+
     /// The redb write transaction, when the engine runs on a redb file;
     /// `None` on PostgreSQL. Open the app's own tables on it (any name not
     /// starting with `idempotency.`). The engine's own tables are open for
@@ -51,8 +73,8 @@ impl<'a> LocalTx<'a> {
     pub fn redb(&self) -> Option<&redb::WriteTransaction> {
         match &self.inner {
             Inner::Redb(txn) => Some(txn),
-            #[cfg(feature = "postgres")]
-            Inner::Postgres(_) => None,
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
@@ -67,7 +89,7 @@ impl<'a> LocalTx<'a> {
     pub fn postgres(&mut self) -> Option<&mut crate::store::postgres::Transaction<'a>> {
         match &mut self.inner {
             Inner::Postgres(txn) => Some(txn),
-            Inner::Redb(_) => None,
+            _ => None,
         }
     }
 
@@ -91,7 +113,7 @@ impl<'a> LocalTx<'a> {
     )> {
         match self.inner {
             Inner::Postgres(txn) => Some((txn, self.outbox)),
-            Inner::Redb(_) => None,
+            _ => None,
         }
     }
 }
@@ -102,6 +124,8 @@ impl std::fmt::Debug for LocalTx<'_> {
             Inner::Redb(_) => "redb",
             #[cfg(feature = "postgres")]
             Inner::Postgres(_) => "postgres",
+            #[cfg(feature = "redis")]
+            Inner::Redis(_) => "redis",
         };
         f.debug_struct("LocalTx")
             .field("store", &store)

@@ -25,6 +25,8 @@ pub(crate) mod poison;
 pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod redb;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 mod refuse;
 pub(crate) mod reply;
 pub(crate) mod step;
@@ -87,10 +89,10 @@ pub(crate) enum ClaimResult {
 }
 
 /// What `begin`'s first step found (see `Backend::read_or_claim`). Only the
-/// PostgreSQL backend claims in that step.
+/// PostgreSQL and Redis backends claim in that step.
 pub(crate) enum ReadOrClaim {
     /// The key had no record and is now claimed.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     Claimed(Claimed),
     /// The key's record as a read saw it; `begin` decides from there.
     Read(Option<Record>),

@@ -1,0 +1,138 @@
+//! The fast path of a fresh claim: one script reads the key's record and,
+//! only when there is none, stores the claim's PROCESSING record with a
+//! token drawn inside the script (`INCR` of the token counter), and lists
+//! it. With `appendfsync always`, every round trip that writes waits for
+//! an fsync, so a request costs what the hand-written "Lua claim, then
+//! completion SET" costs: this script, then one guarded completion.
+//!
+//! The record's bytes are made before the token is known, so they carry
+//! token 0 and no reference; the value's `"<token>:"` prefix is
+//! authoritative (see `keys.rs`).
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+use crate::error::{Corrupted, Error, Result};
+use crate::key::IdempotencyKey;
+use crate::store::record::Record;
+use crate::store::{ClaimRequest, Claimed, ReadOrClaim};
+
+use super::conn::storage;
+use super::keys::member;
+use super::shared::Shared;
+use super::txn::decode_value;
+
+/// The claim-or-read script. Answers `{token, value}` for a claim it
+/// stored, `{0, value}` for a record that was there, and `{-1, ''}` for a
+/// key with effect steps but no record (a store written before a released
+/// resume kept its record: the full claim decides).
+pub(super) const CLAIM: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then return {0, v} end
+if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
+local t = redis.call('INCR', KEYS[2])
+local value = string.format('%d', t) .. ':' .. ARGV[2]
+redis.call('SET', KEYS[1], value)
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[4], 0, ARGV[1])
+return {t, value}
+";
+
+/// Claims this engine holds, with the bytes it wrote for each: a
+/// completion of one is one guarded script against those bytes, with no
+/// read first. Bounded; a claim not remembered takes the read path.
+#[derive(Default)]
+pub(super) struct Remembered(Mutex<HashMap<Vec<u8>, (u64, Vec<u8>)>>);
+
+/// Claims remembered at most.
+const REMEMBERED: usize = 4_096;
+
+impl Remembered {
+    pub(super) fn insert(&self, key: &IdempotencyKey, token: u64, value: Vec<u8>) {
+        let mut map = self.0.lock();
+        if map.len() < REMEMBERED {
+            map.insert(member(key), (token, value));
+        }
+    }
+
+    /// The bytes written for claim `token` of `key`, forgotten here.
+    pub(super) fn take(&self, key: &IdempotencyKey, token: u64) -> Option<Vec<u8>> {
+        let mut map = self.0.lock();
+        let m = member(key);
+        match map.get(&m) {
+            Some((t, _)) if *t == token => map.remove(&m).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    pub(super) fn forget(&self, key: &IdempotencyKey) {
+        self.0.lock().remove(&member(key));
+    }
+}
+
+impl Shared {
+    /// `begin`'s first step, and a claim's fast path, in one script. A
+    /// connection found lost is replaced and the script sent again: if the
+    /// first one did claim (its answer lost), the second finds that record
+    /// and answers it as held (PROCESSING, UNKNOWN once its lease ends),
+    /// never as a second claim.
+    pub(super) fn claim_or_read(
+        &self,
+        req: &ClaimRequest,
+        remembered: &Remembered,
+    ) -> Result<ReadOrClaim> {
+        let what = "claiming a key";
+        let now = self.clock.now_ms();
+        let (rec, _) = crate::store::ops::fresh_claim(req, 0, now);
+        let rec = Record {
+            reference: String::new(),
+            ..rec
+        };
+        let framed = crate::store::codec::encode(req.key.record_key(), &rec);
+        let m = member(&req.key);
+        let keys = [
+            self.keys.record(&m),
+            self.keys.token.as_bytes().to_vec(),
+            self.keys.lease.as_bytes().to_vec(),
+            self.keys.all.as_bytes().to_vec(),
+            self.keys.steps(&m),
+        ];
+        let (token, value): (i64, Vec<u8>) = self.read(what, |c| {
+            let mut inv = self.claim_script.prepare_invoke();
+            for k in &keys {
+                inv.key(k.as_slice());
+            }
+            inv.arg(m.as_slice())
+                .arg(framed.as_slice())
+                .arg(super::script::score(rec.lease_until_ms));
+            inv.invoke(c)
+        })?;
+        match token {
+            -1 => Ok(ReadOrClaim::Read(None)),
+            0 => decode_value(req.key.record_key(), &value)
+                .map(|rec| ReadOrClaim::Read(Some(rec)))
+                .map_err(|e| Error::Corrupt {
+                    what: Corrupted::Record(req.key.clone()),
+                    reason: e.to_string(),
+                }),
+            t => {
+                let token = u64::try_from(t).map_err(|_| {
+                    storage(what)(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "a negative fencing token",
+                    )))
+                })?;
+                remembered.insert(&req.key, token, value);
+                let reference = crate::store::record::reference(req.key.record_key(), token);
+                tracing::debug!(key = %req.key, token, reference = %reference, "claimed");
+                Ok(ReadOrClaim::Claimed(Claimed {
+                    token,
+                    reference,
+                    claimed_at_ms: now,
+                    lease_until_ms: rec.lease_until_ms,
+                    steps: Vec::new(),
+                }))
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Connections: the URL's checks, the pool's manager, and the errors a
+//! caller sees (none of which shows the URL, so none shows a password).
+
+use std::time::Duration;
+
+use crate::error::{Error, OpenError};
+
+/// A pooled connection and its server-side id (`CLIENT ID`), by which a
+/// connection whose answer was lost is ended before its write is settled.
+pub(super) struct RedisConn {
+    pub(super) conn: redis::Connection,
+    pub(super) id: i64,
+    /// Set when an answer may still be on its way (a timeout, a lost
+    /// reply): the pool then drops the connection instead of reusing it.
+    pub(super) broken: bool,
+}
+
+/// Makes connections with a bound on connecting and on every later round
+/// trip.
+#[derive(Debug)]
+pub(super) struct Manager {
+    pub(super) client: redis::Client,
+    pub(super) connect_timeout: Duration,
+    pub(super) command_timeout: Duration,
+}
+
+impl Manager {
+    pub(super) fn connect(&self) -> redis::RedisResult<RedisConn> {
+        let mut conn = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)?;
+        conn.set_read_timeout(Some(self.command_timeout))?;
+        conn.set_write_timeout(Some(self.command_timeout))?;
+        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut conn)?;
+        Ok(RedisConn {
+            conn,
+            id,
+            broken: false,
+        })
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = RedisConn;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> redis::RedisResult<RedisConn> {
+        Manager::connect(self)
+    }
+
+    fn is_valid(&self, conn: &mut RedisConn) -> redis::RedisResult<()> {
+        redis::cmd("PING").query::<()>(&mut conn.conn)
+    }
+
+    fn has_broken(&self, conn: &mut RedisConn) -> bool {
+        conn.broken || !redis::ConnectionLike::is_open(&conn.conn)
+    }
+}
+
+/// The client for `url`, after the checks a URL gets before any
+/// connection: a cluster URL is refused (this build speaks to one server),
+/// and a URL that does not parse says so without repeating it.
+pub(super) fn client(url: &str) -> Result<redis::Client, OpenError> {
+    let scheme = url.split("://").next().unwrap_or_default();
+    if url.contains("://") && scheme.to_ascii_lowercase().contains("cluster") {
+        return Err(OpenError::RedisUnsupported {
+            reason: format!(
+                "a cluster URL ({scheme}://): Redis Cluster is not supported; \
+                 give the URL of one primary (redis://host:port/db)"
+            ),
+        });
+    }
+    let malformed = |detail: String| OpenError::Storage {
+        context: "parsing the Redis URL",
+        source: format!(
+            "malformed Redis URL ({detail}); expected redis://[user:password@]host[:port][/db], \
+             rediss://… or unix:///path/to/socket"
+        )
+        .into(),
+    };
+    if !url.contains("://") {
+        return Err(malformed("no scheme".to_owned()));
+    }
+    redis::Client::open(url).map_err(|e| malformed(describe_kind(&e)))
+}
+
+/// What went wrong, in words that never carry the URL: the error's kind,
+/// and the server's own message (which names no password).
+pub(super) fn describe(e: &redis::RedisError) -> String {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+    {
+        return format!(
+            "authentication failed ({}): check the user name and password in the URL",
+            e.code().unwrap_or("refused")
+        );
+    }
+    if e.is_timeout() {
+        return "the server did not answer in time".to_owned();
+    }
+    if e.is_connection_refusal() {
+        return "the connection was refused (is redis-server running on that port?)".to_owned();
+    }
+    if e.kind() == redis::ErrorKind::Parse {
+        return "the server's answer is not the Redis protocol (is this a Redis server?)"
+            .to_owned();
+    }
+    e.to_string()
+}
+
+fn describe_kind(e: &redis::RedisError) -> String {
+    match e.kind() {
+        redis::ErrorKind::InvalidClientConfig => "the URL does not parse".to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A storage error of an open engine, naming what it was doing.
+pub(super) fn storage(context: &'static str) -> impl Fn(redis::RedisError) -> Error {
+    move |e| Error::Storage {
+        context,
+        source: describe(&e).into(),
+    }
+}
+
+/// An error at open, naming what it was doing.
+pub(super) fn open_storage(context: &'static str) -> impl Fn(redis::RedisError) -> OpenError {
+    move |e| OpenError::Storage {
+        context,
+        source: describe(&e).into(),
+    }
+}
+
+/// Whether the connection is gone (or its answer was lost): the command
+/// may or may not have run.
+pub(super) fn lost(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
+}

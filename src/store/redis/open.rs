@@ -1,0 +1,187 @@
+//! Opening: connect, make sure the server is a single Redis (or Valkey)
+//! with scripting, check that it keeps acknowledged writes (`appendonly
+//! yes`, `appendfsync always`) unless the builder accepted the risk, and
+//! agree with the other engines on the prefix about the expiry settings.
+
+use std::time::Duration;
+
+use redis::Commands;
+
+use crate::error::OpenError;
+use crate::policy::ExpiryPolicy;
+use crate::store::config::StoreConfig;
+
+use super::conn::{open_storage, RedisConn};
+use super::keys::Keys;
+
+/// The layout version this build writes under a prefix (`<prefix>meta`'s
+/// `format`).
+pub(super) const LAYOUT_VERSION: i64 = 1;
+
+/// How the builder asked to reach the server.
+#[derive(Debug, Clone)]
+pub(crate) struct RedisOptions {
+    pub(crate) url: String,
+    pub(crate) prefix: String,
+    pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) allow_volatile: bool,
+    pub(crate) wait_replicas: Option<(u32, Duration)>,
+}
+
+/// The value of `name` in an `INFO` answer.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        (k == name).then(|| v.trim())
+    })
+}
+
+/// The server checks, on the first connection.
+pub(super) fn check_server(conn: &mut RedisConn, opts: &RedisOptions) -> Result<(), OpenError> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut conn.conn)
+        .map_err(open_storage(
+            "asking the Redis server what it is (INFO server)",
+        ))?;
+    if info_field(&info, "redis_version").is_none() {
+        return Err(OpenError::RedisUnsupported {
+            reason: "the server answered INFO without a redis_version: not a Redis or Valkey \
+                     server"
+                .to_owned(),
+        });
+    }
+    let cluster: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query(&mut conn.conn)
+        .map_err(open_storage("asking the Redis server about cluster mode"))?;
+    if info_field(&cluster, "cluster_enabled") == Some("1") {
+        return Err(OpenError::RedisUnsupported {
+            reason: "the server runs in cluster mode (cluster_enabled:1): Redis Cluster is not \
+                     supported; use a server without cluster mode"
+                .to_owned(),
+        });
+    }
+    // Scripting: every transition is a Lua script.
+    let one: redis::RedisResult<i64> = redis::cmd("EVAL")
+        .arg("return 1")
+        .arg(0)
+        .query(&mut conn.conn);
+    if let Err(e) = one {
+        return Err(OpenError::RedisUnsupported {
+            reason: format!(
+                "the server does not run Lua scripts (EVAL: {}); every transition of the \
+                 engine is one atomic script",
+                super::conn::describe(&e)
+            ),
+        });
+    }
+    check_durability(conn, opts.allow_volatile)
+}
+
+/// `appendonly yes` and `appendfsync always`, unless volatile is allowed.
+fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), OpenError> {
+    let mut setting = |name: &'static str| -> Result<Option<String>, OpenError> {
+        let pair: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query(&mut conn.conn);
+        match pair {
+            Ok(pair) => Ok(pair.get(1).cloned()),
+            Err(_) if allow_volatile => Ok(None),
+            Err(e) => Err(OpenError::RedisNotDurable {
+                setting: name,
+                found: format!("unreadable (CONFIG GET: {})", super::conn::describe(&e)),
+            }),
+        }
+    };
+    let appendonly = setting("appendonly")?;
+    let appendfsync = setting("appendfsync")?;
+    for (name, found, want) in [
+        ("appendonly", appendonly, "yes"),
+        ("appendfsync", appendfsync, "always"),
+    ] {
+        match found {
+            Some(found) if found == want => {}
+            Some(found) if !allow_volatile => {
+                return Err(OpenError::RedisNotDurable {
+                    setting: name,
+                    found,
+                })
+            }
+            found => tracing::warn!(
+                setting = name,
+                found = found.as_deref().unwrap_or("unreadable"),
+                "Redis opened with allow_volatile: a server crash can forget acknowledged outcomes, so work may run twice"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Stores this engine's expiry settings under the prefix, or (with
+/// `stored_expiry`) takes the stored ones; refuses a policy that differs
+/// from the one the other engines on the prefix use, and a layout newer
+/// than this build's.
+pub(super) fn prepare(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    mut cfg: StoreConfig,
+    stored_expiry: bool,
+) -> Result<StoreConfig, OpenError> {
+    let read = open_storage("reading the stored settings (<prefix>meta)");
+    let meta: std::collections::HashMap<String, i64> =
+        conn.conn.hgetall(&keys.meta).map_err(&read)?;
+    if let Some(&found) = meta.get("format") {
+        if found > LAYOUT_VERSION {
+            return Err(OpenError::UnsupportedSchema {
+                prefix: keys.prefix.clone(),
+                found,
+                supported: LAYOUT_VERSION,
+            });
+        }
+    }
+    let keep_of = |cfg: &StoreConfig| {
+        cfg.expiry
+            .keep_ms()
+            .map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX))
+    };
+    if stored_expiry {
+        if let (Some(&ttl), Some(&keep)) = (meta.get("ttl_ms"), meta.get("tombstone_keep_ms")) {
+            cfg.ttl_ms = u64::try_from(ttl).unwrap_or(0);
+            cfg.expiry = match u64::try_from(keep) {
+                Ok(ms) => ExpiryPolicy::Tombstone {
+                    keep: Duration::from_millis(ms),
+                },
+                Err(_) => ExpiryPolicy::Forget,
+            };
+        }
+    } else if let Some(&stored) = meta.get("tombstone_keep_ms") {
+        if stored != keep_of(&cfg) {
+            return Err(OpenError::ExpiryPolicyConflict {
+                prefix: keys.prefix.clone(),
+                stored: match u64::try_from(stored) {
+                    Ok(ms) => ExpiryPolicy::Tombstone {
+                        keep: Duration::from_millis(ms),
+                    },
+                    Err(_) => ExpiryPolicy::Forget,
+                },
+                requested: cfg.expiry,
+            });
+        }
+    }
+    let ttl = i64::try_from(cfg.ttl_ms).unwrap_or(i64::MAX);
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.meta)
+        .arg("format")
+        .arg(LAYOUT_VERSION)
+        .arg("ttl_ms")
+        .arg(ttl)
+        .arg("tombstone_keep_ms")
+        .arg(keep_of(&cfg))
+        .query(&mut conn.conn)
+        .map_err(open_storage("storing the settings (<prefix>meta)"))?;
+    Ok(cfg)
+}

@@ -1,0 +1,255 @@
+//! Scrubbing a Redis store: every key under the prefix is one the engine
+//! writes (anything else is reported: another writer shares the prefix),
+//! every value decodes under its key, every record's token is at most the
+//! token counter, and the indexes agree with the records both ways.
+
+use std::collections::HashMap;
+
+use crate::error::Result;
+use crate::store::codec;
+use crate::store::record::hex;
+use crate::verify::Damage;
+
+use super::keys::key_of;
+use super::read::score_ms;
+use super::script::Index;
+use super::shared::Shared;
+use super::txn::{decode_value, index_of, split_value};
+
+/// Keys asked of `SCAN` at a time.
+const PAGE: usize = 1_000;
+
+fn index_name(index: Index) -> &'static str {
+    match index {
+        Index::Lease => "leases",
+        Index::Recovery => "recovery",
+        Index::Expiry => "expiry",
+    }
+}
+
+impl Shared {
+    /// Checks every key under the prefix. Not a snapshot: a record written
+    /// during the scan may show as a stray or missing index entry; run it
+    /// again to tell damage from traffic.
+    pub(super) fn verify(&self) -> Result<(Vec<Damage>, u64)> {
+        let what = "verifying the Redis store";
+        let p = self.keys.prefix.as_bytes();
+        let mut problems = Vec::new();
+        let mut checked = 0;
+        let counter: Option<u64> =
+            self.read(what, |c| redis::cmd("GET").arg(&self.keys.token).query(c))?;
+        let counter = counter.unwrap_or(0);
+        // Every index, as member → score.
+        let mut indexes: Vec<(Index, HashMap<Vec<u8>, u64>)> = Vec::new();
+        for (index, name) in [
+            (Index::Lease, &self.keys.lease),
+            (Index::Recovery, &self.keys.recovery),
+            (Index::Expiry, &self.keys.expiry),
+        ] {
+            let entries: Vec<(Vec<u8>, f64)> = self.read(what, |c| {
+                redis::cmd("ZRANGE")
+                    .arg(name)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(c)
+            })?;
+            let entries = entries.into_iter().map(|(m, s)| (m, score_ms(s))).collect();
+            indexes.push((index, entries));
+        }
+        let fixed = [
+            &self.keys.lease,
+            &self.keys.recovery,
+            &self.keys.expiry,
+            &self.keys.all,
+            &self.keys.outbox,
+            &self.keys.outbox_order,
+            &self.keys.outbox_next,
+            &self.keys.token,
+            &self.keys.meta,
+        ];
+        let mut pattern = p.to_vec();
+        pattern.push(b'*');
+        let mut cursor: u64 = 0;
+        let mut records_seen: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = self.read(what, |c| {
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(PAGE)
+                    .query(c)
+            })?;
+            for key in keys {
+                let tail = &key[p.len()..];
+                if fixed.iter().any(|f| f.as_bytes() == key.as_slice()) {
+                    continue;
+                }
+                if let Some(m) = tail.strip_prefix(b"r:") {
+                    checked += 1;
+                    records_seen.push(m.to_vec());
+                    self.check_record(&key, m, counter, &indexes, &mut problems)?;
+                } else if let Some(m) = tail.strip_prefix(b"s:") {
+                    self.check_hash(&key, m, false, &mut problems)?;
+                } else if let Some(m) = tail.strip_prefix(b"h:") {
+                    self.check_hash(&key, m, true, &mut problems)?;
+                } else if let Some(entity) = tail.strip_prefix(b"e:") {
+                    let entity = String::from_utf8_lossy(entity).into_owned();
+                    let bytes: Option<Vec<u8>> =
+                        self.read(what, |c| redis::cmd("GET").arg(&key).query(c))?;
+                    if let Some(Err(e)) = bytes.map(|b| codec::decode_entity(&entity, &b)) {
+                        problems.push(Damage::UndecodableEntity {
+                            entity,
+                            reason: e.to_string(),
+                        });
+                    }
+                } else {
+                    problems.push(Damage::ForeignKey {
+                        key: String::from_utf8_lossy(&key).into_owned(),
+                    });
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        // Index entries whose record is gone or belongs elsewhere.
+        records_seen.sort();
+        for (index, entries) in &indexes {
+            for (m, &at_ms) in entries {
+                if records_seen.binary_search(m).is_err() {
+                    problems.push(Damage::StrayIndexEntry {
+                        index: index_name(*index),
+                        at_ms,
+                        key_hex: hex(&rkey_of(m)),
+                    });
+                }
+            }
+        }
+        self.check_outbox(&mut problems)?;
+        Ok((problems, checked))
+    }
+
+    fn check_record(
+        &self,
+        key: &[u8],
+        m: &[u8],
+        counter: u64,
+        indexes: &[(Index, HashMap<Vec<u8>, u64>)],
+        problems: &mut Vec<Damage>,
+    ) -> Result<()> {
+        let rkey = rkey_of(m);
+        let key_hex = hex(&rkey);
+        if key_of(m).is_err() {
+            problems.push(Damage::BadKey {
+                key_hex: key_hex.clone(),
+            });
+        }
+        let bytes: Option<Vec<u8>> = self.read("verifying a record", |c| {
+            redis::cmd("GET").arg(key).query(c)
+        })?;
+        let Some(bytes) = bytes else {
+            return Ok(()); // deleted since the scan saw it
+        };
+        let rec = match decode_value(&rkey, &bytes) {
+            Ok(rec) => rec,
+            Err(e) => {
+                problems.push(Damage::Undecodable {
+                    key_hex,
+                    reason: e.to_string(),
+                });
+                return Ok(());
+            }
+        };
+        if let Ok((token, _)) = split_value(&bytes) {
+            if token > counter {
+                problems.push(Damage::Undecodable {
+                    key_hex: key_hex.clone(),
+                    reason: format!(
+                        "its fencing token {token} is above the token counter {counter}: \
+                         a later claim could be handed the same token"
+                    ),
+                });
+            }
+        }
+        let (want, at_ms) = index_of(&rec);
+        for (index, entries) in indexes {
+            match (entries.get(m), *index == want) {
+                (Some(&at), true) if at == at_ms || at_ms > (1 << 53) => {}
+                (_, true) => problems.push(Damage::MissingIndexEntry {
+                    index: index_name(want),
+                    at_ms,
+                    key_hex: key_hex.clone(),
+                }),
+                (Some(&at), false) => problems.push(Damage::StrayIndexEntry {
+                    index: index_name(*index),
+                    at_ms: at,
+                    key_hex: key_hex.clone(),
+                }),
+                (None, false) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A key's steps (`history` false) or log entries decode.
+    fn check_hash(
+        &self,
+        key: &[u8],
+        m: &[u8],
+        history: bool,
+        problems: &mut Vec<Damage>,
+    ) -> Result<()> {
+        let rkey = rkey_of(m);
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = self.read("verifying effect steps", |c| {
+            redis::cmd("HGETALL").arg(key).query(c)
+        })?;
+        for (field, bytes) in pairs {
+            let field = String::from_utf8_lossy(&field).into_owned();
+            if history {
+                let seq = field.parse::<u32>().unwrap_or(u32::MAX);
+                if let Err(e) = codec::decode_history(&rkey, seq, &bytes) {
+                    problems.push(Damage::UndecodableHistory {
+                        key_hex: hex(&rkey),
+                        seq,
+                        reason: e.to_string(),
+                    });
+                }
+            } else if let Err(e) = codec::decode_step(&rkey, &field, &bytes) {
+                problems.push(Damage::UndecodableStep {
+                    key_hex: hex(&rkey),
+                    step: field,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_outbox(&self, problems: &mut Vec<Damage>) -> Result<()> {
+        let pairs: Vec<(String, Vec<u8>)> = self.read("verifying the outbox", |c| {
+            redis::cmd("HGETALL").arg(&self.keys.outbox).query(c)
+        })?;
+        for (seq, bytes) in pairs {
+            let seq = seq.parse::<u64>().unwrap_or(u64::MAX);
+            if let Err(e) = codec::decode_outbox(seq, &bytes) {
+                problems.push(Damage::UndecodableOutboxMessage {
+                    seq,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The record key bytes (`[scope length][scope][key]`) a member names.
+fn rkey_of(m: &[u8]) -> Vec<u8> {
+    match key_of(m) {
+        Ok(key) => key.record_key().to_vec(),
+        Err(raw) => raw,
+    }
+}
