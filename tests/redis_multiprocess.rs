@@ -1,0 +1,989 @@
+//! Guards against double execution and lost acknowledged results when
+//! several processes share one Redis server and both the processes and the
+//! server die at random moments (issue 24).
+//!
+//! Four child processes (this test binary re-invoked with
+//! `IDEM_REDISCHAOS_ROLE` set, running only `child_entry`), 8 threads each,
+//! hammer a sliding window of 400 overlapping keys through engines that
+//! share one key prefix, each running its own sweeper, with a 1 s lease. A
+//! thread that wins a claim "executes" the work by appending the key and
+//! its token to its process's execution file (one `write`, so a SIGKILL
+//! keeps it whole or not at all; the file is outside Redis, so a server
+//! that forgets a claim cannot hide the execution), then completes with a
+//! body derived from key, token and reference, and appends the key and
+//! body to its acknowledgement file once `complete` returned `Ok`. A
+//! replay must carry the body of the key's completion. Connection errors
+//! are logged and survived, never a panic.
+//!
+//! The parent SIGKILLs random children at random moments and restarts them
+//! (12 kills by default; `IDEMPOTENCY_REDIS_CHAOS_KILLS` for a long run,
+//! `IDEMPOTENCY_REDIS_CHAOS_SEED` to replay a schedule), and once, mid-run,
+//! SIGKILLs the `redis-server` itself and starts it again on the same AOF
+//! and port. Then it stops the children, waits out the lease, sweeps, and
+//! audits: no key's work ran twice (work that ran but whose completion
+//! never landed is legitimately UNKNOWN, once), no key was claimed twice
+//! (nothing in this test ever frees a claimed key), every execution ran
+//! under a token some `begin` answered `Claimed`, every acknowledged
+//! completion replays its exact bytes through a fresh engine, every
+//! COMPLETED record matches its one execution, and nothing is PROCESSING.
+//!
+//! `processes_and_server_die_at_random_yet_no_work_runs_twice` runs on the
+//! server `scripts/with-redis` starts (`appendfsync always`) and fails on
+//! any of those counts; without that server it is skipped, and under
+//! `CI=true` it fails instead. `volatile_servers_report_what_was_lost` is
+//! opt-in (`#[ignore]`: `scripts/with-redis cargo test --release --test
+//! redis_multiprocess -- --ignored --nocapture`): the same run, three
+//! server kills each, on two private servers opened with
+//! `allow_volatile(true)`, one with `appendfsync everysec` and one with
+//! `appendonly no`. It prints what the crashes lost (`VOLATILE LOSS`
+//! lines: double executions, double claims, lost acknowledged completions)
+//! and does NOT fail on loss, since losing acknowledged writes is what
+//! those settings allow; it fails only if the harness itself breaks (a
+//! child that dies on its own or panics). A SIGKILL of the server process
+//! is not a power cut: `everysec` has already handed each write to the
+//! kernel before its reply, so it loses little or nothing here; what it
+//! risks (the last second of writes) takes an operating-system crash,
+//! which this test cannot cause. Counts are printed (run with
+//! `--nocapture`). Unix only (SIGKILL, /proc).
+#![cfg(unix)]
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::error::Error;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idempotency::{
+    Begin, Engine, Envelope, Failure, Fingerprint, IdempotencyKey, RecordFilter, State,
+};
+use redis_server::{PrivateServer, Server};
+
+type TestResult<T = ()> = Result<T, Box<dyn Error + Send + Sync>>;
+
+const ROLE_VAR: &str = "IDEM_REDISCHAOS_ROLE";
+const DIR_VAR: &str = "IDEM_REDISCHAOS_DIR";
+const PREFIX_VAR: &str = "IDEM_REDISCHAOS_PREFIX";
+const START_VAR: &str = "IDEM_REDISCHAOS_START_MS";
+const URL_VAR: &str = "IDEM_REDISCHAOS_URL";
+const VOLATILE_VAR: &str = "IDEM_REDISCHAOS_VOLATILE";
+const KILLS_VAR: &str = "IDEMPOTENCY_REDIS_CHAOS_KILLS";
+const SEED_VAR: &str = "IDEMPOTENCY_REDIS_CHAOS_SEED";
+
+const CHILDREN: usize = 4;
+const THREADS: u64 = 8;
+/// Keys live at once; the window slides by `KEYS_PER_SEC`, so claims (not
+/// only replays) keep happening for the whole run.
+const WINDOW: u64 = 400;
+const KEYS_PER_SEC: u64 = 40;
+const LEASE: Duration = Duration::from_millis(1_000);
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
+const DEFAULT_KILLS: u64 = 12;
+const SCOPE: &str = "chaos";
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// xorshift64*: enough randomness for a schedule, reproducible from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn key_name(i: u64) -> String {
+    format!("k{i:07}")
+}
+
+fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
+    IdempotencyKey::new(SCOPE, name)
+}
+
+fn fingerprint(name: &str) -> TestResult<Fingerprint> {
+    Ok(Fingerprint::of_json(
+        format!(r#"{{"key":"{name}"}}"#).as_bytes(),
+        &[],
+    )?)
+}
+
+/// The response a completion stores: derived from key, token and the
+/// claim's reference, so a replay shows which claim completed it.
+fn body(name: &str, token: u64, reference: &str) -> String {
+    format!(r#"{{"key":"{name}","token":{token},"ref":"{reference}"}}"#)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn open_engine(
+    url: &str,
+    prefix: &str,
+    sweep: Option<Duration>,
+    volatile: bool,
+) -> Result<Engine, String> {
+    Engine::builder()
+        .redis_key_prefix(prefix)
+        .redis_pool_size(THREADS as u32)
+        .lease(LEASE)
+        .sweep_interval(sweep)
+        .allow_volatile(volatile)
+        .open_redis(url)
+        .map_err(|e| format!("open_redis: {e}"))
+}
+
+// ---------------------------------------------------------------- child --
+
+/// Entry point of a child process; a no-op in the normal test run.
+#[test]
+fn child_entry() -> TestResult {
+    let Ok(role) = std::env::var(ROLE_VAR) else {
+        return Ok(());
+    };
+    let dir = PathBuf::from(std::env::var(DIR_VAR)?);
+    let prefix = std::env::var(PREFIX_VAR)?;
+    let start_ms: u64 = std::env::var(START_VAR)?.parse()?;
+    let url = std::env::var(URL_VAR)?;
+    let volatile = std::env::var(VOLATILE_VAR).is_ok_and(|v| v == "1");
+    child_main(&dir, &role, &url, &prefix, start_ms, volatile)
+}
+
+/// What a child did, as last reported (a killed child's last ~100 ms are
+/// not counted).
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    claims: AtomicU64,
+    executed: AtomicU64,
+    exec_errors: AtomicU64,
+    acked: AtomicU64,
+    complete_errors: AtomicU64,
+    begin_errors: AtomicU64,
+    replays: AtomicU64,
+    processing: AtomicU64,
+    unknown: AtomicU64,
+    violations: AtomicU64,
+}
+
+impl Counters {
+    const NAMES: [&'static str; 11] = [
+        "requests",
+        "claims",
+        "executed",
+        "exec_errors",
+        "acked",
+        "complete_errors",
+        "begin_errors",
+        "replays",
+        "processing",
+        "unknown",
+        "violations",
+    ];
+
+    fn values(&self) -> [u64; 11] {
+        [
+            &self.requests,
+            &self.claims,
+            &self.executed,
+            &self.exec_errors,
+            &self.acked,
+            &self.complete_errors,
+            &self.begin_errors,
+            &self.replays,
+            &self.processing,
+            &self.unknown,
+            &self.violations,
+        ]
+        .map(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// Replaces `path` with the current counts (write, then rename, so a
+    /// kill never leaves a torn file).
+    fn save(&self, path: &Path) -> std::io::Result<()> {
+        let text: String = Self::NAMES
+            .iter()
+            .zip(self.values())
+            .map(|(n, v)| format!("{n}={v}\n"))
+            .collect();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Appends lines, each in one `write` and flushed, so a SIGKILL can only
+/// lose lines not yet written, never tear one.
+struct LineLog(Mutex<File>);
+
+impl LineLog {
+    fn open(path: &Path) -> std::io::Result<LineLog> {
+        let f = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(LineLog(Mutex::new(f)))
+    }
+
+    fn line(&self, text: &str) {
+        if let Err(e) = self.try_line(text) {
+            eprintln!("cannot append to a log file: {e}");
+        }
+    }
+
+    fn try_line(&self, text: &str) -> std::io::Result<()> {
+        let mut f = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = format!("{text}\n");
+        f.write_all(line.as_bytes()).and_then(|()| f.flush())
+    }
+}
+
+struct ChildCtx<'a> {
+    engine: &'a Engine,
+    counters: &'a Counters,
+    executions: &'a LineLog,
+    acks: &'a LineLog,
+    claims: &'a LineLog,
+    violations: &'a LineLog,
+    /// key -> the body this process saw acknowledged for it.
+    mine: &'a Mutex<BTreeMap<String, Vec<u8>>>,
+    stop: &'a AtomicBool,
+    start_ms: u64,
+}
+
+impl ChildCtx<'_> {
+    fn violation(&self, what: String) {
+        bump(&self.counters.violations);
+        eprintln!("VIOLATION: {what}");
+        self.violations.line(&what);
+    }
+
+    fn worker(&self, seed: u64) {
+        let mut rng = Rng::new(seed);
+        while !self.stop.load(Ordering::Relaxed) {
+            let base = now_ms().saturating_sub(self.start_ms) * KEYS_PER_SEC / 1_000;
+            let name = key_name(base + rng.below(WINDOW));
+            if let Err(e) = self.request(&name) {
+                // Bad input is a test bug, not chaos: report it.
+                self.violation(format!("{name}: {e}"));
+            }
+        }
+    }
+
+    fn request(&self, name: &str) -> TestResult {
+        let (k, fp) = (key(name)?, fingerprint(name)?);
+        bump(&self.counters.requests);
+        let answer = match self.engine.begin(&k, fp) {
+            Ok(a) => a,
+            Err(e) => {
+                bump(&self.counters.begin_errors);
+                eprintln!("begin {name}: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+                return Ok(());
+            }
+        };
+        match answer {
+            Begin::Claimed(claim) => {
+                bump(&self.counters.claims);
+                let token = claim.fencing_token();
+                self.claims.line(&format!("{name}\t{token}"));
+                // The work: one line in a file outside Redis, before complete.
+                if let Err(e) = self.executions.try_line(&format!("{name}\t{token}")) {
+                    bump(&self.counters.exec_errors);
+                    let reason = format!("execution file: {e}");
+                    if let Err(e) = self.engine.fail(claim, Failure::InDoubt { reason }) {
+                        eprintln!("fail(InDoubt) {name}: {e}");
+                    }
+                    return Ok(());
+                }
+                bump(&self.counters.executed);
+                let b = body(name, token, claim.reference());
+                match self
+                    .engine
+                    .complete(claim, Envelope::new(1, 201, b.clone()))
+                {
+                    Ok(()) => {
+                        self.acks.line(&format!("{name}\t{}", hex(b.as_bytes())));
+                        bump(&self.counters.acked);
+                        let mut mine = self.mine.lock().unwrap_or_else(PoisonError::into_inner);
+                        if let Some(old) = mine.insert(name.to_string(), b.clone().into_bytes()) {
+                            self.violation(format!(
+                                "{name} completed twice in one process: {:?} then {b:?}",
+                                String::from_utf8_lossy(&old)
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        bump(&self.counters.complete_errors);
+                        eprintln!("complete {name}: {e}");
+                    }
+                }
+            }
+            Begin::Replay(r) => {
+                bump(&self.counters.replays);
+                let got = &r.envelope.body;
+                let text = String::from_utf8_lossy(got);
+                let head = format!(r#"{{"key":"{name}","token":"#);
+                let tail = format!(r#","ref":"{}"}}"#, r.reference);
+                if !text.starts_with(&head) || !text.ends_with(&tail) {
+                    self.violation(format!(
+                        "{name}: replay {text:?} does not match its reference {}",
+                        r.reference
+                    ));
+                }
+                let mine = self.mine.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(acked) = mine.get(name) {
+                    if acked != got {
+                        self.violation(format!(
+                            "{name}: replay {text:?} differs from the acknowledged {:?}",
+                            String::from_utf8_lossy(acked)
+                        ));
+                    }
+                }
+            }
+            Begin::Processing { retry_after } => {
+                bump(&self.counters.processing);
+                std::thread::sleep(retry_after.min(Duration::from_millis(10)));
+            }
+            Begin::InDoubt(_) => bump(&self.counters.unknown),
+            other @ (Begin::Mismatch | Begin::Tombstoned { .. }) => {
+                self.violation(format!("{name}: unexpected {other:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn child_main(
+    dir: &Path,
+    role: &str,
+    url: &str,
+    prefix: &str,
+    start_ms: u64,
+    volatile: bool,
+) -> TestResult {
+    let stop_file = dir.join("stop");
+    let counters = Counters::default();
+    let stats_path = dir.join(format!("stats-{role}.txt"));
+    let parent = std::os::unix::process::parent_id();
+    let should_stop = || stop_file.exists() || std::os::unix::process::parent_id() != parent;
+
+    // The server may be restarting: keep trying to open.
+    let engine = loop {
+        match open_engine(url, prefix, Some(SWEEP_EVERY), volatile) {
+            Ok(e) => break e,
+            Err(e) => {
+                eprintln!("child {role}: {e}; retrying");
+                if should_stop() {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    eprintln!("child {role}: engine open");
+    let executions = LineLog::open(&dir.join(format!("exec-{role}.tsv")))?;
+    let acks = LineLog::open(&dir.join(format!("acks-{role}.tsv")))?;
+    let claims = LineLog::open(&dir.join(format!("claims-{role}.tsv")))?;
+    let violations = LineLog::open(&dir.join(format!("violations-{role}.txt")))?;
+    let mine = Mutex::new(BTreeMap::new());
+    let stop = AtomicBool::new(false);
+    let ctx = ChildCtx {
+        engine: &engine,
+        counters: &counters,
+        executions: &executions,
+        acks: &acks,
+        claims: &claims,
+        violations: &violations,
+        mine: &mine,
+        stop: &stop,
+        start_ms,
+    };
+    let seed = now_ms() ^ (u64::from(std::process::id()) << 32);
+    std::thread::scope(|s| -> TestResult {
+        for t in 0..THREADS {
+            let ctx = &ctx;
+            std::thread::Builder::new()
+                .name(format!("chaos-{t}"))
+                .spawn_scoped(s, move || ctx.worker(seed.wrapping_add(t * 7919)))?;
+        }
+        while !should_stop() {
+            if let Err(e) = counters.save(&stats_path) {
+                eprintln!("child {role}: cannot save stats: {e}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::Relaxed);
+        Ok(())
+    })?;
+    drop(engine);
+    counters.save(&stats_path)?;
+    eprintln!("child {role}: stopped cleanly");
+    Ok(())
+}
+
+// --------------------------------------------------------------- parent --
+
+/// The children; the ones still running are killed when this drops (a
+/// failing parent never leaves them behind).
+struct Children {
+    dir: PathBuf,
+    url: String,
+    volatile: bool,
+    prefix: String,
+    start_ms: u64,
+    slots: Vec<Option<Child>>,
+    incarnations: u64,
+}
+
+impl Children {
+    fn spawn(&mut self, slot: usize) -> TestResult {
+        self.incarnations += 1;
+        let role = format!("c{slot}-i{}", self.incarnations);
+        let log = File::create(self.dir.join(format!("log-{role}.txt")))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env(ROLE_VAR, &role)
+            .env(DIR_VAR, &self.dir)
+            .env(PREFIX_VAR, &self.prefix)
+            .env(URL_VAR, &self.url)
+            .env(VOLATILE_VAR, if self.volatile { "1" } else { "0" })
+            .env(START_VAR, self.start_ms.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.slots[slot] = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs the child in `slot` and reaps it.
+    fn kill(&mut self, slot: usize) -> TestResult {
+        if let Some(mut c) = self.slots[slot].take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Asks every child to stop and waits for each to exit by itself.
+    fn stop_all(&mut self, within: Duration) -> TestResult {
+        File::create(self.dir.join("stop"))?;
+        let deadline = Instant::now() + within;
+        for slot in 0..self.slots.len() {
+            let Some(mut c) = self.slots[slot].take() else {
+                continue;
+            };
+            loop {
+                if let Some(status) = c.try_wait()? {
+                    if !status.success() {
+                        return Err(format!("child {slot} exited with {status} on stop").into());
+                    }
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return Err(
+                        format!("child {slot} did not stop within {within:?} (hung?)").into(),
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    /// Children that died without being killed (a panic, an error exit).
+    fn check_alive(&mut self) -> TestResult {
+        for (slot, c) in self.slots.iter_mut().enumerate() {
+            if let Some(c) = c {
+                if let Some(status) = c.try_wait()? {
+                    return Err(format!("child {slot} died on its own: {status}").into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in self.slots.iter_mut().filter_map(Option::take) {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Complete lines of every `<stem>-*.<ext>` file in `dir` (a torn last line
+/// was never acknowledged).
+fn lines_of(dir: &Path, stem: &str, ext: &str) -> TestResult<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with(&format!("{stem}-")) && name.ends_with(&format!(".{ext}")) {
+            let text = std::fs::read_to_string(&path)?;
+            let complete = text.rsplit_once('\n').map_or("", |(done, _)| done);
+            out.extend(complete.lines().map(str::to_string));
+        }
+    }
+    Ok(out)
+}
+
+fn summed_stats(dir: &Path) -> TestResult<BTreeMap<String, u64>> {
+    let mut sum = BTreeMap::new();
+    for line in lines_of(dir, "stats", "txt")? {
+        if let Some((k, v)) = line.split_once('=') {
+            *sum.entry(k.to_string()).or_insert(0) += v.parse::<u64>()?;
+        }
+    }
+    Ok(sum)
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// One run: children, kills, `server_kills` SIGKILL + restarts of the
+/// server spread over the run, then the audit. The key prefix is deleted
+/// from the server afterwards when the audit is `clean`.
+fn chaos_run(server: &Server, volatile: bool, server_kills: u64, name: &str) -> TestResult<Audit> {
+    let t0 = Instant::now();
+    let kills: u64 = match std::env::var(KILLS_VAR) {
+        Ok(v) => v.parse().map_err(|e| format!("{KILLS_VAR}={v:?}: {e}"))?,
+        Err(_) => DEFAULT_KILLS,
+    };
+    let seed: u64 = match std::env::var(SEED_VAR) {
+        Ok(v) => v.parse().map_err(|e| format!("{SEED_VAR}={v:?}: {e}"))?,
+        Err(_) => now_ms() ^ u64::from(std::process::id()),
+    };
+    let mut rng = Rng::new(seed);
+    let prefix = format!("mp{}{}:", std::process::id(), now_ms() % 1_000_000);
+    let dir = tempfile::tempdir()?;
+    eprintln!(
+        "{name}: seed {seed} ({SEED_VAR}), {kills} kills ({KILLS_VAR}), {server_kills} server kills, \
+         prefix {prefix}, files in {}",
+        dir.path().display()
+    );
+    // Write the engine's layout once, so the children do not all race to.
+    drop(open_engine(&server.url, &prefix, None, volatile)?);
+
+    let mut children = Children {
+        dir: dir.path().to_path_buf(),
+        url: server.url.clone(),
+        volatile,
+        prefix: prefix.clone(),
+        start_ms: now_ms(),
+        slots: (0..CHILDREN).map(|_| None).collect(),
+        incarnations: 0,
+    };
+    let audit = (|| -> TestResult<Audit> {
+        for slot in 0..CHILDREN {
+            children.spawn(slot)?;
+        }
+        std::thread::sleep(Duration::from_millis(1_000));
+        // Server kills at evenly spread points of the child-kill schedule.
+        let at: Vec<u64> = (1..=server_kills)
+            .map(|i| i * kills / (server_kills + 1))
+            .collect();
+        let mut restarts = Vec::new();
+        for i in 0..kills {
+            std::thread::sleep(Duration::from_millis(200 + rng.below(1_000)));
+            children.check_alive()?;
+            let slot = usize::try_from(rng.below(CHILDREN as u64))?;
+            children.kill(slot)?;
+            children.spawn(slot)?;
+            for _ in at.iter().filter(|&&a| a == i) {
+                std::thread::sleep(Duration::from_millis(rng.below(300)));
+                eprintln!("{name}: SIGKILL of redis-server under load, then a restart on its AOF");
+                restarts.push(server.kill_and_restart()?);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1_000));
+        children.check_alive()?;
+        children.stop_all(Duration::from_secs(40))?;
+        eprintln!("{name}: server down for {restarts:?} (kill to PONG)");
+        audit(
+            server,
+            &prefix,
+            dir.path(),
+            kills,
+            restarts.len() as u64,
+            volatile,
+        )
+    })();
+    drop(children);
+    let audit = match audit {
+        Ok(a) => a,
+        Err(e) => {
+            print_child_logs(dir.path())?;
+            return Err(e);
+        }
+    };
+    eprintln!("{name}: {audit:#?}\ntook {:?}", t0.elapsed());
+    if audit.clean() {
+        server.delete_prefix(&prefix)?;
+    } else {
+        let kept = dir.keep();
+        eprintln!(
+            "{name}: files kept in {}; keys kept under {prefix} on {}",
+            kept.display(),
+            server.url
+        );
+    }
+    Ok(audit)
+}
+
+fn print_child_logs(dir: &Path) -> TestResult {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("log-"))
+        {
+            eprintln!("--- {} (tail)\n{}", path.display(), tail(&path, 15));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn processes_and_server_die_at_random_yet_no_work_runs_twice() -> TestResult {
+    if std::env::var(ROLE_VAR).is_ok() {
+        return Ok(()); // a child runs child_entry only
+    }
+    let Some(server) = redis_server::shared_server() else {
+        return Ok(());
+    };
+    let fsync = server.command(&["CONFIG", "GET", "appendfsync"])?;
+    assert_eq!(
+        fsync,
+        redis_server::Reply::Array(vec![
+            redis_server::Reply::Bulk(Some(b"appendfsync".to_vec())),
+            redis_server::Reply::Bulk(Some(b"always".to_vec())),
+        ]),
+        "the server of scripts/with-redis must fsync every write"
+    );
+    let audit = chaos_run(&server, false, 1, "redis_multiprocess")?;
+    assert!(audit.clean(), "audit failed: {audit:#?}");
+    assert_eq!(audit.server_restarts, 1);
+    assert!(
+        audit.completions_acknowledged > 0 && audit.replays > 0,
+        "the run did no real work: {audit:#?}"
+    );
+    Ok(())
+}
+
+/// Opt-in: what a server that does not fsync every write loses when it is
+/// SIGKILLed. Reports; fails only if the harness breaks.
+#[test]
+#[ignore = "opt-in report of what volatile servers lose; run with --ignored --nocapture"]
+fn volatile_servers_report_what_was_lost() -> TestResult {
+    if std::env::var(ROLE_VAR).is_ok() {
+        return Ok(());
+    }
+    let bin =
+        std::env::var("IDEMPOTENCY_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let mut lines = Vec::new();
+    for persistence in [
+        &["appendonly yes", "appendfsync everysec"][..],
+        &["appendonly no"][..],
+    ] {
+        let private = PrivateServer::start(Path::new(&bin), persistence)?;
+        let what = persistence.join(", ");
+        // A durable open must refuse this server; the opt-in must open it.
+        let refused = open_engine(&private.server.url, "refused:", None, false);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("allow_volatile")),
+            "open without allow_volatile on a server with {what}: {:?}",
+            refused.map(|_| "opened")
+        );
+        let audit = chaos_run(&private.server, true, 3, &format!("volatile ({what})"))?;
+        assert_eq!(audit.child_panics, 0, "a child panicked: {audit:#?}");
+        assert!(audit.server_restarts == 3 && audit.completions_acknowledged > 0);
+        lines.push(format!(
+            "VOLATILE LOSS ({what}) after {} server SIGKILLs: {} double executions, \
+             {} double claims, {} of {} acknowledged completions lost, {} executions under a \
+             token no claim got, {} COMPLETED records not matching their one execution, {} \
+             child violations",
+            audit.server_restarts,
+            audit.double_executions,
+            audit.double_claims,
+            audit.lost_acknowledged,
+            audit.completions_acknowledged,
+            audit.unclaimed_executions,
+            audit.completed_without_one_execution,
+            audit.child_violations,
+        ));
+    }
+    for l in lines {
+        println!("{l}");
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug
+struct Audit {
+    kills: u64,
+    server_restarts: u64,
+    keys: usize,
+    requests: u64,
+    claims: usize,
+    completions_acknowledged: usize,
+    executions: usize,
+    completed: u64,
+    unknown: u64,
+    executed_but_unknown: u64,
+    replays: u64,
+    processing_answers: u64,
+    in_doubt_answers: u64,
+    child_begin_errors: u64,
+    child_complete_errors: u64,
+    child_execute_errors: u64,
+    double_executions: usize,
+    double_claims: usize,
+    unclaimed_executions: usize,
+    lost_acknowledged: usize,
+    completed_without_one_execution: usize,
+    executed_without_record: usize,
+    processing_after_sweep: u64,
+    child_violations: usize,
+    child_panics: usize,
+}
+
+impl Audit {
+    fn clean(&self) -> bool {
+        self.double_executions == 0
+            && self.double_claims == 0
+            && self.unclaimed_executions == 0
+            && self.lost_acknowledged == 0
+            && self.processing_after_sweep == 0
+            && self.completed_without_one_execution == 0
+            && self.executed_without_record == 0
+            && self.child_violations == 0
+            && self.child_panics == 0
+    }
+}
+
+/// `key\tvalue` lines of every `<stem>-*.tsv` file, by key.
+fn tsv_by_key(dir: &Path, stem: &str) -> TestResult<(BTreeMap<String, Vec<String>>, usize)> {
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut n = 0;
+    for line in lines_of(dir, stem, "tsv")? {
+        let (k, v) = line
+            .split_once('\t')
+            .ok_or_else(|| format!("bad {stem} line {line:?}"))?;
+        by_key.entry(k.to_string()).or_default().push(v.to_string());
+        n += 1;
+    }
+    Ok((by_key, n))
+}
+
+fn audit(
+    server: &Server,
+    prefix: &str,
+    dir: &Path,
+    kills: u64,
+    restarts: u64,
+    volatile: bool,
+) -> TestResult<Audit> {
+    // Every claim a killed child left behind has its lease run out.
+    std::thread::sleep(LEASE + Duration::from_millis(500));
+    let engine = open_engine(&server.url, prefix, None, volatile)?;
+    while engine.sweep_now()?.more {}
+
+    let (exec_lines, n_executions) = tsv_by_key(dir, "exec")?;
+    let mut executions: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (k, ts) in exec_lines {
+        let ts: Result<Vec<u64>, _> = ts.iter().map(|t| t.parse::<u64>()).collect();
+        executions.insert(k, ts?);
+    }
+    let (ack_lines, n_acked) = tsv_by_key(dir, "acks")?;
+    let mut acked: BTreeMap<String, BTreeSet<Vec<u8>>> = BTreeMap::new();
+    for (k, hs) in ack_lines {
+        for h in hs {
+            let b = unhex(&h).ok_or_else(|| format!("bad ack hex {h:?} of {k}"))?;
+            acked.entry(k.clone()).or_default().insert(b);
+        }
+    }
+    let (claim_lines, n_claims) = tsv_by_key(dir, "claims")?;
+    let mut claims: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for (k, ts) in claim_lines {
+        for t in ts {
+            claims.entry(k.clone()).or_default().insert(t.parse()?);
+        }
+    }
+    // Nothing here ever frees a claimed key (no Retryable, no resolver, a
+    // 24 h TTL): a second claim of a key is a second execution waiting to
+    // happen, whether or not it got that far.
+    let double_claims: Vec<_> = claims.iter().filter(|(_, t)| t.len() > 1).collect();
+    for (k, t) in double_claims.iter().take(20) {
+        eprintln!("DOUBLE CLAIM of {k}: tokens {t:?}");
+    }
+    let unclaimed_executions = executions
+        .iter()
+        .flat_map(|(k, ts)| ts.iter().map(move |t| (k, t)))
+        .filter(|(k, t)| !claims.get(*k).is_some_and(|c| c.contains(t)))
+        .inspect(|(k, t)| eprintln!("{k} ran under token {t}, which no begin answered Claimed"))
+        .count();
+    let violations = lines_of(dir, "violations", "txt")?;
+    // A panic on any thread of a child (the engine's included), even one
+    // the child survived, is a bug: connection errors must be errors.
+    let panics: Vec<String> = lines_of(dir, "log", "txt")?
+        .into_iter()
+        .filter(|l| l.contains("panicked"))
+        .collect();
+    for p in panics.iter().take(20) {
+        eprintln!("child panic: {p}");
+    }
+    for v in violations.iter().take(20) {
+        eprintln!("child violation: {v}");
+    }
+
+    let (mut completed, mut unknown, mut processing) = (0, 0, 0);
+    let (mut executed_but_unknown, mut completed_bad) = (0, 0);
+    let mut records = BTreeSet::new();
+    for rec in engine.records(&RecordFilter::default())? {
+        let rec = rec?;
+        let name = rec.key.key().to_string();
+        let ran = executions.get(&name).map_or(&[][..], Vec::as_slice);
+        match rec.state {
+            State::Completed => {
+                completed += 1;
+                let want = body(&name, rec.fencing_token, &rec.reference).into_bytes();
+                let got = rec.response.as_ref().map(|e| &e.body);
+                if ran != [rec.fencing_token] || got != Some(&want) {
+                    completed_bad += 1;
+                    eprintln!(
+                        "COMPLETED {name} (token {}) has executions {ran:?} and body {:?}",
+                        rec.fencing_token,
+                        got.map(|b| String::from_utf8_lossy(b))
+                    );
+                }
+            }
+            State::Unknown => {
+                unknown += 1;
+                if !ran.is_empty() {
+                    executed_but_unknown += 1;
+                }
+            }
+            State::Processing => {
+                processing += 1;
+                eprintln!("{name} is still PROCESSING after the leases ended and a sweep");
+            }
+            other => {
+                completed_bad += 1;
+                eprintln!("{name} is {other}, which this test never asks for");
+            }
+        }
+        records.insert(name);
+    }
+    let stats = engine.stats()?;
+    processing = processing.max(stats.processing);
+
+    let double: Vec<_> = executions.iter().filter(|(_, t)| t.len() > 1).collect();
+    for (k, t) in double.iter().take(20) {
+        eprintln!("DOUBLE EXECUTION of {k}: tokens {t:?}");
+    }
+    let orphans: Vec<_> = executions
+        .keys()
+        .filter(|k| !records.contains(*k))
+        .collect();
+    for k in orphans.iter().take(20) {
+        eprintln!("{k} was executed but has no record");
+    }
+
+    let mut lost = 0;
+    for (name, bodies) in &acked {
+        let b = bodies.iter().next().ok_or("empty ack set")?;
+        if bodies.len() > 1 {
+            lost += 1;
+            eprintln!(
+                "{name} was acknowledged with {} different bodies",
+                bodies.len()
+            );
+            continue;
+        }
+        match engine.begin(&key(name)?, fingerprint(name)?)? {
+            Begin::Replay(r) if &r.envelope.body == b => {}
+            other => {
+                lost += 1;
+                eprintln!(
+                    "LOST acknowledged {name} ({:?}): now {other:?}",
+                    String::from_utf8_lossy(b)
+                );
+            }
+        }
+    }
+
+    let sums = summed_stats(dir)?;
+    let get = |k: &str| sums.get(k).copied().unwrap_or(0);
+    Ok(Audit {
+        kills,
+        server_restarts: restarts,
+        keys: records.len(),
+        requests: get("requests"),
+        claims: n_claims,
+        completions_acknowledged: n_acked,
+        executions: n_executions,
+        completed,
+        unknown,
+        executed_but_unknown,
+        replays: get("replays"),
+        processing_answers: get("processing"),
+        in_doubt_answers: get("unknown"),
+        child_begin_errors: get("begin_errors"),
+        child_complete_errors: get("complete_errors"),
+        child_execute_errors: get("exec_errors"),
+        double_executions: double.len(),
+        double_claims: double_claims.len(),
+        unclaimed_executions,
+        lost_acknowledged: lost,
+        completed_without_one_execution: completed_bad,
+        executed_without_record: orphans.len(),
+        processing_after_sweep: processing,
+        child_violations: violations.len(),
+        child_panics: panics.len(),
+    })
+}
