@@ -1,9 +1,12 @@
-//! Durable request throughput on Redis: a hand-written baseline on the
-//! server, with the embedded (redb) engine beside for scale.
+//! Durable request throughput on Redis: the engine's Redis backend vs a
+//! hand-written baseline on the same server, with the embedded (redb)
+//! engine beside for scale.
 //!
 //! Workload, as in `postgres.rs`: one request = durable claim + durable
 //! completion with a 300-byte response, on a fresh random UUID key, from 8
 //! and from 64 client threads. The systems:
+//! - the engine on Redis, `redis_pool_size(64)` (a connection per client
+//!   thread at 64, as the baseline has);
 //! - the hand-written baseline (`common::redis_plain`): a Lua claim script
 //!   (SET-if-absent of a small PROCESSING value with a token from `INCR`,
 //!   a fingerprint compare when the key is present) and a completion `SET
@@ -61,6 +64,7 @@ fn config(conn: &mut redis::Connection, name: &str) -> String {
 struct Systems {
     url: String,
     prefix: String,
+    engine: Engine,
     baseline: Baseline,
     redb: Engine,
     _dir: tempfile::TempDir,
@@ -91,6 +95,11 @@ impl Systems {
             );
         }
         let prefix = format!("bench{}:", std::process::id());
+        let engine = Engine::builder()
+            .redis_key_prefix(format!("{prefix}engine:"))
+            .redis_pool_size(MAX_THREADS as u32)
+            .open_redis(&url)
+            .expect("open the engine on Redis");
         let baseline = Baseline::open(&url, &format!("{prefix}base:"), MAX_THREADS);
         let dir = common::bench_dir();
         let redb = Engine::builder()
@@ -99,6 +108,7 @@ impl Systems {
         Systems {
             url,
             prefix,
+            engine,
             baseline,
             redb,
             _dir: dir,
@@ -121,11 +131,12 @@ impl Systems {
         let Systems {
             url,
             prefix,
+            engine,
             baseline,
             redb,
             _dir,
         } = self;
-        drop(redb);
+        drop((engine, redb));
         baseline.clear();
         drop(baseline);
         let client = redis::Client::open(url.as_str()).expect("a Redis URL");
@@ -141,6 +152,13 @@ fn throughput(c: &mut Criterion, s: &Systems) {
         ));
         g.sampling_mode(SamplingMode::Flat);
         g.throughput(Throughput::Elements(1));
+        g.bench_function(BenchmarkId::new("engine", "pool 64"), |b| {
+            b.iter_custom(|iters| {
+                common::run_clients(threads, iters, |_, _| {
+                    common::engine_request(&s.engine, &common::random_key());
+                })
+            });
+        });
         g.bench_function(BenchmarkId::new("hand-written", "Lua claim + SET"), |b| {
             b.iter_custom(|iters| {
                 common::run_clients(threads, iters, |t, _| s.baseline_request(t))
@@ -157,12 +175,16 @@ fn throughput(c: &mut Criterion, s: &Systems) {
     }
 }
 
-/// The ratios, interleaved: one slice per system per round.
+/// The ratios, interleaved: engine, baseline, redb engine, one slice each
+/// per round.
 fn paired(s: &Systems) {
     let r = common::rounds();
     for threads in THREADS {
-        let (mut base, mut redb) = (vec![], vec![]);
+        let (mut ours, mut base, mut redb) = (vec![], vec![], vec![]);
         for _ in 0..r.rounds {
+            ours.push(common::rate_for(threads, r.slice, |_| {
+                common::engine_request(&s.engine, &common::random_key());
+            }));
             base.push(common::rate_for(threads, r.slice, |t| {
                 s.baseline_request(t)
             }));
@@ -171,6 +193,9 @@ fn paired(s: &Systems) {
             }));
         }
         let name = format!("redis durable req/s, {threads} threads");
+        let vs_base = format!("{name}: engine (pool 64) vs hand-written baseline");
+        common::report_paired(&vs_base, "req/s", &ours, &base);
+        common::report_rounds(&vs_base, &ours, &base);
         let redb_vs = format!("{name}: redb engine vs hand-written redis baseline");
         common::report_paired(&redb_vs, "req/s", &redb, &base);
         common::report_rounds(&redb_vs, &redb, &base);
