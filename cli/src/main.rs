@@ -1,9 +1,11 @@
 //! `idem`: inspect and repair an idempotency database from the shell.
 //!
-//! The database is a redb file or a PostgreSQL database: every DB argument
-//! takes a file path or a PostgreSQL connection string (a `postgres://` or
-//! `postgresql://` URL, or libpq's `host=... dbname=...` form; see
-//! `target.rs`), and `--table-prefix` names the tables there.
+//! The database is a redb file, a PostgreSQL database or a Redis server:
+//! every DB argument takes a file path, a PostgreSQL connection string (a
+//! `postgres://` or `postgresql://` URL, or libpq's `host=... dbname=...`
+//! form; see `target.rs`), and `--table-prefix` names the tables there, or
+//! a Redis URL (`redis://`, `rediss://`), and `--key-prefix` names the key
+//! prefix there.
 //!
 //! The database is opened with no background sweeper and never created:
 //! `open_existing` / `open_postgres_existing` for the commands that change
@@ -13,6 +15,12 @@
 //! on the tables can run them). redb locks the file: stop the app (or use
 //! its own admin endpoint) while the CLI runs. On PostgreSQL the CLI may run
 //! beside the app servers, as one more engine on the same tables.
+//!
+//! On Redis every command opens with `open_redis` (the backend has no
+//! open that refuses to create, nor a read-only one): the read-only
+//! commands change no record, but an open on a prefix that holds nothing
+//! writes the engine's layout key there. Like any engine on Redis, the CLI
+//! refuses a server without `appendonly yes` and `appendfsync always`.
 
 #![forbid(unsafe_code)]
 
@@ -44,6 +52,11 @@ struct Cli {
     /// PostgreSQL connection string.
     #[arg(long, global = true, value_name = "PREFIX")]
     table_prefix: Option<String>,
+    /// The prefix of the engine's keys on Redis, as the app gives
+    /// `EngineBuilder::redis_key_prefix` (default `idempotency:`). Only with
+    /// a Redis URL.
+    #[arg(long, global = true, value_name = "PREFIX")]
+    key_prefix: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -52,7 +65,7 @@ struct Cli {
 enum Command {
     /// List records: scope, key, state, age, fingerprint prefix, status.
     Inspect {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// Only records in this scope.
         #[arg(long)]
@@ -71,7 +84,7 @@ enum Command {
     /// Show one record with every field, its stored response, its effect
     /// steps and its history (the evidence log).
     Show {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// The record's scope.
         scope: String,
@@ -86,7 +99,7 @@ enum Command {
     /// and PROCESSING ones whose lease has ended, each with its effect
     /// steps not yet settled (their attempts and age).
     Unknown {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// One JSON array of objects.
         #[arg(long)]
@@ -100,7 +113,7 @@ enum Command {
     /// key's history.
     #[command(group(ArgGroup::new("outcome").required(true).args(["not_executed", "completed", "executed"])))]
     Resolve {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// The record's scope.
         scope: String,
@@ -135,7 +148,7 @@ enum Command {
     /// Run one sweep pass: stale claims to UNKNOWN, expired records deleted
     /// or tombstoned.
     Sweep {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
     },
     /// Scrub the whole database (file or tables): every record, outbox message and entity
@@ -144,7 +157,7 @@ enum Command {
     /// damaged page and the keys on it. Read-only;
     /// exits 1 with the list of problems if there is any.
     Verify {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// One JSON object.
         #[arg(long)]
@@ -152,7 +165,7 @@ enum Command {
     },
     /// Count records by state.
     Stats {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// One JSON object.
         #[arg(long)]
@@ -160,7 +173,7 @@ enum Command {
     },
     /// Delete one record (PROCESSING and UNKNOWN only with --force).
     Purge {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// The record's scope.
         scope: String,
@@ -220,17 +233,21 @@ fn main() -> ExitCode {
 fn try_main(cli: Cli) -> CliResult {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    let prefix = cli.table_prefix.as_deref();
+    let prefix = Prefixes {
+        table: cli.table_prefix.as_deref(),
+        key: cli.key_prefix.as_deref(),
+    };
     run(cli.command, prefix, &mut out, &mut io::stderr())?;
     out.flush()?;
     Ok(())
 }
 
-/// Opens the database (tables under `prefix` on PostgreSQL) and runs one
+/// Opens the database (tables or keys under `prefix` on PostgreSQL or
+/// Redis) and runs one
 /// command, writing its report to `out` and warnings to `warn`.
 fn run<W: Write, E: Write>(
     command: Command,
-    prefix: Option<&str>,
+    prefix: Prefixes<'_>,
     out: &mut W,
     warn: &mut E,
 ) -> CliResult {
@@ -329,17 +346,24 @@ fn run<W: Write, E: Write>(
         }
         Command::Salvage { damaged, new, json } => {
             for path in [&damaged, &new] {
-                if let Target::Postgres(_) = target::classify(path) {
+                if !matches!(target::classify(path), Target::File(_)) {
                     return Err(UsageError(
-                        "salvage works on redb files, not PostgreSQL databases".into(),
+                        "salvage works on redb files, not PostgreSQL databases or Redis servers"
+                            .into(),
                     )
                     .into());
                 }
             }
-            if prefix.is_some() {
+            if prefix.table.is_some() {
                 return Err(UsageError(
                     "--table-prefix applies to a PostgreSQL connection string, not to salvage"
                         .into(),
+                )
+                .into());
+            }
+            if prefix.key.is_some() {
+                return Err(UsageError(
+                    "--key-prefix applies to a Redis URL, not to salvage".into(),
                 )
                 .into());
             }
@@ -348,10 +372,17 @@ fn run<W: Write, E: Write>(
     }
 }
 
-/// A builder with the CLI's settings, and the table prefix given.
+/// The `--table-prefix` and `--key-prefix` given.
+#[derive(Debug, Clone, Copy)]
+struct Prefixes<'a> {
+    table: Option<&'a str>,
+    key: Option<&'a str>,
+}
+
+/// A builder with the CLI's settings, and the prefixes given.
 struct Opener<'a> {
     builder: EngineBuilder,
-    prefix: Option<&'a str>,
+    prefix: Prefixes<'a>,
 }
 
 /// A mistake in the command line found after parsing (exit code 2, as
@@ -367,35 +398,51 @@ impl std::fmt::Display for UsageError {
 
 impl StdError for UsageError {}
 
-/// The builder for `db`: the table prefix applies to PostgreSQL only.
+/// The builder for `db`: the table prefix applies to PostgreSQL only, the
+/// key prefix to Redis only.
 fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, EngineBuilder)> {
     let target = target::classify(db);
-    match (&target, opener.prefix) {
-        (Target::File(path), Some(_)) => Err(UsageError(format!(
-            "--table-prefix applies to a PostgreSQL connection string, not to the file {}",
-            path.display()
-        ))
-        .into()),
-        (_, Some(prefix)) => Ok((target, opener.builder.table_prefix(prefix))),
-        (_, None) => Ok((target, opener.builder)),
+    let Opener { builder, prefix } = opener;
+    let misplaced = |flag: &str, applies: &str| -> CliResult<(Target<'d>, EngineBuilder)> {
+        let what = match &target {
+            Target::File(path) => format!("the file {}", path.display()),
+            Target::Postgres(_) => "a PostgreSQL connection string".to_owned(),
+            Target::Redis(_) => "a Redis URL".to_owned(),
+        };
+        Err(UsageError(format!("{flag} applies to {applies}, not to {what}")).into())
+    };
+    match (&target, prefix.table, prefix.key) {
+        (Target::File(_) | Target::Redis(_), Some(_), _) => {
+            misplaced("--table-prefix", "a PostgreSQL connection string")
+        }
+        (Target::File(_) | Target::Postgres(_), _, Some(_)) => {
+            misplaced("--key-prefix", "a Redis URL")
+        }
+        (Target::Postgres(_), Some(p), None) => Ok((target, builder.table_prefix(p))),
+        (Target::Redis(_), None, Some(p)) => Ok((target, builder.redis_key_prefix(p))),
+        (_, None, None) => Ok((target, builder)),
     }
 }
 
-/// For commands that write: never creates a database or tables.
+/// For commands that write: never creates a database or tables (on Redis,
+/// see the module doc).
 fn open(db: &Path, opener: Opener<'_>) -> CliResult<Engine> {
     Ok(match target(db, opener)? {
         (Target::File(path), builder) => builder.open_existing(path)?,
         (Target::Postgres(url), builder) => builder.open_postgres_existing(url)?,
+        (Target::Redis(url), builder) => builder.open_redis(url)?,
     })
 }
 
 /// For commands that only read: a file is left byte-identical (no header
 /// rewrite, no tables added to another program's file); on PostgreSQL
-/// every session is read-only.
+/// every session is read-only; on Redis no record changes (the sweeper is
+/// off; see the module doc).
 fn open_read_only(db: &Path, opener: Opener<'_>) -> CliResult<Engine> {
     Ok(match target(db, opener)? {
         (Target::File(path), builder) => builder.open_read_only(path)?,
         (Target::Postgres(url), builder) => builder.open_postgres_read_only(url)?,
+        (Target::Redis(url), builder) => builder.open_redis(url)?,
     })
 }
 
@@ -490,9 +537,17 @@ mod tests {
             json: false,
         };
         let mut out = Vec::new();
-        let err = run(cmd, None, &mut out, &mut io::sink())
-            .err()
-            .ok_or("expected an error")?;
+        let err = run(
+            cmd,
+            Prefixes {
+                table: None,
+                key: None,
+            },
+            &mut out,
+            &mut io::sink(),
+        )
+        .err()
+        .ok_or("expected an error")?;
         assert!(one_line(&*err).contains("no such database file"), "{err}");
         assert!(!path.exists());
         Ok(())

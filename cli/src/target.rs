@@ -1,4 +1,5 @@
-//! What a DB argument names: a redb file, or a PostgreSQL database.
+//! What a DB argument names: a redb file, a PostgreSQL database, or a
+//! Redis server (a `redis://` or `rediss://` URL).
 //!
 //! A PostgreSQL connection string is a URL (`postgres://...`,
 //! `postgresql://...`) or libpq's `keyword=value` form, recognised by a
@@ -16,6 +17,8 @@ pub enum Target<'a> {
     File(&'a Path),
     /// A PostgreSQL connection string, as given.
     Postgres(&'a str),
+    /// A Redis URL, as given.
+    Redis(&'a str),
 }
 
 /// libpq's connection keywords (PostgreSQL 17, "Parameter Key Words").
@@ -66,6 +69,7 @@ const LIBPQ_KEYWORDS: &[&str] = &[
 /// Classifies a DB argument (see the module doc).
 pub fn classify(db: &Path) -> Target<'_> {
     match db.to_str() {
+        Some(s) if s.starts_with("redis://") || s.starts_with("rediss://") => Target::Redis(s),
         Some(s) if is_postgres(s) => Target::Postgres(s),
         _ => Target::File(db),
     }
@@ -107,7 +111,12 @@ mod tests {
         ] {
             assert_eq!(classify(Path::new(pg)), Target::Postgres(pg), "{pg}");
         }
+        for redis in ["redis://127.0.0.1:6379/", "rediss://:pw@cache:6380/2"] {
+            assert_eq!(classify(Path::new(redis)), Target::Redis(redis), "{redis}");
+        }
         for file in [
+            "redis.redb",
+            "redis:/not-a-url",
             "app.redb",
             "/var/lib/app/idem.redb",
             "./host=x.redb",

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use crate::provider::{read_ledger, DECLINE_ABOVE};
 use crate::receipts::{read_receipts, receipts_path};
 use crate::server::{provider_path, DEFAULT_MISMATCH_STATUS, FAULT_HEADER, STEPS_HEADER};
-use crate::store::{Store, TABLE_PREFIX};
+use crate::store::{Store, REDIS_PREFIX, TABLE_PREFIX};
 
 mod audit;
 mod in_process;
@@ -367,6 +367,7 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
         Store::Postgres(_) => {
             println!("engine         PostgreSQL {store} (tables {TABLE_PREFIX}*)")
         }
+        Store::Redis(_) => println!("engine         Redis {store} (keys {REDIS_PREFIX}*)"),
     }
     println!("provider file  {}", ledger.display());
     println!("receipt file   {}", receipts_path(&ledger).display());

@@ -1,8 +1,8 @@
 //! A small payments API made safe to retry with the `Idempotency-Key`
-//! layer: axum on a real redb file (or a PostgreSQL database, with the
-//! `postgres` feature), a simulated payment provider that keeps
-//! its own durable ledger and dedupes charges by the claim's reference, and
-//! a resolver that asks the provider what happened to an UNKNOWN payment.
+//! layer: axum on a real redb file (or a PostgreSQL database or a Redis
+//! server, with the `postgres` or `redis` feature), a simulated payment
+//! provider that keeps its own durable ledger and dedupes charges by the
+//! claim's reference, and a resolver that asks the provider what happened to an UNKNOWN payment.
 //! Each payment makes two calls, each an effect step of its claim: the
 //! charge, then a receipt through a second simulated provider with a
 //! ledger of its own.
@@ -11,6 +11,7 @@
 //! cargo run --release -p payments-demo -- demo
 //! cargo run --release -p payments-demo -- serve --addr 127.0.0.1:8080
 //! cargo run --release -p payments-demo --features postgres -- demo --store postgres://postgres@127.0.0.1/postgres
+//! cargo run --release -p payments-demo --features redis -- demo --store redis://127.0.0.1:6379/
 //! ```
 //!
 //! `demo` runs the server as a child process on an ephemeral loopback port
@@ -53,10 +54,13 @@ const USAGE: &str = "usage:
                  [--crash-after-charge] [--crash-between-steps]
                  [--exit-on-stdin-eof]
 
-STORE holds the idempotency records: the path of a redb file, or a PostgreSQL
+STORE holds the idempotency records: the path of a redb file, a PostgreSQL
 connection string (postgres://USER@HOST:PORT/DB or 'host=H port=P user=U
-dbname=D'; needs a build with --features postgres). On PostgreSQL the records
-live in the tables payments_demo_* (created on first use). The demo does not
+dbname=D'; needs a build with --features postgres), or a Redis URL
+(redis://[:PASSWORD@]HOST:PORT/[DB]; needs --features redis, and a server
+with appendonly yes and appendfsync always). On PostgreSQL the records
+live in the tables payments_demo_* (created on first use), on Redis under
+the keys payments_demo:*. The demo does not
 clear them: its keys are new on every run, so earlier runs' records never
 meet this run's. Without --store, demo uses a redb file in a fresh temporary
 directory. demo's expiry and full-disk phases run in its own process on
@@ -72,8 +76,8 @@ charge) or `forget` (the key is new again: a retry that late charges again).
 (the IETF Idempotency-Key draft's), 409 or 400 (Stripe's).
 The simulated card provider keeps its own ledger file: by default beside a
 redb store (payments.redb -> payments.provider.jsonl) and
-payments.provider.jsonl with PostgreSQL; --ledger names another. The receipt
-provider's ledger is beside it (payments.receipts.jsonl). demo keeps both in
+payments.provider.jsonl with PostgreSQL or Redis; --ledger names another.
+The receipt provider's ledger is beside it (payments.receipts.jsonl). demo keeps both in
 a temporary directory unless STORE is a redb file.
 --crash-after-charge aborts the server right after the first charge, before
 its step is confirmed; --crash-between-steps holds each payment once its

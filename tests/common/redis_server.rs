@@ -212,37 +212,50 @@ impl Server {
 
     /// Deletes every key that starts with `prefix`.
     pub fn delete_prefix(&self, prefix: &str) -> Result<u64, BoxError> {
-        let mut conn = Resp::connect(self.port)?;
-        let pattern = format!("{prefix}*");
-        let (mut cursor, mut deleted) = ("0".to_string(), 0);
-        loop {
-            let reply = conn.call(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"])?;
-            let Reply::Array(mut parts) = reply else {
-                return Err(format!("SCAN answered {reply:?}").into());
-            };
-            let (Some(Reply::Array(keys)), Some(Reply::Bulk(Some(next)))) =
-                (parts.pop(), parts.pop())
-            else {
-                return Err("SCAN answered an unexpected shape".into());
-            };
-            let keys: Vec<String> = keys
-                .into_iter()
-                .filter_map(|k| match k {
-                    Reply::Bulk(Some(b)) => String::from_utf8(b).ok(),
-                    _ => None,
-                })
-                .collect();
-            if !keys.is_empty() {
-                let mut args = vec!["UNLINK"];
-                args.extend(keys.iter().map(String::as_str));
-                if let Reply::Integer(n) = conn.call(&args)? {
-                    deleted += u64::try_from(n).unwrap_or(0);
-                }
+        delete_prefix(self.port, prefix)
+    }
+}
+
+/// The port of a `redis://host:port/…` URL.
+pub fn port_of(url: &str) -> Option<u16> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split('/').next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host_port.rsplit_once(':')?.1.parse().ok()
+}
+
+/// Deletes every key that starts with `prefix` on the server at
+/// 127.0.0.1:`port`; returns how many.
+pub fn delete_prefix(port: u16, prefix: &str) -> Result<u64, BoxError> {
+    let mut conn = Resp::connect(port)?;
+    let pattern = format!("{prefix}*");
+    let (mut cursor, mut deleted) = ("0".to_string(), 0);
+    loop {
+        let reply = conn.call(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"])?;
+        let Reply::Array(mut parts) = reply else {
+            return Err(format!("SCAN answered {reply:?}").into());
+        };
+        let (Some(Reply::Array(keys)), Some(Reply::Bulk(Some(next)))) = (parts.pop(), parts.pop())
+        else {
+            return Err("SCAN answered an unexpected shape".into());
+        };
+        let keys: Vec<String> = keys
+            .into_iter()
+            .filter_map(|k| match k {
+                Reply::Bulk(Some(b)) => String::from_utf8(b).ok(),
+                _ => None,
+            })
+            .collect();
+        if !keys.is_empty() {
+            let mut args = vec!["UNLINK"];
+            args.extend(keys.iter().map(String::as_str));
+            if let Reply::Integer(n) = conn.call(&args)? {
+                deleted += u64::try_from(n).unwrap_or(0);
             }
-            cursor = String::from_utf8(next)?;
-            if cursor == "0" {
-                return Ok(deleted);
-            }
+        }
+        cursor = String::from_utf8(next)?;
+        if cursor == "0" {
+            return Ok(deleted);
         }
     }
 }

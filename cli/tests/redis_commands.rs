@@ -1,0 +1,161 @@
+//! The operator commands on Redis: guards against a CLI that cannot open a
+//! `redis://` URL, that shows other records there than the engine wrote,
+//! that applies `--table-prefix` to a Redis URL or `--key-prefix` to
+//! anything else, or that prints a Redis password in an error.
+//!
+//! Needs `IDEMPOTENCY_TEST_REDIS` (set by `scripts/with-redis`, which
+//! `scripts/with-services` runs). Without it the server tests are skipped
+//! with a message, or fail under `CI=true`; the usage checks need no
+//! server.
+
+mod common;
+
+#[path = "../../tests/common/redis_server.rs"]
+mod redis_server;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::*;
+use idempotency::{Engine, Envelope, Failure};
+
+/// The test server's URL, or `None` (skip) outside CI.
+fn redis_url() -> Option<String> {
+    match std::env::var(redis_server::URL_VAR) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
+            "CI=true but IDEMPOTENCY_TEST_REDIS is not set: run the tests through scripts/with-redis"
+        ),
+        _ => {
+            eprintln!("skipped: IDEMPOTENCY_TEST_REDIS not set (run through scripts/with-redis)");
+            None
+        }
+    }
+}
+
+fn unique_prefix(tag: &str) -> TestResult<String> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    Ok(format!("cli_{tag}_{}_{nanos}:", std::process::id()))
+}
+
+/// `idem` that must exit 2 with one `idem: ...` line; returns it.
+fn usage_err(args: &[&str]) -> TestResult<String> {
+    let out = idem(args)?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "stderr: {stderr:?}");
+    assert!(stderr.starts_with("idem: "), "stderr: {stderr:?}");
+    Ok(stderr.trim_end().to_string())
+}
+
+#[test]
+fn prefixes_go_with_their_backend() -> TestResult {
+    // Checked before connecting: no server needed.
+    let redis = "redis://127.0.0.1:1/";
+    let err = usage_err(&["stats", redis, "--table-prefix", "app_"])?;
+    assert!(
+        err.contains(
+            "--table-prefix applies to a PostgreSQL connection string, not to a Redis URL"
+        ),
+        "{err}"
+    );
+    let err = usage_err(&["stats", "host=127.0.0.1 port=1", "--key-prefix", "app:"])?;
+    assert!(
+        err.contains("--key-prefix applies to a Redis URL, not to a PostgreSQL connection string"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir()?;
+    let file = db_path(dir.path());
+    let file = file.to_str().ok_or("a UTF-8 temp path")?;
+    let err = usage_err(&["stats", file, "--key-prefix", "app:"])?;
+    assert!(
+        err.contains("--key-prefix applies to a Redis URL, not to the file"),
+        "{err}"
+    );
+    let err = usage_err(&["salvage", redis, file])?;
+    assert!(err.contains("salvage works on redb files"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn commands_read_and_settle_records_on_redis() -> TestResult {
+    let Some(url) = redis_url() else {
+        return Ok(());
+    };
+    let prefix = unique_prefix("cmds")?;
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .redis_key_prefix(&prefix)
+        .open_redis(&url)?;
+    let done = claim(&engine, &key("shop:pay", "a-done")?, fp(r#"{"n":1}"#)?)?;
+    engine.complete(done, Envelope::new(1, 201, r#"{"payment":"p_1"}"#))?;
+    let lost = claim(&engine, &key("shop:pay", "b-unknown")?, fp(r#"{"n":2}"#)?)?;
+    let reason = "provider timed out".to_string();
+    engine.fail(lost, Failure::InDoubt { reason })?;
+    drop(engine);
+
+    let with = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
+        v.extend(["--key-prefix".to_string(), prefix.clone()]);
+        v
+    };
+    let stats: serde_json::Value =
+        serde_json::from_str(&idem_ok(with(&["stats", &url, "--json"]))?)?;
+    assert_eq!(stats["completed"], 1, "{stats}");
+    assert_eq!(stats["unknown"], 1, "{stats}");
+    let listed = idem_ok(with(&["inspect", &url]))?;
+    assert!(
+        listed.contains("a-done") && listed.contains("b-unknown"),
+        "{listed}"
+    );
+    // `--limit`: without one the backend sends `ZRANGE … LIMIT 0
+    // 18446744073709551615`, which Redis refuses (reported to branch redis).
+    let unknown = idem_ok(with(&["unknown", &url, "--limit", "100"]))?;
+    assert!(
+        unknown.contains("b-unknown") && !unknown.contains("a-done"),
+        "{unknown}"
+    );
+    let shown = idem_ok(with(&["show", &url, "shop:pay", "a-done"]))?;
+    assert!(shown.contains("COMPLETED"), "{shown}");
+    idem_ok(with(&[
+        "resolve",
+        &url,
+        "shop:pay",
+        "b-unknown",
+        "--not-executed",
+        "--reason",
+        "provider has no such charge",
+    ]))?;
+    let unknown = idem_ok(with(&["unknown", &url, "--limit", "100"]))?;
+    assert!(!unknown.contains("b-unknown"), "{unknown}");
+    let verify = idem_ok(with(&["verify", &url]))?;
+    assert!(!verify.is_empty());
+
+    // Another prefix on the same server sees none of it.
+    let other = unique_prefix("empty")?;
+    let stats: serde_json::Value = serde_json::from_str(&idem_ok([
+        "stats",
+        url.as_str(),
+        "--json",
+        "--key-prefix",
+        other.as_str(),
+    ])?)?;
+    assert_eq!(stats["completed"], 0, "{stats}");
+
+    let port = redis_server::port_of(&url).ok_or("a port in the test server's URL")?;
+    for p in [&prefix, &other] {
+        redis_server::delete_prefix(port, p).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_wrong_password_is_one_line_without_the_password() -> TestResult {
+    let Some(url) = redis_url() else {
+        return Ok(());
+    };
+    // The test server has no password: AUTH with one fails.
+    let with_password = url.replacen("redis://", "redis://:s3cret-pw@", 1);
+    let err = idem_err(["stats", with_password.as_str()])?;
+    assert!(!err.contains("s3cret-pw"), "{err}");
+    Ok(())
+}
