@@ -29,7 +29,8 @@ def parse(path):
                 r"^(Benchmarking|Found|Warning|Gnuplot|LATENCY|RATIO|PRELOAD|"
                 r"PEAK_RSS|SWEEP|LAYOUT|bench databases|preloaded|Running|"
                 r"Compiling|Finished|Executable|PAIRED|ROUNDS|PG server|with-postgres|"
-                r"postgres bench skipped|IO_BYTES|BYTES)", line):
+                r"postgres bench skipped|Redis server|with-redis|redis bench skipped|"
+                r"IO_BYTES|BYTES)", line):
             name = line.strip()
         m = re.search(r"thrpt:\s+\[\S+\s+\S+\s+(\S+)\s+(\S+)\s+\S+\s+\S+\]", line)
         if m and name and "%" not in line:
@@ -94,6 +95,10 @@ def main():
         (("while sweeping",), "<=", 2),
         (("postgres", "engine (pool 64) vs hand-written baseline"), ">=", 0.8),
         (("postgres", "redb engine vs hand-written postgres baseline"), "info", 0),
+        (("redis durable req/s, 64 threads", "engine (pool 64) vs hand-written baseline"), ">=", 0.8),
+        (("redis durable req/s, 8 threads", "engine (pool 64) vs hand-written baseline"), "info", 0),
+        (("redis durable req/s, 64 threads", "redb engine vs hand-written redis"), "info", 0),
+        (("redis durable req/s, 8 threads", "redb engine vs hand-written redis"), "info", 0),
     ]
     for parts, op, goal in targets:
         key = [k for k in paired if all(p in k for p in parts)]
