@@ -209,9 +209,14 @@ pub(crate) fn shown(key_hex: &str) -> String {
         .map_or_else(|| key_hex.to_string(), |key| key.to_string())
 }
 
-/// The `Display` of the damage to effect steps and the evidence log.
+/// The `Display` of the damage to effect steps and the evidence log (and
+/// of a foreign key under a Redis prefix).
 fn fmt_step_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match d {
+        Damage::ForeignKey { key } => write!(
+            f,
+            "key {key:?} under the engine's Redis prefix was not written by the engine"
+        ),
         Damage::UndecodableStep {
             key_hex,
             step,
@@ -276,13 +281,9 @@ impl fmt::Display for Damage {
             Damage::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
             }
-            Damage::UndecodableStep { .. } | Damage::UndecodableHistory { .. } => {
-                fmt_step_damage(self, f)
-            }
-            Damage::ForeignKey { key } => write!(
-                f,
-                "key {key:?} under the engine's Redis prefix was not written by the engine"
-            ),
+            Damage::UndecodableStep { .. }
+            | Damage::UndecodableHistory { .. }
+            | Damage::ForeignKey { .. } => fmt_step_damage(self, f),
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }

@@ -62,7 +62,9 @@ impl<'a> LocalTx<'a> {
     pub fn redis(&mut self) -> Option<&mut crate::store::redis::RedisLocal<'a>> {
         match &mut self.inner {
             Inner::Redis(local) => Some(local),
-            _ => None,
+            Inner::Redb(_) => None,
+            #[cfg(feature = "postgres")]
+            Inner::Postgres(_) => None,
         }
     }
 
@@ -73,8 +75,10 @@ impl<'a> LocalTx<'a> {
     pub fn redb(&self) -> Option<&redb::WriteTransaction> {
         match &self.inner {
             Inner::Redb(txn) => Some(txn),
-            #[allow(unreachable_patterns)]
-            _ => None,
+            #[cfg(feature = "postgres")]
+            Inner::Postgres(_) => None,
+            #[cfg(feature = "redis")]
+            Inner::Redis(_) => None,
         }
     }
 
@@ -89,7 +93,9 @@ impl<'a> LocalTx<'a> {
     pub fn postgres(&mut self) -> Option<&mut crate::store::postgres::Transaction<'a>> {
         match &mut self.inner {
             Inner::Postgres(txn) => Some(txn),
-            _ => None,
+            Inner::Redb(_) => None,
+            #[cfg(feature = "redis")]
+            Inner::Redis(_) => None,
         }
     }
 
@@ -113,7 +119,9 @@ impl<'a> LocalTx<'a> {
     )> {
         match self.inner {
             Inner::Postgres(txn) => Some((txn, self.outbox)),
-            _ => None,
+            Inner::Redb(_) => None,
+            #[cfg(feature = "redis")]
+            Inner::Redis(_) => None,
         }
     }
 }

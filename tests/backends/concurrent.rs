@@ -124,7 +124,18 @@ both_backends! {
 /// would be), threads split between them: still one execution per key.
 #[test]
 fn postgres_two_engines_on_one_prefix() -> TestResult {
-    let Some(h) = Harness::new(Backend::Postgres) else {
+    two_engines_on_one_prefix(Backend::Postgres)
+}
+
+/// The same on one Redis key prefix: the guarded scripts of two engines
+/// decide every key once.
+#[test]
+fn redis_two_engines_on_one_prefix() -> TestResult {
+    two_engines_on_one_prefix(Backend::Redis)
+}
+
+fn two_engines_on_one_prefix(backend: Backend) -> TestResult {
+    let Some(h) = Harness::new(backend) else {
         return Ok(());
     };
     let first = h.open(Engine::builder().sweep_interval(None))?;

@@ -1,11 +1,14 @@
 //! One test body, every backend: a [`Harness`] opens (and reopens) an engine
-//! on redb (a fresh file in a temp dir) or on PostgreSQL (the server in
-//! `IDEMPOTENCY_TEST_PG`, a table prefix of the test's own), and
-//! [`both_backends!`] turns one body into a `redb` and a `postgres` test.
+//! on redb (a fresh file in a temp dir), on PostgreSQL (the server in
+//! `IDEMPOTENCY_TEST_PG`, a table prefix of the test's own) or on Redis (the
+//! server in `IDEMPOTENCY_TEST_REDIS`, a key prefix of the test's own), and
+//! [`both_backends!`] turns one body into a `redb`, a `postgres` and a
+//! `redis` test.
 //!
-//! Without `IDEMPOTENCY_TEST_PG` the PostgreSQL variants are skipped with a
-//! message, or fail when `CI=true` (CI must not skip them silently): run
-//! them through `scripts/with-postgres`.
+//! Without `IDEMPOTENCY_TEST_PG` (or `IDEMPOTENCY_TEST_REDIS`) those
+//! variants are skipped with a message, or fail when `CI=true` (CI must not
+//! skip them silently): run them through `scripts/with-postgres` (and
+//! `scripts/with-redis`).
 
 #![allow(dead_code, unused_macros)] // each test file uses some of these
 
@@ -25,6 +28,8 @@ pub enum Backend {
     Redb,
     /// Tables in a PostgreSQL database.
     Postgres,
+    /// Keys under a prefix on a Redis server.
+    Redis,
 }
 
 /// The environment variable with the test server's connection string.
@@ -41,6 +46,26 @@ pub fn pg_url() -> Option<String> {
         ),
         _ => {
             eprintln!("skipped: {PG_ENV} not set (run through scripts/with-postgres)");
+            None
+        }
+    }
+}
+
+/// The environment variable with the Redis test server's URL
+/// (`redis://127.0.0.1:PORT/`).
+pub const REDIS_ENV: &str = "IDEMPOTENCY_TEST_REDIS";
+
+/// The Redis test server, if there is one. Unset: `None` with a message,
+/// or a panic when `CI=true`.
+pub fn redis_url() -> Option<String> {
+    match std::env::var(REDIS_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
+            "{REDIS_ENV} not set and CI=true: the Redis tests must run, not be skipped \
+             (run them through scripts/with-redis)"
+        ),
+        _ => {
+            eprintln!("skipped: {REDIS_ENV} not set (run through scripts/with-redis)");
             None
         }
     }
@@ -70,6 +95,10 @@ enum Store {
         url: String,
         prefix: String,
     },
+    Redis {
+        url: String,
+        prefix: String,
+    },
 }
 
 /// One store on one backend; every `open` opens the same store again.
@@ -84,6 +113,7 @@ impl std::fmt::Debug for Harness {
         match &self.store {
             Store::Redb { path, .. } => write!(f, "redb {}", path.display()),
             Store::Postgres { prefix, .. } => write!(f, "postgres prefix {prefix}"),
+            Store::Redis { prefix, .. } => write!(f, "redis prefix {prefix}"),
         }
     }
 }
@@ -106,6 +136,10 @@ impl Harness {
             Backend::Postgres => Store::Postgres {
                 url: pg_url()?,
                 prefix: unique_prefix(),
+            },
+            Backend::Redis => Store::Redis {
+                url: redis_url()?,
+                prefix: format!("test:{}", unique_prefix().replace('_', ":")),
             },
         };
         Some(Harness {
@@ -138,11 +172,29 @@ impl Harness {
         self.backend == Backend::Postgres
     }
 
+    pub fn is_redis(&self) -> bool {
+        self.backend == Backend::Redis
+    }
+
+    /// The URL and key prefix (Redis only).
+    pub fn redis_store(&self) -> Option<(&str, &str)> {
+        match &self.store {
+            Store::Redis { url, prefix } => Some((url, prefix)),
+            _ => None,
+        }
+    }
+
+    /// A connection to the Redis test server (Redis only).
+    pub fn redis_conn(&self) -> Result<redis::Connection, BoxError> {
+        let (url, _) = self.redis_store().ok_or("not a Redis harness")?;
+        Ok(redis::Client::open(url)?.get_connection()?)
+    }
+
     /// The connection string and table prefix (PostgreSQL only).
     pub fn postgres_store(&self) -> Option<(&str, &str)> {
         match &self.store {
             Store::Postgres { url, prefix } => Some((url, prefix)),
-            Store::Redb { .. } => None,
+            _ => None,
         }
     }
 
@@ -151,7 +203,7 @@ impl Harness {
     pub fn builder(&self) -> EngineBuilder {
         let b = Engine::builder().sweep_interval(None);
         match self.backend {
-            Backend::Redb => b,
+            Backend::Redb | Backend::Redis => b,
             Backend::Postgres => b.pool_size(4),
         }
     }
@@ -171,6 +223,9 @@ impl Harness {
                 .table_prefix(prefix.as_str())
                 .database_clock(self.database_clock)
                 .open_postgres(url.as_str()),
+            Store::Redis { url, prefix } => builder
+                .redis_key_prefix(prefix.as_str())
+                .open_redis(url.as_str()),
         }
     }
 
@@ -202,6 +257,11 @@ impl Harness {
                     table,
                 })
             }
+            // The app's keys beside the engine's prefix, never under it.
+            Store::Redis { prefix, .. } => Ok(Ledger {
+                backend: Backend::Redis,
+                table: format!("app-{prefix}ledger:"),
+            }),
         }
     }
 
@@ -236,6 +296,20 @@ impl Harness {
                         Ok((r.try_get(0)?, u64::try_from(amount)?))
                     })
                     .collect()
+            }
+            Store::Redis { .. } => {
+                let mut conn = self.redis_conn()?;
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{}*", ledger.table))
+                    .query(&mut conn)?;
+                let mut rows = Vec::new();
+                for key in keys {
+                    let amount: u64 = redis::cmd("GET").arg(&key).query(&mut conn)?;
+                    let id = key.strip_prefix(&ledger.table).ok_or("a ledger key")?;
+                    rows.push((id.to_owned(), amount));
+                }
+                rows.sort();
+                Ok(rows)
             }
         }
     }
@@ -278,6 +352,14 @@ impl Ledger {
                 )?;
                 Ok(())
             }
+            Backend::Redis => {
+                let keys = tx.redis().ok_or("LocalTx::redis() is None on Redis")?;
+                let key = format!("{}{id}", self.table);
+                if keys.get(key.as_bytes())?.is_some() {
+                    return Err(format!("ledger row {id} written twice").into());
+                }
+                keys.set(key.as_bytes(), amount.to_string().as_bytes())
+            }
         }
     }
 }
@@ -292,7 +374,8 @@ pub fn run(backend: Backend, body: fn(&Harness) -> TestResult) -> TestResult {
 }
 
 /// `fn name(h: &Harness) -> TestResult { .. }` becomes a module `name` with
-/// the tests `name::redb` and `name::postgres`, both running the same body.
+/// the tests `name::redb`, `name::postgres` and `name::redis`, all running
+/// the same body.
 macro_rules! both_backends {
     ($(#[$meta:meta])* fn $name:ident($h:ident: &Harness) -> TestResult $body:block) => {
         $(#[$meta])*
@@ -310,6 +393,11 @@ macro_rules! both_backends {
             #[test]
             fn postgres() -> TestResult {
                 run(Backend::Postgres, body)
+            }
+
+            #[test]
+            fn redis() -> TestResult {
+                run(Backend::Redis, body)
             }
         }
     };

@@ -42,7 +42,10 @@ return {t, value}
 /// completion of one is one guarded script against those bytes, with no
 /// read first. Bounded; a claim not remembered takes the read path.
 #[derive(Default)]
-pub(super) struct Remembered(Mutex<HashMap<Vec<u8>, (u64, Vec<u8>)>>);
+pub(super) struct Remembered(Mutex<HashMap<Vec<u8>, Claim>>);
+
+/// A remembered claim: its token and the value stored for it.
+type Claim = (u64, Vec<u8>);
 
 /// Claims remembered at most.
 const REMEMBERED: usize = 4_096;

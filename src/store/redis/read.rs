@@ -14,6 +14,9 @@ use super::keys::{key_of, member};
 use super::shared::Shared;
 use super::txn::decode_value;
 
+/// A hash's fields and values.
+type Pairs = Vec<(String, Vec<u8>)>;
+
 /// Records per page of a listing.
 const SCAN_PAGE: usize = 1_000;
 
@@ -101,7 +104,7 @@ impl Shared {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::error!(key = %key, kind, error = %e, "skipping a corrupt in-doubt record")
+                    tracing::error!(key = %key, kind, error = %e, "skipping a corrupt in-doubt record");
                 }
             }
         }
@@ -241,16 +244,15 @@ impl Shared {
     pub(super) fn steps(&self, key: &IdempotencyKey, now_ms: u64) -> Result<Vec<StepRecord>> {
         let m = member(key);
         let (skey, rkey) = (self.keys.steps(&m), self.keys.record(&m));
-        let (pairs, record): (Vec<(String, Vec<u8>)>, Option<Vec<u8>>) =
-            self.read("reading effect steps", |c| {
-                redis::pipe()
-                    .atomic()
-                    .cmd("HGETALL")
-                    .arg(&skey)
-                    .cmd("GET")
-                    .arg(&rkey)
-                    .query(c)
-            })?;
+        let (pairs, record): (Pairs, Option<Vec<u8>>) = self.read("reading effect steps", |c| {
+            redis::pipe()
+                .atomic()
+                .cmd("HGETALL")
+                .arg(&skey)
+                .cmd("GET")
+                .arg(&rkey)
+                .query(c)
+        })?;
         let claim = record
             .map(|b| decode_value(key.record_key(), &b).map_err(corrupt(key)))
             .transpose()?

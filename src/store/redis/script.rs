@@ -175,12 +175,11 @@ struct Args<'k> {
 
 impl Args<'_> {
     fn key(&mut self, key: &[u8]) -> Vec<u8> {
-        let n = match self.keys.iter().position(|k| k == key) {
-            Some(at) => at + 1 + self.index.len(),
-            None => {
-                self.keys.push(key.to_vec());
-                self.keys.len() + self.index.len()
-            }
+        let n = if let Some(at) = self.keys.iter().position(|k| k == key) {
+            at + 1 + self.index.len()
+        } else {
+            self.keys.push(key.to_vec());
+            self.keys.len() + self.index.len()
         };
         n.to_string().into_bytes()
     }

@@ -188,7 +188,7 @@ impl Shared {
             }
             Err(e) if lost(&e) && !batch.is_empty() => {
                 mark_broken(conn);
-                self.settle(context, conn.id, batch, e)
+                self.settle(context, conn.id, batch, &e)
             }
             Err(e) if lost(&e) => {
                 mark_broken(conn);
@@ -210,15 +210,15 @@ impl Shared {
         context: &'static str,
         id: i64,
         batch: &Batch,
-        e: redis::RedisError,
+        e: &redis::RedisError,
     ) -> Result<Attempt<()>> {
         let unknown = |why: String| {
-            tracing::error!(error = %describe(&e), context, why, "a write's answer was lost; its outcome is unknown");
+            tracing::error!(error = %describe(e), context, why, "a write's answer was lost; its outcome is unknown");
             Error::Storage {
                 context,
                 source: format!(
                     "the answer to a write was lost and its outcome is unknown ({}; {why})",
-                    describe(&e)
+                    describe(e)
                 )
                 .into(),
             }
@@ -246,16 +246,12 @@ impl Shared {
             Err(r) => return Err(unknown(format!("could not read it back: {r}"))),
         };
         if now == probe.new {
-            tracing::warn!(error = %describe(&e), context, "a write's answer was lost; reading back shows it ran");
-            if let Err(w) = self
-                .conn(context)
-                .and_then(|mut c| self.wait_replicas(context, &mut c.conn))
-            {
-                return Err(w);
-            }
+            tracing::warn!(error = %describe(e), context, "a write's answer was lost; reading back shows it ran");
+            self.conn(context)
+                .and_then(|mut c| self.wait_replicas(context, &mut c.conn))?;
             Ok(Attempt::Done(()))
         } else if now == probe.old {
-            tracing::warn!(error = %describe(&e), context, "a write's answer was lost; reading back shows it never ran; running it again");
+            tracing::warn!(error = %describe(e), context, "a write's answer was lost; reading back shows it never ran; running it again");
             Ok(Attempt::Again)
         } else {
             Err(unknown(

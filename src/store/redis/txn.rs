@@ -277,18 +277,17 @@ impl Txn for RedisTxn<'_> {
 
     fn remove_outbox(&mut self, seq: u64) -> Result<bool, Fault> {
         let field = seq.to_string().into_bytes();
-        let present = match self.outbox.get(&seq) {
-            Some(&present) => present,
-            None => {
-                self.reads += 1;
-                let present: bool = self.conn.conn.hexists(&self.keys.outbox, &field)?;
-                self.batch.guards.push(Guard::Field(
-                    self.keys.outbox.as_bytes().to_vec(),
-                    field.clone(),
-                    present,
-                ));
-                present
-            }
+        let present = if let Some(&present) = self.outbox.get(&seq) {
+            present
+        } else {
+            self.reads += 1;
+            let present: bool = self.conn.conn.hexists(&self.keys.outbox, &field)?;
+            self.batch.guards.push(Guard::Field(
+                self.keys.outbox.as_bytes().to_vec(),
+                field.clone(),
+                present,
+            ));
+            present
         };
         if present {
             self.outbox.insert(seq, false);
