@@ -247,8 +247,18 @@ impl Shared {
         };
         if now == probe.new {
             tracing::warn!(error = %describe(e), context, "a write's answer was lost; reading back shows it ran");
-            self.conn(context)
-                .and_then(|mut c| self.wait_replicas(context, &mut c.conn))?;
+            if self.wait_replicas.is_some() {
+                // `WAIT` counts the writes of its own connection: a no-op
+                // write (INCRBY 0, propagated all the same) first puts the
+                // lost write, earlier in the replication stream, behind it.
+                let mut c = self.conn(context)?;
+                let _: u64 = redis::cmd("INCRBY")
+                    .arg(&self.keys.token)
+                    .arg(0)
+                    .query(&mut c.conn)
+                    .map_err(storage(context))?;
+                self.wait_replicas(context, &mut c.conn)?;
+            }
             Ok(Attempt::Done(()))
         } else if now == probe.old {
             tracing::warn!(error = %describe(e), context, "a write's answer was lost; reading back shows it never ran; running it again");
@@ -272,7 +282,11 @@ impl Shared {
 
     /// `WAIT` for the configured replicas; fewer within the time is an
     /// error (the write stands on the primary).
-    fn wait_replicas(&self, context: &'static str, conn: &mut redis::Connection) -> Result<()> {
+    pub(super) fn wait_replicas(
+        &self,
+        context: &'static str,
+        conn: &mut redis::Connection,
+    ) -> Result<()> {
         let Some((replicas, timeout)) = self.wait_replicas else {
             return Ok(());
         };
