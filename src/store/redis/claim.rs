@@ -124,11 +124,16 @@ impl Shared {
                     }
                     break (token, value);
                 }
-                Err(e) if lost(&e) && left > 0 => {
+                Err(e) if lost(&e) && !e.is_timeout() && left > 0 => {
                     mark_broken(&mut conn);
                     left -= 1;
                 }
-                Err(e) => return Err(storage(what)(e)),
+                Err(e) => {
+                    if lost(&e) {
+                        mark_broken(&mut conn);
+                    }
+                    return Err(storage(what)(e));
+                }
             }
         };
         match token {

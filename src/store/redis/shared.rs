@@ -67,11 +67,19 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match f(&mut conn.conn) {
                 Ok(value) => return Ok(value),
-                Err(e) if lost(&e) && left > 0 => {
+                // A dead connection (a restarted server leaves the pool
+                // full of them) is replaced; a silent server is not asked
+                // again, so a call waits one timeout, not one per retry.
+                Err(e) if lost(&e) && !e.is_timeout() && left > 0 => {
                     drop_broken(conn);
                     left -= 1;
                 }
-                Err(e) => return Err(storage(context)(e)),
+                Err(e) => {
+                    if lost(&e) {
+                        drop_broken(conn);
+                    }
+                    return Err(storage(context)(e));
+                }
             }
         }
     }
@@ -127,12 +135,17 @@ impl Shared {
                         Attempt::Again => {}
                     }
                 }
-                Err(OpError::Fatal(Fault(e))) if lost(&e) && reconnects > 0 => {
+                Err(OpError::Fatal(Fault(e))) if lost(&e) && !e.is_timeout() && reconnects > 0 => {
                     tracing::warn!(error = %describe(&e), context, "Redis connection lost before the commit; running the op again on another");
                     drop_broken(conn);
                     reconnects -= 1;
                 }
-                Err(OpError::Fatal(Fault(e))) => return Err(storage(context)(e)),
+                Err(OpError::Fatal(Fault(e))) => {
+                    if lost(&e) {
+                        drop_broken(conn);
+                    }
+                    return Err(storage(context)(e));
+                }
             }
         }
         Err(Error::Storage {
