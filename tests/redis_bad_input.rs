@@ -333,3 +333,54 @@ fn verify_reports_keys_written_by_something_else() -> TestResult {
     );
     Ok(())
 }
+
+/// `wait_replicas`: without a replica a write reports the shortfall (it
+/// stands on the primary); with one attached, writes return normally.
+#[test]
+fn wait_replicas_reports_a_shortfall_and_passes_with_a_replica() -> TestResult {
+    let Some(primary) = server(DURABLE)? else {
+        return Ok(());
+    };
+    let url = format!("redis://127.0.0.1:{}/", primary.port);
+    let key = idempotency::IdempotencyKey::new("wait", "k")?;
+    let fp = idempotency::Fingerprint::of_json(b"{}", &[])?;
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .wait_replicas(1, Duration::from_millis(200))
+        .open_redis(&url)?;
+    // The claim is a write: it waits too, and reports the shortfall.
+    let err = engine
+        .begin(&key, fp)
+        .err()
+        .ok_or("no replica acknowledged the claim: it must say so")?;
+    assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
+    // It stands on the primary.
+    let rec = engine.record(&key)?.ok_or("missing")?;
+    assert_eq!(rec.state, idempotency::State::Processing);
+    let port = primary.port.to_string();
+    let Some(_replica) = server(&[DURABLE, &["--replicaof", "127.0.0.1", &port]].concat())? else {
+        return Ok(());
+    };
+    let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut admin)?;
+        if info.contains("connected_slaves:1") && info.contains("state=online") {
+            break;
+        }
+        if Instant::now() > until {
+            return Err(format!("the replica never came online: {info}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .wait_replicas(1, Duration::from_secs(10))
+        .open_redis(&url)?;
+    let other = idempotency::IdempotencyKey::new("wait", "k2")?;
+    let idempotency::Begin::Claimed(claim) = engine.begin(&other, fp)? else {
+        return Err("a fresh key must be claimed".into());
+    };
+    engine.complete(claim, idempotency::Envelope::new(1, 200, "ok"))?;
+    Ok(())
+}

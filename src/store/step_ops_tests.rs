@@ -45,6 +45,8 @@ enum On {
     Redb,
     #[cfg(feature = "postgres")]
     Postgres,
+    #[cfg(feature = "redis")]
+    Redis,
 }
 
 /// Runs `test` on every backend there is (PostgreSQL only with
@@ -64,7 +66,59 @@ fn on_every_backend(
             );
         }
     }
+    #[cfg(feature = "redis")]
+    {
+        if std::env::var(REDIS_ENV).is_ok() {
+            test(&|expiry| fixture_on(On::Redis, name, expiry))?;
+        } else {
+            eprintln!(
+                "{name}: Redis part skipped ({REDIS_ENV} is not set; see scripts/with-redis)"
+            );
+        }
+    }
     Ok(())
+}
+
+#[cfg(feature = "redis")]
+const REDIS_ENV: &str = "IDEMPOTENCY_TEST_REDIS";
+
+/// A Redis store under a key prefix of its own, with the manual clock.
+#[cfg(feature = "redis")]
+fn redis_fixture(name: &str, expiry: ExpiryPolicy) -> R<Fixture> {
+    use crate::store::redis::{RedisOptions, RedisStore};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos();
+    let opts = RedisOptions {
+        url: std::env::var(REDIS_ENV)?,
+        prefix: format!(
+            "st:{}:{}:{}:{}:",
+            name.chars().take(16).collect::<String>(),
+            std::process::id(),
+            nanos % 100_000,
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        pool_size: 2,
+        connect_timeout: std::time::Duration::from_secs(5),
+        command_timeout: std::time::Duration::from_secs(10),
+        allow_volatile: false,
+        wait_replicas: None,
+    };
+    let clock = ManualClock::new(T0);
+    let cfg = StoreConfig {
+        ttl_ms: TTL_MS,
+        expiry,
+        max_response_bytes: 1 << 20,
+    };
+    let (store, _) = RedisStore::open(&opts, cfg, false, Arc::new(clock.clone()))?;
+    Ok(Fixture {
+        _dir: None,
+        clock,
+        store: Box::new(store),
+        key: IdempotencyKey::new("shop", "pay-1")?,
+    })
 }
 
 #[cfg(feature = "postgres")]
@@ -75,6 +129,8 @@ fn fixture_on(on: On, name: &str, expiry: ExpiryPolicy) -> R<Fixture> {
         On::Redb => fixture(expiry),
         #[cfg(feature = "postgres")]
         On::Postgres => pg_fixture(name, expiry),
+        #[cfg(feature = "redis")]
+        On::Redis => redis_fixture(name, expiry),
     }
     .map_err(|e| format!("{name} on {on:?}: {e}").into())
 }

@@ -17,8 +17,9 @@ use crate::key::IdempotencyKey;
 use crate::store::record::Record;
 use crate::store::{ClaimRequest, Claimed, ReadOrClaim};
 
-use super::conn::storage;
+use super::conn::{lost, storage};
 use super::keys::member;
+use super::shared::mark_broken;
 use super::shared::Shared;
 use super::txn::decode_value;
 
@@ -100,7 +101,7 @@ impl Shared {
             self.keys.all.as_bytes().to_vec(),
             self.keys.steps(&m),
         ];
-        let (token, value): (i64, Vec<u8>) = self.read(what, |c| {
+        let invoke = |c: &mut redis::Connection| -> redis::RedisResult<(i64, Vec<u8>)> {
             let mut inv = self.claim_script.prepare_invoke();
             for k in &keys {
                 inv.key(k.as_slice());
@@ -109,7 +110,32 @@ impl Shared {
                 .arg(framed.as_slice())
                 .arg(super::script::score(rec.lease_until_ms));
             inv.invoke(c)
-        })?;
+        };
+        let mut left = self.pool.max_size();
+        let (token, value) = loop {
+            let mut conn = self.conn(what)?;
+            match invoke(&mut conn.conn) {
+                Ok((token, value)) => {
+                    // A claim is a write: with `wait_replicas` it waits too
+                    // (a failover that lost it would let another engine
+                    // claim again).
+                    if token > 0 {
+                        self.wait_replicas(what, &mut conn.conn)?;
+                    }
+                    break (token, value);
+                }
+                Err(e) if lost(&e) && !e.is_timeout() && left > 0 => {
+                    mark_broken(&mut conn);
+                    left -= 1;
+                }
+                Err(e) => {
+                    if lost(&e) {
+                        mark_broken(&mut conn);
+                    }
+                    return Err(storage(what)(e));
+                }
+            }
+        };
         match token {
             -1 => Ok(ReadOrClaim::Read(None)),
             0 => decode_value(req.key.record_key(), &value)

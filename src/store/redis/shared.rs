@@ -67,11 +67,19 @@ impl Shared {
             let mut conn = self.conn(context)?;
             match f(&mut conn.conn) {
                 Ok(value) => return Ok(value),
-                Err(e) if lost(&e) && left > 0 => {
+                // A dead connection (a restarted server leaves the pool
+                // full of them) is replaced; a silent server is not asked
+                // again, so a call waits one timeout, not one per retry.
+                Err(e) if lost(&e) && !e.is_timeout() && left > 0 => {
                     drop_broken(conn);
                     left -= 1;
                 }
-                Err(e) => return Err(storage(context)(e)),
+                Err(e) => {
+                    if lost(&e) {
+                        drop_broken(conn);
+                    }
+                    return Err(storage(context)(e));
+                }
             }
         }
     }
@@ -127,12 +135,17 @@ impl Shared {
                         Attempt::Again => {}
                     }
                 }
-                Err(OpError::Fatal(Fault(e))) if lost(&e) && reconnects > 0 => {
+                Err(OpError::Fatal(Fault(e))) if lost(&e) && !e.is_timeout() && reconnects > 0 => {
                     tracing::warn!(error = %describe(&e), context, "Redis connection lost before the commit; running the op again on another");
                     drop_broken(conn);
                     reconnects -= 1;
                 }
-                Err(OpError::Fatal(Fault(e))) => return Err(storage(context)(e)),
+                Err(OpError::Fatal(Fault(e))) => {
+                    if lost(&e) {
+                        drop_broken(conn);
+                    }
+                    return Err(storage(context)(e));
+                }
             }
         }
         Err(Error::Storage {
@@ -247,8 +260,18 @@ impl Shared {
         };
         if now == probe.new {
             tracing::warn!(error = %describe(e), context, "a write's answer was lost; reading back shows it ran");
-            self.conn(context)
-                .and_then(|mut c| self.wait_replicas(context, &mut c.conn))?;
+            if self.wait_replicas.is_some() {
+                // `WAIT` counts the writes of its own connection: a no-op
+                // write (INCRBY 0, propagated all the same) first puts the
+                // lost write, earlier in the replication stream, behind it.
+                let mut c = self.conn(context)?;
+                let _: u64 = redis::cmd("INCRBY")
+                    .arg(&self.keys.token)
+                    .arg(0)
+                    .query(&mut c.conn)
+                    .map_err(storage(context))?;
+                self.wait_replicas(context, &mut c.conn)?;
+            }
             Ok(Attempt::Done(()))
         } else if now == probe.old {
             tracing::warn!(error = %describe(e), context, "a write's answer was lost; reading back shows it never ran; running it again");
@@ -272,7 +295,11 @@ impl Shared {
 
     /// `WAIT` for the configured replicas; fewer within the time is an
     /// error (the write stands on the primary).
-    fn wait_replicas(&self, context: &'static str, conn: &mut redis::Connection) -> Result<()> {
+    pub(super) fn wait_replicas(
+        &self,
+        context: &'static str,
+        conn: &mut redis::Connection,
+    ) -> Result<()> {
         let Some((replicas, timeout)) = self.wait_replicas else {
             return Ok(());
         };
