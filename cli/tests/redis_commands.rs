@@ -107,9 +107,9 @@ fn commands_read_and_settle_records_on_redis() -> TestResult {
         listed.contains("a-done") && listed.contains("b-unknown"),
         "{listed}"
     );
-    // `--limit`: without one the backend sends `ZRANGE … LIMIT 0
-    // 18446744073709551615`, which Redis refuses (reported to branch redis).
-    let unknown = idem_ok(with(&["unknown", &url, "--limit", "100"]))?;
+    // No `--limit`: "all of them" must reach Redis as a count it takes
+    // (it refuses `LIMIT 0 18446744073709551615`).
+    let unknown = idem_ok(with(&["unknown", &url]))?;
     assert!(
         unknown.contains("b-unknown") && !unknown.contains("a-done"),
         "{unknown}"

@@ -55,7 +55,9 @@ impl Shared {
                 .arg("BYSCORE")
                 .arg("LIMIT")
                 .arg(0)
-                .arg(limit)
+                // Redis takes a signed 64-bit count: `usize::MAX` ("no
+                // limit", as `idem unknown` asks) is refused as out of range.
+                .arg(i64::try_from(limit).unwrap_or(i64::MAX))
                 .arg("WITHSCORES")
                 .query(c)
         })
