@@ -78,6 +78,13 @@ pub enum Damage {
         /// What the decoder found.
         reason: String,
     },
+    /// A dead letter does not decode or fails its checksum.
+    UndecodableDeadLetter {
+        /// Its sequence number.
+        seq: u64,
+        /// What the decoder found.
+        reason: String,
+    },
     /// An entity's state does not decode or fails its checksum.
     UndecodableEntity {
         /// The entity id.
@@ -267,6 +274,9 @@ impl fmt::Display for Damage {
             }
             Damage::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
+            }
+            Damage::UndecodableDeadLetter { seq, reason } => {
+                write!(f, "dead letter #{seq} does not decode: {reason}")
             }
             Damage::UndecodableStep { .. } | Damage::UndecodableHistory { .. } => {
                 fmt_step_damage(self, f)

@@ -31,6 +31,8 @@ impl Shared {
         let fetch = format!("FETCH {PAGE_ROWS} FROM idempotency_verify");
         let steps_table = self.names.steps.clone();
         let history_table = self.names.history.clone();
+        let letters_table = self.names.dead_letters.clone();
+        let select_letters = format!("SELECT seq, letter FROM {letters_table} ORDER BY seq");
         let declare_steps = format!(
             "DECLARE idempotency_verify_steps NO SCROLL CURSOR FOR
              SELECT scope, key, name, step FROM {steps_table} ORDER BY scope, key, name"
@@ -105,6 +107,18 @@ impl Shared {
                                 reason: e.to_string(),
                             });
                         }
+                    }
+                }
+            }
+            // Dead letters: an operator's short list, read whole.
+            if exists(&mut tx, &letters_table)? {
+                for row in tx.query(&select_letters, &[])? {
+                    let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+                    if let Err(e) = codec::decode_dead_letter(seq, row.get::<_, &[u8]>(1)) {
+                        problems.push(Damage::UndecodableDeadLetter {
+                            seq,
+                            reason: e.to_string(),
+                        });
                     }
                 }
             }

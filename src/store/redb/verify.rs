@@ -17,7 +17,8 @@ use crate::verify::Damage;
 
 use super::meta::{self, Found, MetaError};
 use super::tables::{
-    Context, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+    Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
+    STEPS,
 };
 
 /// Scrubs the whole database in one read snapshot; returns every problem
@@ -122,6 +123,21 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
         }
     }
     step_damage(&txn, &mut problems)?;
+    match txn.open_table(DEAD_LETTERS) {
+        Ok(letters) => {
+            for entry in letters.iter().context(what)? {
+                let (seq, v) = entry.context(what)?;
+                if let Err(e) = codec::decode_dead_letter(seq.value(), v.value()) {
+                    problems.push(Damage::UndecodableDeadLetter {
+                        seq: seq.value(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(e).context(what),
+    }
     Ok((problems, checked))
 }
 
