@@ -55,7 +55,7 @@ pub struct Delivery<'a> {
 }
 
 /// The message id a redrive publishes `letter` under: a new id, so neither
-/// the broker's dedup window nor the inbox's FINAL_FAILURE mark of the
+/// the broker's dedup window nor the inbox's `FINAL_FAILURE` mark of the
 /// original drops it, and a valid key whenever the original id was one.
 pub(crate) fn redrive_id(letter: &DeadLetter) -> String {
     let suffix = format!("~redrive{}@{}", letter.seq, letter.dead_at_ms);

@@ -134,6 +134,10 @@ mod engine;
 #[cfg(feature = "http")]
 pub mod http;
 
+// Layer 5, the JetStream adapter, beside HTTP at the top.
+#[cfg(feature = "nats")]
+pub mod nats;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dead_letter::{DeadLetter, Delivery};
 pub use engine::begin::Begin;

@@ -208,9 +208,13 @@ pub(crate) fn shown(key_hex: &str) -> String {
         .map_or_else(|| key_hex.to_string(), |key| key.to_string())
 }
 
-/// The `Display` of the damage to effect steps and the evidence log.
+/// The `Display` of the damage to effect steps, the evidence log and the
+/// dead letters (the tables added after format 2's first three).
 fn fmt_step_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match d {
+        Damage::UndecodableDeadLetter { seq, reason } => {
+            write!(f, "dead letter #{seq} does not decode: {reason}")
+        }
         Damage::UndecodableStep {
             key_hex,
             step,
@@ -275,12 +279,9 @@ impl fmt::Display for Damage {
             Damage::UndecodableEntity { entity, reason } => {
                 write!(f, "entity {entity:?} does not decode: {reason}")
             }
-            Damage::UndecodableDeadLetter { seq, reason } => {
-                write!(f, "dead letter #{seq} does not decode: {reason}")
-            }
-            Damage::UndecodableStep { .. } | Damage::UndecodableHistory { .. } => {
-                fmt_step_damage(self, f)
-            }
+            Damage::UndecodableStep { .. }
+            | Damage::UndecodableHistory { .. }
+            | Damage::UndecodableDeadLetter { .. } => fmt_step_damage(self, f),
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }

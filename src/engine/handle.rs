@@ -610,7 +610,7 @@ impl Engine {
     /// Moves dead letter `seq` back for redelivery: removed from the list
     /// and put in the outbox (same topic and payload) in one write, under
     /// a new message id `<id>~redrive<seq>@<dead_at_ms>`, so neither the
-    /// broker's dedup window nor the original's FINAL_FAILURE inbox mark
+    /// broker's dedup window nor the original's `FINAL_FAILURE` inbox mark
     /// drops it. Returns that id, or `None` if there is no such letter.
     ///
     /// # Errors

@@ -80,7 +80,7 @@ pub enum AfterFailure {
     Redeliver,
     /// The last allowed delivery ([`crate::EngineBuilder::dead_letter_after`]):
     /// the message is in the dead-letter list under `seq` and its inbox
-    /// record is FINAL_FAILURE, so a redelivery is a `Duplicate`; ack (or
+    /// record is `FINAL_FAILURE`, so a redelivery is a `Duplicate`; ack (or
     /// terminate) it at the broker.
     DeadLettered {
         /// Its position in the dead-letter list.
@@ -300,7 +300,7 @@ impl Ticket<'_> {
     /// happened): released for redelivery before the last allowed
     /// delivery ([`crate::EngineBuilder::dead_letter_after`]); on it, the
     /// message goes to the dead letters with `reason` and its inbox record
-    /// becomes FINAL_FAILURE, in one write. A handler that may have had a
+    /// becomes `FINAL_FAILURE`, in one write. A handler that may have had a
     /// side effect must not call this: drop the ticket (in doubt) or
     /// complete it.
     ///

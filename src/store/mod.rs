@@ -123,7 +123,7 @@ pub(crate) struct CompleteRequest {
 /// Giving a message up (see `Ops::dead_letter`).
 #[derive(Clone, Debug)]
 pub(crate) struct DeadLetterRequest {
-    /// The inbox claim to complete as FINAL_FAILURE in the same write
+    /// The inbox claim to complete as `FINAL_FAILURE` in the same write
     /// (`None`: a bad message, which never had a valid key).
     pub(crate) claim: Option<GiveUpClaim>,
     pub(crate) letter: DeadLetter,

@@ -651,7 +651,7 @@ pub(crate) trait Ops: Txn + Sized {
     }
 
     /// Gives a message up: the claim (if any) is completed as
-    /// FINAL_FAILURE, so a redelivery is a duplicate, and the letter is
+    /// `FINAL_FAILURE`, so a redelivery is a duplicate, and the letter is
     /// appended to the dead-letter list, in one write.
     fn dead_letter(&mut self, req: DeadLetterRequest) -> OpResult<u64, Self::Fatal> {
         if let Some(claim) = req.claim {

@@ -112,15 +112,11 @@ impl Shared {
             }
             // Dead letters: an operator's short list, read whole.
             if exists(&mut tx, &letters_table)? {
-                for row in tx.query(&select_letters, &[])? {
-                    let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-                    if let Err(e) = codec::decode_dead_letter(seq, row.get::<_, &[u8]>(1)) {
-                        problems.push(Damage::UndecodableDeadLetter {
-                            seq,
-                            reason: e.to_string(),
-                        });
-                    }
-                }
+                problems.extend(
+                    tx.query(&select_letters, &[])?
+                        .iter()
+                        .filter_map(letter_damage),
+                );
             }
             tx.commit()?;
             Ok((problems, checked))
@@ -175,4 +171,16 @@ fn check_row(row: &tokio_postgres::Row, problems: &mut Vec<Damage>) {
             key_hex,
         });
     }
+}
+
+/// The damage of one dead-letter row (`seq`, `letter`), if it does not
+/// decode under its seq.
+fn letter_damage(row: &tokio_postgres::Row) -> Option<Damage> {
+    let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+    codec::decode_dead_letter(seq, row.get::<_, &[u8]>(1))
+        .err()
+        .map(|e| Damage::UndecodableDeadLetter {
+            seq,
+            reason: e.to_string(),
+        })
 }
