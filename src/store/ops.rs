@@ -76,8 +76,10 @@ pub(crate) trait Txn {
     /// number, dead at `now` (its `seq` and `dead_at_ms` are ignored);
     /// returns the sequence number.
     fn push_dead_letter(&mut self, letter: DeadLetter) -> Result<u64, Self::Fatal>;
-    /// Removes dead letter `seq` and returns it as it was stored.
-    fn take_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Self::Fatal>;
+    /// Dead letter `seq` as stored.
+    fn load_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Self::Fatal>;
+    /// Removes dead letter `seq`.
+    fn remove_dead_letter(&mut self, seq: u64) -> Result<(), Self::Fatal>;
     /// An entity's state, locked like a record.
     fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Self::Fatal>;
     fn store_entity(&mut self, entity: &str, state: &EntityState) -> Result<(), Self::Fatal>;
@@ -671,7 +673,9 @@ pub(crate) trait Ops: Txn + Sized {
     /// `dead_letter::redrive_id`), in one write; the new outbox id, or
     /// `None` when there is no such dead letter.
     fn redrive(&mut self, seq: u64) -> OpResult<Option<String>, Self::Fatal> {
-        let letter = match self.take_dead_letter(seq).map_err(OpError::Fatal)? {
+        // Checked before anything is written: a letter that does not
+        // decode is refused and stays listed.
+        let letter = match self.load_dead_letter(seq).map_err(OpError::Fatal)? {
             None => return Ok(None),
             Some(Ok(letter)) => letter,
             Some(Err(e)) => {
@@ -682,6 +686,7 @@ pub(crate) trait Ops: Txn + Sized {
             }
         };
         let id = redrive_id(&letter);
+        self.remove_dead_letter(seq).map_err(OpError::Fatal)?;
         self.push_outbox(
             id.clone(),
             OutgoingMessage::new(letter.topic, letter.payload),

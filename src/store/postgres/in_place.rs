@@ -222,7 +222,11 @@ impl Txn for Recorder<'_> {
         Err(())
     }
 
-    fn take_dead_letter(&mut self, _: u64) -> Result<Loaded<crate::dead_letter::DeadLetter>, ()> {
+    fn load_dead_letter(&mut self, _: u64) -> Result<Loaded<crate::dead_letter::DeadLetter>, ()> {
+        Err(())
+    }
+
+    fn remove_dead_letter(&mut self, _: u64) -> Result<(), ()> {
         Err(())
     }
 

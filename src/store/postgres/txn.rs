@@ -201,15 +201,22 @@ impl Txn for PgTxn<'_, '_> {
         Ok(seq)
     }
 
-    fn take_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Fault> {
+    fn load_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Fault> {
         let sql = format!(
-            "DELETE FROM {} WHERE seq = $1 RETURNING letter",
+            "SELECT letter FROM {} WHERE seq = $1 FOR UPDATE",
             self.names.dead_letters
         );
         let rows = self.tx.query_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?;
         Ok(rows
             .first()
             .map(|row| codec::decode_dead_letter(seq, row.get::<_, &[u8]>(0))))
+    }
+
+    fn remove_dead_letter(&mut self, seq: u64) -> Result<(), Fault> {
+        let sql = format!("DELETE FROM {} WHERE seq = $1", self.names.dead_letters);
+        self.tx
+            .execute_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?;
+        Ok(())
     }
 
     fn load_steps(&mut self, key: &IdempotencyKey) -> Result<Vec<LoadedStep>, Fault> {

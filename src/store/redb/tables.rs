@@ -382,19 +382,23 @@ impl Txn for Tables<'_> {
         Ok(seq)
     }
 
-    fn take_dead_letter(
+    fn load_dead_letter(
         &mut self,
         seq: u64,
     ) -> std::result::Result<Loaded<DeadLetter>, redb::Error> {
-        let mut table = self.txn.open_table(DEAD_LETTERS)?;
-        let taken = table
-            .remove(seq)?
+        let table = self.txn.open_table(DEAD_LETTERS)?;
+        let loaded = table
+            .get(seq)?
             .map(|v| codec::decode_dead_letter(seq, v.value()));
-        drop(table);
-        if taken.is_some() {
+        Ok(loaded)
+    }
+
+    fn remove_dead_letter(&mut self, seq: u64) -> std::result::Result<(), redb::Error> {
+        let removed = self.txn.open_table(DEAD_LETTERS)?.remove(seq)?.is_some();
+        if removed {
             self.log(|| Change::DelDeadLetter { seq });
         }
-        Ok(taken)
+        Ok(())
     }
 
     fn load_steps(
