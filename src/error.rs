@@ -599,6 +599,8 @@ pub enum Corrupted {
     RecordKey(String),
     /// An outbox message, by its sequence number.
     OutboxMessage(u64),
+    /// A dead letter, by its sequence number.
+    DeadLetter(u64),
     /// An entity's stored state, by the entity id.
     Entity(String),
     /// An effect step of a key, by the key and the step name.
@@ -629,6 +631,7 @@ impl std::fmt::Display for Corrupted {
             Corrupted::Record(key) => write!(f, "record for {key}"),
             Corrupted::RecordKey(key_hex) => write!(f, "record key {key_hex}"),
             Corrupted::OutboxMessage(seq) => write!(f, "outbox message #{seq}"),
+            Corrupted::DeadLetter(seq) => write!(f, "dead letter #{seq}"),
             Corrupted::Entity(entity) => write!(f, "entity {entity:?}"),
             Corrupted::Step { key, step } => write!(f, "effect step {step:?} of {key}"),
             Corrupted::History { key, seq } => write!(f, "evidence log entry #{seq} of {key}"),

@@ -106,6 +106,7 @@
 // Layer 1, the public value types: they import nothing above them.
 pub mod canonical;
 mod clock;
+mod dead_letter;
 mod envelope;
 mod error;
 mod fingerprint;
@@ -133,13 +134,18 @@ mod engine;
 #[cfg(feature = "http")]
 pub mod http;
 
+// Layer 5, the JetStream adapter, beside HTTP at the top.
+#[cfg(feature = "nats")]
+pub mod nats;
+
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use dead_letter::{DeadLetter, Delivery};
 pub use engine::begin::Begin;
 pub use engine::builder::EngineBuilder;
 pub use engine::claim::Claim;
 pub use engine::effects::Effects;
 pub use engine::handle::Engine;
-pub use engine::inbox::{Inbox, Processed, Receive, Ticket};
+pub use engine::inbox::{AfterFailure, Inbox, Processed, Receive, Ticket};
 pub use engine::inspect::{RecordFilter, RecordInfo, Stats};
 pub use engine::local::LocalRun;
 pub use engine::outbox::Outbox;

@@ -78,6 +78,13 @@ pub enum Damage {
         /// What the decoder found.
         reason: String,
     },
+    /// A dead letter does not decode or fails its checksum.
+    UndecodableDeadLetter {
+        /// Its sequence number.
+        seq: u64,
+        /// What the decoder found.
+        reason: String,
+    },
     /// An entity's state does not decode or fails its checksum.
     UndecodableEntity {
         /// The entity id.
@@ -209,14 +216,18 @@ pub(crate) fn shown(key_hex: &str) -> String {
         .map_or_else(|| key_hex.to_string(), |key| key.to_string())
 }
 
-/// The `Display` of the damage to effect steps and the evidence log (and
-/// of a foreign key under a Redis prefix).
+/// The `Display` of the damage to effect steps, the evidence log and the
+/// dead letters (the tables added after format 2's first three), and of a
+/// foreign key under a Redis prefix.
 fn fmt_step_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match d {
         Damage::ForeignKey { key } => write!(
             f,
             "key {key:?} under the engine's Redis prefix was not written by the engine"
         ),
+        Damage::UndecodableDeadLetter { seq, reason } => {
+            write!(f, "dead letter #{seq} does not decode: {reason}")
+        }
         Damage::UndecodableStep {
             key_hex,
             step,
@@ -283,7 +294,8 @@ impl fmt::Display for Damage {
             }
             Damage::UndecodableStep { .. }
             | Damage::UndecodableHistory { .. }
-            | Damage::ForeignKey { .. } => fmt_step_damage(self, f),
+            | Damage::ForeignKey { .. }
+            | Damage::UndecodableDeadLetter { .. } => fmt_step_damage(self, f),
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }

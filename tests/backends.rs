@@ -19,6 +19,7 @@ mod backends {
 
     mod concurrent;
     mod database_clock;
+    mod dead_letters;
     mod early;
     mod expiry;
     mod fencing;

@@ -1,6 +1,6 @@
 //! Guards the crate's four layers (see `docs/design.md`): public value
 //! types at the bottom, the private store layer above them, the engine above
-//! the store, the HTTP adapter on top. An import that runs up a layer, or a
+//! the store, the HTTP adapter and the JetStream adapter (`nats`) on top. An import that runs up a layer, or a
 //! cycle of imports spanning more than two files, is how a layer starts to
 //! leak; this test names the file and the line of each one.
 //!
@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["store"]),
     ("engine", &["engine"]),
     ("http", &["http"]),
+    ("nats", &["nats"]),
 ];
 
 /// Imports allowed to run up a layer, as (importing file, imported file).

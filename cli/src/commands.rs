@@ -572,6 +572,82 @@ pub fn resolve_step<W: Write>(
 }
 
 /// `idem sweep`: one full sweep pass.
+/// `idem dead-letters`: one row per dead letter, oldest first.
+pub fn dead_letters<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W) -> CliResult {
+    let now = engine.clock().now_ms();
+    let letters = engine.dead_letters(limit)?;
+    if json {
+        let items: Vec<Value> = letters
+            .iter()
+            .map(|d| {
+                json!({
+                    "seq": d.seq,
+                    "consumer": d.consumer,
+                    "message_id": d.message_id,
+                    "topic": d.topic,
+                    "attempts": d.attempts,
+                    "reason": d.reason,
+                    "dead_at_ms": d.dead_at_ms,
+                    "payload_bytes": d.payload.len(),
+                    "payload": String::from_utf8_lossy(&d.payload),
+                    "payload_hex": d.payload.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                })
+            })
+            .collect();
+        return print_json(out, &Value::Array(items));
+    }
+    if letters.is_empty() {
+        writeln!(out, "no dead letters")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = letters
+        .iter()
+        .map(|d| {
+            vec![
+                d.seq.to_string(),
+                escape_controls(&d.consumer),
+                if d.message_id.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    escape_controls(&d.message_id)
+                },
+                escape_controls(&d.topic),
+                d.attempts.to_string(),
+                human_ms(now.saturating_sub(d.dead_at_ms)),
+                format!("{} B", d.payload.len()),
+                escape_controls(&d.reason),
+            ]
+        })
+        .collect();
+    let header = [
+        "SEQ",
+        "CONSUMER",
+        "MESSAGE ID",
+        "TOPIC",
+        "ATTEMPTS",
+        "AGE",
+        "PAYLOAD",
+        "REASON",
+    ];
+    render::table(out, &header, &rows)?;
+    Ok(())
+}
+
+/// `idem redrive`: dead letter `seq` back to the outbox.
+pub fn redrive<W: Write>(engine: &Engine, seq: u64, out: &mut W) -> CliResult {
+    match engine.redrive(seq)? {
+        Some(id) => {
+            writeln!(
+                out,
+                "dead letter #{seq} is in the outbox as message {}",
+                escape_controls(&id)
+            )?;
+            Ok(())
+        }
+        None => Err(format!("no dead letter #{seq} (list them with `idem dead-letters`)").into()),
+    }
+}
+
 pub fn sweep<W: Write>(engine: &Engine, out: &mut W) -> CliResult {
     let c = engine.sweep_now()?;
     writeln!(

@@ -145,6 +145,28 @@ enum Command {
         #[arg(long, value_name = "EVIDENCE", requires = "step")]
         executed: Option<String>,
     },
+    /// List dead letters, oldest first: messages an inbox gave up on after
+    /// clean failures (or refused as bad input). Messages in doubt are never
+    /// here: they are listed by `unknown`.
+    DeadLetters {
+        /// The database file, or a PostgreSQL connection string.
+        db: PathBuf,
+        /// One JSON array of objects (payloads as lossy UTF-8 and hex).
+        #[arg(long)]
+        json: bool,
+        /// At most this many rows.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Move one dead letter back for redelivery: out of the list and into
+    /// the outbox (same topic and payload) in one write, under a new
+    /// message id `<id>~redrive<seq>@<dead_at_ms>` that the relay publishes.
+    Redrive {
+        /// The database file, or a PostgreSQL connection string.
+        db: PathBuf,
+        /// The dead letter's SEQ, as `dead-letters` lists it.
+        seq: u64,
+    },
     /// Run one sweep pass: stale claims to UNKNOWN, expired records deleted
     /// or tombstoned.
     Sweep {
@@ -330,6 +352,13 @@ fn run<W: Write, E: Write>(
             let engine = open(&db, builder())?;
             commands::resolve(&engine, &key, resolution, &reason, out)
         }
+        Command::DeadLetters { db, json, limit } => commands::dead_letters(
+            &open_read_only(&db, builder())?,
+            limit.unwrap_or(usize::MAX),
+            json,
+            out,
+        ),
+        Command::Redrive { db, seq } => commands::redrive(&open(&db, builder())?, seq, out),
         Command::Sweep { db } => commands::sweep(&open(&db, builder())?, out),
         Command::Stats { db, json } => commands::stats(&open_read_only(&db, builder())?, json, out),
         Command::Verify { db, json } => {

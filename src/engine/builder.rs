@@ -130,6 +130,17 @@ impl EngineBuilder {
         self
     }
 
+    /// How many deliveries of one message may fail *cleanly* (a
+    /// `Failure::Retryable`, or an error before any side effect) before
+    /// [`Inbox::fail_cleanly`](crate::Inbox::fail_cleanly) gives it up to
+    /// the dead letters instead of asking for a redelivery. Default 5;
+    /// at least 1. A message whose handler died mid-effect never counts
+    /// here: it is in doubt, for the resolver.
+    pub fn dead_letter_after(mut self, deliveries: u32) -> Self {
+        self.cfg.dead_letter_after = deliveries.max(1);
+        self
+    }
+
     /// Largest response `complete` stores, in bytes as
     /// [`Envelope::size_bytes`](crate::Envelope::size_bytes) counts them
     /// (the body, plus each header's name, value and 32 bytes). Clamped to

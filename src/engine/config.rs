@@ -36,6 +36,9 @@ pub(crate) struct Config {
     /// Shortest time between two resolver questions about one dropped
     /// claim while its lease runs (see `engine/early.rs`).
     pub(crate) resolver_interval: Duration,
+    /// Deliveries after which a message that keeps failing cleanly goes to
+    /// the dead letters (see `EngineBuilder::dead_letter_after`), >= 1.
+    pub(crate) dead_letter_after: u32,
 }
 
 impl Config {
@@ -68,6 +71,7 @@ impl Default for Config {
             sweep_batch: 64,
             recovery_reserve: crate::store::redb::DEFAULT_RECOVERY_RESERVE,
             resolver_interval: Duration::from_secs(1),
+            dead_letter_after: 5,
         }
     }
 }
@@ -91,6 +95,7 @@ impl fmt::Debug for Config {
             .field("sweep_batch", &self.sweep_batch)
             .field("recovery_reserve", &self.recovery_reserve)
             .field("resolver_interval", &self.resolver_interval)
+            .field("dead_letter_after", &self.dead_letter_after)
             .finish()
     }
 }

@@ -594,6 +594,33 @@ impl Engine {
         entity::state(&self.core, entity)
     }
 
+    /// Up to `limit` dead letters, oldest first: messages an inbox gave
+    /// up on ([`Inbox::fail_cleanly`] on the last allowed delivery,
+    /// [`Inbox::reject`]). Messages in doubt are never here (see
+    /// [`Engine::in_doubt`]).
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`Error::Corrupt`] for a dead letter that does not
+    /// decode.
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<crate::DeadLetter>> {
+        self.core.store.dead_letters(limit)
+    }
+
+    /// Moves dead letter `seq` back for redelivery: removed from the list
+    /// and put in the outbox (same topic and payload) in one write, under
+    /// a new message id `<id>~redrive<seq>@<dead_at_ms>`, so neither the
+    /// broker's dedup window nor the original's `FINAL_FAILURE` inbox mark
+    /// drops it. Returns that id, or `None` if there is no such letter.
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`Error::Corrupt`] for a dead letter that does not
+    /// decode (it stays listed).
+    pub fn redrive(&self, seq: u64) -> Result<Option<String>> {
+        self.core.store.redrive(seq)
+    }
+
     /// The outbox relay API.
     pub fn outbox(&self) -> Outbox<'_> {
         Outbox::new(&self.core)

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::dead_letter::{DeadLetter, Delivery};
 use crate::engine::begin::Begin;
 use crate::engine::claim::Claim;
 use crate::engine::core::Core;
@@ -17,7 +18,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::outcome::InDoubt;
-use crate::store::{Completion, LocalTx};
+use crate::store::{Completion, DeadLetterRequest, GiveUpClaim, LocalTx, StoredResponse};
 
 /// A consumer's inbox, from [`crate::Engine::inbox`].
 #[derive(Clone)]
@@ -67,6 +68,30 @@ pub enum Processed {
     },
     /// A `receive`-based consumer crashed holding it: resolve it first.
     InDoubt(InDoubt),
+}
+
+/// What a clean failure led to ([`Ticket::fail_cleanly`],
+/// [`Inbox::fail_cleanly`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AfterFailure {
+    /// Released (nothing happened, nothing kept): nak it so the broker
+    /// redelivers.
+    Redeliver,
+    /// The last allowed delivery ([`crate::EngineBuilder::dead_letter_after`]):
+    /// the message is in the dead-letter list under `seq` and its inbox
+    /// record is `FINAL_FAILURE`, so a redelivery is a `Duplicate`; ack (or
+    /// terminate) it at the broker.
+    DeadLettered {
+        /// Its position in the dead-letter list.
+        seq: u64,
+    },
+    /// Not this consumer's to give up (nothing written): the message was
+    /// processed already (`Duplicate`: ack it), another consumer holds it
+    /// (`Processing`), or it is in doubt (`InDoubt`: a handler died
+    /// mid-effect, so it belongs to the resolver, never to the dead
+    /// letters).
+    NotFree(Processed),
 }
 
 /// The right to process one message once.
@@ -167,6 +192,53 @@ impl<'e> Inbox<'e> {
         })
     }
 
+    /// Records that the handler of `delivery` failed *cleanly*: nothing
+    /// happened (a `Failure::Retryable`, or an error before any side
+    /// effect, such as a [`crate::Error::LocalWrite`] from
+    /// [`Inbox::process_local`], which stored nothing). Before the last
+    /// allowed delivery it writes nothing and answers `Redeliver`; on it
+    /// (`delivery.attempt >=` [`crate::EngineBuilder::dead_letter_after`])
+    /// it claims the message and gives it up to the dead letters with
+    /// `reason`, in one write. A message that is not free (processed,
+    /// held, or in doubt) is never dead-lettered: `NotFree`.
+    ///
+    /// For a handler that holds a [`Ticket`], use [`Ticket::fail_cleanly`].
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::InvalidKey`] for a bad message id (use
+    /// [`Inbox::reject`] for those); storage errors.
+    pub fn fail_cleanly(&self, delivery: &Delivery<'_>, reason: &str) -> Result<AfterFailure> {
+        let key = IdempotencyKey::inbox(&self.consumer, delivery.message_id)?;
+        if delivery.attempt < self.core.cfg.dead_letter_after {
+            return Ok(AfterFailure::Redeliver);
+        }
+        match self.receive(key.key())? {
+            Receive::Fresh(ticket) => ticket.give_up(&self.consumer, delivery, reason),
+            Receive::Duplicate => Ok(AfterFailure::NotFree(Processed::Duplicate)),
+            Receive::Processing { retry_after } => {
+                Ok(AfterFailure::NotFree(Processed::Processing { retry_after }))
+            }
+            Receive::InDoubt(in_doubt) => Ok(AfterFailure::NotFree(Processed::InDoubt(in_doubt))),
+        }
+    }
+
+    /// Gives up a message that cannot be processed at all (no id, an id
+    /// over [`crate::MAX_KEY_BYTES`], control characters, a payload the
+    /// app cannot parse): it goes to the dead letters at once with
+    /// `reason`, under no inbox key (a bad id is none). Returns its seq.
+    ///
+    /// # Errors
+    ///
+    /// Storage errors only: bad input is what this takes.
+    pub fn reject(&self, delivery: &Delivery<'_>, reason: &str) -> Result<u64> {
+        tracing::warn!(consumer = %self.consumer, message_id = ?delivery.message_id, reason, "message rejected to the dead letters");
+        self.core.store.dead_letter(DeadLetterRequest {
+            claim: None,
+            letter: letter(&self.consumer, delivery, reason),
+        })
+    }
+
     /// The consumer name.
     pub fn consumer(&self) -> &str {
         &self.consumer
@@ -224,6 +296,56 @@ impl Ticket<'_> {
         })
     }
 
+    /// Records that the handler failed *cleanly* on `delivery` (nothing
+    /// happened): released for redelivery before the last allowed
+    /// delivery ([`crate::EngineBuilder::dead_letter_after`]); on it, the
+    /// message goes to the dead letters with `reason` and its inbox record
+    /// becomes `FINAL_FAILURE`, in one write. A handler that may have had a
+    /// side effect must not call this: drop the ticket (in doubt) or
+    /// complete it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`crate::Engine::fail`].
+    pub fn fail_cleanly(self, delivery: &Delivery<'_>, reason: &str) -> Result<AfterFailure> {
+        if delivery.attempt < self.core.cfg.dead_letter_after {
+            self.release()?;
+            return Ok(AfterFailure::Redeliver);
+        }
+        let consumer = self
+            .claim
+            .key()
+            .scope()
+            .strip_prefix("@inbox:")
+            .unwrap_or_default()
+            .to_owned();
+        self.give_up(&consumer, delivery, reason)
+    }
+
+    fn give_up(
+        self,
+        consumer: &str,
+        delivery: &Delivery<'_>,
+        reason: &str,
+    ) -> Result<AfterFailure> {
+        let core = self.core;
+        let mut claim = core.own_claim(self.claim)?;
+        let finished = claim.take_deferred();
+        let (key, token) = claim.finish();
+        let body = format!("dead-lettered: {reason}").into_bytes();
+        let seq = core.store.dead_letter(DeadLetterRequest {
+            claim: Some(GiveUpClaim {
+                key: key.clone(),
+                token,
+                response: StoredResponse::new(Envelope::new(0, 500, body), None),
+                finished,
+            }),
+            letter: letter(consumer, delivery, reason),
+        })?;
+        tracing::warn!(key = %key, seq, attempts = delivery.attempt, reason, "message given up to the dead letters");
+        Ok(AfterFailure::DeadLettered { seq })
+    }
+
     /// Frees the message for redelivery: nothing happened.
     ///
     /// # Errors
@@ -231,6 +353,19 @@ impl Ticket<'_> {
     /// As for [`crate::Engine::fail`].
     pub fn release(self) -> Result<()> {
         self.core.release(self.claim).wait()
+    }
+}
+
+fn letter(consumer: &str, delivery: &Delivery<'_>, reason: &str) -> DeadLetter {
+    DeadLetter {
+        seq: 0,
+        consumer: consumer.to_owned(),
+        message_id: delivery.message_id.to_owned(),
+        topic: delivery.topic.to_owned(),
+        payload: delivery.payload.to_vec(),
+        attempts: delivery.attempt,
+        reason: reason.to_owned(),
+        dead_at_ms: 0,
     }
 }
 

@@ -111,7 +111,8 @@ use crate::message::OutboxEntry;
 
 use super::record::{EntityState, Record};
 use super::step::{HistoryRecord, StepRecord};
-use super::wire::{EntityWire, HistoryWire, OutboxWire, RecordWire, StepWire};
+use super::wire::{DeadLetterWire, EntityWire, HistoryWire, OutboxWire, RecordWire, StepWire};
+use crate::dead_letter::DeadLetter;
 
 /// The format this build writes (and the newest it reads).
 pub(crate) const FORMAT_VERSION: u8 = 2;
@@ -136,6 +137,7 @@ const ENTITY_TAG: &[u8] = b"idempotency.entity\0";
 const META_TAG: &[u8] = b"idempotency.meta\0";
 const STEP_TAG: &[u8] = b"idempotency.step\0";
 const HISTORY_TAG: &[u8] = b"idempotency.history\0";
+const DEAD_LETTER_TAG: &[u8] = b"idempotency.dead_letter\0";
 
 /// Why a value failed to decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +192,22 @@ pub(crate) fn encode_outbox(seq: u64, entry: &OutboxEntry) -> Vec<u8> {
 /// The outbox message stored under sequence number `seq`.
 pub(crate) fn decode_outbox(seq: u64, bytes: &[u8]) -> Result<OutboxEntry, DecodeError> {
     decode_checked::<OutboxWire>(OUTBOX_TAG, &seq.to_le_bytes(), bytes).map(OutboxEntry::from)
+}
+
+/// Dead letter `seq` (`idempotency.dead_letters`, redb; keyed like an
+/// outbox message, by its sequence number as u64 LE, under its own tag).
+pub(crate) fn encode_dead_letter(seq: u64, letter: &DeadLetter) -> Vec<u8> {
+    encode_checked(
+        DEAD_LETTER_TAG,
+        &seq.to_le_bytes(),
+        &DeadLetterWire::from(letter),
+    )
+}
+
+/// The dead letter stored under sequence number `seq`.
+pub(crate) fn decode_dead_letter(seq: u64, bytes: &[u8]) -> Result<DeadLetter, DecodeError> {
+    decode_checked::<DeadLetterWire>(DEAD_LETTER_TAG, &seq.to_le_bytes(), bytes)
+        .map(DeadLetter::from)
 }
 
 /// The state of entity `id`.

@@ -35,6 +35,7 @@ pub(crate) mod step_ops;
 mod step_ops_tests;
 mod wire;
 
+use crate::dead_letter::DeadLetter;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
@@ -118,6 +119,24 @@ pub(crate) struct CompleteRequest {
     pub(crate) messages: Vec<OutgoingMessage>,
     /// The claim's deferred step confirmations and rejections, stored in
     /// the same transaction before the outcome.
+    pub(crate) finished: Vec<step::StepFinish>,
+}
+
+/// Giving a message up (see `Ops::dead_letter`).
+#[derive(Clone, Debug)]
+pub(crate) struct DeadLetterRequest {
+    /// The inbox claim to complete as `FINAL_FAILURE` in the same write
+    /// (`None`: a bad message, which never had a valid key).
+    pub(crate) claim: Option<GiveUpClaim>,
+    pub(crate) letter: DeadLetter,
+}
+
+/// The claim a dead letter settles.
+#[derive(Clone, Debug)]
+pub(crate) struct GiveUpClaim {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: u64,
+    pub(crate) response: StoredResponse,
     pub(crate) finished: Vec<step::StepFinish>,
 }
 
@@ -228,6 +247,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn sweep_due(&self, now_ms: u64) -> Result<bool>;
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>>;
     fn outbox_len(&self) -> Result<u64>;
+    /// Up to `limit` dead letters, oldest first; one that does not decode
+    /// is `Error::Corrupt`.
+    fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>>;
     fn entity(&self, entity: &str) -> Result<Option<EntityState>>;
     /// The key's effect steps in name order, as seen now: a step still
     /// Reserved under a claim that no longer runs reads as Unknown.
@@ -338,6 +360,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn transition(&self, req: TransitionRequest) -> Result<Transition>;
     /// Removes published outbox messages; how many were there.
     fn mark_published(&self, seqs: Vec<u64>) -> Result<u64>;
+    /// Gives a message up (see `Ops::dead_letter`); its dead-letter seq.
+    fn dead_letter(&self, req: DeadLetterRequest) -> Result<u64>;
+    /// Moves a dead letter back to the outbox (see `Ops::redrive`).
+    fn redrive(&self, seq: u64) -> Result<Option<String>>;
     /// Waits until every write queued before it is durable.
     fn flush(&self) -> Result<()>;
     /// The app's own write and the key's completion in one transaction.

@@ -11,6 +11,7 @@
 //! refused op leaves its transaction untouched; only a storage error
 //! (`OpError::Fatal`) can interrupt an op midway.
 
+use crate::dead_letter::{redrive_id, DeadLetter};
 use crate::error::{Corrupted, Error};
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
@@ -26,8 +27,8 @@ use super::step::{Actor, FinishStepRequest, SettleStepRequest, StepRequest, Step
 use super::step::{HistoryRecord, StepRecord};
 use super::step_ops::{self, apply_finishes, drop_steps, entry, log, steps_of, to_unknown};
 use super::{
-    Abandon, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Found, InDoubtRequest,
-    SettleRequest, Settled, Settlement, TransitionRequest,
+    Abandon, ClaimRequest, ClaimResult, Claimed, CompleteRequest, DeadLetterRequest, Found,
+    InDoubtRequest, SettleRequest, Settled, Settlement, TransitionRequest,
 };
 
 /// An op failed: either it alone was refused (nothing written), or storage
@@ -71,6 +72,14 @@ pub(crate) trait Txn {
     fn push_outbox(&mut self, id: String, message: OutgoingMessage) -> Result<(), Self::Fatal>;
     /// Removes outbox message `seq`; whether it was there.
     fn remove_outbox(&mut self, seq: u64) -> Result<bool, Self::Fatal>;
+    /// Appends `letter` to the dead-letter list with the next sequence
+    /// number, dead at `now` (its `seq` and `dead_at_ms` are ignored);
+    /// returns the sequence number.
+    fn push_dead_letter(&mut self, letter: DeadLetter) -> Result<u64, Self::Fatal>;
+    /// Dead letter `seq` as stored.
+    fn load_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Self::Fatal>;
+    /// Removes dead letter `seq`.
+    fn remove_dead_letter(&mut self, seq: u64) -> Result<(), Self::Fatal>;
     /// An entity's state, locked like a record.
     fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Self::Fatal>;
     fn store_entity(&mut self, entity: &str, state: &EntityState) -> Result<(), Self::Fatal>;
@@ -641,6 +650,50 @@ pub(crate) trait Ops: Txn + Sized {
         Ok(Transition::Applied {
             version: new.version,
         })
+    }
+
+    /// Gives a message up: the claim (if any) is completed as
+    /// `FINAL_FAILURE`, so a redelivery is a duplicate, and the letter is
+    /// appended to the dead-letter list, in one write.
+    fn dead_letter(&mut self, req: DeadLetterRequest) -> OpResult<u64, Self::Fatal> {
+        if let Some(claim) = req.claim {
+            self.complete(CompleteRequest {
+                key: claim.key,
+                token: claim.token,
+                completion: super::Completion::FinalFailure,
+                response: claim.response,
+                messages: Vec::new(),
+                finished: claim.finished,
+            })?;
+        }
+        self.push_dead_letter(req.letter).map_err(OpError::Fatal)
+    }
+
+    /// Moves dead letter `seq` back to the outbox under a new id (see
+    /// `dead_letter::redrive_id`), in one write; the new outbox id, or
+    /// `None` when there is no such dead letter.
+    fn redrive(&mut self, seq: u64) -> OpResult<Option<String>, Self::Fatal> {
+        // Checked before anything is written: a letter that does not
+        // decode is refused and stays listed.
+        let letter = match self.load_dead_letter(seq).map_err(OpError::Fatal)? {
+            None => return Ok(None),
+            Some(Ok(letter)) => letter,
+            Some(Err(e)) => {
+                return Err(OpError::Refused(Error::Corrupt {
+                    what: Corrupted::DeadLetter(seq),
+                    reason: e.to_string(),
+                }))
+            }
+        };
+        let id = redrive_id(&letter);
+        self.remove_dead_letter(seq).map_err(OpError::Fatal)?;
+        self.push_outbox(
+            id.clone(),
+            OutgoingMessage::new(letter.topic, letter.payload),
+        )
+        .map_err(OpError::Fatal)?;
+        tracing::info!(seq, id = %id, "dead letter redriven to the outbox");
+        Ok(Some(id))
     }
 
     /// Removes published outbox messages; returns how many were there.

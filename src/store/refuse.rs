@@ -77,6 +77,14 @@ macro_rules! refuse_writes {
             $crate::store::refuse::refused("resolve")
         }
 
+        fn dead_letter(&self, _: $crate::store::DeadLetterRequest) -> $crate::error::Result<u64> {
+            $crate::store::refuse::refused("dead-letter a message")
+        }
+
+        fn redrive(&self, _: u64) -> $crate::error::Result<Option<String>> {
+            $crate::store::refuse::refused("redrive a dead letter")
+        }
+
         fn sweep(&self, _: usize) -> $crate::error::Result<$crate::report::SweepCounts> {
             $crate::store::refuse::refused("sweep")
         }

@@ -21,6 +21,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dead_letter::DeadLetter;
 use crate::message::OutboxEntry;
 
 use super::record::{EntityState, Record, RecordState, StoredResponse};
@@ -78,6 +79,51 @@ pub(super) struct OutboxWire<'a> {
     #[serde(with = "cow_bytes")]
     payload: Cow<'a, [u8]>,
     created_at_ms: u64,
+}
+
+/// A dead letter (`idempotency.dead_letters`, redb only; created on first
+/// use, after format 2 shipped: a new table, so no old value changes).
+#[derive(Serialize, Deserialize)]
+pub(super) struct DeadLetterWire<'a> {
+    seq: u64,
+    consumer: Cow<'a, str>,
+    message_id: Cow<'a, str>,
+    topic: Cow<'a, str>,
+    #[serde(with = "cow_bytes")]
+    payload: Cow<'a, [u8]>,
+    attempts: u32,
+    reason: Cow<'a, str>,
+    dead_at_ms: u64,
+}
+
+impl<'a> From<&'a DeadLetter> for DeadLetterWire<'a> {
+    fn from(d: &'a DeadLetter) -> DeadLetterWire<'a> {
+        DeadLetterWire {
+            seq: d.seq,
+            consumer: Cow::Borrowed(&d.consumer),
+            message_id: Cow::Borrowed(&d.message_id),
+            topic: Cow::Borrowed(&d.topic),
+            payload: Cow::Borrowed(&d.payload),
+            attempts: d.attempts,
+            reason: Cow::Borrowed(&d.reason),
+            dead_at_ms: d.dead_at_ms,
+        }
+    }
+}
+
+impl From<DeadLetterWire<'_>> for DeadLetter {
+    fn from(w: DeadLetterWire<'_>) -> DeadLetter {
+        DeadLetter {
+            seq: w.seq,
+            consumer: w.consumer.into_owned(),
+            message_id: w.message_id.into_owned(),
+            topic: w.topic.into_owned(),
+            payload: w.payload.into_owned(),
+            attempts: w.attempts,
+            reason: w.reason.into_owned(),
+            dead_at_ms: w.dead_at_ms,
+        }
+    }
 }
 
 /// An entity's state (`idempotency.entities`).

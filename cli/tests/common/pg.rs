@@ -43,17 +43,25 @@ pub fn client(url: &str) -> TestResult<Client> {
 }
 
 /// The engine's tables under `prefix` (a writable open creates them all,
-/// the effect steps' and their history's included).
+/// the effect steps', their history's and the dead letters' included).
 pub fn tables(prefix: &str) -> Vec<String> {
-    ["meta", "records", "outbox", "entities", "steps", "history"]
-        .iter()
-        .map(|t| format!("{prefix}{t}"))
-        .collect()
+    [
+        "meta",
+        "records",
+        "outbox",
+        "entities",
+        "steps",
+        "history",
+        "dead_letters",
+    ]
+    .iter()
+    .map(|t| format!("{prefix}{t}"))
+    .collect()
 }
 
 /// The engine's sequences under `prefix`.
 pub fn sequences(prefix: &str) -> Vec<String> {
-    ["tokens", "outbox_seq"]
+    ["tokens", "outbox_seq", "dead_letters_seq"]
         .iter()
         .map(|t| format!("{prefix}{t}"))
         .collect()

@@ -218,6 +218,18 @@ impl Txn for Recorder<'_> {
         Err(())
     }
 
+    fn push_dead_letter(&mut self, _: crate::dead_letter::DeadLetter) -> Result<u64, ()> {
+        Err(())
+    }
+
+    fn load_dead_letter(&mut self, _: u64) -> Result<Loaded<crate::dead_letter::DeadLetter>, ()> {
+        Err(())
+    }
+
+    fn remove_dead_letter(&mut self, _: u64) -> Result<(), ()> {
+        Err(())
+    }
+
     fn load_entity(&mut self, _: &str) -> Result<Loaded<EntityState>, ()> {
         Err(())
     }

@@ -546,6 +546,13 @@ impl Backend for PgStore {
         guard("reading the outbox", || self.shared()?.outbox(limit))
     }
 
+    fn dead_letters(&self, limit: usize) -> Result<Vec<crate::dead_letter::DeadLetter>> {
+        self.open_check()?;
+        guard("reading the dead letters", || {
+            self.shared()?.dead_letters(limit)
+        })
+    }
+
     fn outbox_len(&self) -> Result<u64> {
         self.open_check()?;
         guard("counting the outbox", || self.shared()?.outbox_len())
@@ -700,6 +707,16 @@ impl Backend for PgStore {
 
     fn transition(&self, req: TransitionRequest) -> Result<Transition> {
         self.write("changing an entity's state", |t| t.transition(req.clone()))
+    }
+
+    fn dead_letter(&self, req: crate::store::DeadLetterRequest) -> Result<u64> {
+        self.write("giving a message up to the dead letters", |t| {
+            t.dead_letter(req.clone())
+        })
+    }
+
+    fn redrive(&self, seq: u64) -> Result<Option<String>> {
+        self.write("redriving a dead letter", |t| t.redrive(seq))
     }
 
     fn mark_published(&self, seqs: Vec<u64>) -> Result<u64> {

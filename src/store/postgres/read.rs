@@ -3,6 +3,7 @@
 
 use tokio_postgres::types::Type;
 
+use crate::dead_letter::DeadLetter;
 use crate::error::{Corrupted, Error, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
@@ -267,6 +268,33 @@ impl Shared {
                 created_at_ms: sql_u64(row.get(4)),
             })
             .collect())
+    }
+
+    /// Up to `limit` dead letters, oldest first (none where a read-only
+    /// open finds no table yet).
+    pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        let what = "reading the dead letters";
+        let table = self.names.dead_letters.clone();
+        let sql = format!("SELECT seq, letter FROM {table} ORDER BY seq LIMIT $1");
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.read(what, |conn| {
+            let exists: bool = conn
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
+                .get(0);
+            if !exists {
+                return Ok(Vec::new());
+            }
+            conn.query_typed(&sql, &[(&limit, Type::INT8)])
+        })?;
+        rows.iter()
+            .map(|row| {
+                let seq = sql_u64(row.get(0));
+                codec::decode_dead_letter(seq, row.get::<_, &[u8]>(1)).map_err(|e| Error::Corrupt {
+                    what: Corrupted::DeadLetter(seq),
+                    reason: e.to_string(),
+                })
+            })
+            .collect()
     }
 
     pub(super) fn outbox_len(&self) -> Result<u64> {

@@ -144,6 +144,10 @@ impl Backend for PgReader {
         self.0.outbox(limit)
     }
 
+    fn dead_letters(&self, limit: usize) -> Result<Vec<crate::dead_letter::DeadLetter>> {
+        self.0.dead_letters(limit)
+    }
+
     fn outbox_len(&self) -> Result<u64> {
         self.0.outbox_len()
     }

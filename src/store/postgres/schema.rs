@@ -10,6 +10,7 @@
 //! | `<prefix>tokens`, `<prefix>outbox_seq` | sequences: fencing tokens, outbox sequence numbers |
 //! | `<prefix>steps` | effect steps: `scope`, `key`, `name`, the encoded step (`store/codec.rs`) |
 //! | `<prefix>history` | the evidence log: `scope`, `key`, `seq`, the encoded entry |
+//! | `<prefix>dead_letters`, `<prefix>dead_letters_seq` | messages given up: `seq`, `consumer`, the encoded dead letter (`store/codec.rs`, as on redb) |
 //!
 //! The steps and history tables came with effect steps, without a schema
 //! version change: every writable open creates them if they are missing
@@ -17,7 +18,9 @@
 //! DDL that writes requires them (`OpenError::NoPostgresTables` names
 //! them: run one writable open with `create` after upgrading), and a
 //! read-only open does not (its reads find no steps where they are
-//! missing).
+//! missing). The dead-letter table and its sequence came later the same
+//! way (created by every writable open; a read-only open lists none
+//! where they are missing).
 
 use super::client::{Client, PgError, Transaction};
 
@@ -43,6 +46,8 @@ pub(super) struct Names {
     pub(super) outbox_seq: String,
     pub(super) steps: String,
     pub(super) history: String,
+    pub(super) dead_letters: String,
+    pub(super) dead_letters_seq: String,
 }
 
 impl Names {
@@ -79,6 +84,8 @@ impl Names {
             outbox_seq: name("outbox_seq"),
             steps: name("steps"),
             history: name("history"),
+            dead_letters: name("dead_letters"),
+            dead_letters_seq: name("dead_letters_seq"),
         })
     }
 
@@ -93,6 +100,8 @@ impl Names {
             outbox_seq,
             steps,
             history,
+            dead_letters,
+            dead_letters_seq,
         } = self;
         format!(
             "CREATE TABLE IF NOT EXISTS {meta} (
@@ -138,7 +147,12 @@ impl Names {
                  key text COLLATE \"C\" NOT NULL,
                  seq bigint NOT NULL,
                  entry bytea NOT NULL,
-                 PRIMARY KEY (scope, key, seq));"
+                 PRIMARY KEY (scope, key, seq));
+             CREATE SEQUENCE IF NOT EXISTS {dead_letters_seq} AS bigint START 1;
+             CREATE TABLE IF NOT EXISTS {dead_letters} (
+                 seq bigint PRIMARY KEY,
+                 consumer text NOT NULL,
+                 letter bytea NOT NULL);"
         )
     }
 }
@@ -287,7 +301,16 @@ pub(super) fn require_tables(client: &mut Transaction<'_>, names: &Names) -> Res
 /// touches (a read-only open does not need them).
 fn require_writable_tables(client: &mut Transaction<'_>, names: &Names) -> Result<(), OpenError> {
     require_tables(client, names)?;
-    require(client, names, &[&names.steps, &names.history])
+    require(
+        client,
+        names,
+        &[
+            &names.steps,
+            &names.history,
+            &names.dead_letters,
+            &names.dead_letters_seq,
+        ],
+    )
 }
 
 /// `OpenError::NoPostgresTables` unless every one of `all` exists.

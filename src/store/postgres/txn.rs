@@ -6,6 +6,7 @@
 
 use tokio_postgres::types::{ToSql, Type};
 
+use crate::dead_letter::DeadLetter;
 use crate::key::IdempotencyKey;
 use crate::message::OutgoingMessage;
 use crate::store::codec;
@@ -176,6 +177,46 @@ impl Txn for PgTxn<'_, '_> {
             .tx
             .execute_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?
             > 0)
+    }
+
+    fn push_dead_letter(&mut self, mut letter: DeadLetter) -> Result<u64, Fault> {
+        let sql = format!("SELECT nextval('{}')", self.names.dead_letters_seq);
+        let row = self.tx.query_typed_one(&sql, &[])?;
+        let seq = sql_u64(row.get(0));
+        letter.seq = seq;
+        letter.dead_at_ms = self.now;
+        let value = codec::encode_dead_letter(seq, &letter);
+        let sql = format!(
+            "INSERT INTO {} (seq, consumer, letter) VALUES ($1, $2, $3)",
+            self.names.dead_letters
+        );
+        self.tx.execute_typed(
+            &sql,
+            &[
+                (&sql_i64(seq), Type::INT8),
+                (&letter.consumer, Type::TEXT),
+                (&value, Type::BYTEA),
+            ],
+        )?;
+        Ok(seq)
+    }
+
+    fn load_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Fault> {
+        let sql = format!(
+            "SELECT letter FROM {} WHERE seq = $1 FOR UPDATE",
+            self.names.dead_letters
+        );
+        let rows = self.tx.query_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?;
+        Ok(rows
+            .first()
+            .map(|row| codec::decode_dead_letter(seq, row.get::<_, &[u8]>(0))))
+    }
+
+    fn remove_dead_letter(&mut self, seq: u64) -> Result<(), Fault> {
+        let sql = format!("DELETE FROM {} WHERE seq = $1", self.names.dead_letters);
+        self.tx
+            .execute_typed(&sql, &[(&sql_i64(seq), Type::INT8)])?;
+        Ok(())
     }
 
     fn load_steps(&mut self, key: &IdempotencyKey) -> Result<Vec<LoadedStep>, Fault> {

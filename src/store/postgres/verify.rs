@@ -31,6 +31,8 @@ impl Shared {
         let fetch = format!("FETCH {PAGE_ROWS} FROM idempotency_verify");
         let steps_table = self.names.steps.clone();
         let history_table = self.names.history.clone();
+        let letters_table = self.names.dead_letters.clone();
+        let select_letters = format!("SELECT seq, letter FROM {letters_table} ORDER BY seq");
         let declare_steps = format!(
             "DECLARE idempotency_verify_steps NO SCROLL CURSOR FOR
              SELECT scope, key, name, step FROM {steps_table} ORDER BY scope, key, name"
@@ -108,6 +110,14 @@ impl Shared {
                     }
                 }
             }
+            // Dead letters: an operator's short list, read whole.
+            if exists(&mut tx, &letters_table)? {
+                problems.extend(
+                    tx.query(&select_letters, &[])?
+                        .iter()
+                        .filter_map(letter_damage),
+                );
+            }
             tx.commit()?;
             Ok((problems, checked))
         })
@@ -161,4 +171,16 @@ fn check_row(row: &tokio_postgres::Row, problems: &mut Vec<Damage>) {
             key_hex,
         });
     }
+}
+
+/// The damage of one dead-letter row (`seq`, `letter`), if it does not
+/// decode under its seq.
+fn letter_damage(row: &tokio_postgres::Row) -> Option<Damage> {
+    let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+    codec::decode_dead_letter(seq, row.get::<_, &[u8]>(1))
+        .err()
+        .map(|e| Damage::UndecodableDeadLetter {
+            seq,
+            reason: e.to_string(),
+        })
 }

@@ -742,6 +742,12 @@ impl Backend for RedbStore {
         contained("reading the database", || read::outbox(&*self.db()?, limit))
     }
 
+    fn dead_letters(&self, limit: usize) -> Result<Vec<crate::dead_letter::DeadLetter>> {
+        contained("reading the database", || {
+            read::dead_letters(&*self.db()?, limit)
+        })
+    }
+
     fn outbox_len(&self) -> Result<u64> {
         contained("reading the database", || read::outbox_len(&*self.db()?))
     }
@@ -897,6 +903,14 @@ impl Backend for RedbStore {
 
     fn mark_published(&self, seqs: Vec<u64>) -> Result<u64> {
         self.call(move |t| t.mark_published(&seqs))
+    }
+
+    fn dead_letter(&self, req: crate::store::DeadLetterRequest) -> Result<u64> {
+        self.call(move |t| t.dead_letter(req))
+    }
+
+    fn redrive(&self, seq: u64) -> Result<Option<String>> {
+        self.call(move |t| t.redrive(seq))
     }
 
     fn flush(&self) -> Result<()> {

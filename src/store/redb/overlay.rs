@@ -88,7 +88,9 @@ impl Overlay {
                 | Change::PutStep { .. }
                 | Change::DelStep { .. }
                 | Change::PutHistory { .. }
-                | Change::DelHistory { .. } => {}
+                | Change::DelHistory { .. }
+                | Change::PutDeadLetter { .. }
+                | Change::DelDeadLetter { .. } => {}
             }
         }
         // Index and outbox changes count too: whole-table reads must then

@@ -8,6 +8,7 @@ use redb::{
     ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
+use crate::dead_letter::DeadLetter;
 use crate::error::{Corrupted, Error, OpenError, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
@@ -17,7 +18,8 @@ use crate::store::Scanned;
 
 use super::overlay::{Overlay, Seen};
 use super::tables::{
-    Context, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+    Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
+    STEPS,
 };
 use crate::store::step::{HistoryRecord, StepRecord};
 /// One engine table in a fresh read transaction.
@@ -62,7 +64,8 @@ pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<()
     probe(&txn, OUTBOX)?;
     probe(&txn, ENTITIES)?;
     probe(&txn, STEPS)?;
-    probe(&txn, HISTORY)
+    probe(&txn, HISTORY)?;
+    probe(&txn, DEAD_LETTERS)
 }
 
 /// `key`'s record as of the last commit, unless an acknowledged write not
@@ -366,6 +369,29 @@ pub(super) fn outbox(db: &impl ReadableDatabase, limit: usize) -> Result<Vec<Out
                 reason: e.to_string(),
             })?;
         out.push(entry);
+    }
+    Ok(out)
+}
+
+/// Up to `limit` dead letters, oldest first; a file without the table
+/// (no message given up yet) has none.
+pub(super) fn dead_letters(db: &impl ReadableDatabase, limit: usize) -> Result<Vec<DeadLetter>> {
+    let what = "reading the dead letters";
+    let txn = db.begin_read().context(what)?;
+    let table = match txn.open_table(DEAD_LETTERS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e).context(what),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter().context(what)?.take(limit) {
+        let (seq, bytes) = entry.context(what)?;
+        let letter =
+            codec::decode_dead_letter(seq.value(), bytes.value()).map_err(|e| Error::Corrupt {
+                what: Corrupted::DeadLetter(seq.value()),
+                reason: e.to_string(),
+            })?;
+        out.push(letter);
     }
     Ok(out)
 }

@@ -133,6 +133,12 @@ impl Backend for RedbReader {
         contained("reading the database", || read::outbox(&self.db, limit))
     }
 
+    fn dead_letters(&self, limit: usize) -> Result<Vec<crate::dead_letter::DeadLetter>> {
+        contained("reading the database", || {
+            read::dead_letters(&self.db, limit)
+        })
+    }
+
     fn outbox_len(&self) -> Result<u64> {
         contained("reading the database", || read::outbox_len(&self.db))
     }

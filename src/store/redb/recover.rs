@@ -12,7 +12,9 @@ use super::journal::{
     Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
 };
 use super::meta::{self, file_format, read_meta, Counter, Format, MetaError, StoredJournal};
-use super::tables::{ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS};
+use super::tables::{
+    DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+};
 
 /// The journal the database at `path` (a file of `format`) was last used
 /// with (`None`: it has never had one, or it has no meta table yet: a new
@@ -326,6 +328,13 @@ fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), MetaError> {
             }
             Change::DelHistory { key, seq } => {
                 history.remove((key.as_slice(), *seq))?;
+            }
+            Change::PutDeadLetter { seq, value } => {
+                txn.open_table(DEAD_LETTERS)?
+                    .insert(*seq, value.as_slice())?;
+            }
+            Change::DelDeadLetter { seq } => {
+                txn.open_table(DEAD_LETTERS)?.remove(*seq)?;
             }
         }
     }

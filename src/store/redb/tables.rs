@@ -16,10 +16,13 @@
 //! Effect steps and the evidence log live in two tables created on first
 //! use (a format-2 file without them opens as it is): `idempotency.steps`
 //! `(record key, step name)` → encoded step, `idempotency.history`
-//! `(record key, seq)` → encoded log entry (`store/codec.rs`).
+//! `(record key, seq)` → encoded log entry (`store/codec.rs`). Dead
+//! letters too: `idempotency.dead_letters`, sequence number → encoded dead
+//! letter, opened by the first write that gives a message up.
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
+use crate::dead_letter::DeadLetter;
 use crate::error::{Error, Result};
 use crate::key::IdempotencyKey;
 use crate::message::{OutboxEntry, OutgoingMessage};
@@ -57,6 +60,11 @@ pub(super) const STEPS: TableDefinition<(&[u8], &str), &[u8]> =
 /// (Record key, seq) → encoded evidence log entry; created on first use.
 pub(super) const HISTORY: TableDefinition<(&[u8], u32), &[u8]> =
     TableDefinition::new("idempotency.history");
+
+/// Sequence number → encoded dead letter; created on first use (added
+/// after format 2 shipped, as a new table: no old value changes).
+pub(super) const DEAD_LETTERS: TableDefinition<u64, &[u8]> =
+    TableDefinition::new("idempotency.dead_letters");
 
 /// Adds what the engine was doing to a redb error.
 pub(super) trait Context<T> {
@@ -355,6 +363,42 @@ impl Txn for Tables<'_> {
             self.log(|| Change::DelOutbox { seq });
         }
         Ok(removed)
+    }
+
+    fn push_dead_letter(
+        &mut self,
+        mut letter: DeadLetter,
+    ) -> std::result::Result<u64, redb::Error> {
+        let mut table = self.txn.open_table(DEAD_LETTERS)?;
+        let seq = table
+            .last()?
+            .map_or(1, |(k, _)| k.value().saturating_add(1));
+        letter.seq = seq;
+        letter.dead_at_ms = self.now;
+        let value = codec::encode_dead_letter(seq, &letter);
+        table.insert(seq, value.as_slice())?;
+        drop(table);
+        self.log(|| Change::PutDeadLetter { seq, value });
+        Ok(seq)
+    }
+
+    fn load_dead_letter(
+        &mut self,
+        seq: u64,
+    ) -> std::result::Result<Loaded<DeadLetter>, redb::Error> {
+        let table = self.txn.open_table(DEAD_LETTERS)?;
+        let loaded = table
+            .get(seq)?
+            .map(|v| codec::decode_dead_letter(seq, v.value()));
+        Ok(loaded)
+    }
+
+    fn remove_dead_letter(&mut self, seq: u64) -> std::result::Result<(), redb::Error> {
+        let removed = self.txn.open_table(DEAD_LETTERS)?.remove(seq)?.is_some();
+        if removed {
+            self.log(|| Change::DelDeadLetter { seq });
+        }
+        Ok(())
     }
 
     fn load_steps(

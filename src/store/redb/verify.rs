@@ -17,7 +17,8 @@ use crate::verify::Damage;
 
 use super::meta::{self, Found, MetaError};
 use super::tables::{
-    Context, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
+    Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
+    STEPS,
 };
 
 /// Scrubs the whole database in one read snapshot; returns every problem
@@ -122,7 +123,30 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
         }
     }
     step_damage(&txn, &mut problems)?;
+    dead_letter_damage(&txn, &mut problems)?;
     Ok((problems, checked))
+}
+
+/// Every dead letter decodes and passes its checksum under its seq (a
+/// table a file has only once a message was given up).
+fn dead_letter_damage(txn: &redb::ReadTransaction, problems: &mut Vec<Damage>) -> Result<()> {
+    let what = "verifying the dead letters";
+    match txn.open_table(DEAD_LETTERS) {
+        Ok(letters) => {
+            for entry in letters.iter().context(what)? {
+                let (seq, v) = entry.context(what)?;
+                if let Err(e) = codec::decode_dead_letter(seq.value(), v.value()) {
+                    problems.push(Damage::UndecodableDeadLetter {
+                        seq: seq.value(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(e).context(what),
+    }
+    Ok(())
 }
 
 /// Every effect step and log entry decodes and passes its checksum under

@@ -17,6 +17,9 @@
 //! <prefix>o              HASH    outbox sequence (decimal) → framed message
 //! <prefix>o:order        ZSET    outbox sequence, score the same
 //! <prefix>o:next         STRING  the last outbox sequence handed out
+//! <prefix>d              HASH    dead-letter sequence (decimal) → framed letter
+//! <prefix>d:order        ZSET    dead-letter sequence, score the same
+//! <prefix>d:next         STRING  the last dead-letter sequence handed out
 //! <prefix>token          STRING  the last fencing token handed out
 //! <prefix>meta           HASH    format, ttl_ms, tombstone_keep_ms
 //! ```
@@ -47,6 +50,9 @@ pub(crate) struct Keys {
     pub(crate) outbox: String,
     pub(crate) outbox_order: String,
     pub(crate) outbox_next: String,
+    pub(crate) dead_letters: String,
+    pub(crate) dead_letters_order: String,
+    pub(crate) dead_letters_next: String,
     pub(crate) token: String,
     pub(crate) meta: String,
 }
@@ -83,6 +89,9 @@ impl Keys {
             outbox: format!("{p}o"),
             outbox_order: format!("{p}o:order"),
             outbox_next: format!("{p}o:next"),
+            dead_letters: format!("{p}d"),
+            dead_letters_order: format!("{p}d:order"),
+            dead_letters_next: format!("{p}d:next"),
             token: format!("{p}token"),
             meta: format!("{p}meta"),
         })

@@ -248,6 +248,11 @@ impl Backend for RedisStore {
         self.shared.outbox(limit)
     }
 
+    fn dead_letters(&self, limit: usize) -> Result<Vec<crate::dead_letter::DeadLetter>> {
+        self.open_check()?;
+        self.shared.dead_letters(limit)
+    }
+
     fn outbox_len(&self) -> Result<u64> {
         self.open_check()?;
         self.shared.outbox_len()
@@ -369,6 +374,19 @@ impl Backend for RedisStore {
 
     fn transition(&self, req: TransitionRequest) -> Result<Transition> {
         self.write("changing an entity's state", |t| t.transition(req.clone()))
+    }
+
+    fn dead_letter(&self, req: crate::store::DeadLetterRequest) -> Result<u64> {
+        if let Some(claim) = &req.claim {
+            self.remembered.forget(&claim.key);
+        }
+        self.write("giving a message up to the dead letters", |t| {
+            t.dead_letter(req.clone())
+        })
+    }
+
+    fn redrive(&self, seq: u64) -> Result<Option<String>> {
+        self.write("redriving a dead letter", |t| t.redrive(seq))
     }
 
     fn mark_published(&self, seqs: Vec<u64>) -> Result<u64> {

@@ -2,6 +2,7 @@
 //! A read of several keys that must agree (a key's steps and its record)
 //! is one `MULTI`/`EXEC`.
 
+use crate::dead_letter::DeadLetter;
 use crate::error::{Corrupted, Error, Result};
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
@@ -216,6 +217,41 @@ impl Shared {
                 reason: e.to_string(),
             })?;
             out.push(entry);
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` dead letters, oldest first.
+    pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        let what = "reading the dead letters";
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let seqs: Vec<u64> = self.read(what, |c| {
+            redis::cmd("ZRANGE")
+                .arg(&self.keys.dead_letters_order)
+                .arg(0)
+                .arg(i64::try_from(limit - 1).unwrap_or(i64::MAX))
+                .query(c)
+        })?;
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<Option<Vec<u8>>> = self.read(what, |c| {
+            redis::cmd("HMGET")
+                .arg(&self.keys.dead_letters)
+                .arg(&seqs)
+                .query(c)
+        })?;
+        let mut out = Vec::with_capacity(seqs.len());
+        for (seq, bytes) in seqs.into_iter().zip(values) {
+            // Redriven since the order was read.
+            let Some(bytes) = bytes else { continue };
+            let letter = codec::decode_dead_letter(seq, &bytes).map_err(|e| Error::Corrupt {
+                what: Corrupted::DeadLetter(seq),
+                reason: e.to_string(),
+            })?;
+            out.push(letter);
         }
         Ok(out)
     }

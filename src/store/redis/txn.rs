@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use redis::Commands;
 
+use crate::dead_letter::DeadLetter;
 use crate::key::IdempotencyKey;
 use crate::message::{OutboxEntry, OutgoingMessage};
 use crate::store::codec::{self, DecodeError};
@@ -89,6 +90,8 @@ pub(crate) struct RedisTxn<'t> {
     spans: HashMap<Vec<u8>, Option<(u32, u32)>>,
     /// Outbox messages known present (or not), by sequence.
     outbox: HashMap<u64, bool>,
+    /// Dead letters as this op sees them (read, then its own writes).
+    dead_letters: HashMap<u64, Option<Vec<u8>>>,
     /// Reads sent to the server.
     pub(super) reads: usize,
 }
@@ -110,6 +113,7 @@ impl<'t> RedisTxn<'t> {
             steps: HashMap::new(),
             spans: HashMap::new(),
             outbox: HashMap::new(),
+            dead_letters: HashMap::new(),
             reads: 0,
         }
     }
@@ -301,6 +305,61 @@ impl Txn for RedisTxn<'_> {
             ));
         }
         Ok(present)
+    }
+
+    fn push_dead_letter(&mut self, mut letter: DeadLetter) -> Result<u64, Fault> {
+        let seq: u64 = self.conn.conn.incr(&self.keys.dead_letters_next, 1u64)?;
+        letter.seq = seq;
+        letter.dead_at_ms = self.now;
+        let bytes = codec::encode_dead_letter(seq, &letter);
+        let field = seq.to_string().into_bytes();
+        self.dead_letters.insert(seq, Some(bytes.clone()));
+        self.batch.writes.push(Write::HSet(
+            self.keys.dead_letters.as_bytes().to_vec(),
+            field.clone(),
+            bytes,
+        ));
+        self.batch.writes.push(Write::ZAdd(
+            self.keys.dead_letters_order.as_bytes().to_vec(),
+            seq,
+            field,
+        ));
+        Ok(seq)
+    }
+
+    fn load_dead_letter(&mut self, seq: u64) -> Result<Loaded<DeadLetter>, Fault> {
+        let bytes = if let Some(seen) = self.dead_letters.get(&seq) {
+            seen.clone()
+        } else {
+            self.reads += 1;
+            let field = seq.to_string().into_bytes();
+            let bytes: Option<Vec<u8>> = self.conn.conn.hget(&self.keys.dead_letters, &field)?;
+            // A letter is written once and never changed, so its presence
+            // is all the commit must prove: two redrives of one letter
+            // cannot both commit.
+            self.batch.guards.push(Guard::Field(
+                self.keys.dead_letters.as_bytes().to_vec(),
+                field,
+                bytes.is_some(),
+            ));
+            self.dead_letters.insert(seq, bytes.clone());
+            bytes
+        };
+        Ok(bytes.map(|b| codec::decode_dead_letter(seq, &b)))
+    }
+
+    fn remove_dead_letter(&mut self, seq: u64) -> Result<(), Fault> {
+        let field = seq.to_string().into_bytes();
+        self.dead_letters.insert(seq, None);
+        self.batch.writes.push(Write::HDel(
+            self.keys.dead_letters.as_bytes().to_vec(),
+            field.clone(),
+        ));
+        self.batch.writes.push(Write::ZRem(
+            self.keys.dead_letters_order.as_bytes().to_vec(),
+            field,
+        ));
+        Ok(())
     }
 
     fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Fault> {

@@ -65,6 +65,9 @@ impl Shared {
             &self.keys.outbox,
             &self.keys.outbox_order,
             &self.keys.outbox_next,
+            &self.keys.dead_letters,
+            &self.keys.dead_letters_order,
+            &self.keys.dead_letters_next,
             &self.keys.token,
             &self.keys.meta,
         ];
@@ -130,6 +133,7 @@ impl Shared {
             }
         }
         self.check_outbox(&mut problems)?;
+        self.check_dead_letters(&mut problems)?;
         Ok((problems, checked))
     }
 
@@ -237,6 +241,23 @@ impl Shared {
             let seq = seq.parse::<u64>().unwrap_or(u64::MAX);
             if let Err(e) = codec::decode_outbox(seq, &bytes) {
                 problems.push(Damage::UndecodableOutboxMessage {
+                    seq,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every dead letter decodes, under its own sequence number.
+    fn check_dead_letters(&self, problems: &mut Vec<Damage>) -> Result<()> {
+        let pairs: Vec<(String, Vec<u8>)> = self.read("verifying the dead letters", |c| {
+            redis::cmd("HGETALL").arg(&self.keys.dead_letters).query(c)
+        })?;
+        for (seq, bytes) in pairs {
+            let seq = seq.parse::<u64>().unwrap_or(u64::MAX);
+            if let Err(e) = codec::decode_dead_letter(seq, &bytes) {
+                problems.push(Damage::UndecodableDeadLetter {
                     seq,
                     reason: e.to_string(),
                 });

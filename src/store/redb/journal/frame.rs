@@ -79,6 +79,16 @@ pub(in crate::store::redb) enum Change {
         key: Vec<u8>,
         seq: u32,
     },
+    // Added with dead letters: appended, as above.
+    /// `idempotency.dead_letters`: sequence number → encoded dead letter.
+    PutDeadLetter {
+        seq: u64,
+        #[serde(with = "crate::store::wire::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelDeadLetter {
+        seq: u64,
+    },
 }
 
 impl Change {
@@ -92,8 +102,8 @@ impl Change {
             | Change::PutIndex { key, .. }
             | Change::DelIndex { key, .. }
             | Change::DelHistory { key, .. } => key.len(),
-            Change::PutOutbox { value, .. } => value.len(),
-            Change::DelOutbox { .. } => 0,
+            Change::PutOutbox { value, .. } | Change::PutDeadLetter { value, .. } => value.len(),
+            Change::DelOutbox { .. } | Change::DelDeadLetter { .. } => 0,
             Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
             Change::PutStep { key, name, value } => key
                 .len()

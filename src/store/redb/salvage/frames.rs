@@ -101,6 +101,9 @@ impl Work {
                     Change::DelHistory { key, seq } => {
                         self.history.remove(&(key.clone(), *seq));
                     }
+                    // Salvage keeps what requests and relays need; dead
+                    // letters (an operator's list) are not carried over.
+                    Change::PutDeadLetter { .. } | Change::DelDeadLetter { .. } => {}
                 }
             }
             self.next_token = self.next_token.max(frame.next_token);

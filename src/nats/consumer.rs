@@ -1,0 +1,327 @@
+//! The inbox consumer: fetch, process with the inbox mark in one
+//! transaction, then ack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::AckKind;
+use futures_util::StreamExt;
+
+use super::error::NatsError;
+use super::support::{blocking, Backoff, MSG_ID_HEADER};
+use crate::dead_letter::Delivery;
+use crate::engine::inbox::{AfterFailure, Processed};
+use crate::error::{BoxError, Error};
+use crate::key::IdempotencyKey;
+use crate::store::LocalTx;
+use crate::Engine;
+
+/// One JetStream message as the handler sees it.
+#[derive(Clone, Debug)]
+pub struct Incoming {
+    /// Its `Nats-Msg-Id` (the inbox key).
+    pub message_id: String,
+    /// Its subject.
+    pub subject: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Which delivery this is, from 1 (JetStream's delivery count).
+    pub attempt: u32,
+    /// Its sequence number in the stream.
+    pub stream_sequence: u64,
+}
+
+/// The app's business write for one message, run in the same transaction
+/// as the inbox mark. An error is a clean failure: the transaction rolls
+/// back, nothing is written.
+type Handler = dyn Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Send + Sync;
+
+/// Consumes a JetStream pull consumer into an inbox (see the module docs).
+#[derive(Clone)]
+pub struct Consumer {
+    engine: Arc<Engine>,
+    inbox: String,
+    pull: PullConsumer,
+    handler: Arc<Handler>,
+    retry_delay: Duration,
+    in_doubt_delay: Duration,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("inbox", &self.inbox)
+            .field("retry_delay", &self.retry_delay)
+            .field("in_doubt_delay", &self.in_doubt_delay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one [`Consumer::consume_once`] did, by message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumePass {
+    /// Processed now: the write and the inbox mark committed, then acked.
+    pub processed: usize,
+    /// Processed before (a redelivery, or a republish outside JetStream's
+    /// window): acked, the write not repeated.
+    pub duplicates: usize,
+    /// Failed cleanly before the delivery limit: naked for redelivery.
+    pub retried: usize,
+    /// Given up to the dead letters (clean failures at the limit, or no
+    /// usable message id): terminated at the broker.
+    pub dead_lettered: usize,
+    /// In doubt (a handler died mid-effect) or held by another consumer:
+    /// naked with a delay, for the resolver or the holder.
+    pub deferred: usize,
+}
+
+/// What to tell JetStream about one message.
+enum Answer {
+    Ack,
+    Term,
+    Nak(Duration),
+}
+
+impl Consumer {
+    /// A consumer of `pull` into the inbox `inbox` of `engine`, running
+    /// `handler` for each fresh message. Defaults: a clean failure is
+    /// redelivered after 100 ms; a message in doubt or held elsewhere
+    /// after 1 s.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] if `inbox` is not a valid consumer name.
+    pub fn new<H>(
+        engine: Arc<Engine>,
+        inbox: &str,
+        pull: PullConsumer,
+        handler: H,
+    ) -> crate::Result<Consumer>
+    where
+        H: Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+    {
+        engine.inbox(inbox)?;
+        Ok(Consumer {
+            engine,
+            inbox: inbox.to_owned(),
+            pull,
+            handler: Arc::new(handler),
+            retry_delay: Duration::from_millis(100),
+            in_doubt_delay: Duration::from_secs(1),
+        })
+    }
+
+    /// How long JetStream waits before redelivering a cleanly failed
+    /// message.
+    #[must_use]
+    pub fn retry_delay(mut self, delay: Duration) -> Consumer {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// How long JetStream waits before redelivering a message in doubt or
+    /// held by another consumer.
+    #[must_use]
+    pub fn in_doubt_delay(mut self, delay: Duration) -> Consumer {
+        self.in_doubt_delay = delay;
+        self
+    }
+
+    /// Fetches up to `max` messages (waiting at most `expires` for them)
+    /// and handles each: acked only after its commit.
+    ///
+    /// # Errors
+    ///
+    /// [`NatsError::Fetch`], [`NatsError::Ack`], and [`NatsError::Engine`]
+    /// when the engine failed on a message (not acked: JetStream
+    /// redelivers it after its ack wait).
+    pub async fn consume_once(
+        &self,
+        max: usize,
+        expires: Duration,
+    ) -> Result<ConsumePass, NatsError> {
+        let fetch_failed = |e: BoxError| NatsError::Fetch { source: e };
+        let mut batch = self
+            .pull
+            .fetch()
+            .max_messages(max.max(1))
+            .expires(expires)
+            .messages()
+            .await
+            .map_err(|e| fetch_failed(Box::new(e)))?;
+        let mut pass = ConsumePass::default();
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(fetch_failed)?;
+            self.handle(&message, &mut pass).await?;
+        }
+        Ok(pass)
+    }
+
+    async fn handle(
+        &self,
+        message: &async_nats::jetstream::Message,
+        pass: &mut ConsumePass,
+    ) -> Result<(), NatsError> {
+        let info = message.info().map_err(|e| NatsError::Fetch { source: e })?;
+        let incoming = Incoming {
+            message_id: message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(MSG_ID_HEADER))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+            subject: message.subject.to_string(),
+            payload: message.payload.to_vec(),
+            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
+            stream_sequence: info.stream_sequence,
+        };
+        let engine = Arc::clone(&self.engine);
+        let inbox = self.inbox.clone();
+        let handler = Arc::clone(&self.handler);
+        let (retry, in_doubt) = (self.retry_delay, self.in_doubt_delay);
+        let id_for_errors = if incoming.message_id.is_empty() {
+            format!("#{} (no id)", incoming.stream_sequence)
+        } else {
+            incoming.message_id.clone()
+        };
+        let (answer, counted) =
+            blocking(move || decide(&engine, &inbox, incoming, handler, retry, in_doubt)).await??;
+        counted.count(pass);
+        let kind = match answer {
+            Answer::Ack => AckKind::Ack,
+            Answer::Term => AckKind::Term,
+            Answer::Nak(delay) => AckKind::Nak(Some(delay)),
+        };
+        message
+            .double_ack_with(kind)
+            .await
+            .map_err(|source| NatsError::Ack {
+                id: id_for_errors,
+                source,
+            })
+    }
+
+    /// Consumes until `stop` resolves, fetching up to `max` messages at a
+    /// time; after an error (logged), waits from `backoff`. Returns the
+    /// totals.
+    pub async fn run(
+        &self,
+        max: usize,
+        backoff: Backoff,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> ConsumePass {
+        let mut stop = std::pin::pin!(stop);
+        let mut failures = 0_u32;
+        let mut total = ConsumePass::default();
+        loop {
+            let wait = tokio::select! {
+                () = &mut stop => return total,
+                result = self.consume_once(max, Duration::from_millis(500)) => match result {
+                    Ok(pass) => {
+                        failures = 0;
+                        total.processed += pass.processed;
+                        total.duplicates += pass.duplicates;
+                        total.retried += pass.retried;
+                        total.dead_lettered += pass.dead_lettered;
+                        total.deferred += pass.deferred;
+                        Duration::ZERO
+                    }
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        let wait = backoff.after(failures);
+                        tracing::warn!(error = %e, failures, ?wait, "JetStream consumer pass failed; retrying");
+                        wait
+                    }
+                },
+            };
+            tokio::select! {
+                () = &mut stop => return total,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+/// Which counter of [`ConsumePass`] a message adds to.
+enum Counted {
+    Processed,
+    Duplicate,
+    Retried,
+    DeadLettered,
+    Deferred,
+}
+
+impl Counted {
+    fn count(self, pass: &mut ConsumePass) {
+        match self {
+            Counted::Processed => pass.processed += 1,
+            Counted::Duplicate => pass.duplicates += 1,
+            Counted::Retried => pass.retried += 1,
+            Counted::DeadLettered => pass.dead_lettered += 1,
+            Counted::Deferred => pass.deferred += 1,
+        }
+    }
+}
+
+/// The engine's part, on the blocking pool: what to answer JetStream.
+fn decide(
+    engine: &Engine,
+    inbox_name: &str,
+    incoming: Incoming,
+    handler: Arc<Handler>,
+    retry: Duration,
+    in_doubt: Duration,
+) -> crate::Result<(Answer, Counted)> {
+    let inbox = engine.inbox(inbox_name)?;
+    let id = incoming.message_id.clone();
+    let payload = incoming.payload.clone();
+    let subject = incoming.subject.clone();
+    let delivery = Delivery {
+        message_id: &id,
+        topic: &subject,
+        payload: &payload,
+        attempt: incoming.attempt,
+    };
+    // A message without a usable id can never be deduplicated: it goes to
+    // the dead letters at once, and the consumer keeps consuming.
+    let bad = if id.is_empty() {
+        Some(format!("no {MSG_ID_HEADER} header"))
+    } else {
+        IdempotencyKey::inbox(inbox_name, &id)
+            .err()
+            .map(|e| format!("unusable {MSG_ID_HEADER}: {e}"))
+    };
+    if let Some(reason) = bad {
+        let delivery = Delivery {
+            attempt: 0,
+            ..delivery
+        };
+        inbox.reject(&delivery, &reason)?;
+        return Ok((Answer::Term, Counted::DeadLettered));
+    }
+    let not_free = |p: Processed| match p {
+        Processed::Done | Processed::Duplicate => (Answer::Ack, Counted::Duplicate),
+        Processed::Processing { retry_after } => (Answer::Nak(retry_after), Counted::Deferred),
+        Processed::InDoubt(_) => (Answer::Nak(in_doubt), Counted::Deferred),
+    };
+    let run = inbox.process_local(&id, move |tx| handler(&incoming, tx));
+    match run {
+        Ok(Processed::Done) => Ok((Answer::Ack, Counted::Processed)),
+        Ok(Processed::InDoubt(p)) => {
+            tracing::warn!(key = %p.key, "message in doubt: left to the resolver");
+            Ok(not_free(Processed::InDoubt(p)))
+        }
+        Ok(other) => Ok(not_free(other)),
+        Err(Error::LocalWrite { source, .. }) => {
+            let reason = source.to_string();
+            Ok(match inbox.fail_cleanly(&delivery, &reason)? {
+                AfterFailure::DeadLettered { .. } => (Answer::Term, Counted::DeadLettered),
+                AfterFailure::NotFree(p) => not_free(p),
+                // Redeliver (and any later variant): nothing was written.
+                _ => (Answer::Nak(retry), Counted::Retried),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,61 @@
+//! The errors of the JetStream relay and consumer.
+
+use crate::error::BoxError;
+
+/// What went wrong talking to JetStream, or to the engine behind it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NatsError {
+    /// The server at `url` could not be reached (see [`super::connect`]).
+    #[error("cannot connect to the NATS server at {url} ({attempts} attempts): {source}")]
+    Connect {
+        /// The server's URL.
+        url: String,
+        /// Connection attempts made.
+        attempts: u32,
+        /// The last attempt's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Publishing outbox message `id` to `subject` failed, or its publish
+    /// ack did not come: it stays in the outbox and is published again
+    /// (with the same id) by the next pass.
+    #[error("publishing outbox message {id} to {subject}: {source}")]
+    Publish {
+        /// The outbox message id (its `Nats-Msg-Id`).
+        id: String,
+        /// The subject (the outbox message's topic).
+        subject: String,
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+    /// Fetching from the pull consumer failed (the server went away, the
+    /// stream or consumer is missing).
+    #[error("fetching from the JetStream consumer: {source}")]
+    Fetch {
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+    /// Acking, naking or terminating message `id` failed; JetStream
+    /// redelivers it after its ack wait, and the inbox makes that a
+    /// duplicate where it was processed.
+    #[error("answering JetStream for message {id}: {source}")]
+    Ack {
+        /// The message id (`Nats-Msg-Id`), or the stream sequence when it
+        /// had none.
+        id: String,
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+    /// The engine failed (storage, a poisoned engine, ...); nothing was
+    /// acked or marked published.
+    #[error(transparent)]
+    Engine(#[from] crate::error::Error),
+    /// A blocking engine call did not finish (its task panicked or the
+    /// runtime is shutting down).
+    #[error("an engine call on the blocking pool did not finish: {0}")]
+    Blocking(String),
+}
