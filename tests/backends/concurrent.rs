@@ -22,6 +22,42 @@ struct Tally {
     other: AtomicUsize,
 }
 
+/// One racing `begin` (and, for the claim, its work and `complete`),
+/// tallied; an answer a race may not give is an error.
+fn one_call(
+    engine: &Engine,
+    key: &IdempotencyKey,
+    fingerprint: Fingerprint,
+    tally: &Tally,
+) -> Result<(), String> {
+    match engine.begin(key, fingerprint).map_err(|e| e.to_string())? {
+        Begin::Claimed(claim) => {
+            let n = tally.work.fetch_add(1, Ordering::SeqCst) + 1;
+            let body = format!(r#"{{"payment":"{}","n":{n}}}"#, claim.reference());
+            engine
+                .complete(claim, Envelope::new(1, 201, body))
+                .map_err(|e| e.to_string())?;
+        }
+        Begin::Processing { retry_after } => {
+            if retry_after.is_zero() {
+                return Err("retry_after is zero".to_string());
+            }
+            tally.processing.fetch_add(1, Ordering::SeqCst);
+        }
+        Begin::Replay(replay) => {
+            if replay.envelope.status != 201 {
+                return Err(format!("replayed status {}", replay.envelope.status));
+            }
+            tally.replay.fetch_add(1, Ordering::SeqCst);
+        }
+        other => {
+            eprintln!("{key}: unexpected answer {other:?}");
+            tally.other.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    Ok(())
+}
+
 /// Every thread calls `begin` on every key, all threads on the same key at
 /// once (a barrier per key); a claim runs the work and completes.
 fn race(engines: &[&Engine], keys: &[IdempotencyKey], fingerprint: Fingerprint) -> Vec<Tally> {
@@ -32,40 +68,33 @@ fn race(engines: &[&Engine], keys: &[IdempotencyKey], fingerprint: Fingerprint) 
             .map(|t| {
                 let engine = engines[t % engines.len()];
                 let (barrier, tallies) = (&barrier, &tallies);
-                s.spawn(move || -> idempotency::Result<()> {
+                s.spawn(move || -> Result<(), String> {
+                    // A caller that fails keeps meeting the barrier, so
+                    // the others never wait for it forever: the first
+                    // failure is returned once every key has raced.
+                    let mut failed = None;
                     for (key, tally) in keys.iter().zip(tallies) {
                         barrier.wait();
-                        match engine.begin(key, fingerprint)? {
-                            Begin::Claimed(claim) => {
-                                let n = tally.work.fetch_add(1, Ordering::SeqCst) + 1;
-                                let body =
-                                    format!(r#"{{"payment":"{}","n":{n}}}"#, claim.reference());
-                                engine.complete(claim, Envelope::new(1, 201, body))?;
-                            }
-                            Begin::Processing { retry_after } => {
-                                assert!(!retry_after.is_zero(), "retry_after is never zero");
-                                tally.processing.fetch_add(1, Ordering::SeqCst);
-                            }
-                            Begin::Replay(replay) => {
-                                assert_eq!(replay.envelope.status, 201);
-                                tally.replay.fetch_add(1, Ordering::SeqCst);
-                            }
-                            other => {
-                                eprintln!("{key}: unexpected answer {other:?}");
-                                tally.other.fetch_add(1, Ordering::SeqCst);
-                            }
+                        if failed.is_some() {
+                            continue;
+                        }
+                        if let Err(e) = one_call(engine, key, fingerprint, tally) {
+                            failed = Some(format!("{key}: {e}"));
                         }
                     }
-                    Ok(())
+                    failed.map_or(Ok(()), Err)
                 })
             })
             .collect();
+        let mut failures = Vec::new();
         for h in handles {
             match h.join() {
-                Ok(result) => result.expect("a racing caller failed"),
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failures.push(e),
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
+        assert!(failures.is_empty(), "racing callers failed: {failures:?}");
     });
     tallies
 }
