@@ -216,11 +216,17 @@ pub(crate) fn shown(key_hex: &str) -> String {
         .map_or_else(|| key_hex.to_string(), |key| key.to_string())
 }
 
-/// The `Display` of the damage to effect steps, the evidence log and the
-/// dead letters (the tables added after format 2's first three), and of a
-/// foreign key under a Redis prefix.
-fn fmt_step_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// The `Display` of a value that does not decode outside the records
+/// table (outbox, entities, effect steps, the evidence log, dead letters),
+/// and of a foreign key under a Redis prefix.
+fn fmt_value_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match d {
+        Damage::UndecodableOutboxMessage { seq, reason } => {
+            write!(f, "outbox message #{seq} does not decode: {reason}")
+        }
+        Damage::UndecodableEntity { entity, reason } => {
+            write!(f, "entity {entity:?} does not decode: {reason}")
+        }
         Damage::ForeignKey { key } => write!(
             f,
             "key {key:?} under the engine's Redis prefix was not written by the engine"
@@ -286,16 +292,12 @@ impl fmt::Display for Damage {
                 f,
                 "entity {entity:?} is stored but a lookup of its id does not find it (a damaged page of the entities table)"
             ),
-            Damage::UndecodableOutboxMessage { seq, reason } => {
-                write!(f, "outbox message #{seq} does not decode: {reason}")
-            }
-            Damage::UndecodableEntity { entity, reason } => {
-                write!(f, "entity {entity:?} does not decode: {reason}")
-            }
-            Damage::UndecodableStep { .. }
+            Damage::UndecodableOutboxMessage { .. }
+            | Damage::UndecodableEntity { .. }
+            | Damage::UndecodableStep { .. }
             | Damage::UndecodableHistory { .. }
             | Damage::ForeignKey { .. }
-            | Damage::UndecodableDeadLetter { .. } => fmt_step_damage(self, f),
+            | Damage::UndecodableDeadLetter { .. } => fmt_value_damage(self, f),
             Damage::BadMetaValue { key, reason } => {
                 write!(f, "meta value {key:?} is damaged: {reason}")
             }
