@@ -342,7 +342,7 @@ fn a_reset_token_counter_never_lets_a_token_go_backwards() -> TestResult {
     let b = engine(&s, &clock)?;
     let key = IdempotencyKey::new("t", "k")?;
     for i in 0..5 {
-        complete(&a, &IdempotencyKey::new("t", &format!("warm-{i}"))?)?;
+        complete(&a, &IdempotencyKey::new("t", format!("warm-{i}"))?)?;
     }
     let Begin::Claimed(first) = a.begin(&key, fp()?)? else {
         return Err("first claim".into());
@@ -389,7 +389,7 @@ fn an_evicting_server_is_refused() -> TestResult {
     };
     let mut filler_errors = 0;
     for i in 0..20_000 {
-        let k = IdempotencyKey::new("evict", &format!("filler-{i:06}-{}", "x".repeat(150)))?;
+        let k = IdempotencyKey::new("evict", format!("filler-{i:06}-{}", "x".repeat(150)))?;
         if e.begin(&k, fp()?).is_err() {
             filler_errors += 1;
         }

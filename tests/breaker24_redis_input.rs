@@ -165,7 +165,7 @@ fn a_password_changed_under_a_running_engine_stays_hidden() -> TestResult {
         .query(&mut admin)
         .unwrap_or(0);
     for i in 0..3 {
-        let key = IdempotencyKey::new("pw", &format!("k{i}"))?;
+        let key = IdempotencyKey::new("pw", format!("k{i}"))?;
         let err = e
             .begin(&key, fp()?)
             .err()

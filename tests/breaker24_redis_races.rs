@@ -132,7 +132,7 @@ fn claim_against_claim_from_two_engines_has_one_winner() -> TestResult {
             threads.push(std::thread::spawn(move || -> TestResult {
                 barrier.wait();
                 for k in 0..KEYS {
-                    let key = IdempotencyKey::new("race", &format!("k{k}"))?;
+                    let key = IdempotencyKey::new("race", format!("k{k}"))?;
                     if let Begin::Claimed(c) = e.begin(&key, fp()?)? {
                         let token = c.fencing_token();
                         wins.lock()
@@ -263,7 +263,7 @@ fn purge_racing_complete_never_half_lands() -> TestResult {
     const KEYS: usize = 120;
     let mut claims = Vec::new();
     for k in 0..KEYS {
-        let key = IdempotencyKey::new("pr", &format!("k{k}"))?;
+        let key = IdempotencyKey::new("pr", format!("k{k}"))?;
         let Begin::Claimed(c) = a.begin(&key, fp()?)? else {
             return Err("fresh claim".into());
         };
@@ -323,7 +323,7 @@ fn a_sweep_racing_late_completes_keeps_one_outcome() -> TestResult {
     const KEYS: usize = 120;
     let mut claims = Vec::new();
     for k in 0..KEYS {
-        let key = IdempotencyKey::new("sw", &format!("k{k}"))?;
+        let key = IdempotencyKey::new("sw", format!("k{k}"))?;
         let Begin::Claimed(c) = a.begin(&key, fp()?)? else {
             return Err("fresh claim".into());
         };

@@ -191,7 +191,7 @@ fn client_kill_of_every_connection_is_survived() -> TestResult {
     let e = engine(&s)?;
     let mut admin = redis::Client::open(s.url().as_str())?.get_connection()?;
     for round in 0..5 {
-        let key = IdempotencyKey::new("kill", &format!("k{round}"))?;
+        let key = IdempotencyKey::new("kill", format!("k{round}"))?;
         let Begin::Claimed(c) = e.begin(&key, fp()?)? else {
             return Err("fresh claim".into());
         };
@@ -247,7 +247,7 @@ fn a_full_aof_disk_refuses_writes_and_keeps_outcomes() -> TestResult {
     let mut first_error = None;
     let mut failed_key = None;
     for i in 0..100 {
-        let key = IdempotencyKey::new("full", &format!("k{i}"))?;
+        let key = IdempotencyKey::new("full", format!("k{i}"))?;
         let claim = match e.begin(&key, fp()?) {
             Ok(Begin::Claimed(c)) => c,
             Ok(other) => return Err(format!("{key}: {other:?}").into()),
