@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idempotency::{
-    Begin, Engine, Envelope, Error, Failure, Fingerprint, IdempotencyKey, ManualClock, OpenError,
+    Begin, Engine, Envelope, Error, Fingerprint, IdempotencyKey, ManualClock, OpenError,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -331,9 +331,12 @@ fn a_token_counter_that_is_not_a_number_is_reported() -> TestResult {
 fn a_reset_token_counter_never_lets_a_token_go_backwards() -> TestResult {
     // The counter vanished (an operator's DEL, an eviction, a restore of
     // an older AOF for that one key) while records with tokens stay. A
-    // takeover of a released key must still draw a token above the one the
-    // key's last holder had: fencing tokens grow per key. And verify must
-    // notice a counter below a stored record's token.
+    // new claim over a key's record (here its outcome expired past the
+    // TTL) must still draw a token above the one the record carries:
+    // fencing tokens grow per key. And verify must notice a counter below
+    // a stored record's token. (A key whose record is gone, e.g. a
+    // released claim, carries no token to compare with: the store's
+    // module doc says so.)
     let Some(s) = server(&[])? else {
         return Ok(());
     };
@@ -344,23 +347,30 @@ fn a_reset_token_counter_never_lets_a_token_go_backwards() -> TestResult {
     for i in 0..5 {
         complete(&a, &IdempotencyKey::new("t", format!("warm-{i}"))?)?;
     }
-    let Begin::Claimed(first) = a.begin(&key, fp()?)? else {
-        return Err("first claim".into());
-    };
-    let old = first.fencing_token();
-    a.fail(first, Failure::Retryable)?;
+    let old = complete(&a, &key)?;
+    clock.advance(Duration::from_secs(25 * 3600));
     let _: () = redis::cmd("DEL")
         .arg(format!("{PREFIX}token"))
         .query(&mut s.conn()?)?;
     let report = a.verify()?;
     let Begin::Claimed(second) = b.begin(&key, fp()?)? else {
-        return Err("the released key must be claimable".into());
+        return Err("the expired key must be claimable".into());
     };
     let new = second.fencing_token();
     assert!(
         new > old,
         "fencing token went backwards for {key}: {old} then {new} \
          (verify before the takeover said: {report:?})"
+    );
+    assert!(!report.is_sound(), "verify must report the reset counter");
+    // The claim raised the counter: a fresh key draws above it too.
+    let Begin::Claimed(third) = b.begin(&IdempotencyKey::new("t", "fresh")?, fp()?)? else {
+        return Err("fresh claim".into());
+    };
+    assert!(
+        third.fencing_token() > new,
+        "a fresh claim after the takeover drew {} (takeover had {new})",
+        third.fencing_token()
     );
     Ok(())
 }
