@@ -631,7 +631,8 @@ pub enum Corrupted {
         seq: u32,
     },
     /// A value of the meta table, by its key (`next_token`,
-    /// `journal_lsn`, ...); only in [`OpenError::Corrupt`].
+    /// `journal_lsn`, ...); only in [`OpenError::Corrupt`], except the
+    /// Redis store's fencing-token counter, which a claim meets.
     Meta(&'static str),
     /// The database file as a whole; only in [`OpenError::Corrupt`].
     File,

@@ -94,6 +94,8 @@ pub(crate) struct RedisTxn<'t> {
     /// The highest fencing token of a record this op loaded: a token it
     /// draws exceeds it even if the counter was reset.
     max_token: u64,
+    /// The token counter was found holding no integer.
+    pub(super) token_damaged: bool,
 }
 
 impl<'t> RedisTxn<'t> {
@@ -115,6 +117,7 @@ impl<'t> RedisTxn<'t> {
             outbox: HashMap::new(),
             reads: 0,
             max_token: 0,
+            token_damaged: false,
         }
     }
 
@@ -211,7 +214,16 @@ impl Txn for RedisTxn<'_> {
     }
 
     fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, Fault> {
-        let bytes = self.load_str(self.keys.record(&member(key)))?;
+        let bytes = match self.load_str(self.keys.record(&member(key))) {
+            Err(Fault(e)) if super::conn::wrong_type(&e) => {
+                return Ok(Some(Err(DecodeError::Malformed(
+                    "its record's Redis key holds another type (WRONGTYPE): something else \
+                     wrote under the prefix"
+                        .to_owned(),
+                ))))
+            }
+            other => other?,
+        };
         let loaded = bytes.map(|b| decode_value(key.record_key(), &b));
         if let Some(Ok(rec)) = &loaded {
             self.max_token = self.max_token.max(rec.token);
@@ -258,7 +270,11 @@ impl Txn for RedisTxn<'_> {
         // found below a loaded record's token (reset, restored) is not
         // trusted: the token is one above that record's, and the commit
         // raises the counter to it so later draws exceed it too.
-        let drawn: u64 = self.conn.conn.incr(&self.keys.token, 1u64)?;
+        let drawn: u64 = self
+            .conn
+            .conn
+            .incr(&self.keys.token, 1u64)
+            .inspect_err(|e| self.token_damaged = super::conn::not_integer(e))?;
         if drawn > self.max_token {
             return Ok(drawn);
         }

@@ -12,6 +12,7 @@ use crate::verify::Damage;
 
 use super::keys::key_of;
 use super::read::score_ms;
+use super::read::{typed, WrongType};
 use super::script::Index;
 use super::shared::Shared;
 use super::txn::{decode_value, index_of, split_value};
@@ -36,9 +37,31 @@ impl Shared {
         let p = self.keys.prefix.as_bytes();
         let mut problems = Vec::new();
         let mut checked = 0;
-        let counter: Option<u64> =
-            self.read(what, |c| redis::cmd("GET").arg(&self.keys.token).query(c))?;
-        let counter = counter.unwrap_or(0);
+        let counter: Option<Vec<u8>> = self
+            .read(what, |c| {
+                typed(redis::cmd("GET").arg(&self.keys.token).query(c))
+            })?
+            .unwrap_or_else(|WrongType| Some(b"(another Redis type)".to_vec()));
+        let counter = match counter {
+            None => 0,
+            Some(bytes) => match std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|t| t.parse().ok())
+            {
+                Some(n) => n,
+                None => {
+                    problems.push(Damage::BadMetaValue {
+                        key: self.keys.token.clone(),
+                        reason: format!(
+                            "the fencing-token counter holds {:?}, not an integer: no claim \
+                             can draw a token",
+                            String::from_utf8_lossy(&bytes)
+                        ),
+                    });
+                    0
+                }
+            },
+        };
         // Every index, as member → score.
         let mut indexes: Vec<(Index, HashMap<Vec<u8>, u64>)> = Vec::new();
         for (index, name) in [
@@ -148,9 +171,16 @@ impl Shared {
                 key_hex: key_hex.clone(),
             });
         }
-        let bytes: Option<Vec<u8>> = self.read("verifying a record", |c| {
-            redis::cmd("GET").arg(key).query(c)
+        let bytes = self.read("verifying a record", |c| {
+            typed::<Option<Vec<u8>>>(redis::cmd("GET").arg(key).query(c))
         })?;
+        let Ok(bytes) = bytes else {
+            problems.push(Damage::Undecodable {
+                key_hex,
+                reason: "its Redis key holds another type than a record (WRONGTYPE)".to_owned(),
+            });
+            return Ok(());
+        };
         let Some(bytes) = bytes else {
             return Ok(()); // deleted since the scan saw it
         };
