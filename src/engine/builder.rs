@@ -688,7 +688,10 @@ impl EngineBuilder {
     /// `idempotency:`. Checked when opening: 1 to 64 printable ASCII
     /// characters without spaces or `* ? [ ] \`
     /// ([`OpenError::InvalidKeyPrefix`] otherwise). Nothing else may write
-    /// under it: [`Engine::verify`] reports keys it did not write.
+    /// under it: [`Engine::verify`] reports keys it did not write, except
+    /// those of another engine on a longer prefix (`ten:eu:` beside
+    /// `ten:`), which it skips. Nested prefixes are allowed; avoid one
+    /// that ends in a layout name (`ten:r:` beside `ten:`).
     #[cfg(feature = "redis")]
     pub fn redis_key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.redis.prefix = prefix.into();
