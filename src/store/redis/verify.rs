@@ -39,31 +39,7 @@ impl Shared {
         let p = self.keys.prefix.as_bytes();
         let mut problems = Vec::new();
         let mut checked = 0;
-        let counter: Option<Vec<u8>> = self
-            .read(what, |c| {
-                typed(redis::cmd("GET").arg(&self.keys.token).query(c))
-            })?
-            .unwrap_or_else(|WrongType| Some(b"(another Redis type)".to_vec()));
-        let counter = match counter {
-            None => 0,
-            Some(bytes) => match std::str::from_utf8(&bytes)
-                .ok()
-                .and_then(|t| t.parse().ok())
-            {
-                Some(n) => n,
-                None => {
-                    problems.push(Damage::BadMetaValue {
-                        key: self.keys.token.clone(),
-                        reason: format!(
-                            "the fencing-token counter holds {:?}, not an integer: no claim \
-                             can draw a token",
-                            String::from_utf8_lossy(&bytes)
-                        ),
-                    });
-                    0
-                }
-            },
-        };
+        let counter = self.token_counter(&mut problems)?;
         // Every index, as member → score.
         let mut indexes: Vec<(Index, HashMap<Vec<u8>, u64>)> = Vec::new();
         for (index, name) in [
@@ -162,6 +138,33 @@ impl Shared {
         Ok((problems, checked))
     }
 
+    /// The fencing-token counter (0 when absent); one that is not an
+    /// integer is listed (and counts as 0).
+    fn token_counter(&self, problems: &mut Vec<Damage>) -> Result<u64> {
+        let counter: Option<Vec<u8>> = self
+            .read("verifying the Redis store", |c| {
+                typed(redis::cmd("GET").arg(&self.keys.token).query(c))
+            })?
+            .unwrap_or_else(|WrongType| Some(b"(another Redis type)".to_vec()));
+        let Some(bytes) = counter else {
+            return Ok(0);
+        };
+        if let Some(n) = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| t.parse().ok())
+        {
+            return Ok(n);
+        }
+        problems.push(Damage::BadMetaValue {
+            key: self.keys.token.clone(),
+            reason: format!(
+                "the fencing-token counter holds {:?}, not an integer: no claim can draw a token",
+                String::from_utf8_lossy(&bytes)
+            ),
+        });
+        Ok(0)
+    }
+
     /// Whether `key` lies under a longer prefix (this prefix, then more
     /// up to a `:`) on which an engine stores its settings (`<that
     /// prefix>meta` exists). Answers are kept in `seen`, by prefix.
@@ -176,17 +179,16 @@ impl Shared {
                 continue;
             }
             let nested = &key[..=i];
-            let found = match seen.get(nested) {
-                Some(&found) => found,
-                None => {
-                    let mut meta = nested.to_vec();
-                    meta.extend_from_slice(b"meta");
-                    let found: bool = self.read("verifying the Redis store", |c| {
-                        redis::cmd("EXISTS").arg(&meta).query(c)
-                    })?;
-                    seen.insert(nested.to_vec(), found);
-                    found
-                }
+            let found = if let Some(&found) = seen.get(nested) {
+                found
+            } else {
+                let mut meta = nested.to_vec();
+                meta.extend_from_slice(b"meta");
+                let found: bool = self.read("verifying the Redis store", |c| {
+                    redis::cmd("EXISTS").arg(&meta).query(c)
+                })?;
+                seen.insert(nested.to_vec(), found);
+                found
             };
             if found {
                 return Ok(true);
