@@ -190,6 +190,20 @@ pub enum OpenError {
         found: String,
     },
 
+    /// The Redis server may evict the engine's keys (feature `redis`): its
+    /// `maxmemory-policy` is one of `allkeys-*`, so when memory runs out it
+    /// deletes any key, a PROCESSING record or the fencing-token counter
+    /// among them, and work runs twice. The engine sets no Redis expiry, so
+    /// `noeviction` and the `volatile-*` policies never touch its keys.
+    /// Nothing was written. Fix the server (`CONFIG SET maxmemory-policy
+    /// noeviction`, and the same in `redis.conf`), or accept the risk with
+    /// `EngineBuilder::allow_volatile(true)`.
+    #[error("the Redis server has maxmemory-policy {policy}, which evicts any key when memory runs out, claims and the fencing-token counter included, so work may run twice (fix: CONFIG SET maxmemory-policy noeviction, and in redis.conf; or accept the risk with EngineBuilder::allow_volatile(true))")]
+    RedisEvicts {
+        /// The policy the server reported (`allkeys-lru`, ...).
+        policy: String,
+    },
+
     /// The server behind a Redis URL cannot hold the engine's records
     /// (feature `redis`): a cluster URL or a server in cluster mode, a
     /// server that is not Redis or Valkey, or one that refuses Lua
@@ -619,7 +633,8 @@ pub enum Corrupted {
         seq: u32,
     },
     /// A value of the meta table, by its key (`next_token`,
-    /// `journal_lsn`, ...); only in [`OpenError::Corrupt`].
+    /// `journal_lsn`, ...); only in [`OpenError::Corrupt`], except the
+    /// Redis store's fencing-token counter, which a claim meets.
     Meta(&'static str),
     /// The database file as a whole; only in [`OpenError::Corrupt`].
     File,

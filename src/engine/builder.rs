@@ -699,7 +699,10 @@ impl EngineBuilder {
     /// `idempotency:`. Checked when opening: 1 to 64 printable ASCII
     /// characters without spaces or `* ? [ ] \`
     /// ([`OpenError::InvalidKeyPrefix`] otherwise). Nothing else may write
-    /// under it: [`Engine::verify`] reports keys it did not write.
+    /// under it: [`Engine::verify`] reports keys it did not write, except
+    /// those of another engine on a longer prefix (`ten:eu:` beside
+    /// `ten:`), which it skips. Nested prefixes are allowed; avoid one
+    /// that ends in a layout name (`ten:r:` beside `ten:`).
     #[cfg(feature = "redis")]
     pub fn redis_key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.redis.prefix = prefix.into();
@@ -736,12 +739,15 @@ impl EngineBuilder {
         self
     }
 
-    /// Opens on a Redis server that does not fsync every write (feature
-    /// `redis`): without `appendonly yes` and `appendfsync always`, a
-    /// server crash can forget acknowledged outcomes, so work may run
+    /// Opens on a Redis server that does not fsync every write or that
+    /// may evict keys (feature `redis`): without `appendonly yes` and
+    /// `appendfsync always`, a server crash can forget acknowledged
+    /// outcomes; with `maxmemory-policy allkeys-*`, a full server deletes
+    /// claims and the fencing-token counter; either way work may run
     /// twice. Default `false`: such a server is refused
-    /// ([`OpenError::RedisNotDurable`]). With `true` the open logs a
-    /// warning and goes on (also when `CONFIG GET` is not allowed).
+    /// ([`OpenError::RedisNotDurable`], [`OpenError::RedisEvicts`]). With
+    /// `true` the open logs a warning and goes on (also when `CONFIG GET`
+    /// is not allowed).
     #[cfg(feature = "redis")]
     pub fn allow_volatile(mut self, allow: bool) -> Self {
         self.redis.allow_volatile = allow;
@@ -770,7 +776,8 @@ impl EngineBuilder {
     ///
     /// The server must keep what it acknowledged: the open reads `CONFIG
     /// GET appendonly` and `appendfsync` and refuses anything but `yes`
-    /// and `always`, unless [`allow_volatile`](Self::allow_volatile). A
+    /// and `always`, and a `maxmemory-policy` of `allkeys-*` (it evicts
+    /// the engine's keys), unless [`allow_volatile`](Self::allow_volatile). A
     /// write returns once the server has applied it (and, with `always`,
     /// fsynced its AOF); with [`wait_replicas`](Self::wait_replicas), once
     /// replicas have it too. Time comes from the builder's
@@ -783,7 +790,8 @@ impl EngineBuilder {
     /// [`OpenError::RedisUnsupported`] for a cluster URL or a server in
     /// cluster mode, a server that is not Redis, or one that refuses Lua
     /// scripts; [`OpenError::RedisNotDurable`], naming the setting and the
-    /// fix; [`OpenError::Storage`] for a malformed URL, a server that
+    /// fix; [`OpenError::RedisEvicts`] for `maxmemory-policy allkeys-*`;
+    /// [`OpenError::Storage`] for a malformed URL, a server that
     /// cannot be reached in time, or failed authentication (no message
     /// shows the URL or the password); [`OpenError::ExpiryPolicyConflict`]
     /// if other engines on the prefix expire by another policy;

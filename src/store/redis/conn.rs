@@ -136,3 +136,14 @@ pub(super) fn open_storage(context: &'static str) -> impl Fn(redis::RedisError) 
 pub(super) fn lost(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
+
+/// A command or script met a key of another Redis type than the engine
+/// stores there (`WRONGTYPE`): something else wrote under the prefix.
+pub(super) fn wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE")
+}
+
+/// `INCR` met a value that is not a 64-bit integer (a damaged counter).
+pub(super) fn not_integer(e: &redis::RedisError) -> bool {
+    e.to_string().contains("not an integer")
+}

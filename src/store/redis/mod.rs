@@ -28,6 +28,14 @@
 //! Fencing tokens come from one counter key (`INCR`), drawn after the op
 //! has read the record, so a token exceeds the token of any record the
 //! guard then proves unchanged; they grow per key across every engine.
+//! A claim over a record that is there (takeover, resume, re-claim) also
+//! takes one above that record's token when the counter is not (it was
+//! deleted, evicted or restored older), and its commit raises the counter,
+//! so tokens never go backwards for a key that has a record. A key with
+//! no record left (purged, expired without a tombstone, never claimed)
+//! carries no token to compare with: after a counter reset its next claim
+//! may draw a token an earlier, long-gone holder had. `verify` reports a
+//! counter below a stored record's token.
 //! A PROCESSING record never carries a Redis expiry: a lease that runs out
 //! makes it UNKNOWN (read-time truth, then the sweeper). COMPLETED records
 //! and tombstones expire by the engine's TTL rules, through the expiry

@@ -1,6 +1,7 @@
 //! Opening: connect, make sure the server is a single Redis (or Valkey)
 //! with scripting, check that it keeps acknowledged writes (`appendonly
-//! yes`, `appendfsync always`) unless the builder accepted the risk, and
+//! yes`, `appendfsync always`) and never evicts them (`maxmemory-policy`
+//! not `allkeys-*`) unless the builder accepted the risk, and
 //! agree with the other engines on the prefix about the expiry settings.
 
 use std::time::Duration;
@@ -81,7 +82,8 @@ pub(super) fn check_server(conn: &mut RedisConn, opts: &RedisOptions) -> Result<
     check_durability(conn, opts.allow_volatile)
 }
 
-/// `appendonly yes` and `appendfsync always`, unless volatile is allowed.
+/// `appendonly yes`, `appendfsync always` and no `allkeys-*` eviction,
+/// unless volatile is allowed.
 fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), OpenError> {
     let mut setting = |name: &'static str| -> Result<Option<String>, OpenError> {
         let pair: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
@@ -99,6 +101,20 @@ fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), Op
     };
     let appendonly = setting("appendonly")?;
     let appendfsync = setting("appendfsync")?;
+    // The engine sets no Redis expiry, so only `allkeys-*` can evict its
+    // keys; `noeviction` and `volatile-*` leave them alone.
+    if let Some(policy) = setting("maxmemory-policy")? {
+        if policy.starts_with("allkeys-") {
+            if !allow_volatile {
+                return Err(OpenError::RedisEvicts { policy });
+            }
+            tracing::warn!(
+                setting = "maxmemory-policy",
+                found = %policy,
+                "Redis opened with allow_volatile: the server may evict claims and the token counter, so work may run twice"
+            );
+        }
+    }
     for (name, found, want) in [
         ("appendonly", appendonly, "yes"),
         ("appendfsync", appendfsync, "always"),

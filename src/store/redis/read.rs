@@ -28,12 +28,36 @@ fn corrupt(key: &IdempotencyKey) -> impl Fn(codec::DecodeError) -> Error + '_ {
     }
 }
 
+/// A read met a key of another Redis type (see [`typed`]).
+pub(super) struct WrongType;
+
+/// A read's answer, with `WRONGTYPE` (a key of another Redis type) kept
+/// apart from the failures of the server or the connection.
+pub(super) fn typed<T>(r: redis::RedisResult<T>) -> redis::RedisResult<Result<T, WrongType>> {
+    match r {
+        Err(e) if super::conn::wrong_type(&e) => Ok(Err(WrongType)),
+        other => other.map(Ok),
+    }
+}
+
+/// A key of another Redis type where `key`'s record belongs.
+pub(super) fn wrong_type_record(key: &IdempotencyKey) -> Error {
+    Error::Corrupt {
+        what: Corrupted::Record(key.clone()),
+        reason: "its record's Redis key holds another type (WRONGTYPE): something else \
+                 wrote under the prefix"
+            .to_owned(),
+    }
+}
+
 impl Shared {
     pub(super) fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         let rkey = self.keys.record(&member(key));
-        let bytes: Option<Vec<u8>> = self.read("reading a record", |c| {
-            redis::cmd("GET").arg(&rkey).query(c)
-        })?;
+        let bytes: Option<Vec<u8>> = self
+            .read("reading a record", |c| {
+                typed(redis::cmd("GET").arg(&rkey).query(c))
+            })?
+            .map_err(|WrongType| wrong_type_record(key))?;
         bytes
             .map(|b| decode_value(key.record_key(), &b).map_err(corrupt(key)))
             .transpose()

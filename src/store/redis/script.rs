@@ -94,6 +94,10 @@ while i <= #a do
   elseif op == 'Z' then
     redis.call('ZADD', k, a[i + 2], a[i + 3])
     i = i + 4
+  elseif op == 'M' then
+    local c = tonumber(redis.call('GET', k))
+    if not c or c < tonumber(a[i + 2]) then redis.call('SET', k, a[i + 2]) end
+    i = i + 3
   elseif op == 'ZR' then
     redis.call('ZREM', k, a[i + 2])
     i = i + 3
@@ -152,6 +156,8 @@ pub(super) enum Write {
     HDel(Vec<u8>, Vec<u8>),
     ZAdd(Vec<u8>, u64, Vec<u8>),
     ZRem(Vec<u8>, Vec<u8>),
+    /// A counter raised to at least this value (never lowered).
+    Raise(Vec<u8>, u64),
 }
 
 /// Guards and writes, as one invocation of [`GUARDED`].
@@ -282,6 +288,10 @@ impl Batch {
                 Write::ZRem(key, m) => {
                     let k = a.key(key);
                     a.push([op("ZR"), k, m.clone()]);
+                }
+                Write::Raise(key, at_least) => {
+                    let k = a.key(key);
+                    a.push([op("M"), k, at_least.to_string().into_bytes()]);
                 }
             }
         }

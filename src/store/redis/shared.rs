@@ -117,6 +117,7 @@ impl Shared {
             let result = op(&mut t);
             let batch = std::mem::take(&mut t.batch);
             let reads = t.reads;
+            let token_damaged = t.token_damaged;
             drop(t);
             match result {
                 Ok(value) => match self.commit(context, &mut conn, &batch, reads)? {
@@ -139,6 +140,9 @@ impl Shared {
                     tracing::warn!(error = %describe(&e), context, "Redis connection lost before the commit; running the op again on another");
                     drop_broken(conn);
                     reconnects -= 1;
+                }
+                Err(OpError::Fatal(Fault(e))) if token_damaged => {
+                    return Err(super::claim::token_counter_damaged(&e));
                 }
                 Err(OpError::Fatal(Fault(e))) => {
                     if lost(&e) {

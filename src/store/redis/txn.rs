@@ -94,6 +94,11 @@ pub(crate) struct RedisTxn<'t> {
     dead_letters: HashMap<u64, Option<Vec<u8>>>,
     /// Reads sent to the server.
     pub(super) reads: usize,
+    /// The highest fencing token of a record this op loaded: a token it
+    /// draws exceeds it even if the counter was reset.
+    max_token: u64,
+    /// The token counter was found holding no integer.
+    pub(super) token_damaged: bool,
 }
 
 impl<'t> RedisTxn<'t> {
@@ -115,6 +120,8 @@ impl<'t> RedisTxn<'t> {
             outbox: HashMap::new(),
             dead_letters: HashMap::new(),
             reads: 0,
+            max_token: 0,
+            token_damaged: false,
         }
     }
 
@@ -211,8 +218,21 @@ impl Txn for RedisTxn<'_> {
     }
 
     fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, Fault> {
-        let bytes = self.load_str(self.keys.record(&member(key)))?;
-        Ok(bytes.map(|b| decode_value(key.record_key(), &b)))
+        let bytes = match self.load_str(self.keys.record(&member(key))) {
+            Err(Fault(e)) if super::conn::wrong_type(&e) => {
+                return Ok(Some(Err(DecodeError::Malformed(
+                    "its record's Redis key holds another type (WRONGTYPE): something else \
+                     wrote under the prefix"
+                        .to_owned(),
+                ))))
+            }
+            other => other?,
+        };
+        let loaded = bytes.map(|b| decode_value(key.record_key(), &b));
+        if let Some(Ok(rec)) = &loaded {
+            self.max_token = self.max_token.max(rec.token);
+        }
+        Ok(loaded)
     }
 
     fn store(
@@ -250,8 +270,24 @@ impl Txn for RedisTxn<'_> {
     fn next_token(&mut self) -> Result<u64, Fault> {
         // Drawn now, after the op's reads: the token exceeds that of any
         // record the commit's guards then prove unchanged. A token of an
-        // op that conflicts is never used (gaps are harmless).
-        Ok(self.conn.conn.incr(&self.keys.token, 1u64)?)
+        // op that conflicts is never used (gaps are harmless). A counter
+        // found below a loaded record's token (reset, restored) is not
+        // trusted: the token is one above that record's, and the commit
+        // raises the counter to it so later draws exceed it too.
+        let drawn: u64 = self
+            .conn
+            .conn
+            .incr(&self.keys.token, 1u64)
+            .inspect_err(|e| self.token_damaged = super::conn::not_integer(e))?;
+        if drawn > self.max_token {
+            return Ok(drawn);
+        }
+        let token = self.max_token.saturating_add(1);
+        self.max_token = token;
+        self.batch
+            .writes
+            .push(Write::Raise(self.keys.token.as_bytes().to_vec(), token));
+        Ok(token)
     }
 
     fn push_outbox(&mut self, id: String, message: OutgoingMessage) -> Result<(), Fault> {

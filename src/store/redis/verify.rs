@@ -12,6 +12,7 @@ use crate::verify::Damage;
 
 use super::keys::key_of;
 use super::read::score_ms;
+use super::read::{typed, WrongType};
 use super::script::Index;
 use super::shared::Shared;
 use super::txn::{decode_value, index_of, split_value};
@@ -30,15 +31,15 @@ fn index_name(index: Index) -> &'static str {
 impl Shared {
     /// Checks every key under the prefix. Not a snapshot: a record written
     /// during the scan may show as a stray or missing index entry; run it
-    /// again to tell damage from traffic.
+    /// again to tell damage from traffic. Keys under a longer prefix that
+    /// another engine uses (`ten:eu:` beside `ten:`, told by its
+    /// `<prefix>meta`) are that engine's, not strangers: they are skipped.
     pub(super) fn verify(&self) -> Result<(Vec<Damage>, u64)> {
         let what = "verifying the Redis store";
         let p = self.keys.prefix.as_bytes();
         let mut problems = Vec::new();
         let mut checked = 0;
-        let counter: Option<u64> =
-            self.read(what, |c| redis::cmd("GET").arg(&self.keys.token).query(c))?;
-        let counter = counter.unwrap_or(0);
+        let counter = self.token_counter(&mut problems)?;
         // Every index, as member → score.
         let mut indexes: Vec<(Index, HashMap<Vec<u8>, u64>)> = Vec::new();
         for (index, name) in [
@@ -75,6 +76,7 @@ impl Shared {
         pattern.push(b'*');
         let mut cursor: u64 = 0;
         let mut records_seen: Vec<Vec<u8>> = Vec::new();
+        let mut nested: HashMap<Vec<u8>, bool> = HashMap::new();
         loop {
             let (next, keys): (u64, Vec<Vec<u8>>) = self.read(what, |c| {
                 redis::cmd("SCAN")
@@ -108,6 +110,9 @@ impl Shared {
                             reason: e.to_string(),
                         });
                     }
+                } else if self.nested_engine(&key, p.len(), &mut nested)? {
+                    // Another engine's, on a longer prefix (`ten:eu:`
+                    // under `ten:`): its own verify checks it.
                 } else {
                     problems.push(Damage::ForeignKey {
                         key: String::from_utf8_lossy(&key).into_owned(),
@@ -137,6 +142,65 @@ impl Shared {
         Ok((problems, checked))
     }
 
+    /// The fencing-token counter (0 when absent); one that is not an
+    /// integer is listed (and counts as 0).
+    fn token_counter(&self, problems: &mut Vec<Damage>) -> Result<u64> {
+        let counter: Option<Vec<u8>> = self
+            .read("verifying the Redis store", |c| {
+                typed(redis::cmd("GET").arg(&self.keys.token).query(c))
+            })?
+            .unwrap_or_else(|WrongType| Some(b"(another Redis type)".to_vec()));
+        let Some(bytes) = counter else {
+            return Ok(0);
+        };
+        if let Some(n) = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| t.parse().ok())
+        {
+            return Ok(n);
+        }
+        problems.push(Damage::BadMetaValue {
+            key: self.keys.token.clone(),
+            reason: format!(
+                "the fencing-token counter holds {:?}, not an integer: no claim can draw a token",
+                String::from_utf8_lossy(&bytes)
+            ),
+        });
+        Ok(0)
+    }
+
+    /// Whether `key` lies under a longer prefix (this prefix, then more
+    /// up to a `:`) on which an engine stores its settings (`<that
+    /// prefix>meta` exists). Answers are kept in `seen`, by prefix.
+    fn nested_engine(
+        &self,
+        key: &[u8],
+        own: usize,
+        seen: &mut HashMap<Vec<u8>, bool>,
+    ) -> Result<bool> {
+        for (i, &b) in key.iter().enumerate().skip(own) {
+            if b != b':' {
+                continue;
+            }
+            let nested = &key[..=i];
+            let found = if let Some(&found) = seen.get(nested) {
+                found
+            } else {
+                let mut meta = nested.to_vec();
+                meta.extend_from_slice(b"meta");
+                let found: bool = self.read("verifying the Redis store", |c| {
+                    redis::cmd("EXISTS").arg(&meta).query(c)
+                })?;
+                seen.insert(nested.to_vec(), found);
+                found
+            };
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn check_record(
         &self,
         key: &[u8],
@@ -152,9 +216,16 @@ impl Shared {
                 key_hex: key_hex.clone(),
             });
         }
-        let bytes: Option<Vec<u8>> = self.read("verifying a record", |c| {
-            redis::cmd("GET").arg(key).query(c)
+        let bytes = self.read("verifying a record", |c| {
+            typed::<Option<Vec<u8>>>(redis::cmd("GET").arg(key).query(c))
         })?;
+        let Ok(bytes) = bytes else {
+            problems.push(Damage::Undecodable {
+                key_hex,
+                reason: "its Redis key holds another type than a record (WRONGTYPE)".to_owned(),
+            });
+            return Ok(());
+        };
         let Some(bytes) = bytes else {
             return Ok(()); // deleted since the scan saw it
         };
