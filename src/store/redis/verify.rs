@@ -28,7 +28,32 @@ fn index_name(index: Index) -> &'static str {
     }
 }
 
+/// The lease, recovery and expiry indexes, each as member → score (ms).
+type Indexes = Vec<(Index, HashMap<Vec<u8>, u64>)>;
+
 impl Shared {
+    /// Every index, as member → score.
+    fn indexes(&self) -> Result<Indexes> {
+        let mut indexes = Vec::new();
+        for (index, name) in [
+            (Index::Lease, &self.keys.lease),
+            (Index::Recovery, &self.keys.recovery),
+            (Index::Expiry, &self.keys.expiry),
+        ] {
+            let entries: Vec<(Vec<u8>, f64)> = self.read("verifying the Redis indexes", |c| {
+                redis::cmd("ZRANGE")
+                    .arg(name)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(c)
+            })?;
+            let entries = entries.into_iter().map(|(m, s)| (m, score_ms(s))).collect();
+            indexes.push((index, entries));
+        }
+        Ok(indexes)
+    }
+
     /// Checks every key under the prefix. Not a snapshot: a record written
     /// during the scan may show as a stray or missing index entry; run it
     /// again to tell damage from traffic. Keys under a longer prefix that
@@ -40,24 +65,7 @@ impl Shared {
         let mut problems = Vec::new();
         let mut checked = 0;
         let counter = self.token_counter(&mut problems)?;
-        // Every index, as member → score.
-        let mut indexes: Vec<(Index, HashMap<Vec<u8>, u64>)> = Vec::new();
-        for (index, name) in [
-            (Index::Lease, &self.keys.lease),
-            (Index::Recovery, &self.keys.recovery),
-            (Index::Expiry, &self.keys.expiry),
-        ] {
-            let entries: Vec<(Vec<u8>, f64)> = self.read(what, |c| {
-                redis::cmd("ZRANGE")
-                    .arg(name)
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query(c)
-            })?;
-            let entries = entries.into_iter().map(|(m, s)| (m, score_ms(s))).collect();
-            indexes.push((index, entries));
-        }
+        let indexes = self.indexes()?;
         let fixed = [
             &self.keys.lease,
             &self.keys.recovery,
@@ -206,7 +214,7 @@ impl Shared {
         key: &[u8],
         m: &[u8],
         counter: u64,
-        indexes: &[(Index, HashMap<Vec<u8>, u64>)],
+        indexes: &Indexes,
         problems: &mut Vec<Damage>,
     ) -> Result<()> {
         let rkey = rkey_of(m);
