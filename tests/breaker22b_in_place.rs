@@ -86,6 +86,12 @@ fn run(url: &str, name: &str, full: bool, scenario: Scenario) -> TestResult<Vec<
     }
     let mut out = Vec::new();
     scenario(&ctx, c, &mut out)?;
+    // A claim the scenario dropped sends its PROCESSING -> UNKNOWN notice
+    // without waiting: wait for both engines' notices, or the record read
+    // below races them (seen once in CI: UNKNOWN on one path, PROCESSING
+    // on the other, in purged-then-reclaimed).
+    ctx.a.flush()?;
+    ctx.b.flush()?;
     let record = ctx.b.record(&key)?.map(|r| format!("{:?}", r.state));
     out.push(format!("record {record:?}"));
     let steps: Vec<String> = ctx
