@@ -74,18 +74,6 @@ impl Remembered {
     }
 }
 
-/// The fencing-token counter (`<prefix>token`) holds no integer.
-pub(super) fn token_counter_damaged(e: &redis::RedisError) -> Error {
-    Error::Corrupt {
-        what: Corrupted::Meta("token (the fencing-token counter <prefix>token)"),
-        reason: format!(
-            "it is not an integer, so no claim can draw a fencing token ({}); \
-             set it above every record's token",
-            super::conn::describe(e)
-        ),
-    }
-}
-
 impl Shared {
     /// `begin`'s first step, and a claim's fast path, in one script. A
     /// connection found lost is replaced and the script sent again: if the
@@ -141,10 +129,10 @@ impl Shared {
                     left -= 1;
                 }
                 Err(e) if super::conn::wrong_type(&e) => {
-                    return Err(super::read::wrong_type_record(&req.key));
+                    return Err(super::conn::wrong_type_record(&req.key));
                 }
                 Err(e) if super::conn::not_integer(&e) => {
-                    return Err(token_counter_damaged(&e));
+                    return Err(super::conn::token_counter_damaged(&e));
                 }
                 Err(e) => {
                     if lost(&e) {

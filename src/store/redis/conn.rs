@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, OpenError};
+use crate::error::{Corrupted, Error, OpenError};
+use crate::key::IdempotencyKey;
 
 /// A pooled connection and its server-side id (`CLIENT ID`), by which a
 /// connection whose answer was lost is ended before its write is settled.
@@ -146,4 +147,26 @@ pub(super) fn wrong_type(e: &redis::RedisError) -> bool {
 /// `INCR` met a value that is not a 64-bit integer (a damaged counter).
 pub(super) fn not_integer(e: &redis::RedisError) -> bool {
     e.to_string().contains("not an integer")
+}
+
+/// A key of another Redis type where `key`'s record belongs.
+pub(super) fn wrong_type_record(key: &IdempotencyKey) -> Error {
+    Error::Corrupt {
+        what: Corrupted::Record(key.clone()),
+        reason: "its record's Redis key holds another type (WRONGTYPE): something else \
+                 wrote under the prefix"
+            .to_owned(),
+    }
+}
+
+/// The fencing-token counter (`<prefix>token`) holds no integer.
+pub(super) fn token_counter_damaged(e: &redis::RedisError) -> Error {
+    Error::Corrupt {
+        what: Corrupted::Meta("token (the fencing-token counter <prefix>token)"),
+        reason: format!(
+            "it is not an integer, so no claim can draw a fencing token ({}); \
+             set it above every record's token",
+            describe(e)
+        ),
+    }
 }

@@ -40,16 +40,6 @@ pub(super) fn typed<T>(r: redis::RedisResult<T>) -> redis::RedisResult<Result<T,
     }
 }
 
-/// A key of another Redis type where `key`'s record belongs.
-pub(super) fn wrong_type_record(key: &IdempotencyKey) -> Error {
-    Error::Corrupt {
-        what: Corrupted::Record(key.clone()),
-        reason: "its record's Redis key holds another type (WRONGTYPE): something else \
-                 wrote under the prefix"
-            .to_owned(),
-    }
-}
-
 impl Shared {
     pub(super) fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         let rkey = self.keys.record(&member(key));
@@ -57,7 +47,7 @@ impl Shared {
             .read("reading a record", |c| {
                 typed(redis::cmd("GET").arg(&rkey).query(c))
             })?
-            .map_err(|WrongType| wrong_type_record(key))?;
+            .map_err(|WrongType| super::conn::wrong_type_record(key))?;
         bytes
             .map(|b| decode_value(key.record_key(), &b).map_err(corrupt(key)))
             .transpose()

@@ -142,7 +142,7 @@ impl Shared {
                     reconnects -= 1;
                 }
                 Err(OpError::Fatal(Fault(e))) if token_damaged => {
-                    return Err(super::claim::token_counter_damaged(&e));
+                    return Err(super::conn::token_counter_damaged(&e));
                 }
                 Err(OpError::Fatal(Fault(e))) => {
                     if lost(&e) {
