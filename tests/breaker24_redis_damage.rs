@@ -12,88 +12,26 @@
 //! always) on a free loopback port in a temp dir; skipped without the
 //! binary (a failure under `CI=true`).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idempotency::{
     Begin, Engine, Envelope, Error, Fingerprint, IdempotencyKey, ManualClock, OpenError,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use redis_server::BoxError;
 
 const PREFIX: &str = "b24:";
 
 /// A throwaway `redis-server`, killed (our own child) on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use redis_server::{own_server, OwnServer as Server};
 
-impl Server {
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn conn(&self) -> Result<redis::Connection, BoxError> {
-        Ok(redis::Client::open(self.url().as_str())?.get_connection()?)
-    }
-}
-
-/// Starts a durable `redis-server` with `extra` arguments; `None` (skip)
-/// without the binary.
-fn server(extra: &[&str]) -> Result<Option<Server>, BoxError> {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            return Err("redis-server is not installed and CI=true".into());
-        }
-        eprintln!("skipped: redis-server is not installed");
-        return Ok(None);
-    }
-    let dir = tempfile::tempdir()?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let s = Server {
-        child,
-        port,
-        _dir: dir,
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while s.conn().is_err() {
-        if Instant::now() > until {
-            return Err("redis-server did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(Some(s))
+/// A client connection of the test's own to `s`.
+fn conn(s: &Server) -> Result<redis::Connection, BoxError> {
+    Ok(redis::Client::open(s.url().as_str())?.get_connection()?)
 }
 
 fn engine(s: &Server, clock: &ManualClock) -> Result<Engine, OpenError> {
@@ -177,7 +115,7 @@ fn damaged_key_is_named(e: &Engine, key: &IdempotencyKey, healthy: &IdempotencyK
 
 #[test]
 fn junk_bytes_at_a_record_key() -> TestResult {
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -191,13 +129,13 @@ fn junk_bytes_at_a_record_key() -> TestResult {
     let _: () = redis::cmd("SET")
         .arg(record_key("d", "junk"))
         .arg("this is not a record")
-        .query(&mut s.conn()?)?;
+        .query(&mut conn(&s)?)?;
     damaged_key_is_named(&e, &bad, &good)
 }
 
 #[test]
 fn a_token_prefix_that_is_not_a_number() -> TestResult {
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -208,7 +146,7 @@ fn a_token_prefix_that_is_not_a_number() -> TestResult {
     );
     complete(&e, &bad)?;
     complete(&e, &good)?;
-    let mut c = s.conn()?;
+    let mut c = conn(&s)?;
     let rk = record_key("d", "tok");
     let value: Vec<u8> = redis::cmd("GET").arg(&rk).query(&mut c)?;
     let colon = value
@@ -223,7 +161,7 @@ fn a_token_prefix_that_is_not_a_number() -> TestResult {
 
 #[test]
 fn a_list_where_a_record_belongs() -> TestResult {
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -234,7 +172,7 @@ fn a_list_where_a_record_belongs() -> TestResult {
     );
     complete(&e, &bad)?;
     complete(&e, &good)?;
-    let mut c = s.conn()?;
+    let mut c = conn(&s)?;
     let rk = record_key("d", "list");
     let _: () = redis::cmd("DEL").arg(&rk).query(&mut c)?;
     let _: () = redis::cmd("RPUSH").arg(&rk).arg("x").query(&mut c)?;
@@ -246,7 +184,7 @@ fn a_list_at_a_fresh_record_key() -> TestResult {
     // Nothing the engine wrote: a LIST appears at a key's record address
     // before its first request (a foreign writer). The first begin must
     // be a typed error naming the key, not a generic storage failure.
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -259,13 +197,13 @@ fn a_list_at_a_fresh_record_key() -> TestResult {
     let _: () = redis::cmd("RPUSH")
         .arg(record_key("d", "fresh"))
         .arg("x")
-        .query(&mut s.conn()?)?;
+        .query(&mut conn(&s)?)?;
     damaged_key_is_named(&e, &bad, &good)
 }
 
 #[test]
 fn a_junk_effect_step() -> TestResult {
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -280,7 +218,7 @@ fn a_junk_effect_step() -> TestResult {
         .arg(steps_key("d", "step"))
         .arg("charge")
         .arg("not a framed step")
-        .query(&mut s.conn()?)?;
+        .query(&mut conn(&s)?)?;
     let steps = e.steps(&bad);
     assert!(
         matches!(&steps, Err(Error::Corrupt { .. })) && format!("{steps:?}").contains("step"),
@@ -299,7 +237,7 @@ fn a_junk_effect_step() -> TestResult {
 fn a_token_counter_that_is_not_a_number_is_reported() -> TestResult {
     // Something overwrote `<prefix>token`. Claims cannot draw tokens; the
     // error must say which value is damaged, and verify must list it.
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -309,7 +247,7 @@ fn a_token_counter_that_is_not_a_number_is_reported() -> TestResult {
     let _: () = redis::cmd("SET")
         .arg(format!("{PREFIX}token"))
         .arg("garbage")
-        .query(&mut s.conn()?)?;
+        .query(&mut conn(&s)?)?;
     let fresh = IdempotencyKey::new("d", "new")?;
     let begin = e.begin(&fresh, fp()?);
     let text = format!("{begin:?}");
@@ -337,7 +275,7 @@ fn a_reset_token_counter_never_lets_a_token_go_backwards() -> TestResult {
     // a stored record's token. (A key whose record is gone, e.g. a
     // released claim, carries no token to compare with: the store's
     // module doc says so.)
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);
@@ -351,7 +289,7 @@ fn a_reset_token_counter_never_lets_a_token_go_backwards() -> TestResult {
     clock.advance(Duration::from_secs(25 * 3600));
     let _: () = redis::cmd("DEL")
         .arg(format!("{PREFIX}token"))
-        .query(&mut s.conn()?)?;
+        .query(&mut conn(&s)?)?;
     let report = a.verify()?;
     let Begin::Claimed(second) = b.begin(&key, fp()?)? else {
         return Err("the expired key must be claimable".into());
@@ -381,7 +319,7 @@ fn an_evicting_server_is_refused() -> TestResult {
     // least when memory runs out: a PROCESSING record, the token counter,
     // a completed outcome. The open must refuse such a server (as it
     // refuses appendfsync everysec) unless the risk is accepted.
-    let Some(s) = server(&["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"])? else {
+    let Some(s) = own_server(&["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"])? else {
         return Ok(());
     };
     let clock = ManualClock::new(1_000_000);

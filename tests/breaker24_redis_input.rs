@@ -9,74 +9,19 @@
 //! Each case starts its own durable `redis-server` on a free loopback
 //! port; skipped without the binary (a failure under `CI=true`).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use redis_server::BoxError;
 
 const PASSWORD: &str = "Sekrit-b24-password";
 
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server(extra: &[&str]) -> Result<Option<Server>, BoxError> {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            return Err("redis-server is not installed and CI=true".into());
-        }
-        eprintln!("skipped: redis-server is not installed");
-        return Ok(None);
-    }
-    let dir = tempfile::tempdir()?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let s = Server {
-        child,
-        port,
-        _dir: dir,
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > until {
-            return Err("redis-server did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(Some(s))
-}
+use redis_server::own_server;
 
 fn open(url: &str, prefix: &str) -> Result<Engine, OpenError> {
     Engine::builder()
@@ -101,10 +46,10 @@ fn complete(e: &Engine, key: &IdempotencyKey) -> TestResult {
 
 #[test]
 fn glob_prefixes_are_refused_at_open() -> TestResult {
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
-    let url = format!("redis://127.0.0.1:{}/", s.port);
+    let url = s.url();
     for prefix in ["app*", "a?:", "[ab]:", "x\\:", "", "sp ace:"] {
         let err = open(&url, prefix).err();
         assert!(
@@ -120,10 +65,10 @@ fn a_longer_prefix_of_another_engine_is_not_damage() -> TestResult {
     // Two tenants on one server: `ten:` and `ten:eu:`. Each store is
     // healthy; verify of `ten:` must not call the other's keys foreign (or
     // the open must refuse prefixes that nest).
-    let Some(s) = server(&[])? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
-    let url = format!("redis://127.0.0.1:{}/", s.port);
+    let url = s.url();
     let outer = open(&url, "ten:")?;
     let inner = match open(&url, "ten:eu:") {
         Ok(e) => e,
@@ -146,7 +91,7 @@ fn a_longer_prefix_of_another_engine_is_not_damage() -> TestResult {
 
 #[test]
 fn a_password_changed_under_a_running_engine_stays_hidden() -> TestResult {
-    let Some(s) = server(&["--requirepass", PASSWORD])? else {
+    let Some(s) = own_server(&["--requirepass", PASSWORD])? else {
         return Ok(());
     };
     let url = format!("redis://:{PASSWORD}@127.0.0.1:{}/", s.port);

@@ -11,10 +11,8 @@
 //! failure under `CI=true`).
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idempotency::{
     Begin, Engine, Envelope, Failure, Fingerprint, IdempotencyKey, ManualClock, OpenError,
@@ -22,73 +20,15 @@ use idempotency::{
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use redis_server::BoxError;
 
 const PREFIX: &str = "b24r:";
 const LEASE: Duration = Duration::from_secs(30);
 
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-fn server() -> Result<Option<Server>, BoxError> {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            return Err("redis-server is not installed and CI=true".into());
-        }
-        eprintln!("skipped: redis-server is not installed");
-        return Ok(None);
-    }
-    let dir = tempfile::tempdir()?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let s = Server {
-        child,
-        port,
-        _dir: dir,
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > until {
-            return Err("redis-server did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(Some(s))
-}
+use redis_server::{own_server, OwnServer as Server};
 
 fn engine(s: &Server, clock: &ManualClock) -> Result<Engine, OpenError> {
     Engine::builder()
@@ -116,7 +56,7 @@ fn replayed_body(e: &Engine, key: &IdempotencyKey) -> Result<Option<Vec<u8>>, Bo
 
 #[test]
 fn claim_against_claim_from_two_engines_has_one_winner() -> TestResult {
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);
@@ -162,7 +102,7 @@ fn claim_against_claim_from_two_engines_has_one_winner() -> TestResult {
 
 #[test]
 fn a_late_complete_after_a_takeover_is_fenced() -> TestResult {
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);
@@ -193,7 +133,7 @@ fn a_late_complete_after_a_takeover_is_fenced() -> TestResult {
 
 #[test]
 fn a_late_complete_after_a_settlement_is_fenced() -> TestResult {
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);
@@ -220,7 +160,7 @@ fn a_late_complete_after_a_settlement_is_fenced() -> TestResult {
 
 #[test]
 fn a_forced_purge_fences_the_holder_and_tokens_keep_growing() -> TestResult {
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);
@@ -254,7 +194,7 @@ fn a_forced_purge_fences_the_holder_and_tokens_keep_growing() -> TestResult {
 fn purge_racing_complete_never_half_lands() -> TestResult {
     // Threads: one completes each key, the other force-purges it. A
     // complete that reported an error must not have stored its outcome.
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);
@@ -314,7 +254,7 @@ fn a_sweep_racing_late_completes_keeps_one_outcome() -> TestResult {
     // Leases run out while their holders are still completing; another
     // engine sweeps. Each key ends COMPLETED by its holder (if the
     // complete said Ok) or UNKNOWN (if it said Err), never both, never lost.
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);
@@ -354,7 +294,7 @@ fn a_sweep_racing_late_completes_keeps_one_outcome() -> TestResult {
 
 #[test]
 fn tokens_grow_across_release_and_reclaim_by_the_other_engine() -> TestResult {
-    let Some(s) = server()? else {
+    let Some(s) = own_server(&[])? else {
         return Ok(());
     };
     let clock = ManualClock::new(5_000_000);

@@ -337,3 +337,76 @@ impl Resp {
         })
     }
 }
+
+/// A durable `redis-server` of one test's own (`appendonly yes`,
+/// `appendfsync always`, no RDB) on a free loopback port, in its own temp
+/// dir, started with `extra` command-line arguments (e.g. `--requirepass
+/// PW`, `--maxmemory 2mb`), killed when dropped.
+pub struct OwnServer {
+    child: std::process::Child,
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts an [`OwnServer`] and waits (at most 10 s) until it accepts
+/// connections. `Ok(None)`, after saying so, without a `redis-server` on
+/// PATH; under `CI=true` that is an error, not a skip.
+pub fn own_server(extra: &[&str]) -> Result<Option<OwnServer>, BoxError> {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            return Err("redis-server is not installed and CI=true".into());
+        }
+        eprintln!("skipped: redis-server is not installed");
+        return Ok(None);
+    }
+    let dir = tempfile::tempdir()?;
+    let port = free_port()?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let s = OwnServer {
+        child,
+        port,
+        _dir: dir,
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > until {
+            return Err("redis-server did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Some(s))
+}
