@@ -562,12 +562,56 @@ pub fn resolve_step<W: Write>(
         }
         StepResolution::StillUnknown => "still unknown".to_string(),
     };
+    let settled = |s: &StepInfo| {
+        matches!(
+            s.state,
+            StepState::Confirmed | StepState::Failed | StepState::NotExecuted
+        )
+    };
+    let before = engine.steps(key)?;
+    let was = before
+        .iter()
+        .find(|s| s.name == step)
+        .filter(|s| settled(s));
     engine.resolve_step(key, step, resolution, reason)?;
-    writeln!(
-        out,
-        "resolved step {} of {key} as {what}",
-        escape_controls(step)
-    )?;
+    match was {
+        // The same answer again: the engine changed nothing (another
+        // answer is refused with an error above).
+        Some(s) => writeln!(
+            out,
+            "step {} of {key} was already settled as {}; nothing changed",
+            escape_controls(step),
+            s.state
+        )?,
+        None => writeln!(
+            out,
+            "resolved step {} of {key} as {what}",
+            escape_controls(step)
+        )?,
+    }
+    // Why the key may still answer "in doubt": the steps left to settle.
+    let open: Vec<String> = engine
+        .steps(key)?
+        .iter()
+        .filter(|s| !settled(s))
+        .map(|s| format!("{} ({})", escape_controls(&s.name), s.state))
+        .collect();
+    if open.is_empty() {
+        match engine.record(key)?.map(|r| r.state) {
+            Some(State::Unknown) => writeln!(
+                out,
+                "every step of {key} is settled: the next request with the same fingerprint resumes it"
+            )?,
+            Some(state) => writeln!(out, "every step of {key} is settled; the key is {state}")?,
+            None => writeln!(out, "every step of {key} is settled; the key has no record")?,
+        }
+    } else {
+        writeln!(
+            out,
+            "{key} stays in doubt until these steps are settled: {}",
+            open.join(", ")
+        )?;
+    }
     Ok(())
 }
 

@@ -482,6 +482,66 @@ fn resolve_step_not_executed_lets_the_next_claim_call_under_the_same_reference()
     Ok(())
 }
 
+/// Newcomer finding: `--executed` on a step already confirmed printed
+/// "resolved" and changed nothing, while the key stayed in doubt on its
+/// other step. It now says nothing changed and names the step left; the
+/// other answer on a settled step is refused.
+#[test]
+fn resolve_of_a_settled_step_says_nothing_changed_and_names_the_open_step() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (db, _) = with_steps(dir.path(), "k8", b"ch_1")?;
+    let resolve = |answer: &[&str]| {
+        let mut parts = vec!["resolve", SCOPE, "k8", "--step", "charge"];
+        parts.extend_from_slice(answer);
+        parts.extend_from_slice(&["--reason", "checked the provider"]);
+        args(&parts, &db)
+    };
+    let out = idem_ok(resolve(&["--executed", "ch_1"]))?;
+    assert!(
+        out.contains("step charge of")
+            && out.contains("already settled as confirmed; nothing changed"),
+        "{out}"
+    );
+    assert!(
+        out.contains("stays in doubt until these steps are settled: receipt (unknown)"),
+        "{out}"
+    );
+    let err = idem_err(resolve(&["--not-executed"]))?;
+    assert!(
+        err.contains("k8") && err.contains("already settled"),
+        "{err}"
+    );
+    let engine = engine(&db)?;
+    let charge = engine
+        .steps(&key(SCOPE, "k8")?)?
+        .into_iter()
+        .find(|s| s.name == "charge")
+        .ok_or("no charge step")?;
+    assert_eq!(charge.state, StepState::Confirmed);
+    assert_eq!(charge.evidence.as_deref(), Some(&b"ch_1"[..]));
+    drop(engine);
+    // Settling the open step says the key now resumes.
+    let out = idem_ok(args(
+        &[
+            "resolve",
+            SCOPE,
+            "k8",
+            "--step",
+            "receipt",
+            "--executed",
+            "msg_1",
+            "--reason",
+            "found",
+        ],
+        &db,
+    ))?;
+    assert!(
+        out.contains("every step of") && out.contains("resumes it"),
+        "{out}"
+    );
+    Ok(())
+}
+
 #[test]
 fn resolve_of_a_step_the_key_never_had_names_it() -> TestResult {
     let dir = tempfile::tempdir()?;

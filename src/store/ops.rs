@@ -103,6 +103,17 @@ pub(crate) trait Txn {
     ) -> Result<(), Self::Fatal>;
     /// Deletes `key`'s whole evidence log.
     fn remove_history(&mut self, key: &IdempotencyKey) -> Result<(), Self::Fatal>;
+
+    /// Deletes `key`'s steps and log only while `key` has no record: a
+    /// purge of steps left without one (see [`Ops::purge`]). A store whose
+    /// transactions see every write of their own reads at once (redb's
+    /// single writer, Redis's checked reads) needs nothing more than the
+    /// two deletes; PostgreSQL overrides it with one statement that checks
+    /// the record's absence on the snapshot it deletes from.
+    fn remove_orphan_steps(&mut self, key: &IdempotencyKey) -> Result<(), Self::Fatal> {
+        self.remove_steps(key)?;
+        self.remove_history(key)
+    }
 }
 
 /// A step as loaded: its stored name and its decoded value.
@@ -573,27 +584,49 @@ pub(crate) trait Ops: Txn + Sized {
         mode: PurgeMode,
     ) -> OpResult<Option<State>, Self::Fatal> {
         let force = mode == PurgeMode::Force;
-        let rec = match self.load(key).map_err(OpError::Fatal)? {
+        match self.load(key).map_err(OpError::Fatal)? {
             // Steps and a log without a record: only a store written by
             // main from 7534400 (steps) to the commit that made a released
             // resume keep its UNKNOWN record can hold them (a resumed
             // claim's release deleted the record then). Nothing else
             // writes this state; force still clears such a store.
             None if force && !steps_of(self, key)?.is_empty() => {
-                drop_steps(self, key)?;
-                tracing::warn!(key = %key, "effect steps and log without a record purged");
-                return Ok(None);
+                // On a store that reads per statement (PostgreSQL, READ
+                // COMMITTED), a claim that committed after the first read
+                // can own the steps just seen: its record is visible now
+                // (a claim commits its record before any step), and locked
+                // by this read; such a key is purged as any other.
+                match self.load(key).map_err(OpError::Fatal)? {
+                    None => {
+                        self.remove_orphan_steps(key).map_err(OpError::Fatal)?;
+                        tracing::warn!(key = %key, "effect steps and log without a record purged");
+                        Ok(None)
+                    }
+                    Some(loaded) => self.purge_loaded(key, loaded, force),
+                }
             }
-            None => return Err(OpError::Refused(Error::NotFound { key: key.clone() })),
-            Some(Ok(rec)) => rec,
+            None => Err(OpError::Refused(Error::NotFound { key: key.clone() })),
+            Some(loaded) => self.purge_loaded(key, loaded, force),
+        }
+    }
+
+    /// [`Ops::purge`] of a key whose record was loaded (and locked).
+    fn purge_loaded(
+        &mut self,
+        key: &IdempotencyKey,
+        loaded: std::result::Result<Record, DecodeError>,
+        force: bool,
+    ) -> OpResult<Option<State>, Self::Fatal> {
+        let rec = match loaded {
+            Ok(rec) => rec,
             // A record that does not decode can only be removed by force.
-            Some(Err(e)) if force => {
+            Err(e) if force => {
                 self.remove(key, None).map_err(OpError::Fatal)?;
                 drop_steps(self, key)?;
                 tracing::warn!(key = %key, error = %e, "corrupt record purged");
                 return Ok(None);
             }
-            Some(Err(e)) => {
+            Err(e) => {
                 return Err(OpError::Refused(Error::Corrupt {
                     what: Corrupted::Record(key.clone()),
                     reason: format!("{e} (purge with force to delete it)"),
@@ -610,7 +643,7 @@ pub(crate) trait Ops: Txn + Sized {
         }
         self.delete(key, &rec)?;
         drop_steps(self, key)?;
-        tracing::warn!(key = %key, state = %state, ?mode, "record purged");
+        tracing::warn!(key = %key, state = %state, force, "record purged");
         Ok(Some(state))
     }
 

@@ -451,7 +451,25 @@ pub(crate) fn settle_step<T: Txn>(
     }
     let step = steps.swap_remove(at);
     if step.status.is_settled() {
-        return Ok(step);
+        // The same answer again (a resolver's or an operator's retry) is
+        // a no-op; another answer is refused: a settled step never changes.
+        let same = matches!(
+            (&req.answer, step.status),
+            (StepAnswer::Executed(_), StepStatus::Confirmed)
+                | (
+                    StepAnswer::NotExecuted,
+                    StepStatus::NotExecuted | StepStatus::Failed
+                )
+                | (StepAnswer::StillUnknown, _)
+        );
+        if same {
+            return Ok(step);
+        }
+        return Err(OpError::Refused(Error::InvalidState {
+            key: key.clone(),
+            action: "settle an effect step already settled with the other answer (a settled step never changes)",
+            state: State::from(rec.state),
+        }));
     }
     let new = match req.answer {
         StepAnswer::Executed(evidence) => StepRecord {

@@ -27,6 +27,8 @@ mod in_place_sql;
 #[cfg(test)]
 mod in_place_tests;
 mod local;
+#[cfg(test)]
+mod purge_race_tests;
 mod read;
 mod read_only;
 mod schema;

@@ -314,6 +314,27 @@ impl Txn for PgTxn<'_, '_> {
         Ok(())
     }
 
+    /// One statement per table, each deleting only while the key has no
+    /// record on that statement's snapshot: a step or log entry visible
+    /// there was written after its claim's record committed, so a live
+    /// key's record is visible too and nothing of it is deleted (READ
+    /// COMMITTED reads per statement; a claim can commit between this
+    /// transaction's reads).
+    fn remove_orphan_steps(&mut self, key: &IdempotencyKey) -> Result<(), Fault> {
+        for table in [&self.names.steps, &self.names.history] {
+            let sql = format!(
+                "DELETE FROM {table} WHERE scope = $1 AND key = $2
+                 AND NOT EXISTS (SELECT 1 FROM {} r WHERE r.scope = $1 AND r.key = $2)",
+                self.names.records
+            );
+            self.tx.execute_typed(
+                &sql,
+                &[(&key.scope(), Type::TEXT), (&key.key(), Type::TEXT)],
+            )?;
+        }
+        Ok(())
+    }
+
     fn load_entity(&mut self, entity: &str) -> Result<Loaded<EntityState>, Fault> {
         let sql = format!(
             "SELECT state, version, updated_at_ms FROM {} WHERE entity = $1 FOR UPDATE",
