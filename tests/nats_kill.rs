@@ -268,11 +268,9 @@ async fn consume(dir: &Path, url: &str, stream: &str, drain: bool) -> TestResult
     let mut failures = 0;
     let pull: consumer::PullConsumer = loop {
         let found = async {
-            js.get_stream(stream)
-                .await?
-                .get_consumer(DURABLE)
-                .await
-                .map_err(BoxError::from)
+            let found: consumer::PullConsumer =
+                js.get_stream(stream).await?.get_consumer(DURABLE).await?;
+            Ok::<_, BoxError>(found)
         };
         match found.await {
             Ok(pull) => break pull,
