@@ -617,9 +617,10 @@ impl Engine {
 
     /// Moves dead letter `seq` back for redelivery: removed from the list
     /// and put in the outbox (same topic and payload) in one write, under
-    /// a new message id `<id>~redrive<seq>@<dead_at_ms>`, so neither the
+    /// a new message id `<id>~redrive<seq>@<dead_at_ms>.<digest>` (the
+    /// digest: 12 hex digits of the letter's content), so neither the
     /// broker's dedup window nor the original's `FINAL_FAILURE` inbox mark
-    /// drops it. Returns that id, or `None` if there is no such letter.
+    /// drops it, nor another letter's redrive with the same seq and time. Returns that id, or `None` if there is no such letter.
     ///
     /// # Errors
     ///
