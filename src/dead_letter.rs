@@ -17,7 +17,8 @@ pub struct DeadLetter {
     /// Position in the list (pass it to [`crate::Engine::redrive`]):
     /// greater than every letter listed before it. (On redb, the number of
     /// a letter that was last and got redriven may be given again; the
-    /// redrive's message id, which also carries `dead_at_ms`, is not.)
+    /// redrive's message id, which also carries `dead_at_ms` and a digest
+    /// of the letter, is not.)
     pub seq: u64,
     /// The inbox's consumer name.
     pub consumer: String,
@@ -57,8 +58,33 @@ pub struct Delivery<'a> {
 /// The message id a redrive publishes `letter` under: a new id, so neither
 /// the broker's dedup window nor the inbox's `FINAL_FAILURE` mark of the
 /// original drops it, and a valid key whenever the original id was one.
+///
+/// `<id>~redrive<seq>@<dead_at_ms>.<digest>`: the digest (12 hex digits of
+/// BLAKE3 over the letter's consumer, id, topic, payload, attempts and
+/// reason) keeps two different letters apart even when seq and time agree
+/// (on redb a redriven last letter's seq is given again, and two messages
+/// without an id rejected in one millisecond had one redrive id, so the
+/// broker's window or the inbox dropped the second as a duplicate).
 pub(crate) fn redrive_id(letter: &DeadLetter) -> String {
-    let suffix = format!("~redrive{}@{}", letter.seq, letter.dead_at_ms);
+    let mut hasher = blake3::Hasher::new();
+    for part in [
+        letter.consumer.as_bytes(),
+        letter.message_id.as_bytes(),
+        letter.topic.as_bytes(),
+        &letter.payload,
+        &letter.attempts.to_le_bytes(),
+        letter.reason.as_bytes(),
+    ] {
+        hasher.update(&(part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize().to_hex();
+    let suffix = format!(
+        "~redrive{}@{}.{}",
+        letter.seq,
+        letter.dead_at_ms,
+        &digest.as_str()[..12]
+    );
     let id = &letter.message_id;
     if !id.is_empty()
         && id.len() + suffix.len() <= crate::key::MAX_KEY_BYTES

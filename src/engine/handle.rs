@@ -607,11 +607,20 @@ impl Engine {
         self.core.store.dead_letters(limit)
     }
 
+    /// The delivery on which a cleanly failing message goes to the dead
+    /// letters ([`crate::EngineBuilder::dead_letter_after`]), >= 1. A
+    /// broker's own delivery limit must not be below it, or the broker
+    /// stops delivering such a message before it gets there.
+    pub fn dead_letter_after(&self) -> u32 {
+        self.core.cfg.dead_letter_after
+    }
+
     /// Moves dead letter `seq` back for redelivery: removed from the list
     /// and put in the outbox (same topic and payload) in one write, under
-    /// a new message id `<id>~redrive<seq>@<dead_at_ms>`, so neither the
+    /// a new message id `<id>~redrive<seq>@<dead_at_ms>.<digest>` (the
+    /// digest: 12 hex digits of the letter's content), so neither the
     /// broker's dedup window nor the original's `FINAL_FAILURE` inbox mark
-    /// drops it. Returns that id, or `None` if there is no such letter.
+    /// drops it, nor another letter's redrive with the same seq and time. Returns that id, or `None` if there is no such letter.
     ///
     /// # Errors
     ///

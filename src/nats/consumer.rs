@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::AckKind;
 use futures_util::StreamExt;
 
@@ -89,19 +89,32 @@ impl Consumer {
     /// redelivered after 100 ms; a message in doubt or held elsewhere
     /// after 1 s.
     ///
+    /// `pull` must ack explicitly (`AckPolicy::Explicit`, JetStream's
+    /// default) and deliver a message at least
+    /// [`Engine::dead_letter_after`] times (`max_deliver` -1, unlimited, or
+    /// at least that); both are read from the consumer's info as `pull`
+    /// holds it. Deliveries of a message in doubt or held by another
+    /// consumer count towards `max_deliver` too, so a finite limit can
+    /// still stop one of those before the resolver is done with it:
+    /// unlimited is the safe setting.
+    ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] if `inbox` is not a valid consumer name.
+    /// [`NatsError::Engine`] with [`Error::InvalidKey`] if `inbox` is not a
+    /// valid consumer name; [`NatsError::ConsumerConfig`] for an ack
+    /// policy other than explicit or a `max_deliver` below
+    /// [`Engine::dead_letter_after`].
     pub fn new<H>(
         engine: Arc<Engine>,
         inbox: &str,
         pull: PullConsumer,
         handler: H,
-    ) -> crate::Result<Consumer>
+    ) -> Result<Consumer, NatsError>
     where
         H: Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
     {
         engine.inbox(inbox)?;
+        check_config(&pull, engine.dead_letter_after())?;
         Ok(Consumer {
             engine,
             inbox: inbox.to_owned(),
@@ -241,6 +254,36 @@ impl Consumer {
             }
         }
     }
+}
+
+/// Refuses a pull consumer whose settings would lose messages: see
+/// [`Consumer::new`].
+fn check_config(pull: &PullConsumer, dead_letter_after: u32) -> Result<(), NatsError> {
+    let info = pull.cached_info();
+    let refuse = |problem: String| NatsError::ConsumerConfig {
+        stream: info.stream_name.clone(),
+        consumer: info.name.clone(),
+        problem,
+    };
+    let policy = &info.config.ack_policy;
+    if !matches!(policy, AckPolicy::Explicit) {
+        return Err(refuse(format!(
+            "its ack policy is {policy:?}; the inbox consumer acks each message only after its \
+             commit and naks clean failures, which needs AckPolicy::Explicit (with None the \
+             server counts a message done on delivery, with All a later ack also acks an \
+             earlier message waiting for redelivery: either loses messages)"
+        )));
+    }
+    let max_deliver = info.config.max_deliver;
+    if max_deliver > 0 && max_deliver < i64::from(dead_letter_after) {
+        return Err(refuse(format!(
+            "its max_deliver is {max_deliver}, below the engine's dead_letter_after \
+             ({dead_letter_after}): the server would stop delivering a cleanly failing \
+             message before it reaches the dead letters, and it would be lost; set \
+             max_deliver to -1 (unlimited) or at least {dead_letter_after}"
+        )));
+    }
+    Ok(())
 }
 
 /// Which counter of [`ConsumePass`] a message adds to.

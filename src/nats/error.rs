@@ -50,6 +50,22 @@ pub enum NatsError {
         #[source]
         source: BoxError,
     },
+    /// The JetStream consumer is configured so that the inbox cannot keep
+    /// its promises: an ack policy other than explicit (the server counts
+    /// a message done on delivery, or acks earlier messages with a later
+    /// one, so a crash or a clean failure loses it), or a `max_deliver`
+    /// below [`crate::Engine::dead_letter_after`] (the server stops
+    /// delivering a failing message before it reaches the dead letters).
+    /// Checked by [`super::Consumer::new`], from the consumer's info.
+    #[error("JetStream consumer {consumer:?} on stream {stream:?} cannot be used: {problem}")]
+    ConsumerConfig {
+        /// The stream's name.
+        stream: String,
+        /// The consumer's name.
+        consumer: String,
+        /// What is wrong, and the setting that fixes it.
+        problem: String,
+    },
     /// The engine failed (storage, a poisoned engine, ...); nothing was
     /// acked or marked published.
     #[error(transparent)]
