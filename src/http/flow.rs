@@ -550,11 +550,7 @@ where
         }
         return Ok(Response::from_parts(head, ResponseBody::inner(body)));
     }
-    let messages = head
-        .extensions
-        .remove::<CompletionMessages>()
-        .map(|m| m.0)
-        .unwrap_or_default();
+    let messages = CompletionMessages::take(&mut head.extensions);
     let stored = Stored::new(cfg, status, &head.headers, digests).with_messages(messages);
     let room = stored.room();
     match body.size_hint().exact() {

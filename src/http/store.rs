@@ -56,6 +56,16 @@ pub(crate) const POINTER_DIGESTS: &str = "idempotency-layer-pointer-digests";
 #[derive(Clone, Debug, Default)]
 pub struct CompletionMessages(pub Vec<OutgoingMessage>);
 
+impl CompletionMessages {
+    /// The handler's messages, removed from its response's extensions.
+    pub(crate) fn take(extensions: &mut http::Extensions) -> Vec<OutgoingMessage> {
+        extensions
+            .remove::<CompletionMessages>()
+            .map(|m| m.0)
+            .unwrap_or_default()
+    }
+}
+
 /// How a finished claim is reported to the engine.
 pub(crate) enum Outcome {
     /// A success, with the outbox messages to store in the same write.
