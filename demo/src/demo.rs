@@ -510,8 +510,18 @@ pub async fn run(store: Option<Store>, nats: Option<String>) -> DemoResult<bool>
     )?);
 
     // Every child server has stopped, and each relayed its outbox on the
-    // way out: the ledger consumer books the last events, then the events
-    // of every payment so far are audited.
+    // way out. The phases below run the API in this process, each on an
+    // engine of its own, with the providers on the same ledgers (and, with
+    // --nats, relay their engine's outbox before closing it).
+    rows.push(counted(
+        in_process::expiry(&mut audit, &ledger, &run, tempdir.path(), nats.as_deref()).await?,
+    )?);
+    rows.push(counted(
+        in_process::disk_full(&mut audit, &ledger, &run, nats.as_deref()).await?,
+    )?);
+
+    // The ledger consumer books the last events; then every payment's
+    // events are audited.
     #[cfg(feature = "nats")]
     let events = match ledger_consumer {
         Some(consumer) => {
@@ -544,16 +554,6 @@ pub async fn run(store: Option<Store>, nats: Option<String>) -> DemoResult<bool>
     };
     #[cfg(not(feature = "nats"))]
     let events: Option<String> = None;
-
-    // Every child server has stopped: the phases below run the API in this
-    // process, each on an engine of its own, with the providers on the
-    // same ledgers.
-    rows.push(counted(
-        in_process::expiry(&mut audit, &ledger, &run, tempdir.path()).await?,
-    )?);
-    rows.push(counted(
-        in_process::disk_full(&mut audit, &ledger, &run).await?,
-    )?);
 
     // The audit, from the providers' own ledgers. Every server has
     // stopped, so the ledgers must be whole: a torn or unparsable one
@@ -592,8 +592,8 @@ pub async fn run(store: Option<Store>, nats: Option<String>) -> DemoResult<bool>
     );
     if let Some(events) = &events {
         println!(
-            "audit of the payment events (the child servers' payments): {events}; the \
-             in-process phases' events stay in their engines' outboxes"
+            "audit of the payment events (JetStream stream and the ledger consumer's books): \
+             {events}"
         );
     }
     println!("finished in {:.1} s", started.elapsed().as_secs_f64());

@@ -1,8 +1,8 @@
 //! The payments demo with its events on NATS JetStream (`--nats URL`): each
 //! successful payment's `payment.succeeded` event is stored in the outbox
 //! with its completion, relayed by the servers (one of them aborted after
-//! a charge, one SIGKILLed between the two calls) and booked by the
-//! demo's ledger consumer. Guards against an event lost, published twice
+//! a charge, one SIGKILLed between the two calls) and by the in-process
+//! phases, and booked by the demo's ledger consumer. Guards against an event lost, published twice
 //! or booked twice across duplicates, a tampered retry, crashes and
 //! restarts, as well as against the payments' own double or lost charges.
 //!
@@ -44,8 +44,14 @@ fn payments_demo_on_nats_publishes_and_books_every_payment_exactly_once(
     let [payments, published, published_twice, booked, booked_twice, lost, ..] = numbers[..] else {
         return Err(format!("unexpected events audit line: {events}").into());
     };
-    // The child servers' payments: 1 + 10 + the timeout, hang-up, crash and
-    // SIGKILL ones.
+    // Every payment the client saw succeed, the in-process phases' too.
+    let succeeded: u64 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("audit of both providers' ledgers: "))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("no providers' audit line:\n{stdout}"))?;
+    assert_eq!(payments, succeeded, "{events}");
     assert!(payments >= 10, "{events}");
     assert_eq!(published, payments, "{events}");
     assert_eq!(booked, payments, "{events}");
