@@ -285,6 +285,7 @@ pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use route::Route;
 pub use service::IdempotencyService;
+pub use store::CompletionMessages;
 
 /// The request header: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

@@ -10,6 +10,7 @@ use std::error::Error;
 use std::io::Write;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -32,6 +33,10 @@ type DemoResult<T> = Result<T, Box<dyn Error>>;
 /// The lease the demo's servers use: short, so the crash scenario's
 /// PROCESSING record becomes UNKNOWN quickly.
 const LEASE_MS: u64 = 1500;
+
+/// The `--nats` URL every server child is started with, set once by
+/// [`run`] (the scenarios start servers in several places).
+static CHILD_NATS: OnceLock<String> = OnceLock::new();
 
 /// The fault a server child is started with.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -81,6 +86,9 @@ impl Server {
             .kill_on_drop(true);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "error");
+        }
+        if let Some(url) = CHILD_NATS.get() {
+            cmd.arg("--nats").arg(url);
         }
         match fault {
             ServerFault::None => {}
@@ -349,8 +357,10 @@ fn plural(n: usize, word: &str) -> String {
 }
 
 /// Runs the whole demo on `store` (a redb file in a temporary directory
-/// if `None`); `Ok(false)` if any check failed.
-pub async fn run(store: Option<Store>) -> DemoResult<bool> {
+/// if `None`); with `nats` (a NATS server URL, `nats` feature), the child
+/// servers relay their outbox to JetStream and a ledger consumer books the
+/// events. `Ok(false)` if any check failed.
+pub async fn run(store: Option<Store>, nats: Option<String>) -> DemoResult<bool> {
     let started = Instant::now();
     let tempdir = tempfile::tempdir()?;
     let store = store.unwrap_or_else(|| Store::Redb(tempdir.path().join("payments.redb")));
@@ -372,6 +382,35 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
     println!("provider file  {}", ledger.display());
     println!("receipt file   {}", receipts_path(&ledger).display());
     println!("key prefix     {run}");
+    #[cfg(feature = "nats")]
+    let ledger_consumer = match &nats {
+        Some(url) => {
+            let started = crate::broker::Ledger::start(url, tempdir.path(), &run)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!(
+                "events         NATS JetStream {url}: stream {} ({}), durable pull consumer {} \
+                 booking into {}",
+                crate::broker::STREAM,
+                crate::broker::STREAM_SUBJECTS,
+                started.durable,
+                tempdir.path().join("books.redb").display()
+            );
+            let _ = CHILD_NATS.set(url.clone());
+            Some(started)
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "nats"))]
+    if let Some(url) = &nats {
+        return Err(format!("--nats {url}: {}", crate::store::NEEDS_NATS).into());
+    }
+    if nats.is_none() {
+        println!(
+            "events         each payment's event stays in the outbox (scripts/demo-nats \
+             relays it to NATS JetStream and books it)"
+        );
+    }
 
     let server = Server::start(&store, &ledger, ServerFault::None).await?;
     println!("server         {} (child process)", server.base);
@@ -470,15 +509,51 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
         kill_between_steps::phase(&store, &mut client, &mut audit, &ledger, &run).await?,
     )?);
 
-    // Every child server has stopped: the phases below run the API in this
-    // process, each on an engine of its own, with the providers on the
-    // same ledgers.
+    // Every child server has stopped, and each relayed its outbox on the
+    // way out. The phases below run the API in this process, each on an
+    // engine of its own, with the providers on the same ledgers (and, with
+    // --nats, relay their engine's outbox before closing it).
     rows.push(counted(
-        in_process::expiry(&mut audit, &ledger, &run, tempdir.path()).await?,
+        in_process::expiry(&mut audit, &ledger, &run, tempdir.path(), nats.as_deref()).await?,
     )?);
     rows.push(counted(
-        in_process::disk_full(&mut audit, &ledger, &run).await?,
+        in_process::disk_full(&mut audit, &ledger, &run, nats.as_deref()).await?,
     )?);
+
+    // The ledger consumer books the last events; then every payment's
+    // events are audited.
+    #[cfg(feature = "nats")]
+    let events = match ledger_consumer {
+        Some(consumer) => {
+            let told: BTreeMap<String, String> = audit
+                .succeeded
+                .iter()
+                .filter(|(key, _)| key.starts_with(&run))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let tally = consumer
+                .finish(&told, &run)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("\n== payment.succeeded events, relayed and booked");
+            println!(
+                "    ledger consumer: {} booked, {} redeliveries acked without booking, {} \
+                 retried, {} dead-lettered, {} deferred",
+                tally.pass.processed,
+                tally.pass.duplicates,
+                tally.pass.retried,
+                tally.pass.dead_lettered,
+                tally.pass.deferred
+            );
+            for problem in &tally.problems {
+                audit.fail(problem.clone());
+            }
+            Some(tally.line())
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "nats"))]
+    let events: Option<String> = None;
 
     // The audit, from the providers' own ledgers. Every server has
     // stopped, so the ledgers must be whole: a torn or unparsable one
@@ -515,6 +590,12 @@ pub async fn run(store: Option<Store>) -> DemoResult<bool> {
         "\naudit of both providers' ledgers: {}",
         Tally::line(&charges, &receipts)
     );
+    if let Some(events) = &events {
+        println!(
+            "audit of the payment events (JetStream stream and the ledger consumer's books): \
+             {events}"
+        );
+    }
     println!("finished in {:.1} s", started.elapsed().as_secs_f64());
     if audit.failures.is_empty() {
         println!(

@@ -3,8 +3,11 @@
 //! `postgres` feature through a dev-dependency on this package (see
 //! `Cargo.toml`), which cargo allows only for a package with a library.
 
+#[cfg(feature = "nats")]
+pub mod broker;
 pub mod demo;
 pub mod disk;
+pub mod event;
 pub mod ledger;
 pub mod provider;
 pub mod receipts;

@@ -47,8 +47,9 @@ use payments_demo::{demo, server};
 use tracing_subscriber::filter::LevelFilter;
 
 const USAGE: &str = "usage:
-  payments demo [--store STORE]
+  payments demo [--store STORE] [--nats URL]
   payments serve [--addr ADDR] [--store STORE] [--ledger PATH] [--lease-ms MS]
+                 [--nats URL]
                  [--ttl DURATION] [--expiry tombstone|tombstone:DURATION|forget]
                  [--header-read-timeout DURATION] [--mismatch-status 422|409|400]
                  [--crash-after-charge] [--crash-between-steps]
@@ -79,6 +80,12 @@ redb store (payments.redb -> payments.provider.jsonl) and
 payments.provider.jsonl with PostgreSQL or Redis; --ledger names another.
 The receipt provider's ledger is beside it (payments.receipts.jsonl). demo keeps both in
 a temporary directory unless STORE is a redb file.
+Each successful payment stores a payment.succeeded event in the outbox, in the
+same write as its completion. --nats URL (needs a build with --features nats;
+scripts/demo-nats runs one against a throwaway nats-server -js) relays the
+outbox to the NATS JetStream stream PAYMENTS (subjects payment.>); demo then
+also runs a ledger consumer that books each event exactly once, and audits
+the events: published once per payment, 0 booked twice, 0 lost.
 --crash-after-charge aborts the server right after the first charge, before
 its step is confirmed; --crash-between-steps holds each payment once its
 charge is confirmed, before the receipt is sent, and prints a line on stdout
@@ -118,10 +125,12 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut crash_after_charge = false;
     let mut pause_between_steps = false;
     let mut exit_on_stdin_eof = false;
+    let mut nats = None;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--store" => store = Some(Store::parse(&value()?)),
+            "--nats" => nats = Some(value()?),
             "--ledger" if command == "serve" => ledger = Some(PathBuf::from(value()?)),
             "--addr" if command == "serve" => addr = value()?.parse()?,
             "--lease-ms" if command == "serve" => lease_ms = value()?.parse()?,
@@ -146,6 +155,10 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(store) = &store {
         store.check_supported()?;
     }
+    #[cfg(not(feature = "nats"))]
+    if let Some(url) = &nats {
+        return Err(format!("--nats {url}: {}", payments_demo::store::NEEDS_NATS).into());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -155,7 +168,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             // phases) log only if RUST_LOG asks: the warnings and errors
             // those phases cause on purpose are what the narrative tells.
             server::init_logging(LevelFilter::OFF);
-            let ok = runtime.block_on(demo::run(store))?;
+            let ok = runtime.block_on(demo::run(store, nats))?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -180,6 +193,7 @@ fn try_main() -> Result<ExitCode, Box<dyn std::error::Error>> {
                 crash_after_charge,
                 pause_between_steps,
                 exit_on_stdin_eof,
+                nats,
             }))?;
             Ok(ExitCode::SUCCESS)
         }

@@ -24,14 +24,15 @@ use axum::{Extension, Json, Router};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use idempotency::http::{ClaimInfo, Disposition, IdempotencyLayer, Route};
+use idempotency::http::{ClaimInfo, CompletionMessages, Disposition, IdempotencyLayer, Route};
 use idempotency::{
     EffectStep, Effects, Engine, EngineBuilder, Envelope, ExpiryPolicy, InDoubt, InDoubtStep,
-    Resolution, Resolver, StepInfo, StepResolution, StepState,
+    Resolution, Resolver, StepInfo, StepResolution,
 };
 use serde::Deserialize;
 use tracing_subscriber::filter::LevelFilter;
 
+use crate::event::PaymentSucceeded;
 use crate::provider::{Charge, ChargeError, Fault, Provider};
 use crate::receipts::{receipts_path, Receipt, Receipts};
 use crate::store::Store;
@@ -103,6 +104,10 @@ pub struct ServeOptions {
     /// Shut down when standard input closes (how the demo stops its child
     /// servers gracefully).
     pub exit_on_stdin_eof: bool,
+    /// A NATS server URL: relay the outbox (each payment's
+    /// `payment.succeeded` event) to its JetStream stream `PAYMENTS`
+    /// (needs the `nats` feature; `main` refuses it otherwise).
+    pub nats: Option<String>,
 }
 
 /// The provider's ledger file for an engine file: `payments.redb` →
@@ -204,6 +209,20 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         (providers, Arc::new(engine))
     };
 
+    #[cfg(feature = "nats")]
+    let relay = match &opts.nats {
+        Some(url) => Some(
+            crate::broker::RelayTask::start(engine.clone(), url)
+                .await
+                .map_err(|e| format!("the outbox relay cannot start: {e}"))?,
+        ),
+        None => None,
+    };
+    #[cfg(not(feature = "nats"))]
+    if let Some(url) = &opts.nats {
+        return Err(format!("--nats {url}: {}", crate::store::NEEDS_NATS).into());
+    }
+
     let faults = Faults {
         crash_after_charge: opts.crash_after_charge,
         pause_between_steps: opts.pause_between_steps,
@@ -216,7 +235,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     );
 
     eprintln!(
-        "engine {}, provider ledger {}, receipt ledger {}, lease {} ms, ttl {} s, expiry {:?}{}{}",
+        "engine {}, provider ledger {}, receipt ledger {}, lease {} ms, ttl {} s, expiry {:?}{}{}{}",
         opts.store,
         providers.cards.path().display(),
         providers.receipts.path().display(),
@@ -232,6 +251,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             ", will hold each payment between its charge and its receipt"
         } else {
             ""
+        },
+        match &opts.nats {
+            Some(url) => format!(", outbox relayed to NATS JetStream at {url}"),
+            None => String::new(),
         }
     );
     // The demo reads this line to learn the port (and waits for the line
@@ -289,6 +312,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // watcher stopped too, this is the last handle.
     watcher.abort();
     let _ = watcher.await;
+    // A last relay pass: a server stopped cleanly leaves no event behind
+    // (one killed leaves them to the next server's relay).
+    #[cfg(feature = "nats")]
+    if let Some(relay) = relay {
+        if let Err(e) = relay.stop().await {
+            eprintln!("payments: the outbox relay's last pass failed: {e}");
+        }
+    }
     let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     Ok(())
 }
@@ -549,20 +580,13 @@ impl Resolver for PaymentResolver {
         }
     }
 
-    /// Both calls happened: the payment's response is the charge's, so
-    /// the key completes without running the handler again. With only the
-    /// charge made, `None`: the next attempt resumes (skips the charge,
-    /// sends the receipt).
-    fn complete_from_steps(&self, _in_doubt: &InDoubt, steps: &[StepInfo]) -> Option<Envelope> {
-        let confirmed = |name: &str| {
-            steps
-                .iter()
-                .find(|s| s.name == name && matches!(s.state, StepState::Confirmed))
-                .and_then(|s| s.evidence.as_deref())
-        };
-        confirmed(RECEIPT_STEP)?;
-        let charge = serde_json::from_slice::<Charge>(confirmed(CHARGE_STEP)?).ok()?;
-        Some(payment_envelope(&charge))
+    /// Never completes from the steps alone, even when both calls
+    /// happened: the completion must carry the payment's
+    /// `payment.succeeded` event (the handler hands it to the layer), and
+    /// a completion written here would have none. So the next attempt
+    /// resumes: it skips the confirmed calls and completes with the event.
+    fn complete_from_steps(&self, _in_doubt: &InDoubt, _steps: &[StepInfo]) -> Option<Envelope> {
+        None
     }
 }
 
@@ -813,7 +837,9 @@ async fn create_payment(
         tokio::time::sleep(SLOW).await;
     }
     let envelope = payment_envelope(&charge);
-    let mut response = (StatusCode::CREATED, envelope.body).into_response();
+    // The event goes into the outbox in the same write as the completion.
+    let event = CompletionMessages(vec![PaymentSucceeded::of(&charge).message()]);
+    let mut response = (StatusCode::CREATED, Extension(event), envelope.body).into_response();
     for (name, value) in envelope.headers {
         if let (Ok(name), Ok(value)) = (
             header::HeaderName::from_bytes(name.as_bytes()),

@@ -28,6 +28,11 @@ const NEEDS_FEATURE: &str = "this build has no PostgreSQL support: build the dem
 const NEEDS_REDIS: &str = "this build has no Redis support: build the demo with \
     `--features redis` (cargo run --release -p payments-demo --features redis -- ...)";
 
+/// The error for `--nats` in a build without NATS.
+#[cfg(not(feature = "nats"))]
+pub const NEEDS_NATS: &str = "this build has no NATS support: build the demo with \
+    `--features nats` (scripts/demo-nats does)";
+
 /// The engine's store, as `--store` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Store {

@@ -223,6 +223,26 @@ impl Engine {
         )
     }
 
+    /// [`Engine::complete_with_messages`] for async callers, as
+    /// [`Engine::complete_async`] is for [`Engine::complete`]: the outcome
+    /// and the outbox `messages` in one write, queued before this returns,
+    /// durable when the returned [`DurableWrite`] resolves.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::complete_with_messages`], from the future.
+    pub fn complete_with_messages_async(
+        &self,
+        claim: Claim,
+        envelope: Envelope,
+        messages: Vec<OutgoingMessage>,
+    ) -> DurableWrite {
+        DurableWrite::new(
+            self.core
+                .finish(claim, Completion::Success, envelope, None, messages),
+        )
+    }
+
     /// [`Engine::complete`], also storing a resource reference (e.g. a payment
     /// id) for apps whose contract is "a retry returns the resource's current
     /// state" rather than the original response. Replays carry it in

@@ -23,7 +23,7 @@ use super::config::Config;
 use super::problem::ProblemDetails;
 use super::replay;
 use super::runtime::{Holding, Runtime};
-use super::store::{self, Outcome, Stored, POINTER_DIGESTS};
+use super::store::{self, CompletionMessages, Outcome, Stored, POINTER_DIGESTS};
 use super::{ClaimInfo, Disposition};
 use crate::{Begin, BoxError, Claim, Engine, Failure, Fingerprint, IdempotencyKey};
 
@@ -550,7 +550,8 @@ where
         }
         return Ok(Response::from_parts(head, ResponseBody::inner(body)));
     }
-    let stored = Stored::new(cfg, status, &head.headers, digests);
+    let messages = CompletionMessages::take(&mut head.extensions);
+    let stored = Stored::new(cfg, status, &head.headers, digests).with_messages(messages);
     let room = stored.room();
     match body.size_hint().exact() {
         Some(len) if len <= room as u64 => {

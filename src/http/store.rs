@@ -22,7 +22,7 @@ use http::{HeaderMap, StatusCode};
 
 use super::config::{Config, HeaderPolicy};
 use super::IDEMPOTENT_REPLAYED;
-use crate::{Claim, Engine, Envelope, Failure};
+use crate::{Claim, Engine, Envelope, Failure, OutgoingMessage};
 
 /// Prefix of the layer's own envelope headers.
 pub(crate) const RESERVED_PREFIX: &str = "idempotency-layer-";
@@ -38,9 +38,38 @@ const _: () = assert!(
 /// Per-pointer digests of the request.
 pub(crate) const POINTER_DIGESTS: &str = "idempotency-layer-pointer-digests";
 
+/// Outbox messages a handler sends with its success: insert it into the
+/// response extensions (with axum: return `(Extension(CompletionMessages(..)),
+/// response)`), and the layer stores the messages in the same write as the
+/// completion ([`Engine::complete_with_messages`]), under the ids
+/// `<claim reference>/<n>`. So a message exists exactly when the request
+/// completed: a handler that crashes, is retried and runs again sends it
+/// once, and a relay ([`Engine::outbox`], or `nats::Relay` with the `nats`
+/// feature) publishes it.
+///
+/// Stored only with a *stored success* (a 1xx–3xx response, or one the
+/// handler marks [`super::Disposition::Store`], that is not a final
+/// failure): a retryable, in-doubt or final-failure response drops them, as
+/// nothing succeeded. Their topics and payloads count against the engine's
+/// `max_response_bytes`, with the response; over it, the outcome is not
+/// recorded (503 `outcome-not-recorded`).
+#[derive(Clone, Debug, Default)]
+pub struct CompletionMessages(pub Vec<OutgoingMessage>);
+
+impl CompletionMessages {
+    /// The handler's messages, removed from its response's extensions.
+    pub(crate) fn take(extensions: &mut http::Extensions) -> Vec<OutgoingMessage> {
+        extensions
+            .remove::<CompletionMessages>()
+            .map(|m| m.0)
+            .unwrap_or_default()
+    }
+}
+
 /// How a finished claim is reported to the engine.
 pub(crate) enum Outcome {
-    Complete(Envelope),
+    /// A success, with the outbox messages to store in the same write.
+    Complete(Envelope, Vec<OutgoingMessage>),
     Fail(Failure),
 }
 
@@ -49,7 +78,12 @@ pub(crate) enum Outcome {
 pub(crate) fn record(engine: &Engine, claim: Claim, outcome: Outcome) -> bool {
     let key = claim.key().clone();
     let done = match outcome {
-        Outcome::Complete(envelope) => engine.complete(claim, envelope),
+        Outcome::Complete(envelope, messages) if messages.is_empty() => {
+            engine.complete(claim, envelope)
+        }
+        Outcome::Complete(envelope, messages) => {
+            engine.complete_with_messages(claim, envelope, messages)
+        }
         Outcome::Fail(failure) => engine.fail(claim, failure),
     };
     match done {
@@ -88,7 +122,9 @@ pub(crate) fn submit(engine: Arc<Engine>, claim: Claim, outcome: Outcome) -> Rec
     }
     let key = claim.key().clone();
     let write = match outcome {
-        Outcome::Complete(envelope) => engine.complete_async(claim, envelope),
+        Outcome::Complete(envelope, messages) => {
+            engine.complete_with_messages_async(claim, envelope, messages)
+        }
         Outcome::Fail(failure) => engine.fail_async(claim, failure),
     };
     Box::pin(async move {
@@ -115,6 +151,8 @@ pub(crate) struct Stored {
     is_final_failure: bool,
     /// `max_response_bytes`.
     limit: usize,
+    /// The handler's [`CompletionMessages`], stored with a success.
+    messages: Vec<OutgoingMessage>,
 }
 
 impl Stored {
@@ -134,7 +172,14 @@ impl Stored {
             headers: stored,
             is_final_failure: status.as_u16() >= 400,
             limit: cfg.engine.max_response_bytes(),
+            messages: Vec::new(),
         }
+    }
+
+    /// Stores `messages` with the completion, if it is a success.
+    pub(crate) fn with_messages(mut self, messages: Vec<OutgoingMessage>) -> Stored {
+        self.messages = messages;
+        self
     }
 
     /// What the headers count towards the limit (`Envelope::size_bytes`).
@@ -195,7 +240,7 @@ impl Stored {
         if self.is_final_failure {
             Outcome::Fail(Failure::Final(envelope))
         } else {
-            Outcome::Complete(envelope)
+            Outcome::Complete(envelope, self.messages)
         }
     }
 }

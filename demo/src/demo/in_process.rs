@@ -35,6 +35,21 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .map_err(|e| format!("an engine call on the blocking pool failed: {e}").into())
 }
 
+/// With `--nats URL`, publishes the events the phase's payments left in
+/// its engine's outbox (no relay runs beside an in-process engine), before
+/// the engine closes.
+async fn relay_outbox(engine: &Arc<Engine>, nats: Option<&str>) -> DemoResult<()> {
+    #[cfg(feature = "nats")]
+    if let Some(url) = nats {
+        crate::broker::drain(Arc::clone(engine), url)
+            .await
+            .map_err(|e| format!("relaying the phase's events: {e}"))?;
+    }
+    #[cfg(not(feature = "nats"))]
+    let _ = (engine, nats);
+    Ok(())
+}
+
 /// A completed payment's key expires. The API runs in this process on an
 /// engine of its own whose clock only moves when told (`ManualClock`), so
 /// the TTL passes at once: within it a retry replays; after it the key is
@@ -45,6 +60,7 @@ pub(super) async fn expiry(
     ledger: &Path,
     run: &str,
     dir: &Path,
+    nats: Option<&str>,
 ) -> DemoResult<Row> {
     let mut row = Row {
         name: "key expired, retried",
@@ -137,6 +153,7 @@ pub(super) async fn expiry(
         TOMBSTONE_KEEP.as_secs()
     );
     api.stop().await;
+    relay_outbox(&engine, nats).await?;
     blocking(move || drop(engine)).await?;
     row.charges = ledger_count(ledger, run)? - before;
     Tally::print_phase(ledger, &key, audit)?;
@@ -154,7 +171,12 @@ pub(super) async fn expiry(
 /// runs once; every payment acknowledged before the disk filled still
 /// replays its charge. The engine's clock is manual, so waiting out a
 /// lease or the reopen check takes no time.
-pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> DemoResult<Row> {
+pub(super) async fn disk_full(
+    audit: &mut Audit,
+    ledger: &Path,
+    run: &str,
+    nats: Option<&str>,
+) -> DemoResult<Row> {
     let mut row = Row {
         name: "disk full, space freed",
         ..Row::default()
@@ -222,6 +244,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
             acknowledged.len()
         ));
         api.stop().await;
+        relay_outbox(&engine, nats).await?;
         blocking(move || drop(engine)).await?;
         row.charges = ledger_count(ledger, run)? - before;
         return Ok(row);
@@ -427,6 +450,7 @@ pub(super) async fn disk_full(audit: &mut Audit, ledger: &Path, run: &str) -> De
         }
     );
     api.stop().await;
+    relay_outbox(&engine, nats).await?;
     blocking(move || drop(engine)).await?;
     row.charges = ledger_count(ledger, run)? - before;
     Tally::print_phase(ledger, &prefix, audit)?;

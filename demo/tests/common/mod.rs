@@ -9,7 +9,15 @@ use std::time::{Duration, Instant};
 /// resume (the charge skipped, the receipt sent once), and that it took
 /// under two minutes, with its narrative on stdout free of server and log
 /// lines.
+#[allow(dead_code)] // each test file compiles this module; not all use it
 pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
+    run_demo_and_check(args).map(drop)
+}
+
+/// [`run_demo_and_check_audit`], returning the demo's stdout for further
+/// checks.
+#[allow(dead_code)] // each test file compiles this module; not all use it
+pub fn run_demo_and_check(args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
     // Cargo builds the binary, in this test's profile, before the test.
     let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_payments"))
@@ -85,5 +93,5 @@ pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error:
         "the demo took {:?}",
         started.elapsed()
     );
-    Ok(())
+    Ok(stdout.into_owned())
 }
