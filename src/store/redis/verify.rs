@@ -1,9 +1,10 @@
 //! Scrubbing a Redis store: every key under the prefix is one the engine
 //! writes (anything else is reported: another writer shares the prefix),
 //! every value decodes under its key, every record's token is at most the
-//! token counter, and the indexes agree with the records both ways.
+//! token counter, and the indexes (lease, recovery, expiry, and the listing
+//! of every record) agree with the records both ways.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::Result;
 use crate::store::codec;
@@ -31,6 +32,9 @@ fn index_name(index: Index) -> &'static str {
 /// The lease, recovery and expiry indexes, each as member → score (ms).
 type Indexes = Vec<(Index, HashMap<Vec<u8>, u64>)>;
 
+/// The name damage reports give the listing of every record (`i:keys`).
+const LISTING: &str = "listing";
+
 impl Shared {
     /// Every index, as member → score.
     fn indexes(&self) -> Result<Indexes> {
@@ -54,6 +58,18 @@ impl Shared {
         Ok(indexes)
     }
 
+    /// The listing of every record, as its members.
+    fn listing(&self) -> Result<HashSet<Vec<u8>>> {
+        let members: Vec<Vec<u8>> = self.read("verifying the Redis indexes", |c| {
+            redis::cmd("ZRANGE")
+                .arg(&self.keys.all)
+                .arg(0)
+                .arg(-1)
+                .query(c)
+        })?;
+        Ok(members.into_iter().collect())
+    }
+
     /// Checks every key under the prefix. Not a snapshot: a record written
     /// during the scan may show as a stray or missing index entry; run it
     /// again to tell damage from traffic. Keys under a longer prefix that
@@ -66,6 +82,7 @@ impl Shared {
         let mut checked = 0;
         let counter = self.token_counter(&mut problems)?;
         let indexes = self.indexes()?;
+        let listing = self.listing()?;
         let fixed = [
             &self.keys.lease,
             &self.keys.recovery,
@@ -104,6 +121,13 @@ impl Shared {
                     checked += 1;
                     records_seen.push(m.to_vec());
                     self.check_record(&key, m, counter, &indexes, &mut problems)?;
+                    if !listing.contains(m) {
+                        problems.push(Damage::MissingIndexEntry {
+                            index: LISTING,
+                            at_ms: 0,
+                            key_hex: hex(&rkey_of(m)),
+                        });
+                    }
                 } else if let Some(m) = tail.strip_prefix(b"s:") {
                     self.check_hash(&key, m, false, &mut problems)?;
                 } else if let Some(m) = tail.strip_prefix(b"h:") {
@@ -143,6 +167,15 @@ impl Shared {
                         key_hex: hex(&rkey_of(m)),
                     });
                 }
+            }
+        }
+        for m in &listing {
+            if records_seen.binary_search(m).is_err() {
+                problems.push(Damage::StrayIndexEntry {
+                    index: LISTING,
+                    at_ms: 0,
+                    key_hex: hex(&rkey_of(m)),
+                });
             }
         }
         self.check_outbox(&mut problems)?;
