@@ -251,7 +251,13 @@ fn count_one(admin: &mut redis::Connection, name: &str, n: u64, request: impl Fn
     let per = |x: u64| x as f64 / n as f64;
     let each: Vec<String> = stats
         .iter()
-        .map(|(cmd, (calls, _))| format!("{cmd} {:.2}", per(*calls)))
+        .map(|(cmd, (calls, usec))| {
+            format!(
+                "{cmd} {:.2} at {:.1} us",
+                per(*calls),
+                *usec as f64 / (*calls).max(1) as f64
+            )
+        })
         .collect();
     let (scripts, script_usec) = stats.get("evalsha").copied().unwrap_or_default();
     println!(
