@@ -230,6 +230,46 @@ impl Args<'_> {
     fn push(&mut self, parts: impl IntoIterator<Item = Vec<u8>>) {
         self.argv.extend(parts);
     }
+
+    /// Appends one guard's opcode and operands.
+    fn guard(&mut self, guard: &Guard) {
+        let a = self;
+        let op = |s: &str| s.as_bytes().to_vec();
+        match guard {
+            Guard::Str(key, Some(value)) => {
+                let k = a.key(key);
+                a.push([op("G"), k, value.clone()]);
+            }
+            Guard::Str(key, None) => {
+                let k = a.key(key);
+                a.push([op("N"), k]);
+            }
+            Guard::Hash(key, pairs) => {
+                let k = a.key(key);
+                a.push([op("H"), k, pairs.len().to_string().into_bytes()]);
+                for (f, v) in pairs {
+                    a.push([f.clone(), v.clone()]);
+                }
+            }
+            Guard::Span(key, count, ends) => {
+                let k = a.key(key);
+                let (first, last) = ends.clone().unwrap_or_default();
+                a.push([op("L"), k, count.to_string().into_bytes(), first, last]);
+            }
+            Guard::Absent(keys) => {
+                let mut parts = vec![op("A"), keys.len().to_string().into_bytes()];
+                for key in keys {
+                    parts.push(a.key(key));
+                }
+                a.push(parts);
+            }
+            Guard::Field(key, field, present) => {
+                let k = a.key(key);
+                let present = if *present { op("1") } else { op("0") };
+                a.push([op("F"), k, field.clone(), present]);
+            }
+        }
+    }
 }
 
 impl Batch {
@@ -246,40 +286,7 @@ impl Batch {
         };
         let op = |s: &str| s.as_bytes().to_vec();
         for guard in &self.guards {
-            match guard {
-                Guard::Str(key, Some(value)) => {
-                    let k = a.key(key);
-                    a.push([op("G"), k, value.clone()]);
-                }
-                Guard::Str(key, None) => {
-                    let k = a.key(key);
-                    a.push([op("N"), k]);
-                }
-                Guard::Hash(key, pairs) => {
-                    let k = a.key(key);
-                    a.push([op("H"), k, pairs.len().to_string().into_bytes()]);
-                    for (f, v) in pairs {
-                        a.push([f.clone(), v.clone()]);
-                    }
-                }
-                Guard::Span(key, count, ends) => {
-                    let k = a.key(key);
-                    let (first, last) = ends.clone().unwrap_or_default();
-                    a.push([op("L"), k, count.to_string().into_bytes(), first, last]);
-                }
-                Guard::Absent(keys) => {
-                    let mut parts = vec![op("A"), keys.len().to_string().into_bytes()];
-                    for key in keys {
-                        parts.push(a.key(key));
-                    }
-                    a.push(parts);
-                }
-                Guard::Field(key, field, present) => {
-                    let k = a.key(key);
-                    let present = if *present { op("1") } else { op("0") };
-                    a.push([op("F"), k, field.clone(), present]);
-                }
-            }
+            a.guard(guard);
         }
         for write in &self.writes {
             match write {

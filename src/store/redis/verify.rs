@@ -121,13 +121,6 @@ impl Shared {
                     checked += 1;
                     records_seen.push(m.to_vec());
                     self.check_record(&key, m, counter, &indexes, &mut problems)?;
-                    if !listing.contains(m) {
-                        problems.push(Damage::MissingIndexEntry {
-                            index: LISTING,
-                            at_ms: 0,
-                            key_hex: hex(&rkey_of(m)),
-                        });
-                    }
                 } else if let Some(m) = tail.strip_prefix(b"s:") {
                     self.check_hash(&key, m, false, &mut problems)?;
                 } else if let Some(m) = tail.strip_prefix(b"h:") {
@@ -169,15 +162,7 @@ impl Shared {
                 }
             }
         }
-        for m in &listing {
-            if records_seen.binary_search(m).is_err() {
-                problems.push(Damage::StrayIndexEntry {
-                    index: LISTING,
-                    at_ms: 0,
-                    key_hex: hex(&rkey_of(m)),
-                });
-            }
-        }
+        check_listing(&listing, &records_seen, &mut problems);
         self.check_outbox(&mut problems)?;
         self.check_dead_letters(&mut problems)?;
         Ok((problems, checked))
@@ -376,6 +361,28 @@ impl Shared {
             }
         }
         Ok(())
+    }
+}
+
+/// The listing against the records seen (sorted), both ways.
+fn check_listing(listing: &HashSet<Vec<u8>>, records_seen: &[Vec<u8>], problems: &mut Vec<Damage>) {
+    for m in records_seen {
+        if !listing.contains(m) {
+            problems.push(Damage::MissingIndexEntry {
+                index: LISTING,
+                at_ms: 0,
+                key_hex: hex(&rkey_of(m)),
+            });
+        }
+    }
+    for m in listing {
+        if records_seen.binary_search(m).is_err() {
+            problems.push(Damage::StrayIndexEntry {
+                index: LISTING,
+                at_ms: 0,
+                key_hex: hex(&rkey_of(m)),
+            });
+        }
     }
 }
 
