@@ -46,7 +46,8 @@ pub enum Damage {
     /// whose key bytes were damaged shows up this way: its index entry
     /// still names the old key.
     StrayIndexEntry {
-        /// `"leases"`, `"recovery"` or `"expiry"`.
+        /// `"leases"`, `"recovery"` or `"expiry"` (on Redis also
+        /// `"listing"`, the list of every record, at 0 ms).
         index: &'static str,
         /// The entry's instant (ms since the Unix epoch).
         at_ms: u64,
@@ -56,7 +57,8 @@ pub enum Damage {
     /// A record is missing from the index its state names: sweeps and the
     /// recovery queue would never find it.
     MissingIndexEntry {
-        /// `"leases"`, `"recovery"` or `"expiry"`.
+        /// `"leases"`, `"recovery"` or `"expiry"` (on Redis also
+        /// `"listing"`, the list of every record, at 0 ms).
         index: &'static str,
         /// The instant the record expects (ms since the Unix epoch).
         at_ms: u64,

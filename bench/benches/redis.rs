@@ -19,6 +19,13 @@
 //! ratios are measured again interleaved, one slice per system per round
 //! (`PAIRED` and `ROUNDS` lines; see `common::Rounds`).
 //!
+//! With `IDEMPOTENCY_BENCH_COMMANDS=N` it only counts: N requests of the
+//! engine, then N of the baseline, one at a time, each after `CONFIG
+//! RESETSTAT`, and prints the server's `INFO commandstats` per request
+//! (commands a script runs included) and the script time (`EVALSHA`
+//! `usec`) per request: the server-side work, which machine load barely
+//! changes. The engine's background sweeper is off for the count.
+//!
 //! Needs a server: `IDEMPOTENCY_BENCH_REDIS` (or `IDEMPOTENCY_TEST_REDIS`)
 //! holds its URL. Without one the bench prints how to start one and does
 //! nothing, so `cargo test --benches` passes without a server.
@@ -202,8 +209,106 @@ fn paired(s: &Systems) {
     }
 }
 
+/// `INFO commandstats` as command name → (calls, usec).
+fn commandstats(conn: &mut redis::Connection) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    let field = |stats: &str, name: &str| -> u64 {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| !matches!(*name, "info" | "config|resetstat"))
+        .map(|(name, stats)| {
+            (
+                name.to_string(),
+                (field(stats, "calls="), field(stats, "usec=")),
+            )
+        })
+        .collect()
+}
+
+/// Prints the commands and script time per request of `n` requests of
+/// `request`, run alone after `CONFIG RESETSTAT`.
+fn count_one(admin: &mut redis::Connection, name: &str, n: u64, request: impl Fn()) {
+    request(); // warm: connection made, script loaded
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .exec(admin)
+        .expect("CONFIG RESETSTAT");
+    for _ in 0..n {
+        request();
+    }
+    let stats = commandstats(admin);
+    let total: u64 = stats.values().map(|(calls, _)| calls).sum();
+    let per = |x: u64| x as f64 / n as f64;
+    let each: Vec<String> = stats
+        .iter()
+        .map(|(cmd, (calls, usec))| {
+            format!(
+                "{cmd} {:.2} at {:.1} us",
+                per(*calls),
+                *usec as f64 / (*calls).max(1) as f64
+            )
+        })
+        .collect();
+    let (scripts, script_usec) = stats.get("evalsha").copied().unwrap_or_default();
+    println!(
+        "COMMANDS {name}: {:.2} commands per request ({}); script time {:.1} us per request, \
+         {:.1} us per EVALSHA",
+        per(total),
+        each.join(", "),
+        per(script_usec),
+        script_usec as f64 / scripts.max(1) as f64,
+    );
+}
+
+/// The `IDEMPOTENCY_BENCH_COMMANDS` mode: server-side work per request.
+fn count_commands(url: &str, n: u64) {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    let mut admin = client.get_connection().expect("connect to Redis");
+    let prefix = format!("benchcount{}:", std::process::id());
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .redis_key_prefix(format!("{prefix}engine:"))
+        .open_redis(url)
+        .expect("open the engine on Redis");
+    count_one(&mut admin, "engine", n, || {
+        common::engine_request(&engine, &common::random_key());
+    });
+    drop(engine);
+    let baseline = Baseline::open(url, &format!("{prefix}base:"), 1);
+    count_one(&mut admin, "hand-written", n, || {
+        let key = uuid::Uuid::new_v4().to_string();
+        baseline.request(
+            0,
+            common::SCOPE,
+            &key,
+            &[7u8; 32],
+            &[b'x'; common::RESPONSE_BYTES],
+        );
+    });
+    baseline.clear();
+    common::redis_plain::delete_prefix(&mut admin, &prefix);
+}
+
 fn main() {
     let Some(url) = server() else { return };
+    if let Some(n) = std::env::var("IDEMPOTENCY_BENCH_COMMANDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+    {
+        count_commands(&url, n);
+        return;
+    }
     let systems = Systems::open(url);
     let mut c = common::durable_criterion();
     throughput(&mut c, &systems);

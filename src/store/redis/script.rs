@@ -14,6 +14,14 @@
 //! indexes; the other keys follow. `ARGV` is `guard count`, the guards,
 //! then the writes, each an opcode and its operands (key numbers index
 //! `KEYS`).
+//!
+//! Index upkeep is exact, not blanket: a record write names the index the
+//! record was in before (as the op's guarded read of it proves, see
+//! [`Was`]), so moving a record costs one `ZREM` of that index and one
+//! `ZADD`, staying in one index costs the `ZADD` alone, and only a record
+//! new under its key is added to the listing. A record whose previous
+//! place the op does not know (never read, or unreadable) is taken out of
+//! every index and listed again, as every write did before.
 
 use redis::Script;
 
@@ -46,6 +54,12 @@ for g = 1, n do
       return g
     end
     i = i + 5
+  elseif op == 'A' then
+    local c = tonumber(a[i + 1])
+    local ks = {}
+    for j = 1, c do ks[j] = KEYS[tonumber(a[i + 1 + j])] end
+    if redis.call('EXISTS', unpack(ks)) ~= 0 then return g end
+    i = i + 2 + c
   elseif op == 'F' then
     if redis.call('HEXISTS', k, a[i + 2]) ~= tonumber(a[i + 3]) then return g end
     i = i + 4
@@ -58,13 +72,19 @@ while i <= #a do
   local k = KEYS[tonumber(a[i + 1])]
   if op == 'R' then
     local m = a[i + 2]
+    local to = tonumber(a[i + 4])
+    local was = a[i + 6]
     redis.call('SET', k, a[i + 3])
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('ZREM', KEYS[2], m)
-    redis.call('ZREM', KEYS[3], m)
-    redis.call('ZADD', KEYS[tonumber(a[i + 4])], a[i + 5], m)
-    redis.call('ZADD', KEYS[4], 0, m)
-    i = i + 6
+    if was == 'U' then
+      for x = 1, 3 do
+        if x ~= to then redis.call('ZREM', KEYS[x], m) end
+      end
+    elseif was ~= 'N' and tonumber(was) ~= to then
+      redis.call('ZREM', KEYS[tonumber(was)], m)
+    end
+    redis.call('ZADD', KEYS[to], a[i + 5], m)
+    if was == 'N' or was == 'U' then redis.call('ZADD', KEYS[4], 0, m) end
+    i = i + 7
   elseif op == 'X' then
     local m = a[i + 2]
     redis.call('DEL', k)
@@ -116,6 +136,19 @@ pub(super) enum Index {
     Expiry = 3,
 }
 
+/// Where a record stood before a write of it, as the op knows it: the
+/// write's index upkeep follows from it (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Was {
+    /// Absent (read as absent, or removed earlier in the op): in no index
+    /// and not listed.
+    New,
+    /// Present and decodable, so in this index (and listed).
+    In(Index),
+    /// Not known (never read, or unreadable): every index is cleared.
+    Unknown,
+}
+
 /// A read's guard: what a key held when it was read.
 #[derive(Clone, Debug)]
 pub(super) enum Guard {
@@ -127,6 +160,8 @@ pub(super) enum Guard {
     Span(Vec<u8>, usize, Option<(Vec<u8>, Vec<u8>)>),
     /// A hash field was there (or not).
     Field(Vec<u8>, Vec<u8>, bool),
+    /// None of these keys existed (one `EXISTS` for all of them).
+    Absent(Vec<Vec<u8>>),
 }
 
 /// A buffered write.
@@ -139,6 +174,8 @@ pub(super) enum Write {
         value: Vec<u8>,
         index: Index,
         score: u64,
+        /// Where the record stood before this write.
+        was: Was,
     },
     /// A record deleted, and taken out of every index.
     Unrecord {
@@ -193,6 +230,46 @@ impl Args<'_> {
     fn push(&mut self, parts: impl IntoIterator<Item = Vec<u8>>) {
         self.argv.extend(parts);
     }
+
+    /// Appends one guard's opcode and operands.
+    fn guard(&mut self, guard: &Guard) {
+        let a = self;
+        let op = |s: &str| s.as_bytes().to_vec();
+        match guard {
+            Guard::Str(key, Some(value)) => {
+                let k = a.key(key);
+                a.push([op("G"), k, value.clone()]);
+            }
+            Guard::Str(key, None) => {
+                let k = a.key(key);
+                a.push([op("N"), k]);
+            }
+            Guard::Hash(key, pairs) => {
+                let k = a.key(key);
+                a.push([op("H"), k, pairs.len().to_string().into_bytes()]);
+                for (f, v) in pairs {
+                    a.push([f.clone(), v.clone()]);
+                }
+            }
+            Guard::Span(key, count, ends) => {
+                let k = a.key(key);
+                let (first, last) = ends.clone().unwrap_or_default();
+                a.push([op("L"), k, count.to_string().into_bytes(), first, last]);
+            }
+            Guard::Absent(keys) => {
+                let mut parts = vec![op("A"), keys.len().to_string().into_bytes()];
+                for key in keys {
+                    parts.push(a.key(key));
+                }
+                a.push(parts);
+            }
+            Guard::Field(key, field, present) => {
+                let k = a.key(key);
+                let present = if *present { op("1") } else { op("0") };
+                a.push([op("F"), k, field.clone(), present]);
+            }
+        }
+    }
 }
 
 impl Batch {
@@ -209,33 +286,7 @@ impl Batch {
         };
         let op = |s: &str| s.as_bytes().to_vec();
         for guard in &self.guards {
-            match guard {
-                Guard::Str(key, Some(value)) => {
-                    let k = a.key(key);
-                    a.push([op("G"), k, value.clone()]);
-                }
-                Guard::Str(key, None) => {
-                    let k = a.key(key);
-                    a.push([op("N"), k]);
-                }
-                Guard::Hash(key, pairs) => {
-                    let k = a.key(key);
-                    a.push([op("H"), k, pairs.len().to_string().into_bytes()]);
-                    for (f, v) in pairs {
-                        a.push([f.clone(), v.clone()]);
-                    }
-                }
-                Guard::Span(key, count, ends) => {
-                    let k = a.key(key);
-                    let (first, last) = ends.clone().unwrap_or_default();
-                    a.push([op("L"), k, count.to_string().into_bytes(), first, last]);
-                }
-                Guard::Field(key, field, present) => {
-                    let k = a.key(key);
-                    let present = if *present { op("1") } else { op("0") };
-                    a.push([op("F"), k, field.clone(), present]);
-                }
-            }
+            a.guard(guard);
         }
         for write in &self.writes {
             match write {
@@ -245,9 +296,15 @@ impl Batch {
                     value,
                     index,
                     score: at,
+                    was,
                 } => {
                     let k = a.key(key);
                     let index = (*index as u8).to_string().into_bytes();
+                    let was = match was {
+                        Was::New => op("N"),
+                        Was::In(i) => (*i as u8).to_string().into_bytes(),
+                        Was::Unknown => op("U"),
+                    };
                     a.push([
                         op("R"),
                         k,
@@ -255,6 +312,7 @@ impl Batch {
                         value.clone(),
                         index,
                         score(*at).into_bytes(),
+                        was,
                     ]);
                 }
                 Write::Unrecord { key, member } => {
@@ -323,6 +381,7 @@ impl Batch {
                         .map(|(_, v)| v.clone()),
                 ),
                 (Guard::Span(k, _, _), Some(_)) if k == key => Some(None),
+                (Guard::Absent(ks), _) if ks.contains(key) => Some(None),
                 _ => None,
             });
             if let Some(old) = old.filter(|old| *old != new) {

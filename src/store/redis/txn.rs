@@ -19,7 +19,7 @@ use crate::store::step::{HistoryRecord, StepRecord};
 
 use super::conn::RedisConn;
 use super::keys::{member, Keys};
-use super::script::{Batch, Guard, Index, Write};
+use super::script::{Batch, Guard, Index, Was, Write};
 
 /// A storage failure inside a Redis transaction: a read or a counter
 /// increment failed (nothing of the op was written).
@@ -92,6 +92,9 @@ pub(crate) struct RedisTxn<'t> {
     outbox: HashMap<u64, bool>,
     /// Dead letters as this op sees them (read, then its own writes).
     dead_letters: HashMap<u64, Option<Vec<u8>>>,
+    /// Where each record this op read or wrote stands (by record key),
+    /// as its guards prove: what a write of it must change in the indexes.
+    placed: HashMap<Vec<u8>, Was>,
     /// Reads sent to the server.
     pub(super) reads: usize,
     /// The highest fencing token of a record this op loaded: a token it
@@ -119,6 +122,7 @@ impl<'t> RedisTxn<'t> {
             spans: HashMap::new(),
             outbox: HashMap::new(),
             dead_letters: HashMap::new(),
+            placed: HashMap::new(),
             reads: 0,
             max_token: 0,
             token_damaged: false,
@@ -127,22 +131,24 @@ impl<'t> RedisTxn<'t> {
 
     /// Takes `value` as what `key`'s record holds without reading it (the
     /// bytes this engine wrote for a claim it holds, with no steps and no
-    /// log): the guard proves it at commit, and a wrong guess is a
-    /// conflict, after which the op runs again on real reads.
+    /// log; the claim script listed it in the lease index): the guards
+    /// prove it at commit (the record's bytes, and one `EXISTS` that the
+    /// step and log hashes are absent), and a wrong guess is a conflict,
+    /// after which the op runs again on real reads.
     pub(super) fn assume_record(&mut self, key: &IdempotencyKey, value: Vec<u8>) {
         let m = member(key);
         let rkey = self.keys.record(&m);
         self.batch
             .guards
             .push(Guard::Str(rkey.clone(), Some(value.clone())));
-        self.strings.insert(rkey, Some(value));
+        self.strings.insert(rkey.clone(), Some(value));
+        self.placed.insert(rkey, Was::In(Index::Lease));
         let skey = self.keys.steps(&m);
+        let hkey = self.keys.history(&m);
         self.batch
             .guards
-            .push(Guard::Hash(skey.clone(), Vec::new()));
+            .push(Guard::Absent(vec![skey.clone(), hkey.clone()]));
         self.steps.insert(skey, BTreeMap::new());
-        let hkey = self.keys.history(&m);
-        self.batch.guards.push(Guard::Span(hkey.clone(), 0, None));
         self.spans.insert(hkey, None);
     }
 
@@ -218,7 +224,8 @@ impl Txn for RedisTxn<'_> {
     }
 
     fn load(&mut self, key: &IdempotencyKey) -> Result<Loaded<Record>, Fault> {
-        let bytes = match self.load_str(self.keys.record(&member(key))) {
+        let rkey = self.keys.record(&member(key));
+        let bytes = match self.load_str(rkey.clone()) {
             Err(Fault(e)) if super::conn::wrong_type(&e) => {
                 return Ok(Some(Err(DecodeError::Malformed(
                     "its record's Redis key holds another type (WRONGTYPE): something else \
@@ -229,9 +236,15 @@ impl Txn for RedisTxn<'_> {
             other => other?,
         };
         let loaded = bytes.map(|b| decode_value(key.record_key(), &b));
-        if let Some(Ok(rec)) = &loaded {
-            self.max_token = self.max_token.max(rec.token);
-        }
+        let was = match &loaded {
+            None => Was::New,
+            Some(Ok(rec)) => {
+                self.max_token = self.max_token.max(rec.token);
+                Was::In(index_of(rec).0)
+            }
+            Some(Err(_)) => Was::Unknown,
+        };
+        self.placed.insert(rkey, was);
         Ok(loaded)
     }
 
@@ -246,12 +259,17 @@ impl Txn for RedisTxn<'_> {
         let value = encode_value(key, new);
         let (index, score) = index_of(new);
         self.set_str(rkey.clone(), Some(value.clone()));
+        let was = self
+            .placed
+            .insert(rkey.clone(), Was::In(index))
+            .unwrap_or(Was::Unknown);
         self.batch.writes.push(Write::Record {
             key: rkey,
             member: m,
             value,
             index,
             score,
+            was,
         });
         Ok(())
     }
@@ -260,6 +278,7 @@ impl Txn for RedisTxn<'_> {
         let m = member(key);
         let rkey = self.keys.record(&m);
         self.set_str(rkey.clone(), None);
+        self.placed.insert(rkey.clone(), Was::New);
         self.batch.writes.push(Write::Unrecord {
             key: rkey,
             member: m,

@@ -1,9 +1,10 @@
 //! Scrubbing a Redis store: every key under the prefix is one the engine
 //! writes (anything else is reported: another writer shares the prefix),
 //! every value decodes under its key, every record's token is at most the
-//! token counter, and the indexes agree with the records both ways.
+//! token counter, and the indexes (lease, recovery, expiry, and the listing
+//! of every record) agree with the records both ways.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::Result;
 use crate::store::codec;
@@ -31,6 +32,9 @@ fn index_name(index: Index) -> &'static str {
 /// The lease, recovery and expiry indexes, each as member → score (ms).
 type Indexes = Vec<(Index, HashMap<Vec<u8>, u64>)>;
 
+/// The name damage reports give the listing of every record (`i:keys`).
+const LISTING: &str = "listing";
+
 impl Shared {
     /// Every index, as member → score.
     fn indexes(&self) -> Result<Indexes> {
@@ -54,6 +58,18 @@ impl Shared {
         Ok(indexes)
     }
 
+    /// The listing of every record, as its members.
+    fn listing(&self) -> Result<HashSet<Vec<u8>>> {
+        let members: Vec<Vec<u8>> = self.read("verifying the Redis indexes", |c| {
+            redis::cmd("ZRANGE")
+                .arg(&self.keys.all)
+                .arg(0)
+                .arg(-1)
+                .query(c)
+        })?;
+        Ok(members.into_iter().collect())
+    }
+
     /// Checks every key under the prefix. Not a snapshot: a record written
     /// during the scan may show as a stray or missing index entry; run it
     /// again to tell damage from traffic. Keys under a longer prefix that
@@ -66,6 +82,7 @@ impl Shared {
         let mut checked = 0;
         let counter = self.token_counter(&mut problems)?;
         let indexes = self.indexes()?;
+        let listing = self.listing()?;
         let fixed = [
             &self.keys.lease,
             &self.keys.recovery,
@@ -145,6 +162,7 @@ impl Shared {
                 }
             }
         }
+        check_listing(&listing, &records_seen, &mut problems);
         self.check_outbox(&mut problems)?;
         self.check_dead_letters(&mut problems)?;
         Ok((problems, checked))
@@ -343,6 +361,28 @@ impl Shared {
             }
         }
         Ok(())
+    }
+}
+
+/// The listing against the records seen (sorted), both ways.
+fn check_listing(listing: &HashSet<Vec<u8>>, records_seen: &[Vec<u8>], problems: &mut Vec<Damage>) {
+    for m in records_seen {
+        if !listing.contains(m) {
+            problems.push(Damage::MissingIndexEntry {
+                index: LISTING,
+                at_ms: 0,
+                key_hex: hex(&rkey_of(m)),
+            });
+        }
+    }
+    for m in listing {
+        if records_seen.binary_search(m).is_err() {
+            problems.push(Damage::StrayIndexEntry {
+                index: LISTING,
+                at_ms: 0,
+                key_hex: hex(&rkey_of(m)),
+            });
+        }
     }
 }
 
