@@ -451,25 +451,7 @@ pub(crate) fn settle_step<T: Txn>(
     }
     let step = steps.swap_remove(at);
     if step.status.is_settled() {
-        // The same answer again (a resolver's or an operator's retry) is
-        // a no-op; another answer is refused: a settled step never changes.
-        let same = matches!(
-            (&req.answer, step.status),
-            (StepAnswer::Executed(_), StepStatus::Confirmed)
-                | (
-                    StepAnswer::NotExecuted,
-                    StepStatus::NotExecuted | StepStatus::Failed
-                )
-                | (StepAnswer::StillUnknown, _)
-        );
-        if same {
-            return Ok(step);
-        }
-        return Err(OpError::Refused(Error::InvalidState {
-            key: key.clone(),
-            action: "settle an effect step already settled with the other answer (a settled step never changes)",
-            state: State::from(rec.state),
-        }));
+        return settled_again(key, &rec, step, &req.answer);
     }
     let new = match req.answer {
         StepAnswer::Executed(evidence) => StepRecord {
@@ -519,6 +501,34 @@ pub(crate) fn settle_step<T: Txn>(
     t.store_step(key, &new).map_err(OpError::Fatal)?;
     tracing::info!(key = %key, step = %new.name, status = new.status.as_str(), attempts = new.attempts, "effect step settled");
     Ok(new)
+}
+
+/// A settle of a step already settled: the same answer again (a
+/// resolver's or an operator's retry) is a no-op that returns the step as
+/// it is; the other answer is refused, as a settled step never changes.
+fn settled_again<F>(
+    key: &IdempotencyKey,
+    rec: &Record,
+    step: StepRecord,
+    answer: &StepAnswer,
+) -> OpResult<StepRecord, F> {
+    let same = matches!(
+        (answer, step.status),
+        (StepAnswer::Executed(_), StepStatus::Confirmed)
+            | (
+                StepAnswer::NotExecuted,
+                StepStatus::NotExecuted | StepStatus::Failed
+            )
+            | (StepAnswer::StillUnknown, _)
+    );
+    if same {
+        return Ok(step);
+    }
+    Err(OpError::Refused(Error::InvalidState {
+        key: key.clone(),
+        action: "settle an effect step already settled with the other answer (a settled step never changes)",
+        state: State::from(rec.state),
+    }))
 }
 
 /// The summary entry a tombstone keeps of `key`'s log: each step's name
