@@ -11,6 +11,10 @@
 //!
 //! Needs `scripts/with-nats` (skipped without it; a failure under CI=true).
 
+#[path = "common/nats_env.rs"]
+mod nats_env;
+use nats_env::nats_url;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,19 +24,6 @@ use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming, NatsError
 use idempotency::{BoxError, Engine, LocalTx};
 
 type TestResult = Result<(), BoxError>;
-
-fn nats_url() -> Option<String> {
-    match std::env::var("IDEMPOTENCY_TEST_NATS") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("IDEMPOTENCY_TEST_NATS not set and CI=true (run through scripts/with-nats)")
-        }
-        _ => {
-            eprintln!("skipped: IDEMPOTENCY_TEST_NATS not set (run through scripts/with-nats)");
-            None
-        }
-    }
-}
 
 struct Setup {
     _dir: tempfile::TempDir,

@@ -9,6 +9,10 @@
 //! the consumer stalls silently. Ignored until fixed; run with
 //! `scripts/with-nats cargo test --release --test breaker29_poison_header -- --ignored`.
 
+#[path = "common/nats_env.rs"]
+mod nats_env;
+use nats_env::nats_url;
+
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,19 +22,6 @@ use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming};
 use idempotency::{BoxError, Engine, LocalTx};
 
 type TestResult = Result<(), BoxError>;
-
-fn nats_url() -> Option<String> {
-    match std::env::var("IDEMPOTENCY_TEST_NATS") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("IDEMPOTENCY_TEST_NATS not set and CI=true (run through scripts/with-nats)")
-        }
-        _ => {
-            eprintln!("skipped: IDEMPOTENCY_TEST_NATS not set (run through scripts/with-nats)");
-            None
-        }
-    }
-}
 
 /// Publishes one message with raw protocol bytes (HPUB), so its header may
 /// hold bytes no client library would send.

@@ -9,6 +9,10 @@
 //! Without `IDEMPOTENCY_TEST_NATS` every test is skipped with a message;
 //! with `CI=true` that is a failure.
 
+#[path = "common/nats_env.rs"]
+mod nats_env;
+use nats_env::nats_url;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,22 +26,7 @@ use redb::ReadableTable;
 
 type TestResult = Result<(), BoxError>;
 
-const NATS_ENV: &str = "IDEMPOTENCY_TEST_NATS";
 const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
-
-fn nats_url() -> Option<String> {
-    match std::env::var(NATS_ENV) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
-            "{NATS_ENV} not set and CI=true: the NATS tests must run, not be skipped \
-             (run them through scripts/with-nats)"
-        ),
-        _ => {
-            eprintln!("skipped: {NATS_ENV} not set (run through scripts/with-nats)");
-            None
-        }
-    }
-}
 
 /// A stream of this test's own (subjects `<name>.>`), a durable pull
 /// consumer on it with a 1 s ack wait, and a redb engine.

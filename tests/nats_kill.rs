@@ -38,6 +38,10 @@
 #[path = "common/split_mix.rs"]
 mod split_mix;
 
+#[path = "common/nats_env.rs"]
+mod nats_env;
+use nats_env::{nats_url, NATS_ENV};
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -58,7 +62,6 @@ use split_mix::SplitMix64;
 
 type TestResult = Result<(), BoxError>;
 
-const NATS_ENV: &str = "IDEMPOTENCY_TEST_NATS";
 const KILLS_VAR: &str = "IDEMPOTENCY_NATS_KILLS";
 const SEED_VAR: &str = "IDEMPOTENCY_NATS_KILL_SEED";
 /// Set in a child: `payments`, `relay-drain`, `consumer` or `consumer-drain`.
@@ -90,20 +93,6 @@ const BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(20),
     max: Duration::from_millis(500),
 };
-
-fn nats_url() -> Option<String> {
-    match std::env::var(NATS_ENV) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
-            "{NATS_ENV} not set and CI=true: the NATS tests must run, not be skipped \
-             (run them through scripts/with-nats)"
-        ),
-        _ => {
-            eprintln!("skipped: {NATS_ENV} not set (run through scripts/with-nats)");
-            None
-        }
-    }
-}
 
 fn env(var: &str) -> Result<String, BoxError> {
     std::env::var(var).map_err(|e| format!("{var}: {e}").into())
@@ -599,37 +588,16 @@ fn sigkilled_relay_and_consumer_and_a_broker_restart_book_each_payment_once() ->
     let mut restarted_server = None;
     for k in 0..kills {
         std::thread::sleep(Duration::from_millis(100 + rng.below(600)));
-        if rng.below(2) == 0 {
-            kill(
-                &mut payments,
-                &format!("payments child {pay_n}"),
-                &stderr("payments", pay_n),
-            )?;
-            relay_kills += 1;
-            pay_n += 1;
-            payments = spawn_child(
-                "payments",
-                pay_n,
-                dir.path(),
-                &stream_name,
-                &stderr("payments", pay_n),
-            )?;
+        // Kill one child at random and start its next incarnation.
+        let (role, child, n, count) = if rng.below(2) == 0 {
+            ("payments", &mut payments, &mut pay_n, &mut relay_kills)
         } else {
-            kill(
-                &mut consumer,
-                &format!("consumer child {con_n}"),
-                &stderr("consumer", con_n),
-            )?;
-            consumer_kills += 1;
-            con_n += 1;
-            consumer = spawn_child(
-                "consumer",
-                con_n,
-                dir.path(),
-                &stream_name,
-                &stderr("consumer", con_n),
-            )?;
-        }
+            ("consumer", &mut consumer, &mut con_n, &mut consumer_kills)
+        };
+        kill(child, &format!("{role} child {n}"), &stderr(role, *n))?;
+        *count += 1;
+        *n += 1;
+        *child = spawn_child(role, *n, dir.path(), &stream_name, &stderr(role, *n))?;
         if k == kills / 2 {
             let stopped = Instant::now();
             restarted_server = Some(server.restart()?);

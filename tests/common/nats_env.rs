@@ -1,0 +1,26 @@
+//! The NATS server the broker tests use: `IDEMPOTENCY_TEST_NATS`, set by
+//! `scripts/with-nats` (and `scripts/with-services`).
+
+/// The variable that names the server's URL.
+pub const NATS_ENV: &str = "IDEMPOTENCY_TEST_NATS";
+
+/// The server's URL; `None` (the test is skipped, and says so) without
+/// one.
+///
+/// # Panics
+///
+/// Without a URL under `CI=true`: there the NATS tests must run, not be
+/// skipped.
+pub fn nats_url() -> Option<String> {
+    match std::env::var(NATS_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
+            "{NATS_ENV} not set and CI=true: the NATS tests must run, not be skipped \
+             (run them through scripts/with-nats)"
+        ),
+        _ => {
+            eprintln!("skipped: {NATS_ENV} not set (run through scripts/with-nats)");
+            None
+        }
+    }
+}
