@@ -573,6 +573,27 @@ pub fn resolve_step<W: Write>(
         .iter()
         .find(|s| s.name == step)
         .filter(|s| settled(s));
+    if let Some(s) = was {
+        // A settled step never changes (the engine answers it as it is):
+        // an operator giving the other answer is told, not reassured.
+        let same = matches!(
+            (&resolution, s.state),
+            (StepResolution::Executed(_), StepState::Confirmed)
+                | (
+                    StepResolution::NotExecuted,
+                    StepState::NotExecuted | StepState::Failed
+                )
+                | (StepResolution::StillUnknown, _)
+        );
+        if !same {
+            return Err(CliError(format!(
+                "step {} of {key} is already settled as {}; a settled step never changes",
+                escape_controls(step),
+                s.state
+            ))
+            .into());
+        }
+    }
     engine.resolve_step(key, step, resolution, reason)?;
     match was {
         // The same answer again: the engine changed nothing (another

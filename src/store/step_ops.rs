@@ -451,7 +451,7 @@ pub(crate) fn settle_step<T: Txn>(
     }
     let step = steps.swap_remove(at);
     if step.status.is_settled() {
-        return settled_again(key, &rec, step, &req.answer);
+        return Ok(step);
     }
     let new = match req.answer {
         StepAnswer::Executed(evidence) => StepRecord {
@@ -501,34 +501,6 @@ pub(crate) fn settle_step<T: Txn>(
     t.store_step(key, &new).map_err(OpError::Fatal)?;
     tracing::info!(key = %key, step = %new.name, status = new.status.as_str(), attempts = new.attempts, "effect step settled");
     Ok(new)
-}
-
-/// A settle of a step already settled: the same answer again (a
-/// resolver's or an operator's retry) is a no-op that returns the step as
-/// it is; the other answer is refused, as a settled step never changes.
-fn settled_again<F>(
-    key: &IdempotencyKey,
-    rec: &Record,
-    step: StepRecord,
-    answer: &StepAnswer,
-) -> OpResult<StepRecord, F> {
-    let same = matches!(
-        (answer, step.status),
-        (StepAnswer::Executed(_), StepStatus::Confirmed)
-            | (
-                StepAnswer::NotExecuted,
-                StepStatus::NotExecuted | StepStatus::Failed
-            )
-            | (StepAnswer::StillUnknown, _)
-    );
-    if same {
-        return Ok(step);
-    }
-    Err(OpError::Refused(Error::InvalidState {
-        key: key.clone(),
-        action: "settle an effect step already settled with the other answer (a settled step never changes)",
-        state: State::from(rec.state),
-    }))
 }
 
 /// The summary entry a tombstone keeps of `key`'s log: each step's name
