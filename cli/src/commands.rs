@@ -562,17 +562,11 @@ pub fn resolve_step<W: Write>(
         }
         StepResolution::StillUnknown => "still unknown".to_string(),
     };
-    let settled = |s: &StepInfo| {
-        matches!(
-            s.state,
-            StepState::Confirmed | StepState::Failed | StepState::NotExecuted
-        )
-    };
     let before = engine.steps(key)?;
     let was = before
         .iter()
         .find(|s| s.name == step)
-        .filter(|s| settled(s));
+        .filter(|s| s.state.is_settled());
     if let Some(s) = was {
         // A settled step never changes (the engine answers it as it is):
         // an operator giving the other answer is told, not reassured.
@@ -614,7 +608,7 @@ pub fn resolve_step<W: Write>(
     let open: Vec<String> = engine
         .steps(key)?
         .iter()
-        .filter(|s| !settled(s))
+        .filter(|s| unsettled(s))
         .map(|s| format!("{} ({})", escape_controls(&s.name), s.state))
         .collect();
     if open.is_empty() {
