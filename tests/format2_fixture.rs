@@ -32,7 +32,7 @@ use std::error::Error;
 use std::path::{Path, PathBuf};
 
 use common::{claimed, replay, unknown};
-use fixture_engine::{builder, fp, key, DAY};
+use fixture_engine::{builder, fp, journal_chain, key, DAY, FRAME_HEADER, JOURNAL_HEADER};
 use idempotency::{
     Begin, Engine, Envelope, Failure, ManualClock, OutgoingMessage, Receive, ReplayKind, State,
 };
@@ -43,11 +43,6 @@ type TestResult = Result<(), Box<dyn Error>>;
 
 /// When the fixture was written (ms since the Unix epoch).
 const T0: u64 = 1_795_000_000_000;
-
-/// The journal's header length and the bytes of a frame before its
-/// payload (`src/store/redb/journal.rs`).
-const JOURNAL_HEADER: usize = 4096;
-const FRAME_HEADER: usize = 32;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2.redb")
@@ -311,33 +306,6 @@ fn the_fixture_journal_is_a_version2_journal_of_this_database() -> TestResult {
     assert_eq!(&journal[24..40], &id[1..17]);
     assert!(journal.len() > JOURNAL_HEADER + FRAME_HEADER);
     Ok(())
-}
-
-/// The journal's bytes up to the end of its frame chain from the first
-/// frame (`journal.rs`: each frame `len u32 · unsynced u32 · LSN u64 ·
-/// checksum 16 · payload`, padded to 8; LSNs consecutive): the zeros the
-/// writer preallocates, and older cycles' frames beyond the chain, carry
-/// nothing a reader needs.
-fn journal_chain(journal: &[u8]) -> Result<&[u8], Box<dyn Error>> {
-    let mut pos = JOURNAL_HEADER;
-    let mut prev: Option<u64> = None;
-    while let Some(head) = journal.get(pos..pos + FRAME_HEADER) {
-        let len = u32::from_le_bytes(head[0..4].try_into()?) as usize;
-        let lsn = u64::from_le_bytes(head[8..16].try_into()?);
-        if head.iter().all(|&b| b == 0) || prev.is_some_and(|p| lsn != p + 1) {
-            break;
-        }
-        let end = pos + (FRAME_HEADER + len).div_ceil(8) * 8;
-        if end > journal.len() {
-            break;
-        }
-        prev = Some(lsn);
-        pos = end;
-    }
-    if prev.is_none() {
-        return Err("the journal holds no frame".into());
-    }
-    Ok(&journal[..pos])
 }
 
 /// Writes the fixture's mix of values but the inbox mark through `engine`

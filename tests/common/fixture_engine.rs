@@ -35,3 +35,36 @@ pub fn fp(amount: u32) -> Result<Fingerprint, idempotency::FingerprintError> {
         &[],
     )
 }
+
+/// The journal's header length and the bytes of a frame before its
+/// payload (`src/store/redb/journal.rs`).
+pub const JOURNAL_HEADER: usize = 4096;
+/// See [`JOURNAL_HEADER`].
+pub const FRAME_HEADER: usize = 32;
+
+/// The journal's bytes up to the end of its frame chain from the first
+/// frame (`journal.rs`: each frame `len u32 · unsynced u32 · LSN u64 ·
+/// checksum 16 · payload`, padded to 8; LSNs consecutive): the zeros the
+/// writer preallocates, and older cycles' frames beyond the chain, carry
+/// nothing a reader needs.
+pub fn journal_chain(journal: &[u8]) -> Result<&[u8], Box<dyn std::error::Error>> {
+    let mut pos = JOURNAL_HEADER;
+    let mut prev: Option<u64> = None;
+    while let Some(head) = journal.get(pos..pos + FRAME_HEADER) {
+        let len = u32::from_le_bytes(head[0..4].try_into()?) as usize;
+        let lsn = u64::from_le_bytes(head[8..16].try_into()?);
+        if head.iter().all(|&b| b == 0) || prev.is_some_and(|p| lsn != p + 1) {
+            break;
+        }
+        let end = pos + (FRAME_HEADER + len).div_ceil(8) * 8;
+        if end > journal.len() {
+            break;
+        }
+        prev = Some(lsn);
+        pos = end;
+    }
+    if prev.is_none() {
+        return Err("the journal holds no frame".into());
+    }
+    Ok(&journal[..pos])
+}
