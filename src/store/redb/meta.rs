@@ -566,20 +566,34 @@ impl<T, E: Into<redb::Error>> OpenContext<T> for Result<T, E> {
 
 /// Runs `read` on the meta table of `db`'s last commit (`None`: the file
 /// has no meta table). A damaged value is an error naming its key and
-/// `path`.
+/// `path`; a panic inside redb on a damaged page is contained and is
+/// [`OpenError::Corrupt`] naming `path` (a salvage reads the meta table of
+/// a file that opened, whose meta pages may still be damaged).
 pub(super) fn read_meta<T>(
     db: &impl ReadableDatabase,
     path: &Path,
     what: &'static str,
     read: impl FnOnce(&ReadOnlyTable<&'static str, &'static [u8]>) -> Result<T, MetaError>,
 ) -> Result<Option<T>, OpenError> {
-    let txn = db.begin_read().open_context(what)?;
-    let table = match txn.open_table(META) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
-        Err(e) => return Err(e).open_context(what),
+    let attempt = || {
+        let txn = db.begin_read().open_context(what)?;
+        let table = match txn.open_table(META) {
+            Ok(table) => table,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e).open_context(what),
+        };
+        read(&table).map(Some).map_err(|e| e.open_error(path, what))
     };
-    read(&table).map(Some).map_err(|e| e.open_error(path, what))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)).unwrap_or_else(|panic| {
+        Err(OpenError::Corrupt {
+            path: path.to_path_buf(),
+            what: Corrupted::File,
+            reason: format!(
+                "the storage library panicked while {what}: {}",
+                crate::store::panic_message(panic.as_ref())
+            ),
+        })
+    })
 }
 
 /// The format of the database at `path` (`None`: no engine tables yet),

@@ -186,6 +186,23 @@ fn open_error_as(
         DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
             path: path.to_path_buf(),
         },
+        // A read past the end of the file: its header or a page names
+        // bytes the file does not have, so the file is damaged or
+        // truncated (a failing disk reports other kinds).
+        DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            OpenError::Corrupt {
+                path: path.to_path_buf(),
+                what: Corrupted::File,
+                reason: reason(
+                    path,
+                    format!(
+                        "it names bytes past the end of the file ({source}): damaged or truncated"
+                    ),
+                ),
+            }
+        }
         // The disk failed (full, read-only, gone), not the file's contents:
         // a healthy file must not be reported as damaged. (redb reports
         // bytes that are not a database as `InvalidData`.)
