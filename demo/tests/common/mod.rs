@@ -1,7 +1,6 @@
 //! Running the demo binary and checking its audit, for every store.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// Runs `payments demo` with `args` and checks that it succeeded, that its
 /// audit of both providers' ledgers found 0 double and 0 lost charges and
@@ -19,7 +18,6 @@ pub fn run_demo_and_check_audit(args: &[&str]) -> Result<(), Box<dyn std::error:
 #[allow(dead_code)] // each test file compiles this module; not all use it
 pub fn run_demo_and_check(args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
     // Cargo builds the binary, in this test's profile, before the test.
-    let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_payments"))
         .arg("demo")
         .args(args)
@@ -87,11 +85,6 @@ pub fn run_demo_and_check(args: &[&str]) -> Result<String, Box<dyn std::error::E
             line.contains("0 charged twice, 0 lost;") && line.ends_with("0 receipted twice, 0 lost")
         }),
         "{phase_audits:?}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(120),
-        "the demo took {:?}",
-        started.elapsed()
     );
     Ok(stdout.into_owned())
 }
