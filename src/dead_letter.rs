@@ -4,6 +4,9 @@
 //! happened: a `Failure::Retryable`, or an error before any side effect)
 //! on its last allowed delivery, or when it cannot be processed at all (no
 //! message id, an id over [`crate::MAX_KEY_BYTES`], control characters).
+//! An outbox message a relay can never publish comes here too
+//! ([`crate::Outbox::give_up`], consumer
+//! [`crate::OUTBOX_DEAD_LETTER_CONSUMER`]).
 //! A message whose handler died mid-effect never comes here: its inbox
 //! record is UNKNOWN (in doubt) and belongs to the resolver.
 
@@ -20,7 +23,8 @@ pub struct DeadLetter {
     /// redrive's message id, which also carries `dead_at_ms` and a digest
     /// of the letter, is not.)
     pub seq: u64,
-    /// The inbox's consumer name.
+    /// The inbox's consumer name ([`crate::OUTBOX_DEAD_LETTER_CONSUMER`]
+    /// for an outbox message a relay gave up).
     pub consumer: String,
     /// The message id as delivered (empty when it had none; possibly not a
     /// valid key when that is why it is here).
