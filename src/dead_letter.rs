@@ -63,13 +63,14 @@ pub struct Delivery<'a> {
 /// the broker's dedup window nor the inbox's `FINAL_FAILURE` mark of the
 /// original drops it, and a valid key whenever the original id was one.
 ///
-/// `<id>~redrive<seq>@<dead_at_ms>.<digest>`: the digest (12 hex digits of
-/// BLAKE3 over the letter's consumer, id, topic, payload, attempts and
-/// reason) keeps two different letters apart even when seq and time agree
-/// (on redb a redriven last letter's seq is given again, and two messages
-/// without an id rejected in one millisecond had one redrive id, so the
-/// broker's window or the inbox dropped the second as a duplicate).
-pub(crate) fn redrive_id(letter: &DeadLetter) -> String {
+/// `<id>~redrive<seq>.<unique>@<dead_at_ms>.<digest>`: `unique` is a number
+/// the store never hands out twice (its next fencing token), so no two
+/// redrives share an id, not even of two identical letters given up in one
+/// millisecond under one seq (on redb a redriven last letter's seq is given
+/// again). The digest (12 hex digits of BLAKE3 over the letter's consumer,
+/// id, topic, payload, attempts and reason) ties the id to the letter's
+/// content for an operator comparing ids.
+pub(crate) fn redrive_id(letter: &DeadLetter, unique: u64) -> String {
     let mut hasher = blake3::Hasher::new();
     for part in [
         letter.consumer.as_bytes(),
@@ -84,7 +85,7 @@ pub(crate) fn redrive_id(letter: &DeadLetter) -> String {
     }
     let digest = hasher.finalize().to_hex();
     let suffix = format!(
-        "~redrive{}@{}.{}",
+        "~redrive{}.{unique}@{}.{}",
         letter.seq,
         letter.dead_at_ms,
         &digest.as_str()[..12]

@@ -724,7 +724,8 @@ pub(crate) trait Ops: Txn + Sized {
                 }))
             }
         };
-        let id = redrive_id(&letter);
+        let unique = self.next_token().map_err(OpError::Fatal)?;
+        let id = redrive_id(&letter, unique);
         self.remove_dead_letter(seq).map_err(OpError::Fatal)?;
         self.push_outbox(
             id.clone(),
