@@ -49,7 +49,8 @@ pub enum NatsError {
         subject: String,
         /// What is wrong with it.
         problem: String,
-        /// Passes that have failed on it so far, this one included.
+        /// Passes that have failed on it so far, this one included (0 from
+        /// [`super::Relay::publish`], which does not count).
         attempts: u32,
         /// The relay's limit ([`super::Relay::give_up_after`]).
         give_up_after: u32,
