@@ -4,6 +4,9 @@
 //! happened: a `Failure::Retryable`, or an error before any side effect)
 //! on its last allowed delivery, or when it cannot be processed at all (no
 //! message id, an id over [`crate::MAX_KEY_BYTES`], control characters).
+//! An outbox message a relay can never publish comes here too
+//! ([`crate::Outbox::give_up`], consumer
+//! [`crate::OUTBOX_DEAD_LETTER_CONSUMER`]).
 //! A message whose handler died mid-effect never comes here: its inbox
 //! record is UNKNOWN (in doubt) and belongs to the resolver.
 
@@ -20,7 +23,8 @@ pub struct DeadLetter {
     /// redrive's message id, which also carries `dead_at_ms` and a digest
     /// of the letter, is not.)
     pub seq: u64,
-    /// The inbox's consumer name.
+    /// The inbox's consumer name ([`crate::OUTBOX_DEAD_LETTER_CONSUMER`]
+    /// for an outbox message a relay gave up).
     pub consumer: String,
     /// The message id as delivered (empty when it had none; possibly not a
     /// valid key when that is why it is here).
@@ -59,13 +63,14 @@ pub struct Delivery<'a> {
 /// the broker's dedup window nor the inbox's `FINAL_FAILURE` mark of the
 /// original drops it, and a valid key whenever the original id was one.
 ///
-/// `<id>~redrive<seq>@<dead_at_ms>.<digest>`: the digest (12 hex digits of
-/// BLAKE3 over the letter's consumer, id, topic, payload, attempts and
-/// reason) keeps two different letters apart even when seq and time agree
-/// (on redb a redriven last letter's seq is given again, and two messages
-/// without an id rejected in one millisecond had one redrive id, so the
-/// broker's window or the inbox dropped the second as a duplicate).
-pub(crate) fn redrive_id(letter: &DeadLetter) -> String {
+/// `<id>~redrive<seq>.<unique>@<dead_at_ms>.<digest>`: `unique` is a number
+/// the store never hands out twice (its next fencing token), so no two
+/// redrives share an id, not even of two identical letters given up in one
+/// millisecond under one seq (on redb a redriven last letter's seq is given
+/// again). The digest (12 hex digits of BLAKE3 over the letter's consumer,
+/// id, topic, payload, attempts and reason) ties the id to the letter's
+/// content for an operator comparing ids.
+pub(crate) fn redrive_id(letter: &DeadLetter, unique: u64) -> String {
     let mut hasher = blake3::Hasher::new();
     for part in [
         letter.consumer.as_bytes(),
@@ -80,7 +85,7 @@ pub(crate) fn redrive_id(letter: &DeadLetter) -> String {
     }
     let digest = hasher.finalize().to_hex();
     let suffix = format!(
-        "~redrive{}@{}.{}",
+        "~redrive{}.{unique}@{}.{}",
         letter.seq,
         letter.dead_at_ms,
         &digest.as_str()[..12]

@@ -148,7 +148,7 @@ pub use engine::handle::Engine;
 pub use engine::inbox::{AfterFailure, Inbox, Processed, Receive, Ticket};
 pub use engine::inspect::{RecordFilter, RecordInfo, Stats};
 pub use engine::local::LocalRun;
-pub use engine::outbox::Outbox;
+pub use engine::outbox::{Outbox, OUTBOX_DEAD_LETTER_CONSUMER};
 pub use engine::wait::DurableWrite;
 pub use envelope::Envelope;
 pub use error::{BoxError, Corrupted, Error, OpenError, Result, ReturnedClaim, StorageError};

@@ -35,6 +35,7 @@ mod consumer;
 mod error;
 mod relay;
 mod support;
+mod unreadable;
 
 pub use self::consumer::{ConsumePass, Consumer, Incoming};
 pub use self::error::NatsError;

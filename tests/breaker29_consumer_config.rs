@@ -28,6 +28,7 @@ type TestResult = Result<(), BoxError>;
 struct Setup {
     _dir: tempfile::TempDir,
     engine: Arc<Engine>,
+    js: jetstream::Context,
     pull: consumer::PullConsumer,
 }
 
@@ -79,6 +80,7 @@ async fn setup(
     Ok(Setup {
         _dir: dir,
         engine: Arc::new(engine),
+        js,
         pull,
     })
 }
@@ -133,6 +135,7 @@ async fn ack_policy_none_does_not_lose_a_cleanly_failed_message() -> TestResult 
     let c = match Consumer::new(
         Arc::clone(&s.engine),
         "ledger",
+        s.js.clone(),
         s.pull.clone(),
         fails_first_time(&booked),
     ) {
@@ -167,7 +170,13 @@ async fn ack_policy_all_does_not_lose_a_cleanly_failed_message() -> TestResult {
             .push(m.message_id.clone());
         Ok(())
     };
-    let c = match Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), handler) {
+    let c = match Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        handler,
+    ) {
         Err(e) => {
             assert_refused(&e, "AckPolicy::Explicit");
             return Ok(());
@@ -191,7 +200,13 @@ async fn max_deliver_below_dead_letter_after_does_not_lose_a_message() -> TestRe
     let s = setup(&url, consumer::AckPolicy::Explicit, 2, 4, 1).await?;
     let failing =
         |_: &Incoming, _: &mut LocalTx<'_>| -> Result<(), BoxError> { Err("ledger closed".into()) };
-    let c = match Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), failing) {
+    let c = match Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        failing,
+    ) {
         Err(e) => {
             assert_refused(&e, "max_deliver");
             assert!(e.to_string().contains("dead_letter_after (4)"), "{e}");
@@ -221,8 +236,14 @@ async fn explicit_acks_with_enough_deliveries_are_accepted() -> TestResult {
     let s = setup(&url, consumer::AckPolicy::Explicit, 3, 3, 1).await?;
     let failing =
         |_: &Incoming, _: &mut LocalTx<'_>| -> Result<(), BoxError> { Err("ledger closed".into()) };
-    let c = Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), failing)?
-        .retry_delay(Duration::from_millis(10));
+    let c = Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        failing,
+    )?
+    .retry_delay(Duration::from_millis(10));
     let engine = Arc::clone(&s.engine);
     consume(&c, 20, || {
         engine.dead_letters(10).is_ok_and(|d| !d.is_empty())
@@ -235,6 +256,7 @@ async fn explicit_acks_with_enough_deliveries_are_accepted() -> TestResult {
     Consumer::new(
         Arc::clone(&s.engine),
         "ledger",
+        s.js.clone(),
         s.pull.clone(),
         |_: &Incoming, _: &mut LocalTx<'_>| Ok(()),
     )?;

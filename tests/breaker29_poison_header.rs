@@ -1,13 +1,15 @@
 //! Breaker 29: a JetStream message whose `Nats-Msg-Id` header is not
 //! UTF-8 (nats-server stores it; only a raw HPUB can send it).
 //!
-//! Finding (unfixed): async-nats 0.51 fails to parse the HMSG ("header
-//! isn't valid utf-8"), drops its connection and reconnects; the server
-//! redelivers, and the same happens again. `Consumer::consume_once` never
-//! sees the message, returns no error (fetches just come back empty), never
-//! dead-letters it, and the good message behind it is never booked either:
-//! the consumer stalls silently. Ignored until fixed; run with
-//! `scripts/with-nats cargo test --release --test breaker29_poison_header -- --ignored`.
+//! async-nats 0.51 fails to parse the HMSG ("header isn't valid utf-8"),
+//! drops its connection and reconnects; the server redelivers, and the
+//! same happens again. Before the fix `Consumer::consume_once` never saw
+//! the message, returned no error (fetches just came back empty), never
+//! dead-lettered it, and the good message behind it was never booked
+//! either: the consumer stalled silently. Now an empty pass while messages
+//! await an ack reads them by stream sequence; the unreadable one goes to
+//! the dead letters (the reason names the stream sequence and the bad
+//! bytes) and is deleted from the stream, and the good one is booked once.
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
@@ -57,7 +59,6 @@ fn raw_hpub(url: &str, subject: &str, header_value: &[u8], payload: &[u8]) -> Te
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding (unfixed): a non-UTF-8 header makes async-nats drop its connection on every delivery; the consumer stalls silently"]
 async fn a_non_utf8_message_id_is_dead_lettered_and_consuming_goes_on() -> TestResult {
     let Some(url) = nats_url() else { return Ok(()) };
     let name = format!("B29H{}", std::process::id());
@@ -99,9 +100,15 @@ async fn a_non_utf8_message_id_is_dead_lettered_and_consuming_goes_on() -> TestR
             .push(m.message_id.clone());
         Ok(())
     };
-    let c = Consumer::new(Arc::clone(&engine), "ledger", pull.clone(), handler)?;
+    let c = Consumer::new(
+        Arc::clone(&engine),
+        "ledger",
+        js.clone(),
+        pull.clone(),
+        handler,
+    )?;
     let mut errors = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..20 {
         match c.consume_once(16, Duration::from_millis(300)).await {
             Ok(_) => {}
             Err(e) => errors.push(e.to_string()),
@@ -119,5 +126,21 @@ async fn a_non_utf8_message_id_is_dead_lettered_and_consuming_goes_on() -> TestR
     );
     assert_eq!(letters.len(), 1, "{letters:?} errors {errors:?}");
     assert_eq!(letters[0].payload, b"poison");
+    assert_eq!(letters[0].topic, subject);
+    assert_eq!(letters[0].attempts, 0);
+    assert_eq!(letters[0].message_id, r"bad-\xff\xfe-id");
+    assert!(
+        letters[0].reason.contains(&format!("stream {name} seq 1"))
+            && letters[0].reason.contains(r"bad-\xff\xfe-id"),
+        "{}",
+        letters[0].reason
+    );
+    // Gone from the stream, so no consumer of it stalls again.
+    let raw = stream.get_raw_message(1).await;
+    assert!(raw.is_err(), "seq 1 still stored");
+    // Nothing more comes: a pass books nothing and files no second letter.
+    c.consume_once(16, Duration::from_millis(300)).await?;
+    assert_eq!(booked.lock().map_err(|_| "poisoned")?.len(), 1);
+    assert_eq!(engine.dead_letters(10)?.len(), 1);
     Ok(())
 }

@@ -207,7 +207,13 @@ async fn relay_republish_inside_the_window_is_dropped_by_jetstream() -> TestResu
         "JetStream kept a republished id twice"
     );
 
-    let c = Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), book)?;
+    let c = Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        book,
+    )?;
     let total = consume_until(&c, 10, |t| t.processed == 3).await?;
     assert_eq!(total.duplicates, 0);
     let booked = bookings(&s.engine)?;
@@ -238,7 +244,13 @@ async fn relay_republish_outside_the_window_is_dropped_by_the_inbox() -> TestRes
     );
     assert_eq!(stream_messages(&s).await?, 6);
 
-    let c = Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), book)?;
+    let c = Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        book,
+    )?;
     let total = consume_until(&c, 10, |t| t.processed + t.duplicates == 6).await?;
     assert_eq!((total.processed, total.duplicates), (3, 3));
     let booked = bookings(&s.engine)?;
@@ -296,7 +308,13 @@ async fn redelivery_after_commit_is_acked_not_rebooked() -> TestResult {
     }
     assert_eq!(committed, 3);
 
-    let c = Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), book)?;
+    let c = Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        book,
+    )?;
     let total = consume_until(&c, 20, |t| t.duplicates == 3).await?;
     assert_eq!(
         total.processed, 0,
@@ -330,8 +348,14 @@ async fn clean_failures_are_dead_lettered_after_n_deliveries() -> TestResult {
         .await?;
     let failing =
         |_: &Incoming, _: &mut LocalTx<'_>| -> Result<(), BoxError> { Err("ledger closed".into()) };
-    let c = Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), failing)?
-        .retry_delay(Duration::from_millis(10));
+    let c = Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        failing,
+    )?
+    .retry_delay(Duration::from_millis(10));
     let total = consume_until(&c, 40, |t| t.dead_lettered == 3).await?;
     assert_eq!((total.processed, total.retried), (0, 6), "{total:?}");
     let letters = s.engine.dead_letters(10)?;
@@ -369,7 +393,13 @@ async fn bad_messages_are_dead_lettered_and_consuming_goes_on() -> TestResult {
         .await?
         .await?;
 
-    let c = Consumer::new(Arc::clone(&s.engine), "ledger", s.pull.clone(), book)?;
+    let c = Consumer::new(
+        Arc::clone(&s.engine),
+        "ledger",
+        s.js.clone(),
+        s.pull.clone(),
+        book,
+    )?;
     let total = consume_until(&c, 10, |t| t.dead_lettered == 2 && t.processed == 1).await?;
     assert_eq!(total.retried, 0);
     let letters = s.engine.dead_letters(10)?;

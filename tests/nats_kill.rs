@@ -271,7 +271,7 @@ async fn consume(dir: &Path, url: &str, stream: &str, drain: bool) -> TestResult
             Err(e) => return Err(e),
         }
     };
-    let c = Consumer::new(engine, INBOX, pull.clone(), book)?;
+    let c = Consumer::new(engine, INBOX, js.clone(), pull.clone(), book)?;
     if !drain {
         c.run(16, BACKOFF, std::future::pending()).await;
         return Err("the consumer stopped".into());

@@ -160,7 +160,7 @@ enum Command {
     },
     /// Move one dead letter back for redelivery: out of the list and into
     /// the outbox (same topic and payload) in one write, under a new
-    /// message id `<id>~redrive<seq>@<dead_at_ms>.<digest>` that the relay publishes.
+    /// message id `<id>~redrive<seq>.<unique>@<dead_at_ms>.<digest>` that the relay publishes.
     Redrive {
         /// The database file, or a PostgreSQL connection string.
         db: PathBuf,

@@ -196,7 +196,7 @@ impl Ledger {
     /// The server cannot be reached, the stream or the consumer cannot be
     /// created, or the books engine cannot be opened.
     pub async fn start(url: &str, dir: &Path, run: &str) -> BrokerResult<Ledger> {
-        let (_, stream) = stream(url).await?;
+        let (js, stream) = stream(url).await?;
         let first_seq = stream.get_info().await?.state.last_sequence + 1;
         let durable = format!("{INBOX}-{run}");
         let pull = stream
@@ -215,7 +215,7 @@ impl Ledger {
         let path = books.clone();
         let engine = tokio::task::spawn_blocking(move || Engine::builder().open(path)).await??;
         let engine = Arc::new(engine);
-        let consumer = Consumer::new(Arc::clone(&engine), INBOX, pull.clone(), book)?;
+        let consumer = Consumer::new(Arc::clone(&engine), INBOX, js, pull.clone(), book)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             consumer

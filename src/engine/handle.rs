@@ -637,10 +637,13 @@ impl Engine {
 
     /// Moves dead letter `seq` back for redelivery: removed from the list
     /// and put in the outbox (same topic and payload) in one write, under
-    /// a new message id `<id>~redrive<seq>@<dead_at_ms>.<digest>` (the
-    /// digest: 12 hex digits of the letter's content), so neither the
-    /// broker's dedup window nor the original's `FINAL_FAILURE` inbox mark
-    /// drops it, nor another letter's redrive with the same seq and time. Returns that id, or `None` if there is no such letter.
+    /// a new message id `<id>~redrive<seq>.<unique>@<dead_at_ms>.<digest>`
+    /// (`unique`: a number the store never hands out twice, its next
+    /// fencing token; the digest: 12 hex digits of the letter's content),
+    /// so neither the broker's dedup window nor the original's
+    /// `FINAL_FAILURE` inbox mark drops it, nor another redrive, even of an
+    /// identical letter with the same seq and time. Returns that id, or
+    /// `None` if there is no such letter.
     ///
     /// # Errors
     ///

@@ -235,6 +235,7 @@ impl<'e> Inbox<'e> {
         tracing::warn!(consumer = %self.consumer, message_id = ?delivery.message_id, reason, "message rejected to the dead letters");
         self.core.store.dead_letter(DeadLetterRequest {
             claim: None,
+            outbox_seq: None,
             letter: letter(&self.consumer, delivery, reason),
         })
     }
@@ -340,6 +341,7 @@ impl Ticket<'_> {
                 response: StoredResponse::new(Envelope::new(0, 500, body), None),
                 finished,
             }),
+            outbox_seq: None,
             letter: letter(consumer, delivery, reason),
         })?;
         tracing::warn!(key = %key, seq, attempts = delivery.attempt, reason, "message given up to the dead letters");

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
-use async_nats::jetstream::AckKind;
+use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 
 use super::error::NatsError;
 use super::support::{blocking, Backoff, MSG_ID_HEADER};
+use super::unreadable::Unreadable;
 use crate::dead_letter::Delivery;
 use crate::engine::inbox::{AfterFailure, Processed};
 use crate::error::{BoxError, Error};
@@ -43,6 +44,7 @@ pub struct Consumer {
     engine: Arc<Engine>,
     inbox: String,
     pull: PullConsumer,
+    unreadable: Unreadable,
     handler: Arc<Handler>,
     retry_delay: Duration,
     in_doubt_delay: Duration,
@@ -69,7 +71,9 @@ pub struct ConsumePass {
     /// Failed cleanly before the delivery limit: naked for redelivery.
     pub retried: usize,
     /// Given up to the dead letters (clean failures at the limit, or no
-    /// usable message id): terminated at the broker.
+    /// usable message id): terminated at the broker. Also messages the
+    /// client cannot read at all (headers that are not UTF-8): deleted
+    /// from the stream.
     pub dead_lettered: usize,
     /// In doubt (a handler died mid-effect) or held by another consumer:
     /// naked with a delay, for the resolver or the holder.
@@ -89,6 +93,18 @@ impl Consumer {
     /// redelivered after 100 ms; a message in doubt or held elsewhere
     /// after 1 s.
     ///
+    /// `js` is the JetStream context of `pull`'s server (same account and
+    /// API prefix). The consumer uses it to clear messages the client
+    /// cannot read: async-nats drops its connection on a delivered message
+    /// whose headers are not UTF-8, so such a message would stall the
+    /// consumer, redelivered forever and never seen. After a pass that
+    /// handled nothing while messages await an ack, the consumer reads
+    /// those by stream sequence (at most 64 from the ack floor), and one
+    /// the client cannot parse goes to the dead letters (reason: stream,
+    /// sequence, the bad bytes escaped) and is deleted from the stream,
+    /// for every consumer of it. A crash between the letter and the delete
+    /// files the message twice.
+    ///
     /// `pull` must ack explicitly (`AckPolicy::Explicit`, JetStream's
     /// default) and deliver a message at least
     /// [`Engine::dead_letter_after`] times (`max_deliver` -1, unlimited, or
@@ -107,6 +123,7 @@ impl Consumer {
     pub fn new<H>(
         engine: Arc<Engine>,
         inbox: &str,
+        js: jetstream::Context,
         pull: PullConsumer,
         handler: H,
     ) -> Result<Consumer, NatsError>
@@ -115,9 +132,11 @@ impl Consumer {
     {
         engine.inbox(inbox)?;
         check_config(&pull, engine.dead_letter_after())?;
+        let unreadable = Unreadable::new(js, pull.cached_info());
         Ok(Consumer {
             engine,
             inbox: inbox.to_owned(),
+            unreadable,
             pull,
             handler: Arc::new(handler),
             retry_delay: Duration::from_millis(100),
@@ -142,11 +161,14 @@ impl Consumer {
     }
 
     /// Fetches up to `max` messages (waiting at most `expires` for them)
-    /// and handles each: acked only after its commit.
+    /// and handles each: acked only after its commit. After a pass that
+    /// handled nothing, clears messages the client cannot read (see
+    /// [`Consumer::new`]); those count as dead-lettered.
     ///
     /// # Errors
     ///
-    /// [`NatsError::Fetch`], [`NatsError::Ack`], and [`NatsError::Engine`]
+    /// [`NatsError::Fetch`] (also for a failed read or delete of an
+    /// unreadable message), [`NatsError::Ack`], and [`NatsError::Engine`]
     /// when the engine failed on a message (not acked: JetStream
     /// redelivers it after its ack wait).
     pub async fn consume_once(
@@ -154,6 +176,31 @@ impl Consumer {
         max: usize,
         expires: Duration,
     ) -> Result<ConsumePass, NatsError> {
+        let mut pass = ConsumePass::default();
+        let fetched = self.fetch(max, expires, &mut pass).await;
+        if pass != ConsumePass::default() {
+            return fetched.map(|()| pass);
+        }
+        let info = self.pull.get_info().await.map_err(|e| NatsError::Fetch {
+            source: Box::new(e),
+        })?;
+        let cleared = self
+            .unreadable
+            .clear(&self.engine, &self.inbox, &info)
+            .await?;
+        pass.dead_lettered += cleared;
+        if cleared > 0 {
+            return Ok(pass);
+        }
+        fetched.map(|()| pass)
+    }
+
+    async fn fetch(
+        &self,
+        max: usize,
+        expires: Duration,
+        pass: &mut ConsumePass,
+    ) -> Result<(), NatsError> {
         let fetch_failed = |e: BoxError| NatsError::Fetch { source: e };
         let mut batch = self
             .pull
@@ -163,12 +210,11 @@ impl Consumer {
             .messages()
             .await
             .map_err(|e| fetch_failed(Box::new(e)))?;
-        let mut pass = ConsumePass::default();
         while let Some(message) = batch.next().await {
             let message = message.map_err(fetch_failed)?;
-            self.handle(&message, &mut pass).await?;
+            self.handle(&message, pass).await?;
         }
-        Ok(pass)
+        Ok(())
     }
 
     async fn handle(

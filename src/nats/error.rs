@@ -30,6 +30,31 @@ pub enum NatsError {
         #[source]
         source: BoxError,
     },
+    /// Outbox message `id` can never be published as it is: its topic is
+    /// not a valid NATS subject for a publish (empty, whitespace or control
+    /// characters, empty tokens, or a `*` / `>` wildcard, which is never
+    /// published), it is over the server's `max_payload` or the stream's
+    /// maximum message size, or no stream takes its subject (the server
+    /// had no responders and the JetStream API confirmed it). The relay
+    /// tries it [`super::Relay::give_up_after`] times in all, then gives
+    /// it up to the dead letters and goes on with the messages behind it.
+    #[error(
+        "outbox message {id} to {subject:?} cannot be published (attempt {attempts} of \
+         {give_up_after}, then dead-lettered): {problem}"
+    )]
+    Unpublishable {
+        /// The outbox message id.
+        id: String,
+        /// The subject (the outbox message's topic).
+        subject: String,
+        /// What is wrong with it.
+        problem: String,
+        /// Passes that have failed on it so far, this one included (0 from
+        /// [`super::Relay::publish`], which does not count).
+        attempts: u32,
+        /// The relay's limit ([`super::Relay::give_up_after`]).
+        give_up_after: u32,
+    },
     /// Fetching from the pull consumer failed (the server went away, the
     /// stream or consumer is missing).
     #[error("fetching from the JetStream consumer: {source}")]

@@ -128,6 +128,11 @@ pub(crate) struct DeadLetterRequest {
     /// The inbox claim to complete as `FINAL_FAILURE` in the same write
     /// (`None`: a bad message, which never had a valid key).
     pub(crate) claim: Option<GiveUpClaim>,
+    /// The outbox message this letter replaces, removed in the same write
+    /// (an outbox message the relay could never publish). When it is no
+    /// longer in the outbox (published and marked meanwhile), nothing is
+    /// written and the answer is 0, never a letter's seq.
+    pub(crate) outbox_seq: Option<u64>,
     pub(crate) letter: DeadLetter,
 }
 

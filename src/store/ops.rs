@@ -686,9 +686,15 @@ pub(crate) trait Ops: Txn + Sized {
     }
 
     /// Gives a message up: the claim (if any) is completed as
-    /// `FINAL_FAILURE`, so a redelivery is a duplicate, and the letter is
-    /// appended to the dead-letter list, in one write.
+    /// `FINAL_FAILURE`, so a redelivery is a duplicate, the outbox message
+    /// it replaces (if any) is removed, and the letter is appended to the
+    /// dead-letter list, in one write.
     fn dead_letter(&mut self, req: DeadLetterRequest) -> OpResult<u64, Self::Fatal> {
+        if let Some(seq) = req.outbox_seq {
+            if !self.remove_outbox(seq).map_err(OpError::Fatal)? {
+                return Ok(0);
+            }
+        }
         if let Some(claim) = req.claim {
             self.complete(CompleteRequest {
                 key: claim.key,
@@ -718,7 +724,8 @@ pub(crate) trait Ops: Txn + Sized {
                 }))
             }
         };
-        let id = redrive_id(&letter);
+        let unique = self.next_token().map_err(OpError::Fatal)?;
+        let id = redrive_id(&letter, unique);
         self.remove_dead_letter(seq).map_err(OpError::Fatal)?;
         self.push_outbox(
             id.clone(),
