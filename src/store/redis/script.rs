@@ -22,6 +22,11 @@
 //! new under its key is added to the listing. A record whose previous
 //! place the op does not know (never read, or unreadable) is taken out of
 //! every index and listed again, as every write did before.
+//!
+//! One batch shape, the completion of a claim this engine holds (the
+//! second script of every request), commits with [`SETTLE_HELD`] instead:
+//! the same guards, write and answer, without the general interpreter
+//! (see [`Batch::command`]).
 
 use redis::Script;
 
