@@ -246,6 +246,12 @@ fn count_one(admin: &mut redis::Connection, name: &str, n: u64, request: impl Fn
     for _ in 0..n {
         request();
     }
+    print_commands(admin, name, n);
+}
+
+/// Prints `INFO commandstats` per request of `n` requests (see
+/// [`count_one`]); `CONFIG RESETSTAT` came before them.
+fn print_commands(admin: &mut redis::Connection, name: &str, n: u64) {
     let stats = commandstats(admin);
     let total: u64 = stats.values().map(|(calls, _)| calls).sum();
     let per = |x: u64| x as f64 / n as f64;
@@ -299,8 +305,87 @@ fn count_commands(url: &str, n: u64) {
     common::redis_plain::delete_prefix(&mut admin, &prefix);
 }
 
+/// This process's CPU time so far (user + system), from `/proc/self/stat`
+/// (clock ticks of 10 ms).
+fn process_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let tail = stat.rsplit_once(')').map_or("", |(_, t)| t);
+    let f: Vec<f64> = tail
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+/// The server's CPU time so far (`INFO cpu`: user + system), in seconds.
+fn server_cpu(conn: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(conn).expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// The `IDEMPOTENCY_BENCH_CPU=SECONDS` mode: each system alone at 64
+/// client threads for SECONDS, three times in turn; prints its rate and
+/// the CPU time per request of this process (the clients) and of the
+/// server. On 2 cores shared by clients and server, both bound the rate.
+/// `IDEMPOTENCY_BENCH_CPU_SYSTEM=engine` (or `hand-written`) runs only one.
+fn cpu_use(url: String, secs: u64) {
+    let s = Systems::open(url);
+    let client = redis::Client::open(s.url.as_str()).expect("a Redis URL");
+    let mut admin = client.get_connection().expect("connect to Redis");
+    let slice = std::time::Duration::from_secs(secs);
+    let threads = MAX_THREADS;
+    // `IDEMPOTENCY_BENCH_CPU_SYSTEM=engine` (or `hand-written`): that one
+    // alone, e.g. under a profiler.
+    let only = std::env::var("IDEMPOTENCY_BENCH_CPU_SYSTEM").unwrap_or_default();
+    for _ in 0..3 {
+        for name in ["engine", "hand-written"] {
+            if !only.is_empty() && only != name {
+                continue;
+            }
+            redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .exec(&mut admin)
+                .expect("CONFIG RESETSTAT");
+            let (c0, s0) = (process_cpu(), server_cpu(&mut admin));
+            let (calls, elapsed) = common::calls_for(threads, slice, |t| {
+                if name == "engine" {
+                    common::engine_request(&s.engine, &common::random_key());
+                } else {
+                    s.baseline_request(t);
+                }
+            });
+            let (c1, s1) = (process_cpu(), server_cpu(&mut admin));
+            let n = calls.max(1) as f64;
+            println!(
+                "CPU {name}, {threads} threads: {:.0} req/s; client {:.1} us/req, server {:.1} us/req",
+                n / elapsed.as_secs_f64(),
+                (c1 - c0) * 1e6 / n,
+                (s1 - s0) * 1e6 / n,
+            );
+            print_commands(&mut admin, name, calls.max(1));
+        }
+    }
+    s.close();
+}
+
 fn main() {
     let Some(url) = server() else { return };
+    if let Some(secs) = std::env::var("IDEMPOTENCY_BENCH_CPU")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+    {
+        cpu_use(url, secs);
+        return;
+    }
     if let Some(n) = std::env::var("IDEMPOTENCY_BENCH_COMMANDS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())

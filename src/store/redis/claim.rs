@@ -11,6 +11,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 
 use crate::error::{Corrupted, Error, Result};
 use crate::key::IdempotencyKey;
@@ -41,28 +42,50 @@ return {t, value}
 
 /// Claims this engine holds, with the bytes it wrote for each: a
 /// completion of one is one guarded script against those bytes, with no
-/// read first. Bounded; a claim not remembered takes the read path.
-#[derive(Default)]
-pub(super) struct Remembered(Mutex<HashMap<Vec<u8>, Claim>>);
+/// read first. Bounded; a claim not remembered takes the read path. Split
+/// in [`SHARDS`] maps by the member's hash, so the client threads of one
+/// engine do not all wait on one lock.
+pub(super) struct Remembered {
+    shards: Vec<Mutex<HashMap<Vec<u8>, Claim>>>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Default for Remembered {
+    fn default() -> Remembered {
+        Remembered {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+}
 
 /// A remembered claim: its token and the value stored for it.
 type Claim = (u64, Vec<u8>);
 
-/// Claims remembered at most.
+/// Claims remembered at most (over all shards).
 const REMEMBERED: usize = 4_096;
 
+/// Maps [`Remembered`] is split in.
+const SHARDS: usize = 16;
+
 impl Remembered {
+    fn shard(&self, m: &[u8]) -> &Mutex<HashMap<Vec<u8>, Claim>> {
+        let at = usize::try_from(self.hasher.hash_one(m)).unwrap_or_default() % SHARDS;
+        &self.shards[at]
+    }
+
     pub(super) fn insert(&self, key: &IdempotencyKey, token: u64, value: Vec<u8>) {
-        let mut map = self.0.lock();
-        if map.len() < REMEMBERED {
-            map.insert(member(key), (token, value));
+        let m = member(key);
+        let mut map = self.shard(&m).lock();
+        if map.len() < REMEMBERED / SHARDS {
+            map.insert(m, (token, value));
         }
     }
 
     /// The bytes written for claim `token` of `key`, forgotten here.
     pub(super) fn take(&self, key: &IdempotencyKey, token: u64) -> Option<Vec<u8>> {
-        let mut map = self.0.lock();
         let m = member(key);
+        let mut map = self.shard(&m).lock();
         match map.get(&m) {
             Some((t, _)) if *t == token => map.remove(&m).map(|(_, v)| v),
             _ => None,
@@ -70,7 +93,8 @@ impl Remembered {
     }
 
     pub(super) fn forget(&self, key: &IdempotencyKey) {
-        self.0.lock().remove(&member(key));
+        let m = member(key);
+        self.shard(&m).lock().remove(&m);
     }
 }
 
@@ -94,22 +118,23 @@ impl Shared {
         };
         let framed = crate::store::codec::encode(req.key.record_key(), &rec);
         let m = member(&req.key);
-        let keys = [
-            self.keys.record(&m),
-            self.keys.token.as_bytes().to_vec(),
-            self.keys.lease.as_bytes().to_vec(),
-            self.keys.all.as_bytes().to_vec(),
-            self.keys.steps(&m),
-        ];
+        let rkey = self.keys.record(&m);
+        let skey = self.keys.steps(&m);
+        let mut cmd = redis::Cmd::with_capacity(13, framed.len() + 2 * rkey.len() + 256);
+        cmd.arg("EVALSHA")
+            .arg(self.claim_script.get_hash())
+            .arg(5)
+            .arg(&rkey)
+            .arg(&self.keys.token)
+            .arg(&self.keys.lease)
+            .arg(&self.keys.all)
+            .arg(&skey)
+            .arg(&m)
+            .arg(&framed)
+            // A score as Redis reads it (see `script::Arg::Num`).
+            .arg(rec.lease_until_ms);
         let invoke = |c: &mut redis::Connection| -> redis::RedisResult<(i64, Vec<u8>)> {
-            let mut inv = self.claim_script.prepare_invoke();
-            for k in &keys {
-                inv.key(k.as_slice());
-            }
-            inv.arg(m.as_slice())
-                .arg(framed.as_slice())
-                .arg(super::script::score(rec.lease_until_ms));
-            inv.invoke(c)
+            super::script::eval(c, &self.claim_script, &cmd)
         };
         let mut left = self.pool.max_size();
         let (token, value) = loop {

@@ -162,6 +162,7 @@ impl RedisStore {
             clock,
             script: script::guarded(),
             claim_script: redis::Script::new(claim::CLAIM),
+            settle_held_script: redis::Script::new(script::SETTLE_HELD),
             wait_replicas: opts.wait_replicas,
             command_timeout: opts.command_timeout,
         });

@@ -22,6 +22,11 @@
 //! new under its key is added to the listing. A record whose previous
 //! place the op does not know (never read, or unreadable) is taken out of
 //! every index and listed again, as every write did before.
+//!
+//! One batch shape, the completion of a claim this engine holds (the
+//! second script of every request), commits with [`SETTLE_HELD`] instead:
+//! the same guards, write and answer, without the general interpreter
+//! (see [`Batch::command`]).
 
 use redis::Script;
 
@@ -204,41 +209,46 @@ pub(super) struct Batch {
     pub(super) writes: Vec<Write>,
 }
 
-/// A score as Redis reads it (a double: exact up to 2^53 ms, about 285,000
-/// years; later instants, "forever", only need to sort last).
-pub(super) fn score(ms: u64) -> String {
-    ms.to_string()
+/// One operand of the script's invocation, borrowed from the batch (the
+/// command is built in one buffer, with no copy per argument).
+enum Arg<'b> {
+    Bytes(&'b [u8]),
+    /// A count, a key number, or a score in ms: decimal, as Redis reads a
+    /// score (a double: exact up to 2^53 ms, about 285,000 years; later
+    /// instants, "forever", only need to sort last).
+    Num(u64),
 }
 
-struct Args<'k> {
-    index: &'k [&'k str; 4],
-    keys: Vec<Vec<u8>>,
-    argv: Vec<Vec<u8>>,
+struct Args<'b> {
+    /// The index keys, then the others, each once.
+    keys: Vec<&'b [u8]>,
+    argv: Vec<Arg<'b>>,
 }
 
-impl Args<'_> {
-    fn key(&mut self, key: &[u8]) -> Vec<u8> {
-        let n = if let Some(at) = self.keys.iter().position(|k| k == key) {
-            at + 1 + self.index.len()
+impl<'b> Args<'b> {
+    /// The `KEYS` number of `key` (added when new).
+    fn key(&mut self, key: &'b [u8]) -> Arg<'b> {
+        let n = if let Some(at) = self.keys.iter().position(|k| *k == key) {
+            at + 1
         } else {
-            self.keys.push(key.to_vec());
-            self.keys.len() + self.index.len()
+            self.keys.push(key);
+            self.keys.len()
         };
-        n.to_string().into_bytes()
+        Arg::Num(n as u64)
     }
 
-    fn push(&mut self, parts: impl IntoIterator<Item = Vec<u8>>) {
+    fn push<const N: usize>(&mut self, parts: [Arg<'b>; N]) {
         self.argv.extend(parts);
     }
 
     /// Appends one guard's opcode and operands.
-    fn guard(&mut self, guard: &Guard) {
+    fn guard(&mut self, guard: &'b Guard) {
         let a = self;
-        let op = |s: &str| s.as_bytes().to_vec();
+        let op = |s: &'static str| Arg::Bytes(s.as_bytes());
         match guard {
             Guard::Str(key, Some(value)) => {
                 let k = a.key(key);
-                a.push([op("G"), k, value.clone()]);
+                a.push([op("G"), k, Arg::Bytes(value)]);
             }
             Guard::Str(key, None) => {
                 let k = a.key(key);
@@ -246,30 +256,85 @@ impl Args<'_> {
             }
             Guard::Hash(key, pairs) => {
                 let k = a.key(key);
-                a.push([op("H"), k, pairs.len().to_string().into_bytes()]);
+                a.push([op("H"), k, Arg::Num(pairs.len() as u64)]);
                 for (f, v) in pairs {
-                    a.push([f.clone(), v.clone()]);
+                    a.push([Arg::Bytes(f), Arg::Bytes(v)]);
                 }
             }
             Guard::Span(key, count, ends) => {
                 let k = a.key(key);
-                let (first, last) = ends.clone().unwrap_or_default();
-                a.push([op("L"), k, count.to_string().into_bytes(), first, last]);
+                let (first, last) = ends
+                    .as_ref()
+                    .map_or((&[][..], &[][..]), |(f, l)| (f.as_slice(), l.as_slice()));
+                a.push([
+                    op("L"),
+                    k,
+                    Arg::Num(*count as u64),
+                    Arg::Bytes(first),
+                    Arg::Bytes(last),
+                ]);
             }
             Guard::Absent(keys) => {
-                let mut parts = vec![op("A"), keys.len().to_string().into_bytes()];
+                a.push([op("A"), Arg::Num(keys.len() as u64)]);
                 for key in keys {
-                    parts.push(a.key(key));
+                    let k = a.key(key);
+                    a.argv.push(k);
                 }
-                a.push(parts);
             }
             Guard::Field(key, field, present) => {
                 let k = a.key(key);
                 let present = if *present { op("1") } else { op("0") };
-                a.push([op("F"), k, field.clone(), present]);
+                a.push([op("F"), k, Arg::Bytes(field), present]);
             }
         }
     }
+}
+
+/// `EVALSHA sha numkeys keys… args…`, built in one buffer.
+fn evalsha(sha: &str, keys: &[&[u8]], argv: &[Arg<'_>]) -> redis::Cmd {
+    let bytes = keys.iter().map(|k| k.len() + 8).sum::<usize>()
+        + argv
+            .iter()
+            .map(|a| match a {
+                Arg::Bytes(b) => b.len() + 8,
+                Arg::Num(_) => 28,
+            })
+            .sum::<usize>()
+        + 64;
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + argv.len(), bytes);
+    cmd.arg("EVALSHA").arg(sha).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    for a in argv {
+        match a {
+            Arg::Bytes(b) => cmd.arg(*b),
+            Arg::Num(n) => cmd.arg(*n),
+        };
+    }
+    cmd
+}
+
+/// The completion of a held claim, the hot path of every request: the
+/// same guards and write as [`GUARDED`] runs for such a batch (see
+/// [`Batch::command`]), without its general interpreter. `KEYS`: the
+/// record, its step and log hashes, the index it was in, the index it goes
+/// to. `ARGV`: the bytes it must hold, its new bytes, its member, its new
+/// score. Answers as [`GUARDED`] does: 0 written, or the failed guard's
+/// number (nothing written).
+pub(super) const SETTLE_HELD: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 1 end
+if redis.call('EXISTS', KEYS[2], KEYS[3]) ~= 0 then return 2 end
+redis.call('SET', KEYS[1], ARGV[2])
+if KEYS[4] ~= KEYS[5] then redis.call('ZREM', KEYS[4], ARGV[3]) end
+redis.call('ZADD', KEYS[5], ARGV[4], ARGV[3])
+return 0
+";
+
+/// The scripts a batch commits with.
+pub(super) struct Scripts<'s> {
+    pub(super) guarded: &'s Script,
+    pub(super) settle_held: &'s Script,
 }
 
 impl Batch {
@@ -277,14 +342,61 @@ impl Batch {
         self.writes.is_empty()
     }
 
-    /// The script's invocation: keys and arguments.
-    pub(super) fn invocation(&self, index: &[&str; 4]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-        let mut a = Args {
-            index,
-            keys: Vec::new(),
-            argv: vec![self.guards.len().to_string().into_bytes()],
+    /// The script's invocation, and the script it runs: [`SETTLE_HELD`]
+    /// for a batch of its one shape (a record proven to hold known bytes
+    /// and to have no step and no log, rewritten where its index is
+    /// known), [`GUARDED`] for every other.
+    pub(super) fn command<'s>(
+        &self,
+        scripts: &Scripts<'s>,
+        index: &[&str; 4],
+    ) -> (redis::Cmd, &'s Script) {
+        if let Some(cmd) = self.settle_held(scripts.settle_held, index) {
+            return (cmd, scripts.settle_held);
+        }
+        (self.guarded(scripts.guarded, index), scripts.guarded)
+    }
+
+    fn settle_held(&self, script: &Script, index: &[&str; 4]) -> Option<redis::Cmd> {
+        let [Guard::Str(rkey, Some(old)), Guard::Absent(absent)] = self.guards.as_slice() else {
+            return None;
         };
-        let op = |s: &str| s.as_bytes().to_vec();
+        let [skey, hkey] = absent.as_slice() else {
+            return None;
+        };
+        let [Write::Record {
+            key,
+            member,
+            value,
+            index: to,
+            score: at,
+            was: Was::In(from),
+        }] = self.writes.as_slice()
+        else {
+            return None;
+        };
+        if key != rkey {
+            return None;
+        }
+        let from = index[*from as usize - 1].as_bytes();
+        let to = index[*to as usize - 1].as_bytes();
+        let keys = [rkey.as_slice(), skey, hkey, from, to];
+        let argv = [
+            Arg::Bytes(old),
+            Arg::Bytes(value),
+            Arg::Bytes(member),
+            Arg::Num(*at),
+        ];
+        Some(evalsha(script.get_hash(), &keys, &argv))
+    }
+
+    /// The [`GUARDED`] invocation: keys and arguments.
+    fn guarded(&self, script: &Script, index: &[&str; 4]) -> redis::Cmd {
+        let mut a = Args {
+            keys: index.iter().map(|k| k.as_bytes()).collect(),
+            argv: vec![Arg::Num(self.guards.len() as u64)],
+        };
+        let op = |s: &'static str| Arg::Bytes(s.as_bytes());
         for guard in &self.guards {
             a.guard(guard);
         }
@@ -299,33 +411,32 @@ impl Batch {
                     was,
                 } => {
                     let k = a.key(key);
-                    let index = (*index as u8).to_string().into_bytes();
                     let was = match was {
                         Was::New => op("N"),
-                        Was::In(i) => (*i as u8).to_string().into_bytes(),
+                        Was::In(i) => Arg::Num(*i as u64),
                         Was::Unknown => op("U"),
                     };
                     a.push([
                         op("R"),
                         k,
-                        member.clone(),
-                        value.clone(),
-                        index,
-                        score(*at).into_bytes(),
+                        Arg::Bytes(member),
+                        Arg::Bytes(value),
+                        Arg::Num(*index as u64),
+                        Arg::Num(*at),
                         was,
                     ]);
                 }
                 Write::Unrecord { key, member } => {
                     let k = a.key(key);
-                    a.push([op("X"), k, member.clone()]);
+                    a.push([op("X"), k, Arg::Bytes(member)]);
                 }
                 Write::Quarantine { member } => {
                     // The key number is not used.
-                    a.push([op("Q"), op("1"), member.clone()]);
+                    a.push([op("Q"), op("1"), Arg::Bytes(member)]);
                 }
                 Write::Set(key, value) => {
                     let k = a.key(key);
-                    a.push([op("S"), k, value.clone()]);
+                    a.push([op("S"), k, Arg::Bytes(value)]);
                 }
                 Write::Del(key) => {
                     let k = a.key(key);
@@ -333,29 +444,27 @@ impl Batch {
                 }
                 Write::HSet(key, field, value) => {
                     let k = a.key(key);
-                    a.push([op("HS"), k, field.clone(), value.clone()]);
+                    a.push([op("HS"), k, Arg::Bytes(field), Arg::Bytes(value)]);
                 }
                 Write::HDel(key, field) => {
                     let k = a.key(key);
-                    a.push([op("HD"), k, field.clone()]);
+                    a.push([op("HD"), k, Arg::Bytes(field)]);
                 }
                 Write::ZAdd(key, at, m) => {
                     let k = a.key(key);
-                    a.push([op("Z"), k, score(*at).into_bytes(), m.clone()]);
+                    a.push([op("Z"), k, Arg::Num(*at), Arg::Bytes(m)]);
                 }
                 Write::ZRem(key, m) => {
                     let k = a.key(key);
-                    a.push([op("ZR"), k, m.clone()]);
+                    a.push([op("ZR"), k, Arg::Bytes(m)]);
                 }
                 Write::Raise(key, at_least) => {
                     let k = a.key(key);
-                    a.push([op("M"), k, at_least.to_string().into_bytes()]);
+                    a.push([op("M"), k, Arg::Num(*at_least)]);
                 }
             }
         }
-        let mut keys: Vec<Vec<u8>> = index.iter().map(|k| k.as_bytes().to_vec()).collect();
-        keys.extend(a.keys);
-        (keys, a.argv)
+        evalsha(script.get_hash(), &a.keys, &a.argv)
     }
 
     /// How to tell, after the answer to this batch's commit was lost,
@@ -406,8 +515,97 @@ pub(super) struct Probe {
     pub(super) new: Option<Vec<u8>>,
 }
 
-/// The script, for `EVALSHA` (loaded again with `EVAL` after a server
-/// restart forgot it).
+/// The script, for `EVALSHA` (loaded again after a server restart forgot
+/// it, see [`eval`]).
 pub(super) fn guarded() -> Script {
     Script::new(GUARDED)
+}
+
+/// Runs `cmd` (an `EVALSHA` of `script`); a server that does not know the
+/// script (`NOSCRIPT`: restarted, or `SCRIPT FLUSH`) loads it, and the
+/// command is sent again (it did not run).
+pub(super) fn eval<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    script: &Script,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    match cmd.query(conn) {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load(conn)?;
+            cmd.query(conn)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INDEX: [&str; 4] = ["i:lease", "i:recovery", "i:expiry", "i:keys"];
+
+    fn held() -> Batch {
+        Batch {
+            guards: vec![
+                Guard::Str(b"r:m".to_vec(), Some(b"7:old".to_vec())),
+                Guard::Absent(vec![b"s:m".to_vec(), b"h:m".to_vec()]),
+            ],
+            writes: vec![Write::Record {
+                key: b"r:m".to_vec(),
+                member: b"m".to_vec(),
+                value: b"7:new".to_vec(),
+                index: Index::Expiry,
+                score: 99,
+                was: Was::In(Index::Lease),
+            }],
+        }
+    }
+
+    /// The held-claim completion takes the short script, with the record,
+    /// its hashes and both indexes as keys; any other shape the general one.
+    #[test]
+    fn only_a_held_completion_takes_the_short_script() {
+        let (guarded, settle_held) = (guarded(), Script::new(SETTLE_HELD));
+        let scripts = Scripts {
+            guarded: &guarded,
+            settle_held: &settle_held,
+        };
+        let (cmd, script) = held().command(&scripts, &INDEX);
+        assert_eq!(script.get_hash(), settle_held.get_hash());
+        let args: Vec<&[u8]> = cmd
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        let want: [&[u8]; 12] = [
+            b"EVALSHA",
+            settle_held.get_hash().as_bytes(),
+            b"5",
+            b"r:m",
+            b"s:m",
+            b"h:m",
+            b"i:lease",
+            b"i:expiry",
+            b"7:old",
+            b"7:new",
+            b"m",
+            b"99",
+        ];
+        assert_eq!(args, want);
+
+        let mut unknown = held();
+        if let Some(Write::Record { was, .. }) = unknown.writes.first_mut() {
+            *was = Was::Unknown;
+        }
+        let mut more = held();
+        more.writes.push(Write::Del(b"x".to_vec()));
+        let mut other_key = held();
+        other_key.guards[0] = Guard::Str(b"r:n".to_vec(), Some(b"7:old".to_vec()));
+        for batch in [unknown, more, other_key] {
+            let (_, script) = batch.command(&scripts, &INDEX);
+            assert_eq!(script.get_hash(), guarded.get_hash(), "{batch:?}");
+        }
+    }
 }

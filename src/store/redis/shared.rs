@@ -32,6 +32,8 @@ pub(super) struct Shared {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) script: redis::Script,
     pub(super) claim_script: redis::Script,
+    /// The completion of a held claim (`script::SETTLE_HELD`).
+    pub(super) settle_held_script: redis::Script,
     /// `WAIT`: replicas that must acknowledge each write, and for how long
     /// to wait for them.
     pub(super) wait_replicas: Option<(u32, Duration)>,
@@ -180,15 +182,12 @@ impl Shared {
             self.index[2].as_str(),
             self.index[3].as_str(),
         ];
-        let (keys, argv) = batch.invocation(&index);
-        let mut invocation = self.script.prepare_invoke();
-        for k in &keys {
-            invocation.key(k.as_slice());
-        }
-        for a in &argv {
-            invocation.arg(a.as_slice());
-        }
-        match invocation.invoke::<i64>(&mut conn.conn) {
+        let scripts = super::script::Scripts {
+            guarded: &self.script,
+            settle_held: &self.settle_held_script,
+        };
+        let (cmd, script) = batch.command(&scripts, &index);
+        match super::script::eval::<i64>(&mut conn.conn, script, &cmd) {
             Ok(0) => {
                 if !batch.is_empty() {
                     self.wait_replicas(context, &mut conn.conn)?;
