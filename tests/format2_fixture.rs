@@ -32,7 +32,10 @@ use std::error::Error;
 use std::path::{Path, PathBuf};
 
 use common::{claimed, replay, unknown};
-use fixture_engine::{builder, fp, journal_chain, key, DAY, FRAME_HEADER, JOURNAL_HEADER};
+use fixture_engine::{
+    builder, copy_with_journal, fixture_file, fp, journal_chain, key, DAY, FRAME_HEADER,
+    JOURNAL_HEADER,
+};
 use idempotency::{
     Begin, Engine, Envelope, Failure, ManualClock, OutgoingMessage, Receive, ReplayKind, State,
 };
@@ -45,19 +48,16 @@ type TestResult = Result<(), Box<dyn Error>>;
 const T0: u64 = 1_795_000_000_000;
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2.redb")
+    fixture_file("format2.redb")
 }
 
 fn fixture_journal() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2.redb.journal")
+    fixture_file("format2.redb.journal")
 }
 
 /// A fresh copy of the fixture and its journal in `dir`.
 fn copy_of_fixture(dir: &Path) -> Result<PathBuf, Box<dyn Error>> {
-    let path = dir.join("format2.redb");
-    std::fs::copy(fixture(), &path)?;
-    std::fs::copy(fixture_journal(), dir.join("format2.redb.journal"))?;
-    Ok(path)
+    copy_with_journal("format2.redb", dir)
 }
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)] // each test file uses what it needs
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use idempotency::{Engine, EngineBuilder, ExpiryPolicy, Fingerprint, IdempotencyKey, ManualClock};
@@ -67,4 +68,21 @@ pub fn journal_chain(journal: &[u8]) -> Result<&[u8], Box<dyn std::error::Error>
         return Err("the journal holds no frame".into());
     }
     Ok(&journal[..pos])
+}
+
+/// The committed fixture file `name` in `tests/fixtures/`.
+pub fn fixture_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// A fresh copy in `dir` of fixture `name` and its journal
+/// (`name.journal`); returns the copy's path.
+pub fn copy_with_journal(name: &str, dir: &Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let path = dir.join(name);
+    std::fs::copy(fixture_file(name), &path)?;
+    let journal = format!("{name}.journal");
+    std::fs::copy(fixture_file(&journal), dir.join(journal))?;
+    Ok(path)
 }
