@@ -13,13 +13,13 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::nats_url;
+use nats_env::{nats_url, stream_under};
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer};
 use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming, NatsError};
 use idempotency::{BoxError, Engine, LocalTx};
 
@@ -49,13 +49,7 @@ async fn setup(
     );
     let client = nats::connect(url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
-    let stream = js
-        .create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await?;
+    let stream = stream_under(&js, &name).await?;
     for i in 0..messages {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(nats::MSG_ID_HEADER, format!("m-{i}").as_str());

@@ -13,13 +13,13 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::nats_url;
+use nats_env::{nats_url, stream_under};
 
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer};
 use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming};
 use idempotency::{BoxError, Engine, LocalTx};
 
@@ -64,13 +64,7 @@ async fn a_non_utf8_message_id_is_dead_lettered_and_consuming_goes_on() -> TestR
     let name = format!("B29H{}", std::process::id());
     let client = nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
-    let stream = js
-        .create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await?;
+    let stream = stream_under(&js, &name).await?;
     let pull = stream
         .create_consumer(consumer::pull::Config {
             durable_name: Some(format!("{name}_c")),

@@ -14,7 +14,7 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::nats_url;
+use nats_env::{nats_url, stream_under};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,13 +58,7 @@ async fn unpublishable_messages_are_dead_lettered_and_the_rest_go_on() -> TestRe
     let client = nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?;
     let max_payload = client.server_info().max_payload;
     let js = jetstream::new(client);
-    let stream = js
-        .create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await?;
+    let stream = stream_under(&js, &name).await?;
     let dir = tempfile::tempdir()?;
     let engine = engine(&dir)?;
     let no_stream = format!("{name}nostream.ev");

@@ -1,6 +1,10 @@
 //! The NATS server the broker tests use: `IDEMPOTENCY_TEST_NATS`, set by
 //! `scripts/with-nats` (and `scripts/with-services`).
 
+#![allow(dead_code)] // each test file uses what it needs
+
+use idempotency::nats::async_nats::jetstream::{self, stream};
+
 /// The variable that names the server's URL.
 pub const NATS_ENV: &str = "IDEMPOTENCY_TEST_NATS";
 
@@ -23,4 +27,19 @@ pub fn nats_url() -> Option<String> {
             None
         }
     }
+}
+
+/// A JetStream stream named `name` (the server's defaults otherwise)
+/// taking every subject under `name.`.
+pub async fn stream_under(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<stream::Stream, idempotency::BoxError> {
+    Ok(js
+        .create_stream(stream::Config {
+            name: name.to_owned(),
+            subjects: vec![format!("{name}.>")],
+            ..Default::default()
+        })
+        .await?)
 }
