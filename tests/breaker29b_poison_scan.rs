@@ -166,8 +166,9 @@ async fn a_poison_message_behind_other_subjects_of_a_filtered_consumer_is_cleare
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: fails even with the scan going on past 64 (nothing booked, no letter, no \
-            error in 30 passes); cause not found before breaker 29b's deadline"]
+#[ignore = "flaky, cause open: with the fix it passed alone (--ignored, the poison cleared \
+            on the 7th pass), but failed once run alongside the filtered case (nothing \
+            booked, no letter, no error in 30 passes)"]
 async fn a_poison_message_behind_70_pending_retries_is_cleared() -> TestResult {
     let Some(url) = nats_url() else { return Ok(()) };
     let name = format!("B29BR{}", std::process::id());
