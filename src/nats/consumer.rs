@@ -99,7 +99,8 @@ impl Consumer {
     /// whose headers are not UTF-8, so such a message would stall the
     /// consumer, redelivered forever and never seen. After a pass that
     /// handled nothing while messages await an ack, the consumer reads
-    /// those by stream sequence (at most 64 from the ack floor), and one
+    /// those by stream sequence (64 per pass on its filter subject, each
+    /// pass going on where the last stopped), and one
     /// the client cannot parse goes to the dead letters (reason: stream,
     /// sequence, the bad bytes escaped) and is deleted from the stream,
     /// for every consumer of it. A crash between the letter and the delete

@@ -31,8 +31,9 @@ use super::support::{blocking, MSG_ID_HEADER};
 use crate::dead_letter::Delivery;
 use crate::Engine;
 
-/// At most this many pending messages are read per check, from the
-/// consumer's ack floor on.
+/// At most this many of the consumer's messages are read per check. A
+/// check goes on where the last one stopped (back to the ack floor after
+/// the last delivered), so every pending message is reached.
 const SCAN_LIMIT: u64 = 64;
 
 /// JetStream's "no message found" API error.
@@ -47,6 +48,8 @@ pub(super) struct Unreadable {
     /// Stream sequences dead-lettered but not yet deleted (the delete
     /// failed): retried without a second letter.
     lettered: Arc<Mutex<HashSet<u64>>>,
+    /// The stream sequence the next check starts at (0: the ack floor).
+    cursor: Arc<Mutex<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -86,13 +89,16 @@ impl Unreadable {
             stream: pull_info.stream_name.clone(),
             filters,
             lettered: Arc::default(),
+            cursor: Arc::default(),
         }
     }
 
-    /// Reads the messages awaiting an ack (from `info`'s ack floor to its
-    /// last delivered, at most [`SCAN_LIMIT`]) and clears each one the
-    /// client cannot parse: dead letter of `inbox`, then deleted from the
-    /// stream. Returns how many were cleared.
+    /// Reads the consumer's messages awaiting an ack (between `info`'s ack
+    /// floor and its last delivered, at most [`SCAN_LIMIT`] per call, going
+    /// on where the last call stopped; other subjects than the consumer's
+    /// filter are skipped by the server) and clears each one the client
+    /// cannot parse: dead letter of `inbox`, then deleted from the stream.
+    /// Returns how many were cleared.
     pub(super) async fn clear(
         &self,
         engine: &Arc<Engine>,
@@ -102,53 +108,82 @@ impl Unreadable {
         if info.num_ack_pending == 0 {
             return Ok(0);
         }
-        let first = info.ack_floor.stream_sequence.saturating_add(1);
-        let last = info
-            .delivered
-            .stream_sequence
-            .min(first.saturating_add(SCAN_LIMIT - 1));
+        let floor = info.ack_floor.stream_sequence.saturating_add(1);
+        let last = info.delivered.stream_sequence;
+        let mut seq = (*self.lock_cursor()).max(floor);
+        if seq > last {
+            seq = floor;
+        }
         let mut cleared = 0;
-        for seq in first..=last {
-            let Some(raw) = self.get(seq).await? else {
-                continue;
+        let mut read = 0;
+        while seq <= last && read < SCAN_LIMIT {
+            let Some(raw) = self.get_next(seq).await? else {
+                seq = last.saturating_add(1);
+                break;
             };
+            if raw.sequence < seq || raw.sequence > last {
+                seq = last.saturating_add(1);
+                break;
+            }
+            seq = raw.sequence.saturating_add(1);
+            read += 1;
             if !self.filters.is_empty() && !self.filters.iter().any(|f| matches(f, &raw.subject)) {
                 continue;
             }
-            let Some((message_id, problem)) = problem(&raw)? else {
-                continue;
-            };
-            if !self.is_lettered(seq) {
-                let reason = format!(
-                    "stream {} seq {seq}: {problem}; the client cannot read it (each delivery \
-                     drops its connection), so it was removed from the stream",
-                    self.stream
-                );
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(&raw.payload)
-                    .map_err(|e| self.bad_reply(seq, &e.to_string()))?;
-                let (engine, inbox, topic) =
-                    (Arc::clone(engine), inbox.to_owned(), raw.subject.clone());
-                let letter = blocking(move || {
-                    engine.inbox(&inbox)?.reject(
-                        &Delivery {
-                            message_id: &message_id,
-                            topic: &topic,
-                            payload: &payload,
-                            attempt: 0,
-                        },
-                        &reason,
-                    )
-                })
-                .await??;
-                tracing::warn!(stream = %self.stream, seq, letter, problem = %problem, "unreadable message dead-lettered; deleting it from the stream");
-                self.set_lettered(seq, true);
+            if self.clear_one(engine, inbox, &raw).await? {
+                cleared += 1;
             }
-            self.delete(seq).await?;
-            self.set_lettered(seq, false);
-            cleared += 1;
         }
+        *self.lock_cursor() = if seq > last { 0 } else { seq };
         Ok(cleared)
+    }
+
+    /// Clears `raw` if the client cannot parse it; whether it did.
+    async fn clear_one(
+        &self,
+        engine: &Arc<Engine>,
+        inbox: &str,
+        raw: &RawMessage,
+    ) -> Result<bool, NatsError> {
+        let seq = raw.sequence;
+        let Some((message_id, problem)) = problem(raw)? else {
+            return Ok(false);
+        };
+        if !self.is_lettered(seq) {
+            let reason = format!(
+                "stream {} seq {seq}: {problem}; the client cannot read it (each delivery \
+                 drops its connection), so it was removed from the stream",
+                self.stream
+            );
+            let payload = base64::engine::general_purpose::STANDARD
+                .decode(&raw.payload)
+                .map_err(|e| self.bad_reply(seq, &e.to_string()))?;
+            let (engine, inbox, topic) =
+                (Arc::clone(engine), inbox.to_owned(), raw.subject.clone());
+            let letter = blocking(move || {
+                engine.inbox(&inbox)?.reject(
+                    &Delivery {
+                        message_id: &message_id,
+                        topic: &topic,
+                        payload: &payload,
+                        attempt: 0,
+                    },
+                    &reason,
+                )
+            })
+            .await??;
+            tracing::warn!(stream = %self.stream, seq, letter, problem = %problem, "unreadable message dead-lettered; deleting it from the stream");
+            self.set_lettered(seq, true);
+        }
+        self.delete(seq).await?;
+        self.set_lettered(seq, false);
+        Ok(true)
+    }
+
+    fn lock_cursor(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn is_lettered(&self, seq: u64) -> bool {
@@ -176,14 +211,20 @@ impl Unreadable {
         }
     }
 
-    /// The stored message at `seq`, with its headers still base64; `None`
-    /// when there is none (deleted, or past the stream's end).
-    async fn get(&self, seq: u64) -> Result<Option<RawMessage>, NatsError> {
+    /// The first stored message at or after `seq` on the consumer's
+    /// filter subject (any subject without one), with its headers still
+    /// base64; `None` when there is none (deleted, or past the stream's
+    /// end). The server skips the other subjects and deleted messages.
+    async fn get_next(&self, seq: u64) -> Result<Option<RawMessage>, NatsError> {
+        let subject = match self.filters.as_slice() {
+            [one] => one.as_str(),
+            _ => ">",
+        };
         let reply: GetReply = self
             .js
             .request(
                 format!("STREAM.MSG.GET.{}", self.stream),
-                &serde_json::json!({ "seq": seq }),
+                &serde_json::json!({ "seq": seq, "next_by_subj": subject }),
             )
             .await
             .map_err(|e| self.bad_reply(seq, &format!("reading the message: {e}")))?;
