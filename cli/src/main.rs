@@ -149,7 +149,7 @@ enum Command {
     /// clean failures (or refused as bad input). Messages in doubt are never
     /// here: they are listed by `unknown`.
     DeadLetters {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// One JSON array of objects (payloads as lossy UTF-8 and hex).
         #[arg(long)]
@@ -162,7 +162,7 @@ enum Command {
     /// the outbox (same topic and payload) in one write, under a new
     /// message id `<id>~redrive<seq>.<unique>@<dead_at_ms>.<digest>` that the relay publishes.
     Redrive {
-        /// The database file, or a PostgreSQL connection string.
+        /// The database file, a PostgreSQL connection string or a Redis URL.
         db: PathBuf,
         /// The dead letter's SEQ, as `dead-letters` lists it.
         seq: u64,
