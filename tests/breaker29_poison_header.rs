@@ -13,9 +13,8 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::{nats_url, stream_under};
+use nats_env::{nats_url, raw_hpub, stream_under};
 
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,39 +23,6 @@ use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming};
 use idempotency::{BoxError, Engine, LocalTx};
 
 type TestResult = Result<(), BoxError>;
-
-/// Publishes one message with raw protocol bytes (HPUB), so its header may
-/// hold bytes no client library would send.
-fn raw_hpub(url: &str, subject: &str, header_value: &[u8], payload: &[u8]) -> TestResult {
-    let addr = url.trim_start_matches("nats://");
-    let mut sock = std::net::TcpStream::connect(addr)?;
-    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut info = [0_u8; 4096];
-    let _ = sock.read(&mut info)?;
-    let mut headers = b"NATS/1.0\r\nNats-Msg-Id: ".to_vec();
-    headers.extend_from_slice(header_value);
-    headers.extend_from_slice(b"\r\n\r\n");
-    let mut out = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n".to_vec();
-    out.extend_from_slice(
-        format!(
-            "HPUB {subject} {} {}\r\n",
-            headers.len(),
-            headers.len() + payload.len()
-        )
-        .as_bytes(),
-    );
-    out.extend_from_slice(&headers);
-    out.extend_from_slice(payload);
-    out.extend_from_slice(b"\r\nPING\r\n");
-    sock.write_all(&out)?;
-    let mut reply = [0_u8; 512];
-    let n = sock.read(&mut reply)?;
-    let reply = String::from_utf8_lossy(&reply[..n]);
-    if !reply.contains("PONG") {
-        return Err(format!("server said: {reply}").into());
-    }
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_utf8_message_id_is_dead_lettered_and_consuming_goes_on() -> TestResult {

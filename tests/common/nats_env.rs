@@ -43,3 +43,43 @@ pub async fn stream_under(
         })
         .await?)
 }
+
+/// Publishes one message to `subject` of the server at `url` with raw
+/// protocol bytes (HPUB), its `Nats-Msg-Id` header `header_value` as given
+/// (bytes no client library would send: nats-server stores them).
+pub fn raw_hpub(
+    url: &str,
+    subject: &str,
+    header_value: &[u8],
+    payload: &[u8],
+) -> Result<(), idempotency::BoxError> {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("nats://");
+    let mut sock = std::net::TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut info = [0_u8; 4096];
+    let _ = sock.read(&mut info)?;
+    let mut headers = b"NATS/1.0\r\nNats-Msg-Id: ".to_vec();
+    headers.extend_from_slice(header_value);
+    headers.extend_from_slice(b"\r\n\r\n");
+    let mut out = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n".to_vec();
+    out.extend_from_slice(
+        format!(
+            "HPUB {subject} {} {}\r\n",
+            headers.len(),
+            headers.len() + payload.len()
+        )
+        .as_bytes(),
+    );
+    out.extend_from_slice(&headers);
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\nPING\r\n");
+    sock.write_all(&out)?;
+    let mut reply = [0_u8; 512];
+    let n = sock.read(&mut reply)?;
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    if !reply.contains("PONG") {
+        return Err(format!("server said: {reply}").into());
+    }
+    Ok(())
+}
