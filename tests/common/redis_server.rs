@@ -378,35 +378,52 @@ pub fn own_server(extra: &[&str]) -> Result<Option<OwnServer>, BoxError> {
         eprintln!("skipped: redis-server is not installed");
         return Ok(None);
     }
-    let dir = tempfile::tempdir()?;
-    let port = free_port()?;
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let s = OwnServer {
-        child,
-        port,
-        _dir: dir,
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > until {
-            return Err("redis-server did not start".into());
+    // A port found free may be taken by another test's server before this
+    // one binds it: then this server exits and the port answers for the
+    // other one. So readiness is this server's own log line, and a server
+    // that exits is started again on another port.
+    for _ in 0..5 {
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let log = dir.path().join("server.log");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut s = OwnServer {
+            child,
+            port,
+            _dir: dir,
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            if s.child.try_wait()?.is_some() {
+                break;
+            }
+            let ready = std::fs::read_to_string(&log)
+                .is_ok_and(|l| l.contains("Ready to accept connections"));
+            if ready && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(Some(s));
+            }
+            if Instant::now() > until {
+                return Err("redis-server did not start".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(Some(s))
+    Err("redis-server exited at start five times (ports taken?)".into())
 }
