@@ -17,12 +17,12 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::{nats_url, raw_hpub};
+use nats_env::{nats_url, raw_hpub, stream_under};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer};
 use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming};
 use idempotency::{BoxError, Engine, LocalTx};
 
@@ -77,13 +77,7 @@ async fn a_poison_message_behind_other_subjects_of_a_filtered_consumer_is_cleare
     let name = format!("B29BF{}", std::process::id());
     let client = nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
-    let stream = js
-        .create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await?;
+    let stream = stream_under(&js, &name).await?;
     let mine = format!("{name}.ledger");
     let pull = stream
         .create_consumer(consumer::pull::Config {
@@ -146,13 +140,7 @@ async fn a_poison_message_behind_70_pending_retries_is_cleared() -> TestResult {
     let name = format!("B29BR{}", std::process::id());
     let client = nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
-    let stream = js
-        .create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await?;
+    let stream = stream_under(&js, &name).await?;
     let pull = stream
         .create_consumer(consumer::pull::Config {
             durable_name: Some(format!("{name}_c")),
