@@ -26,6 +26,7 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 struct Server {
     child: Child,
     port: u16,
+    _log_dir: tempfile::TempDir,
 }
 
 impl Drop for Server {
@@ -68,12 +69,27 @@ fn have_redis() -> Result<bool, BoxError> {
     Ok(true)
 }
 
+/// Starts a server on a free port, with the AOF in `dir`. A port found
+/// free may be bound by another test's server first: this server then
+/// exits, and is started again on another port.
 fn server(dir: &Path) -> Result<Server, BoxError> {
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    server_on(dir, port)
+    for _ in 0..5 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if let Some(s) = server_on(dir, port)? {
+            return Ok(s);
+        }
+    }
+    Err("redis-server exited at start five times (ports taken?)".into())
 }
 
-fn server_on(dir: &Path, port: u16) -> Result<Server, BoxError> {
+/// Starts a server on `port` with the AOF in `dir` and waits (at most
+/// 10 s) for its own "Ready to accept connections" log line: a connection
+/// alone could reach another test's server on the same port. `None` when
+/// it exited at start (the port was taken).
+fn server_on(dir: &Path, port: u16) -> Result<Option<Server>, BoxError> {
+    // The log lives outside `dir`, which may be a small tmpfs.
+    let log_dir = tempfile::tempdir()?;
+    let log = log_dir.path().join("server.log");
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args([
@@ -86,18 +102,31 @@ fn server_on(dir: &Path, port: u16) -> Result<Server, BoxError> {
         ])
         .arg("--dir")
         .arg(dir)
+        .arg("--logfile")
+        .arg(&log)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    let s = Server { child, port };
+    let mut s = Server {
+        child,
+        port,
+        _log_dir: log_dir,
+    };
     let until = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    loop {
+        if s.child.try_wait()?.is_some() {
+            return Ok(None);
+        }
+        let ready =
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to accept connections"));
+        if ready && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(Some(s));
+        }
         if Instant::now() > until {
             return Err("redis-server did not start".into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(s)
 }
 
 fn engine(s: &Server) -> Result<Engine, OpenError> {
@@ -290,7 +319,9 @@ fn a_full_aof_disk_refuses_writes_and_keeps_outcomes() -> TestResult {
     let port = s.port;
     drop(e);
     drop(s);
-    let s = server_on(dir.path(), port)?;
+    let s = server_on(dir.path(), port)?.ok_or_else(|| {
+        format!("the restarted redis-server exited at start (port {port} taken?)")
+    })?;
     let e = engine(&s)?;
     let replay = e.begin(&done, fp()?)?;
     assert!(
