@@ -38,6 +38,20 @@ pub struct Incoming {
 /// back, nothing is written.
 type Handler = dyn Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Send + Sync;
 
+/// The first redelivery wait of a cleanly failed message, by default.
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The longest redelivery wait of a cleanly failed message, by default.
+const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
+
+/// The wait before redelivering a message that failed cleanly on its
+/// `attempt`-th delivery (1 = the first): `first`, doubled per delivery
+/// after the first, at most `max`.
+fn backoff(first: Duration, max: Duration, attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(1).min(31);
+    first.saturating_mul(1 << doublings).min(max)
+}
+
 /// Consumes a JetStream pull consumer into an inbox (see the module docs).
 #[derive(Clone)]
 pub struct Consumer {
@@ -47,6 +61,7 @@ pub struct Consumer {
     unreadable: Unreadable,
     handler: Arc<Handler>,
     retry_delay: Duration,
+    max_retry_delay: Duration,
     in_doubt_delay: Duration,
 }
 
@@ -55,6 +70,7 @@ impl std::fmt::Debug for Consumer {
         f.debug_struct("Consumer")
             .field("inbox", &self.inbox)
             .field("retry_delay", &self.retry_delay)
+            .field("max_retry_delay", &self.max_retry_delay)
             .field("in_doubt_delay", &self.in_doubt_delay)
             .finish_non_exhaustive()
     }
@@ -140,16 +156,29 @@ impl Consumer {
             unreadable,
             pull,
             handler: Arc::new(handler),
-            retry_delay: Duration::from_millis(100),
+            retry_delay: DEFAULT_RETRY_DELAY,
+            max_retry_delay: DEFAULT_MAX_RETRY_DELAY,
             in_doubt_delay: Duration::from_secs(1),
         })
     }
 
     /// How long JetStream waits before redelivering a cleanly failed
-    /// message.
+    /// message after its first delivery (default 1 s). The wait doubles
+    /// with each further delivery, up to [`Consumer::max_retry_delay`]:
+    /// with the defaults and [`Engine::dead_letter_after`] 5, a message
+    /// that keeps failing is naked after 1, 2, 4 and 8 s and dead-lettered
+    /// on its fifth delivery, about 15 s after the first.
     #[must_use]
     pub fn retry_delay(mut self, delay: Duration) -> Consumer {
         self.retry_delay = delay;
+        self
+    }
+
+    /// The longest wait before redelivering a cleanly failed message
+    /// (default 5 min): the cap of [`Consumer::retry_delay`]'s doubling.
+    #[must_use]
+    pub fn max_retry_delay(mut self, delay: Duration) -> Consumer {
+        self.max_retry_delay = delay;
         self
     }
 
@@ -239,7 +268,8 @@ impl Consumer {
         let engine = Arc::clone(&self.engine);
         let inbox = self.inbox.clone();
         let handler = Arc::clone(&self.handler);
-        let (retry, in_doubt) = (self.retry_delay, self.in_doubt_delay);
+        let retry = backoff(self.retry_delay, self.max_retry_delay, incoming.attempt);
+        let in_doubt = self.in_doubt_delay;
         let id_for_errors = if incoming.message_id.is_empty() {
             format!("#{} (no id)", incoming.stream_sequence)
         } else {
@@ -413,5 +443,30 @@ fn decide(
             })
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn the_retry_wait_doubles_per_delivery_up_to_the_cap() {
+        let (first, max) = (Duration::from_secs(1), Duration::from_secs(300));
+        let waits: Vec<u64> = (1..=11)
+            .map(|attempt| backoff(first, max, attempt).as_secs())
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        // Attempt 0 (never sent by the server) waits like the first.
+        assert_eq!(backoff(first, max, 0), first);
+        // No overflow at the end of the range.
+        assert_eq!(backoff(first, max, u32::MAX), max);
+        assert_eq!(
+            backoff(Duration::MAX, Duration::MAX, u32::MAX),
+            Duration::MAX
+        );
+        // A cap below the first wait wins.
+        assert_eq!(backoff(first, Duration::from_millis(10), 1).as_millis(), 10);
     }
 }
