@@ -13,7 +13,7 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::{nats_url, stream_under};
+use nats_env::{nats_url, stream_under, unique_name};
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,11 +42,7 @@ async fn setup(
     messages: usize,
 ) -> Result<Setup, BoxError> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "B29C{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::SeqCst)
-    );
+    let name = unique_name(&format!("B29C{}_", NEXT.fetch_add(1, Ordering::SeqCst)));
     let client = nats::connect(url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
     let stream = stream_under(&js, &name).await?;

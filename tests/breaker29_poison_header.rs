@@ -13,7 +13,7 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::{nats_url, raw_hpub, stream_under};
+use nats_env::{nats_url, raw_hpub, stream_under, unique_name};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +27,7 @@ type TestResult = Result<(), BoxError>;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_utf8_message_id_is_dead_lettered_and_consuming_goes_on() -> TestResult {
     let Some(url) = nats_url() else { return Ok(()) };
-    let name = format!("B29H{}", std::process::id());
+    let name = unique_name("B29H");
     let client = nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
     let stream = stream_under(&js, &name).await?;

@@ -14,7 +14,7 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::{nats_url, stream_under};
+use nats_env::{nats_url, stream_under, unique_name};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,7 +54,7 @@ fn engine(dir: &tempfile::TempDir) -> Result<Arc<Engine>, BoxError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpublishable_messages_are_dead_lettered_and_the_rest_go_on() -> TestResult {
     let Some(url) = nats_url() else { return Ok(()) };
-    let name = format!("B29U{}", std::process::id());
+    let name = unique_name("B29U");
     let client = nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?;
     let max_payload = client.server_info().max_payload;
     let js = jetstream::new(client);

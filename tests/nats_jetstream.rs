@@ -11,7 +11,7 @@
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::nats_url;
+use nats_env::{nats_url, unique_name};
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -45,11 +45,7 @@ async fn setup(
     dead_letter_after: u32,
 ) -> Result<Setup, BoxError> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "T{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::SeqCst)
-    );
+    let name = unique_name(&format!("T{}_", NEXT.fetch_add(1, Ordering::SeqCst)));
     let client = nats::connect(url, Backoff::default(), Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
     let stream = js

@@ -40,7 +40,7 @@ mod split_mix;
 
 #[path = "common/nats_env.rs"]
 mod nats_env;
-use nats_env::{nats_url, NATS_ENV};
+use nats_env::{nats_url, unique_name, NATS_ENV};
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -540,7 +540,7 @@ fn sigkilled_relay_and_consumer_and_a_broker_restart_book_each_payment_once() ->
     let mut rng = SplitMix64(seed);
     let started = Instant::now();
     let dir = tempfile::tempdir()?;
-    let stream_name = format!("KILL{}", std::process::id());
+    let stream_name = unique_name("KILL");
 
     // The stream (file storage, JetStream's default 2 min duplicate
     // window) and the durable pull consumer (explicit acks, 1 s ack wait,

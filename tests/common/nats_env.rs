@@ -29,12 +29,29 @@ pub fn nats_url() -> Option<String> {
     }
 }
 
-/// A JetStream stream named `name` (the server's defaults otherwise)
-/// taking every subject under `name.`.
+/// A stream name no other test run on this server has used: `prefix`,
+/// this process's id and the time in ns. The process id alone is not
+/// enough: runs against one long-lived server (a test looped by hand)
+/// reuse process ids, and a stream found again under an old name holds
+/// the old run's messages, consumer and deduplication window (the new
+/// run's messages are then dropped as duplicates).
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}{}_{nanos}", std::process::id())
+}
+
+/// A new JetStream stream named `name` (the server's defaults otherwise)
+/// taking every subject under `name.`. An error if the server already
+/// has a stream of that name (see [`unique_name`]).
 pub async fn stream_under(
     js: &jetstream::Context,
     name: &str,
 ) -> Result<stream::Stream, idempotency::BoxError> {
+    if js.get_stream(name).await.is_ok() {
+        return Err(format!("stream {name} already exists on this server: a reused name").into());
+    }
     Ok(js
         .create_stream(stream::Config {
             name: name.to_owned(),
