@@ -57,6 +57,11 @@ struct Cli {
     /// a Redis URL.
     #[arg(long, global = true, value_name = "PREFIX")]
     key_prefix: Option<String>,
+    /// A PEM file of the CA certificates trusted for a `rediss://` server,
+    /// as the app gives `EngineBuilder::redis_tls_ca` (default: the
+    /// system's trust store). Only with a `rediss://` URL.
+    #[arg(long, global = true, value_name = "PEM_FILE")]
+    redis_ca: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -258,6 +263,7 @@ fn try_main(cli: Cli) -> CliResult {
     let prefix = Prefixes {
         table: cli.table_prefix.as_deref(),
         key: cli.key_prefix.as_deref(),
+        redis_ca: cli.redis_ca.as_deref(),
     };
     run(cli.command, prefix, &mut out, &mut io::stderr())?;
     out.flush()?;
@@ -390,9 +396,9 @@ fn run<W: Write, E: Write>(
                 )
                 .into());
             }
-            if prefix.key.is_some() {
+            if prefix.key.is_some() || prefix.redis_ca.is_some() {
                 return Err(UsageError(
-                    "--key-prefix applies to a Redis URL, not to salvage".into(),
+                    "--key-prefix and --redis-ca apply to a Redis URL, not to salvage".into(),
                 )
                 .into());
             }
@@ -401,11 +407,12 @@ fn run<W: Write, E: Write>(
     }
 }
 
-/// The `--table-prefix` and `--key-prefix` given.
+/// The `--table-prefix`, `--key-prefix` and `--redis-ca` given.
 #[derive(Debug, Clone, Copy)]
 struct Prefixes<'a> {
     table: Option<&'a str>,
     key: Option<&'a str>,
+    redis_ca: Option<&'a Path>,
 }
 
 /// A builder with the CLI's settings, and the prefixes given.
@@ -439,6 +446,11 @@ fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, Engine
             Target::Redis(_) => "a Redis URL".to_owned(),
         };
         Err(UsageError(format!("{flag} applies to {applies}, not to {what}")).into())
+    };
+    let builder = match (&target, prefix.redis_ca) {
+        (Target::Redis(_), Some(ca)) => builder.redis_tls_ca(ca),
+        (_, Some(_)) => return misplaced("--redis-ca", "a rediss:// URL"),
+        (_, None) => builder,
     };
     match (&target, prefix.table, prefix.key) {
         (Target::File(_) | Target::Redis(_), Some(_), _) => {

@@ -1,7 +1,7 @@
 //! The operator commands on Redis: guards against a CLI that cannot open a
 //! `redis://` URL, that shows other records there than the engine wrote,
-//! that applies `--table-prefix` to a Redis URL or `--key-prefix` to
-//! anything else, or that prints a Redis password in an error.
+//! that applies `--table-prefix` to a Redis URL or `--key-prefix` or
+//! `--redis-ca` to anything else, or that prints a Redis password in an error.
 //!
 //! Needs `IDEMPOTENCY_TEST_REDIS` (set by `scripts/with-redis`, which
 //! `scripts/with-services` runs). Without it the server tests are skipped
@@ -69,6 +69,11 @@ fn prefixes_go_with_their_backend() -> TestResult {
     let err = usage_err(&["stats", file, "--key-prefix", "app:"])?;
     assert!(
         err.contains("--key-prefix applies to a Redis URL, not to the file"),
+        "{err}"
+    );
+    let err = usage_err(&["stats", file, "--redis-ca", "ca.pem"])?;
+    assert!(
+        err.contains("--redis-ca applies to a rediss:// URL, not to the file"),
         "{err}"
     );
     let err = usage_err(&["salvage", redis, file])?;

@@ -60,6 +60,7 @@ struct RedisSettings {
     command_timeout: Duration,
     allow_volatile: bool,
     wait_replicas: Option<(u32, Duration)>,
+    tls_ca: Option<std::path::PathBuf>,
 }
 
 /// Settings only an engine on PostgreSQL reads.
@@ -100,6 +101,7 @@ impl Default for EngineBuilder {
                 command_timeout: Duration::from_secs(5),
                 allow_volatile: false,
                 wait_replicas: None,
+                tls_ca: None,
             },
         }
     }
@@ -767,9 +769,32 @@ impl EngineBuilder {
         self
     }
 
+    /// The CA certificates trusted for a `rediss://` server (feature
+    /// `redis`): a PEM file holding one or more `-----BEGIN
+    /// CERTIFICATE-----` blocks, read at open. They replace the system's
+    /// trust store, which a `rediss://` URL uses without this setting.
+    /// The server's certificate must name the URL's host (a DNS name or
+    /// an IP address in its subject alternative names). There is no
+    /// setting that skips the check.
+    ///
+    /// # Errors
+    ///
+    /// At [`open_redis`](Self::open_redis): [`OpenError::Storage`] naming
+    /// the file if it cannot be read or holds no certificate, and if the
+    /// URL is not `rediss://` (a CA for a plaintext connection is a
+    /// mistake, not a no-op).
+    #[cfg(feature = "redis")]
+    pub fn redis_tls_ca(mut self, pem_file: impl Into<std::path::PathBuf>) -> Self {
+        self.redis.tls_ca = Some(pem_file.into());
+        self
+    }
+
     /// Opens the engine on a Redis or Valkey server (feature `redis`).
-    /// `url` is `redis://[user:password@]host[:port][/db]` (or
-    /// `unix:///path/to/redis.sock`); every engine, in any process, opened
+    /// `url` is `redis://[user:password@]host[:port][/db]`,
+    /// `rediss://…` for TLS (rustls; the server's certificate is checked
+    /// against the system's trust store or
+    /// [`redis_tls_ca`](Self::redis_tls_ca), and must name the host), or
+    /// `unix:///path/to/redis.sock`; every engine, in any process, opened
     /// on the same server, database and
     /// [`redis_key_prefix`](Self::redis_key_prefix) shares the same
     /// records. Every transition is one atomic Lua script on the server.
@@ -792,8 +817,11 @@ impl EngineBuilder {
     /// scripts; [`OpenError::RedisNotDurable`], naming the setting and the
     /// fix; [`OpenError::RedisEvicts`] for `maxmemory-policy allkeys-*`;
     /// [`OpenError::Storage`] for a malformed URL, a server that
-    /// cannot be reached in time, or failed authentication (no message
-    /// shows the URL or the password); [`OpenError::ExpiryPolicyConflict`]
+    /// cannot be reached in time, failed authentication, a TLS handshake
+    /// that fails (a certificate not trusted or not naming the host, a
+    /// server that does not speak TLS) or an unusable
+    /// [`redis_tls_ca`](Self::redis_tls_ca) (no message shows the URL or
+    /// the password); [`OpenError::ExpiryPolicyConflict`]
     /// if other engines on the prefix expire by another policy;
     /// [`OpenError::UnsupportedSchema`] if the prefix holds a newer layout;
     /// [`OpenError::ThreadStart`].
@@ -807,6 +835,7 @@ impl EngineBuilder {
             command_timeout: self.redis.command_timeout,
             allow_volatile: self.redis.allow_volatile,
             wait_replicas: self.redis.wait_replicas,
+            tls_ca: self.redis.tls_ca.clone(),
         };
         let (store, store_cfg) = crate::store::redis::RedisStore::open(
             &opts,

@@ -105,6 +105,7 @@ fn redis_fixture(name: &str, expiry: ExpiryPolicy) -> R<Fixture> {
         command_timeout: std::time::Duration::from_secs(10),
         allow_volatile: false,
         wait_replicas: None,
+        tls_ca: None,
     };
     let clock = ManualClock::new(T0);
     let cfg = StoreConfig {

@@ -367,6 +367,47 @@ impl Drop for OwnServer {
 /// connections. `Ok(None)`, after saying so, without a `redis-server` on
 /// PATH; under `CI=true` that is an error, not a skip.
 pub fn own_server(extra: &[&str]) -> Result<Option<OwnServer>, BoxError> {
+    start_own(|port| {
+        let mut args = vec!["--port".to_owned(), port.to_string()];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args
+    })
+}
+
+/// The files of a TLS server: its certificate (PEM, with the chain) and
+/// key, and the CA file clients would check it against.
+pub struct TlsFiles<'a> {
+    pub cert: &'a Path,
+    pub key: &'a Path,
+    pub ca: &'a Path,
+}
+
+/// An [`OwnServer`] that speaks TLS only (no plaintext port; clients need
+/// no certificate of their own), on `port` of the result. As
+/// [`own_server`] otherwise.
+pub fn own_tls_server(tls: &TlsFiles<'_>, extra: &[&str]) -> Result<Option<OwnServer>, BoxError> {
+    start_own(|port| {
+        let mut args: Vec<String> = ["--port", "0", "--tls-port", &port.to_string()]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        for (flag, path) in [
+            ("--tls-cert-file", tls.cert),
+            ("--tls-key-file", tls.key),
+            ("--tls-ca-cert-file", tls.ca),
+        ] {
+            args.push(flag.to_owned());
+            args.push(path.display().to_string());
+        }
+        args.extend(["--tls-auth-clients".to_owned(), "no".to_owned()]);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args
+    })
+}
+
+/// Starts a durable server on a free port with the arguments `args(port)`
+/// gives, and waits for its own "Ready to accept connections" log line.
+fn start_own(args: impl Fn(u16) -> Vec<String>) -> Result<Option<OwnServer>, BoxError> {
     if Command::new("redis-server")
         .arg("--version")
         .output()
@@ -387,7 +428,7 @@ pub fn own_server(extra: &[&str]) -> Result<Option<OwnServer>, BoxError> {
         let port = free_port()?;
         let log = dir.path().join("server.log");
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .args([
                 "--save",
                 "",
@@ -400,7 +441,7 @@ pub fn own_server(extra: &[&str]) -> Result<Option<OwnServer>, BoxError> {
             .arg(dir.path())
             .arg("--logfile")
             .arg(&log)
-            .args(extra)
+            .args(args(port))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;

@@ -59,6 +59,7 @@ mod read;
 mod script;
 mod shared;
 mod sweep;
+mod tls;
 mod txn;
 mod verify;
 
@@ -125,7 +126,7 @@ impl RedisStore {
     ) -> std::result::Result<(RedisStore, StoreConfig), OpenError> {
         let keys = keys::Keys::new(&opts.prefix)?;
         let manager = conn::Manager {
-            client: conn::client(&opts.url)?,
+            client: conn::client(&opts.url, opts.tls_ca.as_deref())?,
             connect_timeout: opts.connect_timeout,
             command_timeout: opts.command_timeout,
         };
@@ -134,7 +135,7 @@ impl RedisStore {
         // with what happened (the pool would retry until its timeout).
         let mut first = manager
             .connect()
-            .map_err(conn::open_storage("connecting to Redis"))?;
+            .map_err(|e| conn::connect_failed(&e, &opts.url, opts.tls_ca.is_some()))?;
         open::check_server(&mut first, opts)?;
         let cfg = open::prepare(&mut first, &keys, cfg, stored_expiry)?;
         drop(first);

@@ -1,0 +1,299 @@
+//! Redis over TLS (`rediss://`): the engine works through a TLS-only
+//! server whose certificate a CA file vouches for, and every way a TLS
+//! connection can be wrong is refused at open with an error that says
+//! which, never with the password: a CA that did not sign the server's
+//! certificate (also the system's trust store), a certificate that names
+//! another host, a `rediss://` URL on a plaintext server, a `redis://`
+//! URL on a TLS port, a CA file that is missing or holds no certificate,
+//! and a CA file given for a plaintext URL.
+//!
+//! The certificates are made per run with the `openssl` command (as
+//! `scripts/with-postgres` makes the PostgreSQL server's); each case
+//! starts its own `redis-server` (Debian's is built with TLS). Skipped
+//! without `openssl` or `redis-server`, a failure under `CI=true`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::{own_server, own_tls_server, BoxError, OwnServer, TlsFiles};
+
+type TestResult = Result<(), BoxError>;
+
+const PASSWORD: &str = "Tls-test-pw-7c1";
+
+/// A CA and certificates it signed, in a temp dir.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The server files for certificate `name` (signed by `ca`).
+    fn server(&self, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        (
+            self.path(&format!("{name}.pem")),
+            self.path(&format!("{name}.key")),
+            self.path("ca.pem"),
+        )
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Result<(), BoxError> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(())
+}
+
+/// Makes `ca` (trusted by the tests), `other-ca` (trusted by no server),
+/// and two server certificates signed by `ca`: `local` for `localhost`
+/// and 127.0.0.1, `elsewhere` for `elsewhere.example` only. `None`
+/// without `openssl` (an error under `CI=true`).
+fn pki() -> Result<Option<Pki>, BoxError> {
+    if Command::new("openssl").arg("version").output().is_err() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            return Err("openssl is not installed and CI=true".into());
+        }
+        eprintln!("skipped: openssl is not installed");
+        return Ok(None);
+    }
+    let pki = Pki {
+        dir: tempfile::tempdir()?,
+    };
+    let d = pki.dir.path();
+    for ca in ["ca", "other-ca"] {
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=idempotency test {ca}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ],
+        )?;
+    }
+    for (name, san) in [
+        ("local", "DNS:localhost,IP:127.0.0.1"),
+        ("elsewhere", "DNS:elsewhere.example"),
+    ] {
+        std::fs::write(
+            d.join(format!("{name}.ext")),
+            format!(
+                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
+                 keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+            ),
+        )?;
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={name}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        )?;
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        )?;
+    }
+    Ok(Some(pki))
+}
+
+/// A TLS-only server with certificate `name`, requiring [`PASSWORD`].
+fn tls_server(pki: &Pki, name: &str) -> Result<Option<OwnServer>, BoxError> {
+    let (cert, key, ca) = pki.server(name);
+    own_tls_server(
+        &TlsFiles {
+            cert: &cert,
+            key: &key,
+            ca: &ca,
+        },
+        &["--requirepass", PASSWORD],
+    )
+}
+
+fn builder() -> idempotency::EngineBuilder {
+    Engine::builder()
+        .sweep_interval(None)
+        .redis_key_prefix("tls:")
+        .redis_connect_timeout(Duration::from_secs(2))
+        .redis_command_timeout(Duration::from_secs(2))
+}
+
+fn fp() -> Result<Fingerprint, BoxError> {
+    Ok(Fingerprint::of_json(b"{\"amount\":1}", &[])?)
+}
+
+/// The open's error, checked to leave the password out.
+fn refusal(opened: Result<Engine, OpenError>) -> Result<String, BoxError> {
+    let err = match opened {
+        Ok(_) => return Err("the open was not refused".into()),
+        Err(e) => e,
+    };
+    let text = format!("{err} / {err:?}");
+    assert!(!text.contains(PASSWORD), "the password shows: {text}");
+    eprintln!("refused: {err}");
+    Ok(err.to_string())
+}
+
+#[test]
+fn claims_complete_and_replay_over_tls() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = tls_server(&pki, "local")? else {
+        return Ok(());
+    };
+    for host in ["localhost", "127.0.0.1"] {
+        let url = format!("rediss://:{PASSWORD}@{host}:{}/", s.port);
+        let e = builder()
+            .redis_tls_ca(pki.path("ca.pem"))
+            .open_redis(&url)?;
+        let key = IdempotencyKey::new("tls", format!("charge-{host}"))?;
+        let Begin::Claimed(claim) = e.begin(&key, fp()?)? else {
+            return Err(format!("{key}: a fresh key must be claimed").into());
+        };
+        e.complete(claim, Envelope::new(1, 201, "charged"))?;
+        let Begin::Replay(replay) = e.begin(&key, fp()?)? else {
+            return Err(format!("{key}: the completed key must replay").into());
+        };
+        assert_eq!(replay.envelope.body, b"charged");
+        assert!(e.verify()?.is_sound());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_certificate_no_trusted_ca_signed_is_refused() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = tls_server(&pki, "local")? else {
+        return Ok(());
+    };
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", s.port);
+    // The system's trust store does not hold the throwaway CA.
+    let system = refusal(builder().open_redis(&url))?;
+    let other = refusal(
+        builder()
+            .redis_tls_ca(pki.path("other-ca.pem"))
+            .open_redis(&url),
+    )?;
+    for err in [system, other] {
+        assert!(
+            err.contains("TLS") && err.contains("certificate") && err.contains("not trusted"),
+            "{err}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_certificate_for_another_host_is_refused() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = tls_server(&pki, "elsewhere")? else {
+        return Ok(());
+    };
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", s.port);
+    let err = refusal(builder().redis_tls_ca(pki.path("ca.pem")).open_redis(&url))?;
+    assert!(
+        err.contains("TLS") && err.contains("does not name the host"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn tls_and_plaintext_mixed_up_are_refused() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(tls) = tls_server(&pki, "local")? else {
+        return Ok(());
+    };
+    let Some(plain) = own_server(&["--requirepass", PASSWORD])? else {
+        return Ok(());
+    };
+    let ca = pki.path("ca.pem");
+    // rediss:// on a plaintext server.
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", plain.port);
+    let err = refusal(builder().redis_tls_ca(&ca).open_redis(&url))?;
+    assert!(err.contains("TLS") && err.contains("plaintext"), "{err}");
+    // redis:// on a TLS port: the server hangs up on plaintext.
+    let url = format!("redis://:{PASSWORD}@localhost:{}/", tls.port);
+    let err = refusal(builder().open_redis(&url))?;
+    assert!(err.contains("rediss://"), "{err}");
+    // A CA file for a plaintext URL is a mistake, not a no-op.
+    let url = format!("redis://:{PASSWORD}@localhost:{}/", plain.port);
+    let err = refusal(builder().redis_tls_ca(&ca).open_redis(&url))?;
+    assert!(
+        err.contains("ca.pem") && err.contains("not rediss://"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_unusable_ca_file_is_named() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = tls_server(&pki, "local")? else {
+        return Ok(());
+    };
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", s.port);
+    let missing = pki.path("missing.pem");
+    let err = refusal(builder().redis_tls_ca(&missing).open_redis(&url))?;
+    assert!(
+        err.contains("missing.pem") && err.contains("cannot read"),
+        "{err}"
+    );
+    // A private key is PEM, but not a certificate.
+    let err = refusal(builder().redis_tls_ca(pki.path("ca.key")).open_redis(&url))?;
+    assert!(
+        err.contains("ca.key") && err.contains("no PEM certificate"),
+        "{err}"
+    );
+    Ok(())
+}
