@@ -11,3 +11,4 @@
 //! Store layer (layer 2): imports nothing above `store`.
 
 pub(crate) mod filter;
+pub(crate) mod row;
