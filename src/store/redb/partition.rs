@@ -12,3 +12,5 @@
 
 pub(crate) mod filter;
 pub(crate) mod row;
+#[cfg(test)]
+mod tests;
