@@ -34,6 +34,13 @@
 //! bytes 24..32  unused
 //! ```
 //!
+//! The hash is the cost: measured here (2-core machine under load, a
+//! 41-byte record key, a throwaway timing loop) about 200 ns per key for
+//! the BLAKE3 keyed hash, against about 20 ns for a probe of an already
+//! hashed key in a 32k-key filter. So a lookup hashes its key once
+//! ([`FilterHasher::hash`]) and probes every partition with
+//! [`PartitionFilter::may_contain_hash`].
+//!
 //! # Stored value (`idempotency.filters`, key: the partition number)
 //!
 //! ```text
