@@ -175,9 +175,10 @@ pub(crate) struct KeyHash {
 impl KeyHash {
     /// The block of a filter of `blocks` blocks this key falls in
     /// (multiply-shift: uniform over the blocks without a division).
+    // i < blocks, which is a usize: the cast cannot truncate.
+    #[allow(clippy::cast_possible_truncation)]
     fn block_index(&self, blocks: usize) -> usize {
         let i = (u128::from(self.block) * blocks as u128) >> 64;
-        // i < blocks, which is a usize: the cast cannot truncate.
         i as usize
     }
 
@@ -515,7 +516,9 @@ impl PartitionFilter {
         let h = self.hasher.hash(key);
         let mut bits: Vec<u16> = h
             .probes()
-            .map(|(word, mask)| (word * 64) as u16 + mask.trailing_zeros() as u16)
+            .map(|(word, mask)| {
+                u16::try_from(word * 64 + mask.trailing_zeros() as usize).unwrap_or(u16::MAX)
+            })
             .collect();
         bits.sort_unstable();
         bits.dedup();
