@@ -313,11 +313,22 @@ pub(crate) fn encode_meta(name: &str, payload: &[u8]) -> Vec<u8> {
 /// key `name`; the checksum is verified first. The payload's length is
 /// the caller's to check (it depends on the key).
 pub(crate) fn decode_meta<'b>(name: &str, bytes: &'b [u8]) -> Result<&'b [u8], DecodeError> {
+    unframed(META_TAG, name.as_bytes(), bytes)
+}
+
+/// The payload of `bytes`, a value framed by [`framed`] for the table
+/// `tag` names under `key`; the version byte and checksum are checked
+/// first. The payload's length and fields are the caller's to check.
+pub(crate) fn unframed<'b>(
+    tag: &[u8],
+    key: &[u8],
+    bytes: &'b [u8],
+) -> Result<&'b [u8], DecodeError> {
     match bytes.first() {
         None => Err(DecodeError::Empty),
         Some(&FORMAT_VERSION) => {
             let (framed, stored) = split_checksum(bytes)?;
-            if checksum(META_TAG, name.as_bytes(), framed) != stored {
+            if checksum(tag, key, framed) != stored {
                 return Err(DecodeError::ChecksumMismatch);
             }
             Ok(&framed[1..])
@@ -327,8 +338,10 @@ pub(crate) fn decode_meta<'b>(name: &str, bytes: &'b [u8]) -> Result<&'b [u8], D
 }
 
 /// `payload` framed as a format-2 value of the table `tag` names under
-/// `key`: `[2][payload][checksum]`.
-fn framed(tag: &[u8], key: &[u8], payload: &[u8]) -> Vec<u8> {
+/// `key`: `[2][payload][checksum]`. For the meta table and for fixed-width
+/// values kept outside postcard (format 3's `partitions` rows,
+/// `redb/partition/row.rs`, with the tag `b"idempotency.partition\0"`).
+pub(crate) fn framed(tag: &[u8], key: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut value = Vec::with_capacity(1 + payload.len() + CHECKSUM_BYTES);
     value.push(FORMAT_VERSION);
     value.extend_from_slice(payload);

@@ -8,6 +8,8 @@ mod meta;
 mod open;
 mod orphans;
 mod overlay;
+#[cfg(test)]
+mod partition;
 mod read;
 mod read_only;
 mod recover;

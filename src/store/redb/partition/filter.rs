@@ -1,0 +1,554 @@
+//! A partition's key filter (format 3, docs/format3-plan.md, "Filters:
+//! never trusted for present, never taken as absent when damaged"): a
+//! blocked Bloom filter over the record keys of one partition table.
+//!
+//! It answers "absent" or "maybe", never "present": a "maybe" is followed
+//! by a read of the partition's table, and an "absent" is believed only
+//! from a filter built in this process or decoded with every check below
+//! passed. A filter that fails a check is an error naming its partition,
+//! for the caller to rebuild from the table (or refuse), never an
+//! "absent".
+//!
+//! # Shape
+//!
+//! 24 bits per key at the designed load ([`BITS_PER_KEY`]), in blocks of
+//! 512 bits (one 64-byte cache line), as the prototype
+//! (`bench/benches/partitions.rs`). A key sets [`PROBES`] (11) bits, all
+//! in one block, so a probe touches one cache line. About 3 MiB per
+//! million keys; at the designed load a false "maybe" for 37 of 500,000
+//! absent keys (`false_maybe_rate_at_the_designed_load_is_small`).
+//!
+//! # Hash (part of the format)
+//!
+//! A key's hash is `blake3::keyed_hash(probe key, key bytes)`, where the
+//! probe key is `blake3::derive_key(PROBE_KEY_CONTEXT, filter_seed)` and
+//! `filter_seed` is the file's 16 random bytes (its meta row). Keyed, so a
+//! client cannot choose keys that all fall in one block; BLAKE3, so the
+//! bits are the same on every platform and build (never `std`'s
+//! `DefaultHasher`, whose output may change between Rust releases). Of
+//! the 32-byte hash:
+//!
+//! ```text
+//! bytes 0..8    u64 LE: the block, (h × block count) >> 64
+//! bytes 8..24   u128 LE: probe j (0..11) sets bit (h >> 9j) & 511 of the
+//!               block; bit b is bit b % 64 of the block's word b / 64
+//! bytes 24..32  unused
+//! ```
+//!
+//! The hash is the cost: measured here (2-core machine under load, a
+//! 41-byte record key, a throwaway timing loop) about 200 ns per key for
+//! the BLAKE3 keyed hash, against about 20 ns for a probe of an already
+//! hashed key in a 32k-key filter. So a lookup hashes its key once
+//! ([`FilterHasher::hash`]) and probes every partition with
+//! [`PartitionFilter::may_contain_hash`].
+//!
+//! # Stored value (`idempotency.filters`, key: the partition number)
+//!
+//! ```text
+//! byte 0        FILTER_VERSION (1)
+//! bytes 1..9    key count, u64 LE
+//! bytes 9..17   block count, u64 LE (at least 1)
+//! bytes 17..    the blocks, 64 bytes each: 8 words, each u64 LE
+//! ```
+//!
+//! Its checksum is kept apart, in the partition's `idempotency.partitions`
+//! row (`row.rs`): `blake3::keyed_hash(checksum key, partition u64 LE ‖
+//! value)`, with the checksum key `blake3::derive_key(CHECKSUM_KEY_CONTEXT,
+//! filter_seed)`. So a value copied under another partition, or read with
+//! another file's seed (whose bits would mean nothing), fails it like a
+//! damaged one.
+//!
+//! A filter holds at most as many keys as its blocks allow at 24 bits per
+//! key (`max_keys`): more, and its false "maybe" rate would grow without
+//! bound. [`PartitionFilter::insert`] refuses the key past that, and a
+//! decoded filter whose key count is past it is refused, so a filter
+//! built here always decodes.
+
+use thiserror::Error;
+
+/// The encoding this build writes and the only one it reads.
+pub(crate) const FILTER_VERSION: u8 = 1;
+/// Bits of filter per key at the designed load.
+pub(crate) const BITS_PER_KEY: u64 = 24;
+/// Bits a key sets, all in its block.
+pub(crate) const PROBES: u32 = 11;
+/// Bits per block: one 64-byte cache line.
+const BLOCK_BITS: u64 = 512;
+/// Bytes per block as stored.
+const BLOCK_BYTES: usize = 64;
+/// Bits of the hash each probe takes (log2 of [`BLOCK_BITS`]).
+const PROBE_BITS: u32 = 9;
+/// Bytes of the stored header: version, key count, block count.
+const HEADER_BYTES: usize = 17;
+
+/// `blake3::derive_key` context of the probe key: part of the format.
+const PROBE_KEY_CONTEXT: &str = "idempotency 2026-12-02 partition filter probe key v1";
+/// `blake3::derive_key` context of the checksum key: part of the format.
+const CHECKSUM_KEY_CONTEXT: &str = "idempotency 2026-12-02 partition filter checksum key v1";
+/// `blake3::derive_key` context of a hasher's identity (in memory only).
+const IDENTITY_CONTEXT: &str = "idempotency 2026-12-02 partition filter hasher identity";
+
+/// One 512-bit block: 8 words, bit `b` is bit `b % 64` of word `b / 64`.
+type Block = [u64; 8];
+
+/// The file's 16 random bytes that key every filter's hash (the
+/// `filter_seed` meta row of format 3).
+pub(crate) type FilterSeed = [u8; 16];
+
+/// The BLAKE3 checksum of a stored filter, kept in its partition's
+/// `idempotency.partitions` row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FilterChecksum(pub(crate) [u8; 32]);
+
+/// The keys derived from a file's `filter_seed`: every filter of the file
+/// hashes with the same one, so a key is hashed once per lookup however
+/// many partitions it probes ([`FilterHasher::hash`]).
+#[derive(Clone)]
+pub(crate) struct FilterHasher {
+    probe_key: [u8; 32],
+    checksum_key: [u8; 32],
+    /// Tells hashes of another seed apart (`KeyHash::hasher`).
+    identity: u64,
+}
+
+impl std::fmt::Debug for FilterHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The keys stay out of logs: they are what keeps a client from
+        // aiming keys at one block.
+        f.debug_struct("FilterHasher")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FilterHasher {
+    /// The hasher of a file whose `filter_seed` is `seed`.
+    pub(crate) fn new(seed: &FilterSeed) -> FilterHasher {
+        let identity = blake3::derive_key(IDENTITY_CONTEXT, seed);
+        FilterHasher {
+            probe_key: blake3::derive_key(PROBE_KEY_CONTEXT, seed),
+            checksum_key: blake3::derive_key(CHECKSUM_KEY_CONTEXT, seed),
+            identity: u64::from_le_bytes(first_8(&identity)),
+        }
+    }
+
+    /// The hash of record key `key`, for [`PartitionFilter::insert_hash`]
+    /// and [`PartitionFilter::may_contain_hash`] of any filter of this
+    /// file.
+    pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
+        let h = blake3::keyed_hash(&self.probe_key, key);
+        let b = h.as_bytes();
+        let mut bits = [0u8; 16];
+        bits.copy_from_slice(&b[8..24]);
+        KeyHash {
+            block: u64::from_le_bytes(first_8(b)),
+            bits: u128::from_le_bytes(bits),
+            hasher: self.identity,
+        }
+    }
+
+    /// The checksum of the stored filter `value` of partition `partition`.
+    fn checksum(&self, partition: u64, value: &[u8]) -> FilterChecksum {
+        let mut h = blake3::Hasher::new_keyed(&self.checksum_key);
+        h.update(&partition.to_le_bytes());
+        h.update(value);
+        FilterChecksum(*h.finalize().as_bytes())
+    }
+}
+
+/// The first 8 bytes of a 32-byte hash.
+fn first_8(b: &[u8; 32]) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&b[..8]);
+    out
+}
+
+/// A record key's hash under one file's [`FilterHasher`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyHash {
+    block: u64,
+    bits: u128,
+    /// The identity of the hasher that made it: a filter of another seed
+    /// answers "maybe" to it, never "absent".
+    hasher: u64,
+}
+
+impl KeyHash {
+    /// The block of a filter of `blocks` blocks this key falls in
+    /// (multiply-shift: uniform over the blocks without a division).
+    // i < blocks, which is a usize: the cast cannot truncate.
+    #[allow(clippy::cast_possible_truncation)]
+    fn block_index(&self, blocks: usize) -> usize {
+        let i = (u128::from(self.block) * blocks as u128) >> 64;
+        i as usize
+    }
+
+    /// The (word, mask) of each of the key's [`PROBES`] bits in its block.
+    fn probes(&self) -> impl Iterator<Item = (usize, u64)> {
+        let bits = self.bits;
+        (0..PROBES).map(move |j| {
+            // The low 9 bits: 0..512, a bit of the block.
+            let bit = ((bits >> (PROBE_BITS * j)) & u128::from(BLOCK_BITS - 1)) as usize;
+            (bit / 64, 1u64 << (bit % 64))
+        })
+    }
+}
+
+/// What is wrong with a filter.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub(crate) enum FilterProblem {
+    /// The stored value is shorter than its header.
+    #[error("the stored value is {len} bytes, too short for its {HEADER_BYTES}-byte header")]
+    Truncated {
+        /// Bytes stored.
+        len: usize,
+    },
+    /// The version byte is not [`FILTER_VERSION`].
+    #[error("unknown filter version {0} (this build reads version {FILTER_VERSION})")]
+    UnknownVersion(u8),
+    /// The header says 0 blocks.
+    #[error("the header says 0 blocks (a filter has at least one)")]
+    NoBlocks,
+    /// The value's length is not what its block count takes.
+    #[error("the stored value is {len} bytes where its {blocks} blocks take {expected}")]
+    Length {
+        /// Bytes stored.
+        len: usize,
+        /// Block count in the header.
+        blocks: u64,
+        /// Bytes that block count takes, header included.
+        expected: u128,
+    },
+    /// More keys than the blocks hold at [`BITS_PER_KEY`].
+    #[error("{keys} keys in {blocks} blocks, which hold at most {max_keys} at {BITS_PER_KEY} bits per key")]
+    Overloaded {
+        /// Key count in the header.
+        keys: u64,
+        /// Block count in the header.
+        blocks: u64,
+        /// Keys those blocks hold.
+        max_keys: u64,
+    },
+    /// The checksum does not match the one in the partition's row.
+    #[error("its checksum does not match its partition row's: damaged, or written for another partition or file")]
+    ChecksumMismatch,
+    /// The filter's key count is not its table's.
+    #[error("it counts {filter_keys} keys where its table holds {table_keys}")]
+    KeyCount {
+        /// Keys the filter counts.
+        filter_keys: u64,
+        /// Keys in the partition's record table.
+        table_keys: u64,
+    },
+    /// An insert past what the blocks hold.
+    #[error("it is full: its blocks hold {max_keys} keys at {BITS_PER_KEY} bits per key")]
+    Full {
+        /// Keys the blocks hold.
+        max_keys: u64,
+    },
+    /// A key hashed with another file's seed, offered for insertion.
+    #[error("a key hashed with another file's filter seed was offered to it")]
+    ForeignHash,
+    /// The blocks could not be allocated.
+    #[error("{blocks} blocks of {BLOCK_BYTES} bytes cannot be allocated")]
+    TooLarge {
+        /// Blocks asked for.
+        blocks: u64,
+    },
+}
+
+/// A filter that cannot be built, decoded or trusted: its partition and
+/// what is wrong. Never an answer: the caller rebuilds the filter from its
+/// table, or refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("the key filter of partition {partition}: {problem}")]
+pub(crate) struct FilterError {
+    /// The partition number.
+    pub(crate) partition: u64,
+    /// What is wrong.
+    pub(crate) problem: FilterProblem,
+}
+
+/// The blocks a filter for `capacity` keys gets: 24 bits per key, at
+/// least one block.
+pub(crate) fn blocks_for(capacity: u64) -> u64 {
+    capacity
+        .saturating_mul(BITS_PER_KEY)
+        .div_ceil(BLOCK_BITS)
+        .max(1)
+}
+
+/// The most keys `blocks` blocks hold at 24 bits per key: the largest `n`
+/// with `blocks_for(n) <= blocks`.
+pub(crate) fn max_keys(blocks: u64) -> u64 {
+    let n = u128::from(blocks) * u128::from(BLOCK_BITS) / u128::from(BITS_PER_KEY);
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The key filter of one partition (see the module docs).
+#[derive(Clone)]
+pub(crate) struct PartitionFilter {
+    partition: u64,
+    hasher: FilterHasher,
+    blocks: Vec<Block>,
+    keys: u64,
+}
+
+impl std::fmt::Debug for PartitionFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the blocks: about 3 MiB per million keys.
+        f.debug_struct("PartitionFilter")
+            .field("partition", &self.partition)
+            .field("keys", &self.keys)
+            .field("blocks", &self.blocks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartitionFilter {
+    /// An empty filter of partition `partition` sized for `capacity` keys
+    /// ([`blocks_for`]), hashing with `hasher`.
+    ///
+    /// # Errors
+    ///
+    /// [`FilterProblem::TooLarge`] when the blocks cannot be allocated.
+    pub(crate) fn with_capacity(
+        partition: u64,
+        capacity: u64,
+        hasher: &FilterHasher,
+    ) -> Result<PartitionFilter, FilterError> {
+        let blocks = blocks_for(capacity);
+        Ok(PartitionFilter {
+            partition,
+            hasher: hasher.clone(),
+            blocks: zeroed_blocks(partition, blocks)?,
+            keys: 0,
+        })
+    }
+
+    /// The partition number.
+    pub(crate) fn partition(&self) -> u64 {
+        self.partition
+    }
+
+    /// Keys inserted (each insert counts, so a key is inserted once: the
+    /// engine inserts a key only after every partition said it is not
+    /// there).
+    pub(crate) fn len(&self) -> u64 {
+        self.keys
+    }
+
+    /// Whether no key was inserted.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.keys == 0
+    }
+
+    /// The most keys this filter holds ([`max_keys`] of its blocks; at
+    /// least the capacity it was built with).
+    pub(crate) fn max_keys(&self) -> u64 {
+        max_keys(self.blocks.len() as u64)
+    }
+
+    /// Adds record key `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`FilterProblem::Full`] when the filter already holds
+    /// [`Self::max_keys`] keys (the partition is sealed before that).
+    pub(crate) fn insert(&mut self, key: &[u8]) -> Result<(), FilterError> {
+        let h = self.hasher.hash(key);
+        self.insert_hash(&h)
+    }
+
+    /// Adds the key hashed as `h` (by this file's [`FilterHasher`]).
+    ///
+    /// # Errors
+    ///
+    /// [`FilterProblem::Full`] as [`Self::insert`];
+    /// [`FilterProblem::ForeignHash`] for a hash of another file's hasher
+    /// (its bits would mean nothing here).
+    pub(crate) fn insert_hash(&mut self, h: &KeyHash) -> Result<(), FilterError> {
+        if h.hasher != self.hasher.identity {
+            return Err(self.error(FilterProblem::ForeignHash));
+        }
+        let max = self.max_keys();
+        if self.keys >= max {
+            return Err(self.error(FilterProblem::Full { max_keys: max }));
+        }
+        let b = h.block_index(self.blocks.len());
+        let block = &mut self.blocks[b];
+        for (word, mask) in h.probes() {
+            block[word] |= mask;
+        }
+        self.keys += 1;
+        Ok(())
+    }
+
+    /// Whether record key `key` may be in the partition: `false` means it
+    /// is not, `true` that its table must be read to know.
+    pub(crate) fn may_contain(&self, key: &[u8]) -> bool {
+        self.may_contain_hash(&self.hasher.hash(key))
+    }
+
+    /// [`Self::may_contain`] of the key hashed as `h`. A hash of another
+    /// file's hasher gets "maybe": an "absent" is never guessed.
+    pub(crate) fn may_contain_hash(&self, h: &KeyHash) -> bool {
+        if h.hasher != self.hasher.identity {
+            return true;
+        }
+        let block = &self.blocks[h.block_index(self.blocks.len())];
+        h.probes().all(|(word, mask)| block[word] & mask != 0)
+    }
+
+    /// Checks the key count against `table_keys`, the `len()` of the
+    /// partition's record table: a sealed partition's key set never
+    /// changes, so the two are equal unless one of them was damaged.
+    ///
+    /// # Errors
+    ///
+    /// [`FilterProblem::KeyCount`] when they differ.
+    pub(crate) fn check_table_len(&self, table_keys: u64) -> Result<(), FilterError> {
+        if self.keys == table_keys {
+            Ok(())
+        } else {
+            Err(self.error(FilterProblem::KeyCount {
+                filter_keys: self.keys,
+                table_keys,
+            }))
+        }
+    }
+
+    /// The stored value (module docs) and its checksum, for the
+    /// partition's row.
+    pub(crate) fn encode(&self) -> (Vec<u8>, FilterChecksum) {
+        let mut out = Vec::with_capacity(HEADER_BYTES + self.blocks.len() * BLOCK_BYTES);
+        out.push(FILTER_VERSION);
+        out.extend_from_slice(&self.keys.to_le_bytes());
+        out.extend_from_slice(&(self.blocks.len() as u64).to_le_bytes());
+        for block in &self.blocks {
+            for word in block {
+                out.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        let sum = self.hasher.checksum(self.partition, &out);
+        (out, sum)
+    }
+
+    /// The filter of partition `partition` stored as `bytes`, whose
+    /// partition row holds `checksum`. The header is checked first
+    /// (version, length against block count, key count against what the
+    /// blocks hold), then the checksum; nothing is allocated before the
+    /// length matched the bytes given.
+    ///
+    /// # Errors
+    ///
+    /// A [`FilterError`] naming `partition` and the first check that
+    /// failed. Never a panic, whatever `bytes` hold.
+    pub(crate) fn decode(
+        partition: u64,
+        bytes: &[u8],
+        checksum: &FilterChecksum,
+        hasher: &FilterHasher,
+    ) -> Result<PartitionFilter, FilterError> {
+        let fail = |problem| FilterError { partition, problem };
+        let Some(&version) = bytes.first() else {
+            return Err(fail(FilterProblem::Truncated { len: 0 }));
+        };
+        if version != FILTER_VERSION {
+            return Err(fail(FilterProblem::UnknownVersion(version)));
+        }
+        let (Some(keys), Some(blocks)) = (le_u64(bytes, 1), le_u64(bytes, 9)) else {
+            return Err(fail(FilterProblem::Truncated { len: bytes.len() }));
+        };
+        if blocks == 0 {
+            return Err(fail(FilterProblem::NoBlocks));
+        }
+        let expected = HEADER_BYTES as u128 + u128::from(blocks) * BLOCK_BYTES as u128;
+        if bytes.len() as u128 != expected {
+            return Err(fail(FilterProblem::Length {
+                len: bytes.len(),
+                blocks,
+                expected,
+            }));
+        }
+        let max = max_keys(blocks);
+        if keys > max {
+            return Err(fail(FilterProblem::Overloaded {
+                keys,
+                blocks,
+                max_keys: max,
+            }));
+        }
+        if hasher.checksum(partition, bytes) != *checksum {
+            return Err(fail(FilterProblem::ChecksumMismatch));
+        }
+        let mut stored = Vec::new();
+        stored
+            .try_reserve_exact((bytes.len() - HEADER_BYTES) / BLOCK_BYTES)
+            .map_err(|_| fail(FilterProblem::TooLarge { blocks }))?;
+        for chunk in bytes[HEADER_BYTES..].chunks_exact(BLOCK_BYTES) {
+            let mut block = [0u64; 8];
+            for (w, word) in block.iter_mut().zip(chunk.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(word);
+                *w = u64::from_le_bytes(b);
+            }
+            stored.push(block);
+        }
+        Ok(PartitionFilter {
+            partition,
+            hasher: hasher.clone(),
+            blocks: stored,
+            keys,
+        })
+    }
+
+    fn error(&self, problem: FilterProblem) -> FilterError {
+        FilterError {
+            partition: self.partition,
+            problem,
+        }
+    }
+
+    /// The block of `key` and the bits set in it, ascending: for the
+    /// golden test, which pins them.
+    #[cfg(test)]
+    pub(crate) fn bits_of(&self, key: &[u8]) -> (usize, Vec<u16>) {
+        let h = self.hasher.hash(key);
+        let mut bits: Vec<u16> = h
+            .probes()
+            .map(|(word, mask)| {
+                u16::try_from(word * 64 + mask.trailing_zeros() as usize).unwrap_or(u16::MAX)
+            })
+            .collect();
+        bits.sort_unstable();
+        bits.dedup();
+        (h.block_index(self.blocks.len()), bits)
+    }
+}
+
+/// `blocks` zeroed blocks, or [`FilterProblem::TooLarge`] (never an abort
+/// on a huge capacity).
+fn zeroed_blocks(partition: u64, blocks: u64) -> Result<Vec<Block>, FilterError> {
+    let too_large = || FilterError {
+        partition,
+        problem: FilterProblem::TooLarge { blocks },
+    };
+    let n = usize::try_from(blocks).map_err(|_| too_large())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| too_large())?;
+    v.resize(n, [0; 8]);
+    Ok(v)
+}
+
+/// The u64 LE at `at` in `bytes`, if all 8 bytes are there.
+fn le_u64(bytes: &[u8], at: usize) -> Option<u64> {
+    let b = bytes.get(at..at.checked_add(8)?)?;
+    let mut out = [0u8; 8];
+    out.copy_from_slice(b);
+    Some(u64::from_le_bytes(out))
+}
+
+#[cfg(test)]
+#[path = "filter_tests.rs"]
+mod tests;

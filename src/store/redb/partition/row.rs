@@ -1,0 +1,414 @@
+//! Format 3's `idempotency.partitions` rows and the names of the
+//! per-partition tables (docs/format3-plan.md, "Tables").
+//!
+//! # The row (`idempotency.partitions`, key: the partition number, u64)
+//!
+//! Framed as every other value of the file (`store/codec.rs`:
+//! `[version 2][payload][rapidhash checksum, 8 bytes]`), with the domain
+//! tag `b"idempotency.partition\0"` and the partition number as u64 LE as
+//! the checksum's key bytes, so a row copied under another partition or
+//! into another table does not verify. The payload, fixed-width
+//! ([`ROW_PAYLOAD_BYTES`]):
+//!
+//! ```text
+//! byte 0        state: 0 hot, 1 sealed, 2 dropping
+//! bytes 1..9    keys, u64 LE: record keys that entered the partition
+//! bytes 9..17   first_claim_ms, u64 LE: the earliest claim among them
+//! bytes 17..25  last_claim_ms, u64 LE: the latest (>= first_claim_ms)
+//! bytes 25..33  max_expires_at_ms, u64 LE: when every record not pinned
+//!               has expired
+//! bytes 33..65  the checksum of the partition's stored filter
+//!               (`filter.rs`); 32 zero bytes: no stored filter
+//! ```
+//!
+//! A hot partition has no stored filter (it is rebuilt at open from its
+//! small table); a sealed one has one; a dropping one keeps what it had
+//! (lookups skip it). A row that breaks those rules is damage.
+//!
+//! # Table names
+//!
+//! `idempotency.records.<p>`, `idempotency.steps.<p>` and
+//! `idempotency.history.<p>`, where `<p>` is the partition number in
+//! decimal, zero-padded to 20 digits (all of u64), so the names sort as
+//! the partitions' ages do. [`PartitionTable::parse`] reads exactly those
+//! names back and nothing else.
+
+use redb::TableDefinition;
+use thiserror::Error;
+
+use crate::store::codec::{self, DecodeError};
+
+use super::filter::FilterChecksum;
+
+/// The rows' table: partition number → row.
+pub(crate) const PARTITIONS_TABLE: &str = "idempotency.partitions";
+/// The filters' table: partition number → stored filter, written when
+/// the partition is sealed.
+pub(crate) const FILTERS_TABLE: &str = "idempotency.filters";
+/// The checksum's domain tag of a row.
+const ROW_TAG: &[u8] = b"idempotency.partition\0";
+/// Bytes of a row's payload.
+pub(crate) const ROW_PAYLOAD_BYTES: usize = 65;
+/// Digits of a partition number in a table name: every u64 fits.
+const NUMBER_DIGITS: usize = 20;
+
+/// Partition number → encoded row.
+pub(crate) const PARTITIONS: TableDefinition<u64, &[u8]> = TableDefinition::new(PARTITIONS_TABLE);
+/// Partition number → stored filter.
+pub(crate) const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new(FILTERS_TABLE);
+
+/// Where a partition is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartitionState {
+    /// The newest partition: claims insert new keys into it.
+    Hot,
+    /// No new key enters it; its filter is stored.
+    Sealed,
+    /// Being emptied and dropped; lookups skip it.
+    Dropping,
+}
+
+impl PartitionState {
+    fn byte(self) -> u8 {
+        match self {
+            PartitionState::Hot => 0,
+            PartitionState::Sealed => 1,
+            PartitionState::Dropping => 2,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<PartitionState> {
+        match b {
+            0 => Some(PartitionState::Hot),
+            1 => Some(PartitionState::Sealed),
+            2 => Some(PartitionState::Dropping),
+            _ => None,
+        }
+    }
+}
+
+/// One partition's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartitionRow {
+    /// Where the partition is in its life.
+    pub(crate) state: PartitionState,
+    /// Record keys that entered the partition.
+    pub(crate) keys: u64,
+    /// The earliest claim among them, ms since the Unix epoch.
+    pub(crate) first_claim_ms: u64,
+    /// The latest claim among them, ms since the Unix epoch.
+    pub(crate) last_claim_ms: u64,
+    /// When every record not pinned has expired, ms since the Unix epoch:
+    /// the partition can be dropped from then on.
+    pub(crate) max_expires_at_ms: u64,
+    /// The checksum of the stored filter; `None` while hot.
+    pub(crate) filter_checksum: Option<FilterChecksum>,
+}
+
+/// What is wrong with a row.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub(crate) enum RowProblem {
+    /// The framing (version byte, checksum) failed.
+    #[error("{0}")]
+    Frame(DecodeError),
+    /// The payload is not [`ROW_PAYLOAD_BYTES`] long.
+    #[error("a payload of {0} bytes where a row has {ROW_PAYLOAD_BYTES}")]
+    Length(usize),
+    /// The state byte is none of 0, 1, 2.
+    #[error("unknown state {0} (0 hot, 1 sealed, 2 dropping)")]
+    State(u8),
+    /// The first claim is after the last.
+    #[error("its first claim ({first_ms} ms) is after its last ({last_ms} ms)")]
+    ClaimOrder {
+        /// `first_claim_ms`.
+        first_ms: u64,
+        /// `last_claim_ms`.
+        last_ms: u64,
+    },
+    /// A hot partition with a filter checksum.
+    #[error("a hot partition with a filter checksum (its filter is only stored when sealed)")]
+    HotWithFilter,
+    /// A sealed partition without one.
+    #[error("a sealed partition without a filter checksum")]
+    SealedWithoutFilter,
+    /// A transition its state does not allow.
+    #[error("cannot {action} a {from:?} partition")]
+    Transition {
+        /// What was asked.
+        action: &'static str,
+        /// The state it was in.
+        from: PartitionState,
+    },
+}
+
+/// A row that does not decode, or a transition it does not allow: its
+/// partition and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("the row of partition {partition} in {PARTITIONS_TABLE}: {problem}")]
+pub(crate) struct RowError {
+    /// The partition number.
+    pub(crate) partition: u64,
+    /// What is wrong.
+    pub(crate) problem: RowProblem,
+}
+
+impl PartitionRow {
+    /// The row of a partition its first claim (at `claimed_at_ms`, its
+    /// record expiring at `expires_at_ms`) creates: hot, one key.
+    pub(crate) fn hot(claimed_at_ms: u64, expires_at_ms: u64) -> PartitionRow {
+        PartitionRow {
+            state: PartitionState::Hot,
+            keys: 1,
+            first_claim_ms: claimed_at_ms,
+            last_claim_ms: claimed_at_ms,
+            max_expires_at_ms: expires_at_ms,
+            filter_checksum: None,
+        }
+    }
+
+    /// Counts a new key claimed at `claimed_at_ms`, its record expiring at
+    /// `expires_at_ms`. Claim times widen the range whatever their order
+    /// (a clock may step back).
+    pub(crate) fn claimed(&mut self, claimed_at_ms: u64, expires_at_ms: u64) {
+        self.keys = self.keys.saturating_add(1);
+        self.first_claim_ms = self.first_claim_ms.min(claimed_at_ms);
+        self.last_claim_ms = self.last_claim_ms.max(claimed_at_ms);
+        self.expires_by(expires_at_ms);
+    }
+
+    /// Notes a record of the partition now expiring at `expires_at_ms` (a
+    /// completion or a tombstone moves it later).
+    pub(crate) fn expires_by(&mut self, expires_at_ms: u64) {
+        self.max_expires_at_ms = self.max_expires_at_ms.max(expires_at_ms);
+    }
+
+    /// Seals a hot partition whose stored filter has checksum `filter`.
+    ///
+    /// # Errors
+    ///
+    /// [`RowProblem::Transition`] (naming `partition`) unless it is hot.
+    pub(crate) fn seal(&mut self, partition: u64, filter: FilterChecksum) -> Result<(), RowError> {
+        if self.state != PartitionState::Hot {
+            return Err(self.transition(partition, "seal"));
+        }
+        self.state = PartitionState::Sealed;
+        self.filter_checksum = Some(filter);
+        Ok(())
+    }
+
+    /// Marks a sealed partition as being dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`RowProblem::Transition`] (naming `partition`) unless it is
+    /// sealed (the hot partition is sealed first; marking a dropping one
+    /// again is the caller's no-op, not a transition).
+    pub(crate) fn start_dropping(&mut self, partition: u64) -> Result<(), RowError> {
+        if self.state != PartitionState::Sealed {
+            return Err(self.transition(partition, "drop"));
+        }
+        self.state = PartitionState::Dropping;
+        Ok(())
+    }
+
+    fn transition(&self, partition: u64, action: &'static str) -> RowError {
+        RowError {
+            partition,
+            problem: RowProblem::Transition {
+                action,
+                from: self.state,
+            },
+        }
+    }
+
+    /// The stored row of partition `partition` (module docs).
+    pub(crate) fn encode(&self, partition: u64) -> Vec<u8> {
+        let mut payload = [0u8; ROW_PAYLOAD_BYTES];
+        payload[0] = self.state.byte();
+        payload[1..9].copy_from_slice(&self.keys.to_le_bytes());
+        payload[9..17].copy_from_slice(&self.first_claim_ms.to_le_bytes());
+        payload[17..25].copy_from_slice(&self.last_claim_ms.to_le_bytes());
+        payload[25..33].copy_from_slice(&self.max_expires_at_ms.to_le_bytes());
+        if let Some(FilterChecksum(sum)) = self.filter_checksum {
+            payload[33..65].copy_from_slice(&sum);
+        }
+        codec::framed(ROW_TAG, &partition.to_le_bytes(), &payload)
+    }
+
+    /// The row stored as `bytes` under partition `partition`: framing and
+    /// checksum first, then the payload's length and rules.
+    ///
+    /// # Errors
+    ///
+    /// A [`RowError`] naming `partition` and what is wrong. Never a
+    /// panic, whatever `bytes` hold.
+    pub(crate) fn decode(partition: u64, bytes: &[u8]) -> Result<PartitionRow, RowError> {
+        let fail = |problem| RowError { partition, problem };
+        let payload = codec::unframed(ROW_TAG, &partition.to_le_bytes(), bytes)
+            .map_err(|e| fail(RowProblem::Frame(e)))?;
+        let Ok(payload) = <&[u8; ROW_PAYLOAD_BYTES]>::try_from(payload) else {
+            return Err(fail(RowProblem::Length(payload.len())));
+        };
+        let state = PartitionState::from_byte(payload[0])
+            .ok_or_else(|| fail(RowProblem::State(payload[0])))?;
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&payload[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let mut sum = [0u8; 32];
+        sum.copy_from_slice(&payload[33..65]);
+        let row = PartitionRow {
+            state,
+            keys: u64_at(1),
+            first_claim_ms: u64_at(9),
+            last_claim_ms: u64_at(17),
+            max_expires_at_ms: u64_at(25),
+            filter_checksum: (sum != [0; 32]).then_some(FilterChecksum(sum)),
+        };
+        if row.first_claim_ms > row.last_claim_ms {
+            return Err(fail(RowProblem::ClaimOrder {
+                first_ms: row.first_claim_ms,
+                last_ms: row.last_claim_ms,
+            }));
+        }
+        match (row.state, row.filter_checksum) {
+            (PartitionState::Hot, Some(_)) => Err(fail(RowProblem::HotWithFilter)),
+            (PartitionState::Sealed, None) => Err(fail(RowProblem::SealedWithoutFilter)),
+            _ => Ok(row),
+        }
+    }
+}
+
+/// Which of a partition's tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TableKind {
+    /// `idempotency.records.<p>`: record key → encoded record.
+    Records,
+    /// `idempotency.steps.<p>`: (record key, step name) → encoded step.
+    Steps,
+    /// `idempotency.history.<p>`: (record key, seq) → encoded log entry.
+    History,
+}
+
+impl TableKind {
+    const ALL: [TableKind; 3] = [TableKind::Records, TableKind::Steps, TableKind::History];
+
+    /// The name's prefix, dot included.
+    fn prefix(self) -> &'static str {
+        match self {
+            TableKind::Records => "idempotency.records.",
+            TableKind::Steps => "idempotency.steps.",
+            TableKind::History => "idempotency.history.",
+        }
+    }
+}
+
+/// A per-partition table: its kind and partition number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct PartitionTable {
+    /// Which table.
+    pub(crate) kind: TableKind,
+    /// The partition number.
+    pub(crate) partition: u64,
+}
+
+/// A table name that is not a per-partition table's.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub(crate) enum TableNameError {
+    /// Not a per-partition table's name at all (another engine table, or
+    /// an app's).
+    #[error("{0:?} is not a partition table's name")]
+    NotPartition(String),
+    /// A per-partition table's prefix without a partition number of
+    /// exactly 20 decimal digits that fits a u64 after it: a damaged or
+    /// foreign name, which the engine neither reads nor drops.
+    #[error("{0:?} names a partition table without a 20-digit partition number")]
+    BadNumber(String),
+}
+
+impl PartitionTable {
+    /// The records table of partition `partition`.
+    pub(crate) fn records(partition: u64) -> PartitionTable {
+        PartitionTable {
+            kind: TableKind::Records,
+            partition,
+        }
+    }
+
+    /// The steps table of partition `partition`.
+    pub(crate) fn steps(partition: u64) -> PartitionTable {
+        PartitionTable {
+            kind: TableKind::Steps,
+            partition,
+        }
+    }
+
+    /// The history table of partition `partition`.
+    pub(crate) fn history(partition: u64) -> PartitionTable {
+        PartitionTable {
+            kind: TableKind::History,
+            partition,
+        }
+    }
+
+    /// Its name, e.g. `idempotency.records.00000000000000000042`.
+    pub(crate) fn name(&self) -> String {
+        format!(
+            "{}{:0width$}",
+            self.kind.prefix(),
+            self.partition,
+            width = NUMBER_DIGITS
+        )
+    }
+
+    /// The table named `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`TableNameError::NotPartition`] for a name without a partition
+    /// table's prefix (format 2's `idempotency.records` included);
+    /// [`TableNameError::BadNumber`] for one whose number is not exactly
+    /// 20 ASCII digits of a u64 (no sign, space or other digits).
+    pub(crate) fn parse(name: &str) -> Result<PartitionTable, TableNameError> {
+        let Some((kind, number)) = TableKind::ALL
+            .iter()
+            .find_map(|&k| name.strip_prefix(k.prefix()).map(|n| (k, n)))
+        else {
+            return Err(TableNameError::NotPartition(name.to_owned()));
+        };
+        let bad = || TableNameError::BadNumber(name.to_owned());
+        if number.len() != NUMBER_DIGITS || !number.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        // 20 ASCII digits: only a value past u64::MAX fails here.
+        let partition = number.parse::<u64>().map_err(|_| bad())?;
+        Ok(PartitionTable { kind, partition })
+    }
+}
+
+/// The definition of the records table named `name` (key and value types
+/// of format 2's `idempotency.records`).
+pub(crate) fn records_definition(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+/// The definition of the steps table named `name` (as format 2's
+/// `idempotency.steps`).
+pub(crate) fn steps_definition(
+    name: &str,
+) -> TableDefinition<'_, (&'static [u8], &'static str), &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+/// The definition of the history table named `name` (as format 2's
+/// `idempotency.history`).
+pub(crate) fn history_definition(
+    name: &str,
+) -> TableDefinition<'_, (&'static [u8], u32), &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+#[cfg(test)]
+#[path = "row_tests.rs"]
+mod tests;

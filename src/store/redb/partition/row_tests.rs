@@ -1,0 +1,377 @@
+//! The `partitions` row codec (round trips, golden bytes, damage and rule
+//! breaks refused naming the partition, never a panic) and the partition
+//! table names (sorted by age, parsed back exactly, nothing else
+//! accepted).
+
+use proptest::prelude::*;
+
+use super::*;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn sealed_row() -> PartitionRow {
+    let mut row = PartitionRow::hot(1_800_000_000_000, 1_800_086_400_000);
+    row.claimed(1_800_000_000_500, 1_800_086_400_500);
+    row.claimed(1_799_999_999_000, 1_800_086_399_000);
+    row
+}
+
+fn problem(partition: u64, bytes: &[u8]) -> Result<PartitionRow, RowProblem> {
+    PartitionRow::decode(partition, bytes).map_err(|e| {
+        assert_eq!(e.partition, partition);
+        e.problem
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn rows_round_trip_through_their_life() -> TestResult {
+    let mut row = sealed_row();
+    assert_eq!(row.keys, 3);
+    // Claim times widen the range in any order.
+    assert_eq!(row.first_claim_ms, 1_799_999_999_000);
+    assert_eq!(row.last_claim_ms, 1_800_000_000_500);
+    assert_eq!(row.max_expires_at_ms, 1_800_086_400_500);
+    row.expires_by(1_800_090_000_000);
+    row.expires_by(5);
+    assert_eq!(row.max_expires_at_ms, 1_800_090_000_000);
+    assert_eq!(PartitionRow::decode(3, &row.encode(3))?, row);
+
+    row.seal(3, FilterChecksum([0xab; 32]))?;
+    assert_eq!(row.state, PartitionState::Sealed);
+    assert_eq!(PartitionRow::decode(3, &row.encode(3))?, row);
+
+    row.start_dropping(3)?;
+    assert_eq!(row.state, PartitionState::Dropping);
+    assert_eq!(row.filter_checksum, Some(FilterChecksum([0xab; 32])));
+    let bytes = row.encode(3);
+    assert_eq!(bytes.len(), 1 + ROW_PAYLOAD_BYTES + 8);
+    assert_eq!(PartitionRow::decode(3, &bytes)?, row);
+    Ok(())
+}
+
+#[test]
+fn transitions_follow_hot_sealed_dropping() -> TestResult {
+    let mut hot = PartitionRow::hot(10, 20);
+    assert_eq!(
+        hot.start_dropping(6).map_err(|e| (e.partition, e.problem)),
+        Err((
+            6,
+            RowProblem::Transition {
+                action: "drop",
+                from: PartitionState::Hot
+            }
+        ))
+    );
+    hot.seal(6, FilterChecksum([1; 32]))?;
+    let again = hot.seal(6, FilterChecksum([2; 32])).map_err(|e| e.problem);
+    assert_eq!(
+        again,
+        Err(RowProblem::Transition {
+            action: "seal",
+            from: PartitionState::Sealed
+        })
+    );
+    assert_eq!(hot.filter_checksum, Some(FilterChecksum([1; 32])));
+    hot.start_dropping(6)?;
+    assert!(hot.start_dropping(6).is_err());
+    assert!(hot.seal(6, FilterChecksum([1; 32])).is_err());
+    let text = hot
+        .seal(6, FilterChecksum([1; 32]))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("partition 6") && text.contains("cannot seal a Dropping"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn golden_row_bytes() {
+    // The row's bytes are format 3's: a change here is a format change.
+    let mut row = PartitionRow::hot(0x0102, 0x0304);
+    row.claimed(0x0105, 0x0306);
+    let hot = row.encode(42);
+    // [2][state 0][keys 2][first 0x0102][last 0x0105][max expiry 0x0306]
+    // [no filter: 32 zero bytes][rapidhash checksum].
+    assert_eq!(
+        hex(&hot),
+        "02\
+         00\
+         0200000000000000\
+         0201000000000000\
+         0501000000000000\
+         0603000000000000\
+         0000000000000000000000000000000000000000000000000000000000000000\
+         a389f76e1c32d9f3"
+    );
+    let mut sealed = row;
+    sealed
+        .seal(42, FilterChecksum([0x5a; 32]))
+        .map_err(|e| e.to_string())
+        .unwrap();
+    let sealed_hex = hex(&sealed.encode(42));
+    assert_eq!(&sealed_hex[..2], "02");
+    assert_eq!(&sealed_hex[2..4], "01");
+    assert_eq!(&sealed_hex[4..68], &hex(&hot)[4..68]);
+    assert_eq!(&sealed_hex[68..132], "5a".repeat(32));
+    assert_eq!(&sealed_hex[132..], "4c49395b45c66026");
+}
+
+#[test]
+fn damaged_rows_are_refused() {
+    let good = sealed_row().encode(7);
+    assert!(matches!(
+        problem(7, &[]),
+        Err(RowProblem::Frame(DecodeError::Empty))
+    ));
+    assert!(matches!(
+        problem(7, &good[..8]),
+        Err(RowProblem::Frame(DecodeError::Truncated(8)))
+    ));
+    for i in 0..good.len() {
+        for bit in 0..8 {
+            let mut bad = good.clone();
+            bad[i] ^= 1 << bit;
+            assert!(
+                problem(7, &bad).is_err(),
+                "flip of bit {bit} of byte {i} decoded"
+            );
+        }
+    }
+    for cut in 0..good.len() {
+        assert!(problem(7, &good[..cut]).is_err(), "prefix {cut} decoded");
+    }
+    // Another partition's row.
+    assert_eq!(
+        problem(8, &good),
+        Err(RowProblem::Frame(DecodeError::ChecksumMismatch))
+    );
+    // A meta value under the same key bytes (partition 0x61 is "a\0..."
+    // as bytes) belongs to another table.
+    let name = std::str::from_utf8(&0x61u64.to_le_bytes())
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let payload = &sealed_row().encode(0x61)[1..1 + ROW_PAYLOAD_BYTES];
+    let as_meta = codec::encode_meta(&name, payload);
+    assert_eq!(
+        problem(0x61, &as_meta),
+        Err(RowProblem::Frame(DecodeError::ChecksumMismatch))
+    );
+    assert!(PartitionRow::decode(
+        0x61,
+        &codec::framed(ROW_TAG, &0x61u64.to_le_bytes(), payload)
+    )
+    .is_ok());
+}
+
+#[test]
+fn rows_that_break_the_rules_are_refused_even_with_a_good_checksum() {
+    let framed = |payload: &[u8]| codec::framed(ROW_TAG, &1u64.to_le_bytes(), payload);
+    let mut payload = [0u8; ROW_PAYLOAD_BYTES];
+    payload[1] = 1;
+    assert!(problem(1, &framed(&payload)).is_ok());
+    assert_eq!(
+        problem(1, &framed(&payload[..64])),
+        Err(RowProblem::Length(64))
+    );
+    let mut long = payload.to_vec();
+    long.push(0);
+    assert_eq!(problem(1, &framed(&long)), Err(RowProblem::Length(66)));
+    let mut p = payload;
+    p[0] = 3;
+    assert_eq!(problem(1, &framed(&p)), Err(RowProblem::State(3)));
+    let mut p = payload;
+    p[9] = 2; // first_claim_ms = 2 > last_claim_ms = 0
+    assert_eq!(
+        problem(1, &framed(&p)),
+        Err(RowProblem::ClaimOrder {
+            first_ms: 2,
+            last_ms: 0
+        })
+    );
+    let mut p = payload;
+    p[64] = 1;
+    assert_eq!(problem(1, &framed(&p)), Err(RowProblem::HotWithFilter));
+    let mut p = payload;
+    p[0] = 1;
+    assert_eq!(
+        problem(1, &framed(&p)),
+        Err(RowProblem::SealedWithoutFilter)
+    );
+    p[40] = 9;
+    assert!(problem(1, &framed(&p)).is_ok());
+    // Dropping: with or without the filter it had.
+    let mut p = payload;
+    p[0] = 2;
+    assert!(problem(1, &framed(&p)).is_ok());
+    p[33] = 1;
+    assert!(problem(1, &framed(&p)).is_ok());
+    let text = PartitionRow::decode(11, &[])
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+        .unwrap_err();
+    assert!(
+        text.contains("partition 11") && text.contains(PARTITIONS_TABLE),
+        "{text}"
+    );
+}
+
+#[test]
+fn table_names_sort_by_age_and_parse_back() -> TestResult {
+    assert_eq!(
+        PartitionTable::records(42).name(),
+        "idempotency.records.00000000000000000042"
+    );
+    assert_eq!(
+        PartitionTable::steps(0).name(),
+        "idempotency.steps.00000000000000000000"
+    );
+    assert_eq!(
+        PartitionTable::history(u64::MAX).name(),
+        "idempotency.history.18446744073709551615"
+    );
+    let numbers = [
+        0u64,
+        1,
+        9,
+        10,
+        99,
+        100,
+        12_345,
+        1 << 40,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    for w in numbers.windows(2) {
+        for make in [
+            PartitionTable::records,
+            PartitionTable::steps,
+            PartitionTable::history,
+        ] {
+            assert!(make(w[0]).name() < make(w[1]).name(), "{} / {}", w[0], w[1]);
+        }
+    }
+    for p in numbers {
+        for t in [
+            PartitionTable::records(p),
+            PartitionTable::steps(p),
+            PartitionTable::history(p),
+        ] {
+            assert_eq!(PartitionTable::parse(&t.name())?, t);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_name_parser_rejects_everything_else() {
+    let not_partition = [
+        "",
+        "idempotency.records",
+        "idempotency.meta",
+        "idempotency.partitions",
+        "idempotency.filters",
+        "idempotency.steps",
+        "idempotency.recordsX00000000000000000001",
+        "Idempotency.records.00000000000000000001",
+        "records.00000000000000000001",
+        " idempotency.records.00000000000000000001",
+        "idempotency.leases.00000000000000000001",
+    ];
+    for name in not_partition {
+        assert_eq!(
+            PartitionTable::parse(name),
+            Err(TableNameError::NotPartition(name.to_owned())),
+            "{name:?}"
+        );
+    }
+    let bad_number = [
+        "idempotency.records.",
+        "idempotency.records.42",
+        "idempotency.records.0000000000000000042",
+        "idempotency.records.000000000000000000042",
+        "idempotency.records.+0000000000000000042",
+        "idempotency.records.-0000000000000000042",
+        "idempotency.records. 0000000000000000042",
+        "idempotency.records.00000000000000000042 ",
+        "idempotency.records.0000000000000000004a",
+        "idempotency.records.0000000000000000004٢",
+        "idempotency.records.18446744073709551616",
+        "idempotency.steps.99999999999999999999",
+        "idempotency.history.00000000000000000042.1",
+        "idempotency.records.00000000000000000042\0",
+    ];
+    for name in bad_number {
+        assert_eq!(
+            PartitionTable::parse(name),
+            Err(TableNameError::BadNumber(name.to_owned())),
+            "{name:?}"
+        );
+    }
+    let text = TableNameError::BadNumber("idempotency.records.7".into()).to_string();
+    assert!(
+        text.contains("idempotency.records.7") && text.contains("20-digit"),
+        "{text}"
+    );
+}
+
+proptest! {
+    #[test]
+    fn row_decode_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..120), p in any::<u64>()) {
+        // Random bytes never carry the right checksum.
+        prop_assert!(PartitionRow::decode(p, &bytes).is_err());
+    }
+
+    #[test]
+    fn row_payload_rules_never_panic(payload in proptest::collection::vec(any::<u8>(), 60..70), p in any::<u64>()) {
+        // Framed with the right checksum: past the frame, into the fields.
+        let bytes = codec::framed(ROW_TAG, &p.to_le_bytes(), &payload);
+        if let Ok(row) = PartitionRow::decode(p, &bytes) {
+            prop_assert_eq!(row.encode(p), bytes);
+        }
+    }
+
+    #[test]
+    fn any_row_round_trips(
+        state in 0u8..3,
+        keys in any::<u64>(),
+        a in any::<u64>(),
+        b in any::<u64>(),
+        exp in any::<u64>(),
+        sum in any::<[u8; 32]>(),
+        p in any::<u64>(),
+    ) {
+        let state = PartitionState::from_byte(state).unwrap_or(PartitionState::Hot);
+        let row = PartitionRow {
+            state,
+            keys,
+            first_claim_ms: a.min(b),
+            last_claim_ms: a.max(b),
+            max_expires_at_ms: exp,
+            filter_checksum: (state != PartitionState::Hot && sum != [0; 32]).then_some(FilterChecksum(sum)),
+        };
+        let bytes = row.encode(p);
+        match PartitionRow::decode(p, &bytes) {
+            Ok(back) => prop_assert_eq!(back, row),
+            Err(e) => prop_assert_eq!(e.problem, RowProblem::SealedWithoutFilter),
+        }
+    }
+
+    #[test]
+    fn names_parse_back_and_parsed_names_are_canonical(p in any::<u64>(), junk in "\\PC{0,40}") {
+        for t in [PartitionTable::records(p), PartitionTable::steps(p), PartitionTable::history(p)] {
+            prop_assert_eq!(PartitionTable::parse(&t.name()), Ok(t));
+        }
+        for name in [junk.clone(), format!("idempotency.records.{junk}")] {
+            if let Ok(t) = PartitionTable::parse(&name) {
+                prop_assert_eq!(t.name(), name);
+            }
+        }
+    }
+}
