@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::connection::State;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
@@ -17,6 +18,9 @@ use crate::error::{BoxError, Error};
 use crate::key::IdempotencyKey;
 use crate::store::LocalTx;
 use crate::Engine;
+
+/// How often a fetch in flight checks that its connection is still up.
+const CONNECTION_CHECK: Duration = Duration::from_millis(50);
 
 /// One JetStream message as the handler sees it.
 #[derive(Clone, Debug)]
@@ -43,6 +47,8 @@ type Handler = dyn Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Sen
 pub struct Consumer {
     engine: Arc<Engine>,
     inbox: String,
+    /// The client of `js`, asked whether it is connected.
+    client: async_nats::Client,
     pull: PullConsumer,
     unreadable: Unreadable,
     handler: Arc<Handler>,
@@ -133,10 +139,12 @@ impl Consumer {
     {
         engine.inbox(inbox)?;
         check_config(&pull, engine.dead_letter_after())?;
+        let client = js.client();
         let unreadable = Unreadable::new(js, pull.cached_info());
         Ok(Consumer {
             engine,
             inbox: inbox.to_owned(),
+            client,
             unreadable,
             pull,
             handler: Arc::new(handler),
@@ -168,6 +176,10 @@ impl Consumer {
     ///
     /// # Errors
     ///
+    /// [`NatsError::Disconnected`] when the client is not connected to
+    /// the server as the pass starts (nothing fetched) or loses its
+    /// connection while it waits for messages (what was handled before
+    /// stays handled; the rest is redelivered),
     /// [`NatsError::Fetch`] (also for a failed read or delete of an
     /// unreadable message), [`NatsError::Ack`], and [`NatsError::Engine`]
     /// when the engine failed on a message (not acked: JetStream
@@ -177,6 +189,10 @@ impl Consumer {
         max: usize,
         expires: Duration,
     ) -> Result<ConsumePass, NatsError> {
+        // A pull request sent while disconnected is buffered; its fetch
+        // would end empty only after expiry plus 5 s, a silent stall
+        // (`fetch` watches for a drop while it waits).
+        self.connected()?;
         let mut pass = ConsumePass::default();
         let fetched = self.fetch(max, expires, &mut pass).await;
         if pass != ConsumePass::default() {
@@ -196,6 +212,21 @@ impl Consumer {
         fetched.map(|()| pass)
     }
 
+    /// `Err(NatsError::Disconnected)` unless the client is connected.
+    fn connected(&self) -> Result<(), NatsError> {
+        match self.client.connection_state() {
+            State::Connected => Ok(()),
+            state => {
+                let info = self.pull.cached_info();
+                Err(NatsError::Disconnected {
+                    stream: info.stream_name.clone(),
+                    consumer: info.name.clone(),
+                    state: state.to_string(),
+                })
+            }
+        }
+    }
+
     async fn fetch(
         &self,
         max: usize,
@@ -211,11 +242,28 @@ impl Consumer {
             .messages()
             .await
             .map_err(|e| fetch_failed(Box::new(e)))?;
-        while let Some(message) = batch.next().await {
+        loop {
+            // A batch whose connection drops is never answered: async-nats
+            // ends it empty only after its expiry plus 5 s. Watching the
+            // connection turns that silence into an error at once.
+            let next = tokio::select! {
+                next = batch.next() => next,
+                () = self.disconnects() => return self.connected(),
+            };
+            let Some(message) = next else {
+                return Ok(());
+            };
             let message = message.map_err(fetch_failed)?;
             self.handle(&message, pass).await?;
         }
-        Ok(())
+    }
+
+    /// Resolves once the client is not connected (checked every
+    /// [`CONNECTION_CHECK`]).
+    async fn disconnects(&self) {
+        while self.client.connection_state() == State::Connected {
+            tokio::time::sleep(CONNECTION_CHECK).await;
+        }
     }
 
     async fn handle(
