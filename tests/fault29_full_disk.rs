@@ -160,3 +160,94 @@ async fn a_full_disk_acks_nothing_uncommitted_dead_letters_nothing_and_recovers(
     assert!(booked.values().all(|n| *n == 1), "booked twice: {booked:?}");
     Ok(())
 }
+
+/// The handler itself meets the full disk: it writes a receipt file on a
+/// 256 KiB tmpfs that is full, and returns the `ENOSPC` error. Nothing was
+/// written, but the message is not at fault: it must not count as a clean
+/// failure and go to the dead letters after `dead_letter_after` (2)
+/// deliveries (before the fix it did, on the second delivery). Once space
+/// is freed, each message is booked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_out_of_disk_space_is_not_dead_lettered() -> TestResult {
+    let Some(url) = nats_url() else { return Ok(()) };
+    let Some(fs) = SmallFs::mount(256)? else {
+        return Ok(());
+    };
+    let name = format!("F29R{}", std::process::id());
+    let subject = format!("{name}.ev");
+    let js =
+        jetstream::new(nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?);
+    let stream = stream_under(&js, &name).await?;
+    let pull = pull_consumer(&stream, &format!("{name}_c"), Duration::from_secs(1)).await?;
+    let ids: Vec<String> = (0..5).map(|i| format!("r-{i}")).collect();
+    for id in &ids {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(nats::MSG_ID_HEADER, id.as_str());
+        js.publish_with_headers(subject.clone(), headers, "receipt".into())
+            .await?
+            .await?;
+    }
+    // Fill the receipts' file system.
+    let filler = fs.mnt.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler)?;
+        let chunk = vec![0_u8; 4096];
+        while f.write_all(&chunk).and_then(|()| f.sync_all()).is_ok() {}
+    }
+    let dir = tempfile::tempdir()?;
+    let engine = Arc::new(
+        Engine::builder()
+            .sweep_interval(None)
+            .dead_letter_after(2)
+            .open(dir.path().join("ledger.redb"))?,
+    );
+    let receipts = fs.mnt.clone();
+    let handler = move |m: &Incoming, tx: &mut LocalTx<'_>| -> Result<(), BoxError> {
+        std::fs::write(receipts.join(&m.message_id), vec![b'r'; 16 * 1024])?;
+        book(m, tx)
+    };
+    let c = Consumer::new(
+        Arc::clone(&engine),
+        "ledger",
+        js.clone(),
+        pull.clone(),
+        handler,
+    )?;
+    let mut errors = Vec::new();
+    for _ in 0..8 {
+        if let Err(e) = c.consume_once(8, Duration::from_millis(300)).await {
+            errors.push(e.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let letters = engine.dead_letters(10)?;
+    assert!(
+        letters.is_empty(),
+        "dead-lettered for a full disk: {letters:?}"
+    );
+    assert!(bookings(&engine)?.is_empty());
+    assert!(
+        errors.iter().any(|e| e.contains("No space left on device")),
+        "no error says the disk is full: {errors:?}"
+    );
+
+    std::fs::remove_file(&filler)?;
+    let mut done = false;
+    for _ in 0..60 {
+        if let Err(e) = c.consume_once(8, Duration::from_millis(300)).await {
+            errors.push(e.to_string());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if bookings(&engine)?.len() == ids.len() {
+            done = true;
+            break;
+        }
+    }
+    let booked = bookings(&engine)?;
+    assert!(done, "not resumed: {booked:?}; errors {errors:?}");
+    assert_eq!(booked.keys().cloned().collect::<Vec<_>>(), ids);
+    assert!(booked.values().all(|n| *n == 1), "booked twice: {booked:?}");
+    assert!(engine.dead_letters(10)?.is_empty());
+    Ok(())
+}

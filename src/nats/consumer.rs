@@ -39,7 +39,9 @@ pub struct Incoming {
 
 /// The app's business write for one message, run in the same transaction
 /// as the inbox mark. An error is a clean failure: the transaction rolls
-/// back, nothing is written.
+/// back, nothing is written. Except one caused by failing storage (a full
+/// disk: see `storage_failed`), which is not the message's fault and
+/// never leads to a dead letter.
 type Handler = dyn Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Send + Sync;
 
 /// Consumes a JetStream pull consumer into an inbox (see the module docs).
@@ -182,8 +184,11 @@ impl Consumer {
     /// stays handled; the rest is redelivered),
     /// [`NatsError::Fetch`] (also for a failed read or delete of an
     /// unreadable message), [`NatsError::Ack`], and [`NatsError::Engine`]
-    /// when the engine failed on a message (not acked: JetStream
-    /// redelivers it after its ack wait).
+    /// when the engine failed on a message, or the handler did because
+    /// storage did ([`Error::LocalWrite`] whose chain holds an I/O error
+    /// for a full disk or an exceeded quota, or a redb I/O error): not
+    /// acked, JetStream redelivers it after its ack wait, and it never
+    /// counts towards the dead letters.
     pub async fn consume_once(
         &self,
         max: usize,
@@ -451,6 +456,11 @@ fn decide(
             Ok(not_free(Processed::InDoubt(p)))
         }
         Ok(other) => Ok(not_free(other)),
+        // The handler failed because storage did (a full disk, a failing
+        // redb file): not the message's fault, and a full disk passes. Not
+        // a clean failure, so never a dead letter: not acked, redelivered
+        // after the ack wait.
+        Err(e @ Error::LocalWrite { .. }) if storage_failed(&e) => Err(e),
         Err(Error::LocalWrite { source, .. }) => {
             let reason = source.to_string();
             Ok(match inbox.fail_cleanly(&delivery, &reason)? {
@@ -461,5 +471,68 @@ fn decide(
             })
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Whether `e`'s chain holds a storage failure: an I/O error for a full
+/// disk or an exceeded quota, or redb's I/O errors (a handler's own
+/// `table.insert(..)?` on a failing file).
+fn storage_failed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let full = |io: &std::io::Error| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        )
+    };
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>().is_some_and(full)
+            || matches!(
+                e.downcast_ref::<redb::StorageError>(),
+                Some(redb::StorageError::Io(_) | redb::StorageError::PreviousIo)
+            )
+            || matches!(
+                e.downcast_ref::<redb::TableError>(),
+                Some(redb::TableError::Storage(
+                    redb::StorageError::Io(_) | redb::StorageError::PreviousIo
+                ))
+            )
+            || matches!(
+                e.downcast_ref::<redb::Error>(),
+                Some(redb::Error::Io(_) | redb::Error::PreviousIo)
+            )
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::storage_failed;
+    use crate::error::Error;
+    use crate::key::IdempotencyKey;
+
+    fn local_write(source: crate::error::BoxError) -> Result<Error, Error> {
+        Ok(Error::LocalWrite {
+            key: IdempotencyKey::new("s", "k")?,
+            source,
+        })
+    }
+
+    #[test]
+    fn storage_failures_are_told_from_handler_failures() -> Result<(), Error> {
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert!(storage_failed(&local_write(Box::new(full))?));
+        let io = std::io::Error::from(std::io::ErrorKind::Other);
+        assert!(storage_failed(&local_write(Box::new(
+            redb::StorageError::Io(io)
+        ))?));
+        assert!(!storage_failed(&local_write("bad payload".into())?));
+        let other = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(!storage_failed(&local_write(Box::new(other))?));
+        Ok(())
     }
 }
