@@ -6,7 +6,9 @@
 //! never come back, and be missing from the ledger), a full disk taken for
 //! a clean handler failure (a good message dead-lettered because the disk
 //! was full), an unclear error, and a consumer that does not resume, or
-//! books a message twice, once space is back. Needs root for `mount`:
+//! books a message twice, once space is back. The same for a handler
+//! that meets the full disk itself, and for the relay's engine (marking
+//! published, giving up). Needs root for `mount`:
 //! skipped otherwise, a failure under `CI=true` (tests/common/small_fs.rs).
 //!
 //! Without `IDEMPOTENCY_TEST_NATS` the test is skipped with a message;
@@ -23,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::nats::async_nats::{self, jetstream};
-use idempotency::nats::{self, Backoff, Consumer, Incoming};
+use idempotency::nats::{self, Backoff, Consumer, Incoming, Relay};
 use idempotency::{BoxError, Engine, LocalTx};
 use nats_env::{nats_url, stream_under};
 use nats_ledger::{book, bookings, pull_consumer};
@@ -249,5 +251,128 @@ async fn a_handler_out_of_disk_space_is_not_dead_lettered() -> TestResult {
     assert_eq!(booked.keys().cloned().collect::<Vec<_>>(), ids);
     assert!(booked.values().all(|n| *n == 1), "booked twice: {booked:?}");
     assert!(engine.dead_letters(10)?.is_empty());
+    Ok(())
+}
+
+/// The relay's engine on a full disk: the server acks, the mark is
+/// refused; an unpublishable message's give-up is refused too. Guards
+/// against a message marked published (or given up) without the write,
+/// one lost, or published under a new id: while the disk is full each
+/// pass publishes the same ids again (JetStream drops them) and reports
+/// the engine's error; once it has space, each message is marked and the
+/// unpublishable one dead-lettered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_on_a_full_disk_gives_up_nothing_until_space_is_back() -> TestResult {
+    relay_on_a_full_disk(true).await
+}
+
+/// As above without the unpublishable message: every event is published
+/// and acked on each pass, the mark is refused, and the republished ids
+/// are dropped by JetStream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_on_a_full_disk_marks_nothing_until_space_is_back() -> TestResult {
+    relay_on_a_full_disk(false).await
+}
+
+async fn relay_on_a_full_disk(with_unpublishable: bool) -> TestResult {
+    let Some(url) = nats_url() else { return Ok(()) };
+    let Some(fs) = SmallFs::mount(FS_KIB)? else {
+        return Ok(());
+    };
+    let name = format!(
+        "F29O{}_{}",
+        std::process::id(),
+        u8::from(with_unpublishable)
+    );
+    let js =
+        jetstream::new(nats::connect(&url, Backoff::default(), Duration::from_secs(10)).await?);
+    let stream = stream_under(&js, &name).await?;
+    let engine = Arc::new(Engine::builder().sweep_interval(None).open(fs.db())?);
+    // First an unpublishable message (a wildcard subject), then K events.
+    let bad = if with_unpublishable {
+        Some(nats_ledger::event(&engine, &format!("{name}.*"), 0)?)
+    } else {
+        None
+    };
+    const K: usize = 20;
+    for i in 1..=K {
+        nats_ledger::event(&engine, &format!("{name}.payment.succeeded"), i)?;
+    }
+    // Fill the disk with stored responses until the engine refuses.
+    for i in 0..2_000 {
+        let key = idempotency::IdempotencyKey::new("fill", format!("f-{i}"))?;
+        let fp = idempotency::Fingerprint::of_json(b"{}", &[])?;
+        let Ok(idempotency::Begin::Claimed(claim)) = engine.begin(&key, fp) else {
+            break;
+        };
+        let body = vec![b'x'; 16 * 1024];
+        if engine
+            .complete(claim, idempotency::Envelope::new(0, 201, body))
+            .is_err()
+        {
+            break;
+        }
+    }
+    assert!(
+        engine.poisoned().is_some(),
+        "the disk never filled ({})",
+        fs.listing()
+    );
+
+    let relay = Relay::new(Arc::clone(&engine), js.clone()).give_up_after(1);
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        match relay.relay_once().await {
+            Ok(pass) => return Err(format!("a pass went through on a full disk: {pass:?}").into()),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    eprintln!("full: {}; errors {errors:?}", fs.listing());
+    for e in &errors {
+        assert!(
+            e.contains("poisoned") || e.contains("storage") || e.contains("space"),
+            "not a clear storage error: {e}"
+        );
+    }
+    // With the give-up first and refused, nothing behind it went out;
+    // without, every event went out once, each pass's republish dropped.
+    let on_stream = if with_unpublishable { 0 } else { K as u64 };
+    assert_eq!(stream.clone().get_info().await?.state.messages, on_stream);
+    assert_eq!(
+        engine.outbox().len()?,
+        (K + usize::from(with_unpublishable)) as u64,
+        "marked or given up on a full disk"
+    );
+
+    fs.resize(64 * 1024)?;
+    assert!(
+        comes_back(&engine, 20),
+        "the engine stays down with space freed: {:?}",
+        engine.poisoned()
+    );
+    let mut passes = Vec::new();
+    for _ in 0..20 {
+        match relay.relay_once().await {
+            Ok(pass) => passes.push(pass),
+            Err(e) => errors.push(e.to_string()),
+        }
+        if engine.outbox().len()? == 0 {
+            break;
+        }
+    }
+    assert_eq!(engine.outbox().len()?, 0, "left in the outbox: {errors:?}");
+    assert_eq!(
+        stream.clone().get_info().await?.state.messages,
+        K as u64,
+        "each event on the stream once"
+    );
+    let letters = engine.dead_letters(10)?;
+    assert_eq!(
+        letters
+            .iter()
+            .map(|l| l.message_id.clone())
+            .collect::<Vec<_>>(),
+        bad.into_iter().collect::<Vec<_>>()
+    );
     Ok(())
 }
