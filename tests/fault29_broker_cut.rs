@@ -71,17 +71,20 @@ async fn relay_loop(relay: Relay, stop: Arc<AtomicBool>, errors: Arc<Mutex<Vec<S
     let mut failures = 0;
     while !stop.load(Ordering::SeqCst) {
         let wait = match relay.relay_once().await {
-            Ok(pass) if pass.published > 0 => Duration::ZERO,
-            Ok(_) => Duration::from_millis(20),
+            Ok(pass) => {
+                failures = 0;
+                if pass.published > 0 {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(20)
+                }
+            }
             Err(e) => {
                 failures += 1;
                 lock(&errors).push(e.to_string());
                 BACKOFF.after(failures)
             }
         };
-        if wait == Duration::from_millis(20) || wait == Duration::ZERO {
-            failures = 0;
-        }
         tokio::time::sleep(wait).await;
     }
 }
