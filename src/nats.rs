@@ -16,7 +16,9 @@
 //!   only after that commit. A consumer killed between the commit and the
 //!   ack gets the message again: the inbox says duplicate, it is acked, and
 //!   the write is not repeated. A handler error is a *clean* failure
-//!   (nothing was written): the message is redelivered until
+//!   (nothing was written; unless failing storage caused it, such as a
+//!   full disk, which is returned as an error and never dead-letters the
+//!   message): the message is redelivered until
 //!   [`crate::EngineBuilder::dead_letter_after`] deliveries (JetStream's
 //!   delivery count), then given up to the dead letters. A message without
 //!   a usable id goes to the dead letters at once. A message in doubt is

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::connection::State;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
@@ -17,6 +18,9 @@ use crate::error::{BoxError, Error};
 use crate::key::IdempotencyKey;
 use crate::store::LocalTx;
 use crate::Engine;
+
+/// How often a fetch in flight checks that its connection is still up.
+const CONNECTION_CHECK: Duration = Duration::from_millis(50);
 
 /// One JetStream message as the handler sees it.
 #[derive(Clone, Debug)]
@@ -35,7 +39,9 @@ pub struct Incoming {
 
 /// The app's business write for one message, run in the same transaction
 /// as the inbox mark. An error is a clean failure: the transaction rolls
-/// back, nothing is written.
+/// back, nothing is written. Except one caused by failing storage (a full
+/// disk: see `storage_failed`), which is not the message's fault and
+/// never leads to a dead letter.
 type Handler = dyn Fn(&Incoming, &mut LocalTx<'_>) -> Result<(), BoxError> + Send + Sync;
 
 /// The first redelivery wait of a cleanly failed message, by default.
@@ -57,6 +63,8 @@ fn backoff(first: Duration, max: Duration, attempt: u32) -> Duration {
 pub struct Consumer {
     engine: Arc<Engine>,
     inbox: String,
+    /// The client of `js`, asked whether it is connected.
+    client: async_nats::Client,
     pull: PullConsumer,
     unreadable: Unreadable,
     handler: Arc<Handler>,
@@ -149,10 +157,12 @@ impl Consumer {
     {
         engine.inbox(inbox)?;
         check_config(&pull, engine.dead_letter_after())?;
+        let client = js.client();
         let unreadable = Unreadable::new(js, pull.cached_info());
         Ok(Consumer {
             engine,
             inbox: inbox.to_owned(),
+            client,
             unreadable,
             pull,
             handler: Arc::new(handler),
@@ -197,15 +207,26 @@ impl Consumer {
     ///
     /// # Errors
     ///
+    /// [`NatsError::Disconnected`] when the client is not connected to
+    /// the server as the pass starts (nothing fetched) or loses its
+    /// connection while it waits for messages (what was handled before
+    /// stays handled; the rest is redelivered),
     /// [`NatsError::Fetch`] (also for a failed read or delete of an
     /// unreadable message), [`NatsError::Ack`], and [`NatsError::Engine`]
-    /// when the engine failed on a message (not acked: JetStream
-    /// redelivers it after its ack wait).
+    /// when the engine failed on a message, or the handler did because
+    /// storage did ([`Error::LocalWrite`] whose chain holds an I/O error
+    /// for a full disk or an exceeded quota, or a redb I/O error): not
+    /// acked, JetStream redelivers it after its ack wait, and it never
+    /// counts towards the dead letters.
     pub async fn consume_once(
         &self,
         max: usize,
         expires: Duration,
     ) -> Result<ConsumePass, NatsError> {
+        // A pull request sent while disconnected is buffered; its fetch
+        // would end empty only after expiry plus 5 s, a silent stall
+        // (`fetch` watches for a drop while it waits).
+        self.connected()?;
         let mut pass = ConsumePass::default();
         let fetched = self.fetch(max, expires, &mut pass).await;
         if pass != ConsumePass::default() {
@@ -225,6 +246,21 @@ impl Consumer {
         fetched.map(|()| pass)
     }
 
+    /// `Err(NatsError::Disconnected)` unless the client is connected.
+    fn connected(&self) -> Result<(), NatsError> {
+        match self.client.connection_state() {
+            State::Connected => Ok(()),
+            state => {
+                let info = self.pull.cached_info();
+                Err(NatsError::Disconnected {
+                    stream: info.stream_name.clone(),
+                    consumer: info.name.clone(),
+                    state: state.to_string(),
+                })
+            }
+        }
+    }
+
     async fn fetch(
         &self,
         max: usize,
@@ -240,11 +276,28 @@ impl Consumer {
             .messages()
             .await
             .map_err(|e| fetch_failed(Box::new(e)))?;
-        while let Some(message) = batch.next().await {
+        loop {
+            // A batch whose connection drops is never answered: async-nats
+            // ends it empty only after its expiry plus 5 s. Watching the
+            // connection turns that silence into an error at once.
+            let next = tokio::select! {
+                next = batch.next() => next,
+                () = self.disconnects() => return self.connected(),
+            };
+            let Some(message) = next else {
+                return Ok(());
+            };
             let message = message.map_err(fetch_failed)?;
             self.handle(&message, pass).await?;
         }
-        Ok(())
+    }
+
+    /// Resolves once the client is not connected (checked every
+    /// [`CONNECTION_CHECK`]).
+    async fn disconnects(&self) {
+        while self.client.connection_state() == State::Connected {
+            tokio::time::sleep(CONNECTION_CHECK).await;
+        }
     }
 
     async fn handle(
@@ -433,6 +486,11 @@ fn decide(
             Ok(not_free(Processed::InDoubt(p)))
         }
         Ok(other) => Ok(not_free(other)),
+        // The handler failed because storage did (a full disk, a failing
+        // redb file): not the message's fault, and a full disk passes. Not
+        // a clean failure, so never a dead letter: not acked, redelivered
+        // after the ack wait.
+        Err(e @ Error::LocalWrite { .. }) if storage_failed(&e) => Err(e),
         Err(Error::LocalWrite { source, .. }) => {
             let reason = source.to_string();
             Ok(match inbox.fail_cleanly(&delivery, &reason)? {
@@ -446,10 +504,68 @@ fn decide(
     }
 }
 
+/// Whether `e`'s chain holds a storage failure: an I/O error for a full
+/// disk or an exceeded quota, or redb's I/O errors (a handler's own
+/// `table.insert(..)?` on a failing file).
+fn storage_failed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let full = |io: &std::io::Error| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        )
+    };
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>().is_some_and(full)
+            || matches!(
+                e.downcast_ref::<redb::StorageError>(),
+                Some(redb::StorageError::Io(_) | redb::StorageError::PreviousIo)
+            )
+            || matches!(
+                e.downcast_ref::<redb::TableError>(),
+                Some(redb::TableError::Storage(
+                    redb::StorageError::Io(_) | redb::StorageError::PreviousIo
+                ))
+            )
+            || matches!(
+                e.downcast_ref::<redb::Error>(),
+                Some(redb::Error::Io(_) | redb::Error::PreviousIo)
+            )
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, storage_failed};
+    use crate::error::Error;
+    use crate::key::IdempotencyKey;
     use std::time::Duration;
+
+    fn local_write(source: crate::error::BoxError) -> Result<Error, Error> {
+        Ok(Error::LocalWrite {
+            key: IdempotencyKey::new("s", "k")?,
+            source,
+        })
+    }
+
+    #[test]
+    fn storage_failures_are_told_from_handler_failures() -> Result<(), Error> {
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert!(storage_failed(&local_write(Box::new(full))?));
+        let io = std::io::Error::from(std::io::ErrorKind::Other);
+        assert!(storage_failed(&local_write(Box::new(
+            redb::StorageError::Io(io)
+        ))?));
+        assert!(!storage_failed(&local_write("bad payload".into())?));
+        let other = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(!storage_failed(&local_write(Box::new(other))?));
+        Ok(())
+    }
 
     #[test]
     fn the_retry_wait_doubles_per_delivery_up_to_the_cap() {

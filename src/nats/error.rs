@@ -20,7 +20,7 @@ pub enum NatsError {
     /// Publishing outbox message `id` to `subject` failed, or its publish
     /// ack did not come: it stays in the outbox and is published again
     /// (with the same id) by the next pass.
-    #[error("publishing outbox message {id} to {subject}: {source}")]
+    #[error("publishing outbox message {id} to JetStream subject {subject}: {source}")]
     Publish {
         /// The outbox message id (its `Nats-Msg-Id`).
         id: String,
@@ -62,6 +62,26 @@ pub enum NatsError {
         /// What the client said.
         #[source]
         source: BoxError,
+    },
+    /// The consumer's client is not connected to the NATS server (it went
+    /// away, or refuses connections) as a pass starts, or stopped being
+    /// while the pass waited for messages: nothing more was fetched or
+    /// acked. async-nats reconnects by itself with backoff;
+    /// the next pass after that consumes again. (A fetch sent while
+    /// disconnected would wait out its expiry plus 5 s and end empty, as
+    /// if no message were there: this error says why instead.)
+    #[error(
+        "JetStream consumer {consumer:?} on stream {stream:?}: the NATS server is not \
+         reachable (connection {state}; the client reconnects by itself, with backoff); \
+         nothing more was fetched or acked"
+    )]
+    Disconnected {
+        /// The stream's name.
+        stream: String,
+        /// The consumer's name.
+        consumer: String,
+        /// The client's connection state (`pending` or `disconnected`).
+        state: String,
     },
     /// Acking, naking or terminating message `id` failed; JetStream
     /// redelivers it after its ack wait, and the inbox makes that a

@@ -15,6 +15,13 @@
 //!   client's kernel goes on ACKing while no answer ever comes; new
 //!   connections are accepted and left hanging likewise.
 //!   [`PgProxy::heal`] forwards again.
+//! - [`PgProxy::refuse`]: every new connection is closed as soon as it is
+//!   accepted (a server that is down), until [`PgProxy::heal`].
+//!
+//! The byte pump knows nothing of PostgreSQL but the two armed cuts:
+//! [`PgProxy::start_to`] puts it in front of any TCP server (the NATS
+//! broker tests use it with [`PgProxy::cut_all`] and
+//! [`PgProxy::refuse`]).
 //!
 //! Bounded: at most [`MAX_CONNECTIONS`] connections in its life, 5 s to
 //! reach the server, 5 s for a swallowed COMMIT answer. Dropping it closes
@@ -71,6 +78,7 @@ struct Arm {
 struct State {
     closed: bool,
     black_hole: bool,
+    refuse: bool,
     arm: Option<Arm>,
     /// Both sockets of every connection, to shut them down.
     live: Vec<TcpStream>,
@@ -78,6 +86,8 @@ struct State {
 
 struct Shared {
     upstream: SocketAddr,
+    /// Forward bytes as they come, unframed (not PostgreSQL: no arms).
+    raw: bool,
     state: Mutex<State>,
     changed: Condvar,
     accepted: AtomicUsize,
@@ -133,10 +143,29 @@ impl PgProxy {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| format!("{host}:{port} resolves to no address"))?;
+        let mut proxy = PgProxy::listen(upstream, false)?;
+        proxy.original = url.to_string();
+        Ok(proxy)
+    }
+
+    /// Listens on an ephemeral port of 127.0.0.1 and forwards bytes to
+    /// `upstream` as they come, whatever it speaks: the armed cuts (which
+    /// need PostgreSQL's framing) never fire, and [`PgProxy::url`] is of
+    /// no use (see [`PgProxy::addr`]).
+    ///
+    /// # Errors
+    ///
+    /// Binding the listener, starting its thread.
+    pub fn start_to(upstream: SocketAddr) -> TestResult<PgProxy> {
+        PgProxy::listen(upstream, true)
+    }
+
+    fn listen(upstream: SocketAddr, raw: bool) -> TestResult<PgProxy> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             upstream,
+            raw,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             accepted: AtomicUsize::new(0),
@@ -149,8 +178,13 @@ impl PgProxy {
         Ok(PgProxy {
             addr,
             shared,
-            original: url.to_string(),
+            original: String::new(),
         })
+    }
+
+    /// The address the proxy listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// A connection string through the proxy, plaintext, with the test
@@ -214,9 +248,19 @@ impl PgProxy {
         self.shared.lock().black_hole = true;
     }
 
-    /// Forwards again (what was held back goes on its way).
+    /// From now on every new connection is closed at once, unforwarded
+    /// (open ones are left alone: [`PgProxy::cut_all`] closes those).
+    pub fn refuse(&self) {
+        self.shared.lock().refuse = true;
+    }
+
+    /// Forwards again (what was held back goes on its way) and accepts
+    /// connections again.
     pub fn heal(&self) {
-        self.shared.lock().black_hole = false;
+        let mut s = self.shared.lock();
+        s.black_hole = false;
+        s.refuse = false;
+        drop(s);
         self.shared.changed.notify_all();
     }
 
@@ -254,6 +298,10 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             return;
         }
         let Ok(client) = client else { continue };
+        if shared.lock().refuse {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        }
         if shared.accepted.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
             let _ = client.shutdown(Shutdown::Both);
             continue;
@@ -387,10 +435,14 @@ fn up(
         if !shared.wait_open() {
             break;
         }
-        let msgs = framer.push(&buf[..n]);
+        let msgs = if shared.raw {
+            vec![(None, buf[..n].to_vec())]
+        } else {
+            framer.push(&buf[..n])
+        };
         let hit = {
             let mut s = shared.lock();
-            let found = s.arm.and_then(|arm| {
+            let found = s.arm.filter(|_| !shared.raw).and_then(|arm| {
                 msgs.iter()
                     .position(|(kind, m)| match arm.trigger {
                         Trigger::Commit => m.as_slice() == COMMIT,
