@@ -20,7 +20,11 @@
 //!   full disk, which is returned as an error and never dead-letters the
 //!   message): the message is redelivered until
 //!   [`crate::EngineBuilder::dead_letter_after`] deliveries (JetStream's
-//!   delivery count), then given up to the dead letters. A message without
+//!   delivery count; default 5), then given up to the dead letters. The
+//!   wait before each redelivery starts at [`Consumer::retry_delay`]
+//!   (1 s) and doubles up to [`Consumer::max_retry_delay`] (5 min): with
+//!   the defaults a failing message is dead-lettered about 15 s after its
+//!   first delivery. A message without
 //!   a usable id goes to the dead letters at once. A message in doubt is
 //!   left to the resolver (naked with a delay, never dead-lettered).
 //!

@@ -630,7 +630,6 @@ pub fn resolve_step<W: Write>(
     Ok(())
 }
 
-/// `idem sweep`: one full sweep pass.
 /// `idem dead-letters`: one row per dead letter, oldest first.
 pub fn dead_letters<W: Write>(engine: &Engine, limit: usize, json: bool, out: &mut W) -> CliResult {
     let now = engine.clock().now_ms();
@@ -707,6 +706,7 @@ pub fn redrive<W: Write>(engine: &Engine, seq: u64, out: &mut W) -> CliResult {
     }
 }
 
+/// `idem sweep`: one full sweep pass.
 pub fn sweep<W: Write>(engine: &Engine, out: &mut W) -> CliResult {
     let c = engine.sweep_now()?;
     writeln!(

@@ -639,7 +639,10 @@ impl Engine {
     /// and put in the outbox (same topic and payload) in one write, under
     /// a new message id `<id>~redrive<seq>.<unique>@<dead_at_ms>.<digest>`
     /// (`unique`: a number the store never hands out twice, its next
-    /// fencing token; the digest: 12 hex digits of the letter's content),
+    /// fencing token; the digest: 12 hex digits of the letter's content;
+    /// `dead-letter` in place of `<id>` when the id is empty, has control
+    /// characters or would make the new id longer than
+    /// [`crate::MAX_KEY_BYTES`]),
     /// so neither the broker's dedup window nor the original's
     /// `FINAL_FAILURE` inbox mark drops it, nor another redrive, even of an
     /// identical letter with the same seq and time. Returns that id, or

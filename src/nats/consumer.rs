@@ -114,8 +114,13 @@ enum Answer {
 impl Consumer {
     /// A consumer of `pull` into the inbox `inbox` of `engine`, running
     /// `handler` for each fresh message. Defaults: a clean failure is
-    /// redelivered after 100 ms; a message in doubt or held elsewhere
-    /// after 1 s.
+    /// redelivered after 1 s, the wait doubling per delivery up to 5 min
+    /// ([`Consumer::retry_delay`], [`Consumer::max_retry_delay`]), so with
+    /// [`Engine::dead_letter_after`] 5 it is dead-lettered about 15 s
+    /// after its first delivery; a message in doubt is redelivered after
+    /// 1 s ([`Consumer::in_doubt_delay`]), one held by another consumer
+    /// after the engine's retry hint (`Processed::Processing`'s
+    /// `retry_after`).
     ///
     /// `js` is the JetStream context of `pull`'s server (same account and
     /// API prefix). The consumer uses it to clear messages the client
@@ -192,8 +197,10 @@ impl Consumer {
         self
     }
 
-    /// How long JetStream waits before redelivering a message in doubt or
-    /// held by another consumer.
+    /// How long JetStream waits before redelivering a message in doubt
+    /// (default 1 s, the same for every delivery). A message held by
+    /// another consumer waits the engine's retry hint instead
+    /// (`Processed::Processing`'s `retry_after`).
     #[must_use]
     pub fn in_doubt_delay(mut self, delay: Duration) -> Consumer {
         self.in_doubt_delay = delay;
