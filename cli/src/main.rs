@@ -583,6 +583,7 @@ mod tests {
             Prefixes {
                 table: None,
                 key: None,
+                redis_ca: None,
             },
             &mut out,
             &mut io::sink(),
