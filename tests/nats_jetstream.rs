@@ -12,6 +12,9 @@
 #[path = "common/nats_env.rs"]
 mod nats_env;
 use nats_env::{nats_url, unique_name};
+#[path = "common/nats_ledger.rs"]
+mod nats_ledger;
+use nats_ledger::book;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -22,11 +25,8 @@ use idempotency::nats::{self, async_nats, Backoff, Consumer, Incoming, NatsError
 use idempotency::{
     BoxError, Engine, Envelope, Fingerprint, IdempotencyKey, LocalTx, OutgoingMessage,
 };
-use redb::ReadableTable;
 
 type TestResult = Result<(), BoxError>;
-
-const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
 
 /// A stream of this test's own (subjects `<name>.>`), a durable pull
 /// consumer on it with a 1 s ack wait, and a redb engine.
@@ -80,48 +80,9 @@ async fn setup(
     })
 }
 
-/// Books `incoming` in the ledger table: +1 per booking, so a double
-/// booking shows as 2.
-fn book(incoming: &Incoming, tx: &mut LocalTx<'_>) -> Result<(), BoxError> {
-    let txn = tx.redb().ok_or("not a redb engine")?;
-    let mut table = txn.open_table(LEDGER)?;
-    let before = table
-        .get(incoming.message_id.as_str())?
-        .map_or(0, |v| v.value());
-    table.insert(incoming.message_id.as_str(), before + 1)?;
-    Ok(())
-}
-
-/// Bookings per message id, read in one local write's transaction (the
-/// ledger lives in the engine's redb file, which the engine holds open).
+/// Bookings per message id, sorted by id (see [`nats_ledger::bookings`]).
 fn bookings(engine: &Engine) -> Result<Vec<(String, u64)>, BoxError> {
-    let rows = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let slot = Arc::clone(&rows);
-    let key = IdempotencyKey::new(
-        "test:read-ledger",
-        format!("{:?}", std::time::Instant::now()),
-    )?;
-    let claim = match engine.begin(&key, Fingerprint::of_json(b"{}", &[])?)? {
-        idempotency::Begin::Claimed(c) => c,
-        other => return Err(format!("{other:?}").into()),
-    };
-    engine.complete_local(claim, move |tx| {
-        let txn = tx.redb().ok_or("not a redb engine")?;
-        let mut found = Vec::new();
-        match txn.open_table(LEDGER) {
-            Ok(table) => {
-                for entry in table.iter()? {
-                    let (k, v) = entry?;
-                    found.push((k.value().to_owned(), v.value()));
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-        *slot.lock().map_err(|_| "poisoned")? = found;
-        Ok(Envelope::new(0, 200, Vec::new()))
-    })?;
-    let rows = rows.lock().map_err(|_| "poisoned")?.clone();
-    Ok(rows)
+    Ok(nats_ledger::bookings(engine)?.into_iter().collect())
 }
 
 /// Three payments' events in the outbox (one completion each).

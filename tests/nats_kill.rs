@@ -41,8 +41,9 @@ mod split_mix;
 #[path = "common/nats_env.rs"]
 mod nats_env;
 use nats_env::{nats_url, unique_name, NATS_ENV};
+#[path = "common/nats_ledger.rs"]
+mod nats_ledger;
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -499,30 +500,6 @@ fn alive(pid: &str) -> bool {
     }
 }
 
-/// The ledger's rows (payment key -> bookings), read in one local write's
-/// transaction of the ledger engine.
-fn ledger_rows(engine: &Engine) -> Result<BTreeMap<String, u64>, BoxError> {
-    let rows = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-    let slot = Arc::clone(&rows);
-    let key = IdempotencyKey::new("test:read-ledger", "audit")?;
-    let claim = match engine.begin(&key, Fingerprint::of_json(b"{}", &[])?)? {
-        Begin::Claimed(c) => c,
-        other => return Err(format!("{other:?}").into()),
-    };
-    engine.complete_local(claim, move |tx| {
-        let txn = tx.redb().ok_or("not a redb engine")?;
-        let mut found = BTreeMap::new();
-        for entry in txn.open_table(LEDGER)?.iter()? {
-            let (k, v) = entry?;
-            found.insert(k.value().to_owned(), v.value());
-        }
-        *slot.lock().map_err(|_| "poisoned")? = found;
-        Ok(Envelope::new(0, 200, Vec::new()))
-    })?;
-    let rows = rows.lock().map_err(|_| "poisoned")?.clone();
-    Ok(rows)
-}
-
 #[test]
 fn sigkilled_relay_and_consumer_and_a_broker_restart_book_each_payment_once() -> TestResult {
     let Some(url) = nats_url() else {
@@ -666,7 +643,7 @@ fn sigkilled_relay_and_consumer_and_a_broker_restart_book_each_payment_once() ->
     let outbox_left = paid_engine.outbox().len()?;
     drop(paid_engine);
     let ledger = ledger_engine(dir.path())?;
-    let rows = ledger_rows(&ledger)?;
+    let rows = nats_ledger::bookings(&ledger)?;
     let dead_letters = ledger.dead_letters(1_000)?;
     drop(ledger);
     let stream_messages = runtime.block_on(async {
