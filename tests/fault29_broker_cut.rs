@@ -102,11 +102,7 @@ async fn consume_loop(
         match consumer.consume_once(16, Duration::from_millis(300)).await {
             Ok(pass) => {
                 failures = 0;
-                total.processed += pass.processed;
-                total.duplicates += pass.duplicates;
-                total.retried += pass.retried;
-                total.dead_lettered += pass.dead_lettered;
-                total.deferred += pass.deferred;
+                total += pass;
             }
             Err(e) => {
                 failures += 1;

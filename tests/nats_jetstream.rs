@@ -120,11 +120,7 @@ async fn consume_until(
     let mut total = nats::ConsumePass::default();
     for _ in 0..passes {
         let pass = c.consume_once(16, Duration::from_millis(300)).await?;
-        total.processed += pass.processed;
-        total.duplicates += pass.duplicates;
-        total.retried += pass.retried;
-        total.dead_lettered += pass.dead_lettered;
-        total.deferred += pass.deferred;
+        total += pass;
         if done(&total) {
             return Ok(total);
         }

@@ -104,6 +104,18 @@ pub struct ConsumePass {
     pub deferred: usize,
 }
 
+/// Adds another pass's counts, field by field (totals over passes, as
+/// [`Consumer::run`] keeps them).
+impl std::ops::AddAssign for ConsumePass {
+    fn add_assign(&mut self, pass: ConsumePass) {
+        self.processed += pass.processed;
+        self.duplicates += pass.duplicates;
+        self.retried += pass.retried;
+        self.dead_lettered += pass.dead_lettered;
+        self.deferred += pass.deferred;
+    }
+}
+
 /// What to tell JetStream about one message.
 enum Answer {
     Ack,
@@ -370,11 +382,7 @@ impl Consumer {
                 result = self.consume_once(max, Duration::from_millis(500)) => match result {
                     Ok(pass) => {
                         failures = 0;
-                        total.processed += pass.processed;
-                        total.duplicates += pass.duplicates;
-                        total.retried += pass.retried;
-                        total.dead_lettered += pass.dead_lettered;
-                        total.deferred += pass.deferred;
+                        total += pass;
                         Duration::ZERO
                     }
                     Err(e) => {
