@@ -13,10 +13,13 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use idempotency::{Begin, Engine, Envelope, Error, Fingerprint, IdempotencyKey, OpenError, State};
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -82,51 +85,21 @@ fn server(dir: &Path) -> Result<Server, BoxError> {
     Err("redis-server exited at start five times (ports taken?)".into())
 }
 
-/// Starts a server on `port` with the AOF in `dir` and waits (at most
-/// 10 s) for its own "Ready to accept connections" log line: a connection
-/// alone could reach another test's server on the same port. `None` when
-/// it exited at start (the port was taken).
+/// Starts a server on `port` with the AOF in `dir` (see
+/// [`redis_server::start_durable`]). `None` when it exited at start (the
+/// port was taken).
 fn server_on(dir: &Path, port: u16) -> Result<Option<Server>, BoxError> {
     // The log lives outside `dir`, which may be a small tmpfs.
     let log_dir = tempfile::tempdir()?;
     let log = log_dir.path().join("server.log");
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(&log)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut s = Server {
-        child,
-        port,
-        _log_dir: log_dir,
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        if s.child.try_wait()?.is_some() {
-            return Ok(None);
-        }
-        let ready =
-            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to accept connections"));
-        if ready && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(Some(s));
-        }
-        if Instant::now() > until {
-            return Err("redis-server did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let args = ["--port".to_owned(), port.to_string()];
+    Ok(
+        redis_server::start_durable(dir, &log, port, &args)?.map(|child| Server {
+            child,
+            port,
+            _log_dir: log_dir,
+        }),
+    )
 }
 
 fn engine(s: &Server) -> Result<Engine, OpenError> {

@@ -420,51 +420,69 @@ fn start_own(args: impl Fn(u16) -> Vec<String>) -> Result<Option<OwnServer>, Box
         return Ok(None);
     }
     // A port found free may be taken by another test's server before this
-    // one binds it: then this server exits and the port answers for the
-    // other one. So readiness is this server's own log line, and a server
-    // that exits is started again on another port.
+    // one binds it: then this server exits, and is started again on
+    // another port.
     for _ in 0..5 {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
         let log = dir.path().join("server.log");
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(&log)
-            .args(args(port))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let mut s = OwnServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            if s.child.try_wait()?.is_some() {
-                break;
-            }
-            let ready = std::fs::read_to_string(&log)
-                .is_ok_and(|l| l.contains("Ready to accept connections"));
-            if ready && TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(Some(s));
-            }
-            if Instant::now() > until {
-                return Err("redis-server did not start".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Some(child) = start_durable(dir.path(), &log, port, &args(port))? {
+            return Ok(Some(OwnServer {
+                child,
+                port,
+                _dir: dir,
+            }));
         }
     }
     Err("redis-server exited at start five times (ports taken?)".into())
+}
+
+/// Starts a durable `redis-server` (`appendonly yes`, `appendfsync
+/// always`, no RDB) on 127.0.0.1 with its AOF in `dir`, its log at `log`
+/// and `args` after those (the port among them), and waits (at most 10 s)
+/// for its own "Ready to accept connections" log line and a connection to
+/// `port`: a connection alone could reach another test's server that took
+/// the port first. `Ok(None)` when the server exited at start (the port
+/// was taken); the server is killed if it does not get ready in time.
+pub fn start_durable(
+    dir: &Path,
+    log: &Path,
+    port: u16,
+    args: &[String],
+) -> Result<Option<std::process::Child>, BoxError> {
+    let mut child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(log)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(None);
+        }
+        let ready =
+            std::fs::read_to_string(log).is_ok_and(|l| l.contains("Ready to accept connections"));
+        if ready && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(Some(child));
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("redis-server did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
