@@ -81,15 +81,23 @@ async fn consume_until(
     Ok(passes)
 }
 
-/// The consumer's state at the broker, for the failure messages.
-async fn state(pull: &mut consumer::PullConsumer) -> String {
-    match pull.info().await {
+/// The state at the broker of consumer `durable` of `stream`, for the
+/// failure messages; printed with `passes` (shown when the test fails).
+async fn state(
+    stream: &jetstream::stream::Stream,
+    durable: &str,
+    passes: &[String],
+) -> Result<String, BoxError> {
+    let mut probe: consumer::PullConsumer = stream.get_consumer(durable).await?;
+    let at_broker = match probe.info().await {
         Ok(i) => format!(
             "delivered {:?} ack floor {:?} pending {} ack pending {} redelivered {}",
             i.delivered, i.ack_floor, i.num_pending, i.num_ack_pending, i.num_redelivered
         ),
         Err(e) => format!("no consumer info: {e}"),
-    }
+    };
+    eprintln!("passes {passes:?}; consumer: {at_broker}");
+    Ok(at_broker)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,9 +138,7 @@ async fn a_poison_message_behind_other_subjects_of_a_filtered_consumer_is_cleare
     // Before the poison message is delivered, "first" is booked and acked:
     // the ack floor stays at its sequence, 1.
     let passes = consume_until(&c, &engine, &booked, "good-after").await?;
-    let mut probe: consumer::PullConsumer = stream.get_consumer(&format!("{name}_c")).await?;
-    let at_broker = state(&mut probe).await;
-    eprintln!("passes {passes:?}; consumer: {at_broker}");
+    let at_broker = state(&stream, &format!("{name}_c"), &passes).await?;
     let letters = engine.dead_letters(10)?;
     assert_eq!(
         *booked.lock().map_err(|_| "poisoned")?,
@@ -199,9 +205,7 @@ async fn a_poison_message_behind_70_pending_retries_is_cleared() -> TestResult {
     let c = Consumer::new(Arc::clone(&engine), "ledger", js.clone(), pull, handler)?
         .retry_delay(Duration::from_secs(3600));
     let passes = consume_until(&c, &engine, &booked, "good-after").await?;
-    let mut probe: consumer::PullConsumer = stream.get_consumer(&format!("{name}_c")).await?;
-    let at_broker = state(&mut probe).await;
-    eprintln!("passes {passes:?}; consumer: {at_broker}");
+    let at_broker = state(&stream, &format!("{name}_c"), &passes).await?;
     let letters = engine.dead_letters(10)?;
     assert_eq!(
         *booked.lock().map_err(|_| "poisoned")?,
