@@ -793,7 +793,9 @@ impl EngineBuilder {
     /// `url` is `redis://[user:password@]host[:port][/db]`,
     /// `rediss://…` for TLS (rustls; the server's certificate is checked
     /// against the system's trust store or
-    /// [`redis_tls_ca`](Self::redis_tls_ca), and must name the host), or
+    /// [`redis_tls_ca`](Self::redis_tls_ca), and must name the host; the
+    /// first `rediss://` open makes rustls's `ring` provider the process
+    /// default unless the app installed one), or
     /// `unix:///path/to/redis.sock`; every engine, in any process, opened
     /// on the same server, database and
     /// [`redis_key_prefix`](Self::redis_key_prefix) shares the same
