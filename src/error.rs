@@ -227,6 +227,17 @@ pub enum OpenError {
         missing: String,
     },
 
+    /// An open that never creates (`EngineBuilder::open_redis_existing`,
+    /// `open_redis_read_only`; feature `redis`) found no engine's layout
+    /// under this key prefix (no `<prefix>meta` hash): a wrong server,
+    /// database number or prefix, or one no engine has opened yet.
+    /// Nothing was written.
+    #[error("no idempotency data under key prefix {prefix:?} on this Redis server (no {prefix}meta hash); check the URL's database number and the key prefix")]
+    NoRedisData {
+        /// The key prefix.
+        prefix: String,
+    },
+
     /// The PostgreSQL tables under this prefix were created by a newer
     /// version of the crate (schema version `found`). Nothing was changed.
     #[error("the PostgreSQL tables under prefix {prefix:?} have schema version {found}; this build knows version {supported}; use a newer version of the crate")]
@@ -495,8 +506,8 @@ pub enum Error {
     },
 
     /// The engine was opened read-only ([`crate::EngineBuilder::open_read_only`],
-    /// or `open_postgres_read_only` with feature `postgres`) and was asked
-    /// to write.
+    /// `open_postgres_read_only` with feature `postgres`, or
+    /// `open_redis_read_only` with feature `redis`) and was asked to write.
     #[error("engine is read-only: cannot {operation}")]
     ReadOnly {
         /// The write that was refused.

@@ -8,19 +8,20 @@
 //! prefix there.
 //!
 //! The database is opened with no background sweeper and never created:
-//! `open_existing` / `open_postgres_existing` for the commands that change
-//! it (`resolve`, `sweep`, `purge`), `open_read_only` /
-//! `open_postgres_read_only` for the others, which write nothing (on
-//! PostgreSQL their sessions are read-only, so a role with only `SELECT`
-//! on the tables can run them). redb locks the file: stop the app (or use
-//! its own admin endpoint) while the CLI runs. On PostgreSQL the CLI may run
-//! beside the app servers, as one more engine on the same tables.
-//!
-//! On Redis every command opens with `open_redis` (the backend has no
-//! open that refuses to create, nor a read-only one): the read-only
-//! commands change no record, but an open on a prefix that holds nothing
-//! writes the engine's layout key there. Like any engine on Redis, the CLI
-//! refuses a server without `appendonly yes` and `appendfsync always`.
+//! `open_existing` / `open_postgres_existing` / `open_redis_existing` for
+//! the commands that change it (`resolve`, `sweep`, `purge`, `redrive`),
+//! `open_read_only` / `open_postgres_read_only` / `open_redis_read_only`
+//! for the others, which write nothing (on PostgreSQL their sessions are
+//! read-only, so a role with only `SELECT` on the tables can run them; on
+//! Redis they run only reading commands, so a user whose ACL allows only
+//! those, plus `INFO`, `CLIENT ID` and `MULTI`/`EXEC`, can run them, on a
+//! replica too). A
+//! mistyped Redis key prefix or database number is an error, not a new
+//! empty store. redb locks the file: stop the app (or use its own admin
+//! endpoint) while the CLI runs. On PostgreSQL and Redis the CLI may run
+//! beside the app servers, as one more engine on the same data. Like any
+//! engine on Redis, the commands that write refuse a server without
+//! `appendonly yes` and `appendfsync always`.
 
 #![forbid(unsafe_code)]
 
@@ -471,19 +472,19 @@ fn open(db: &Path, opener: Opener<'_>) -> CliResult<Engine> {
     Ok(match target(db, opener)? {
         (Target::File(path), builder) => builder.open_existing(path)?,
         (Target::Postgres(url), builder) => builder.open_postgres_existing(url)?,
-        (Target::Redis(url), builder) => builder.open_redis(url)?,
+        (Target::Redis(url), builder) => builder.open_redis_existing(url)?,
     })
 }
 
 /// For commands that only read: a file is left byte-identical (no header
 /// rewrite, no tables added to another program's file); on PostgreSQL
-/// every session is read-only; on Redis no record changes (the sweeper is
-/// off; see the module doc).
+/// every session is read-only; on Redis only reading commands are sent
+/// (see the module doc).
 fn open_read_only(db: &Path, opener: Opener<'_>) -> CliResult<Engine> {
     Ok(match target(db, opener)? {
         (Target::File(path), builder) => builder.open_read_only(path)?,
         (Target::Postgres(url), builder) => builder.open_postgres_read_only(url)?,
-        (Target::Redis(url), builder) => builder.open_redis(url)?,
+        (Target::Redis(url), builder) => builder.open_redis_read_only(url)?,
     })
 }
 

@@ -1,7 +1,8 @@
 //! The operator commands on Redis: guards against a CLI that cannot open a
 //! `redis://` URL, that shows other records there than the engine wrote,
 //! that applies `--table-prefix` to a Redis URL or `--key-prefix` or
-//! `--redis-ca` to anything else, or that prints a Redis password in an error.
+//! `--redis-ca` to anything else, that writes under a mistyped key prefix, or
+//! that prints a Redis password in an error.
 //!
 //! Needs `IDEMPOTENCY_TEST_REDIS` (set by `scripts/with-redis`, which
 //! `scripts/with-services` runs). Without it the server tests are skipped
@@ -135,21 +136,29 @@ fn commands_read_and_settle_records_on_redis() -> TestResult {
     let verify = idem_ok(with(&["verify", &url]))?;
     assert!(!verify.is_empty());
 
-    // Another prefix on the same server sees none of it.
+    // A prefix no engine has opened (a typo) is an error naming it, for
+    // the commands that read and those that write, and nothing is written
+    // under it.
     let other = unique_prefix("empty")?;
-    let stats: serde_json::Value = serde_json::from_str(&idem_ok([
-        "stats",
-        url.as_str(),
-        "--json",
-        "--key-prefix",
-        other.as_str(),
-    ])?)?;
-    assert_eq!(stats["completed"], 0, "{stats}");
-
-    let port = redis_server::port_of(&url).ok_or("a port in the test server's URL")?;
-    for p in [&prefix, &other] {
-        redis_server::delete_prefix(port, p).map_err(|e| e.to_string())?;
+    for args in [
+        vec!["stats", url.as_str(), "--json"],
+        vec!["sweep", url.as_str()],
+    ] {
+        let mut args = args;
+        args.extend(["--key-prefix", other.as_str()]);
+        let err = idem_err(&args)?;
+        assert!(
+            err.contains("no idempotency data under key prefix") && err.contains(&other),
+            "{args:?}: {err}"
+        );
     }
+    let port = redis_server::port_of(&url).ok_or("a port in the test server's URL")?;
+    assert_eq!(
+        redis_server::delete_prefix(port, &other).map_err(|e| e.to_string())?,
+        0,
+        "a command wrote under a prefix that held nothing"
+    );
+    redis_server::delete_prefix(port, &prefix).map_err(|e| e.to_string())?;
     Ok(())
 }
 

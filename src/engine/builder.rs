@@ -828,7 +828,63 @@ impl EngineBuilder {
     /// [`OpenError::UnsupportedSchema`] if the prefix holds a newer layout;
     /// [`OpenError::ThreadStart`].
     #[cfg(feature = "redis")]
-    pub fn open_redis(mut self, url: &str) -> Result<Engine, OpenError> {
+    pub fn open_redis(self, url: &str) -> Result<Engine, OpenError> {
+        self.open_redis_in(url, crate::store::redis::Mode::Create)
+    }
+
+    /// Opens the engine on a Redis key prefix that an engine has already
+    /// opened (feature `redis`): never writes the layout to a prefix that
+    /// has none, so a wrong database number or a mistyped
+    /// [`redis_key_prefix`](Self::redis_key_prefix) is an error, not a new
+    /// empty store. Otherwise as [`open_redis`](Self::open_redis): the open
+    /// stores this engine's TTL and expiry policy (or, with
+    /// [`expiry_settings_from_database`](Self::expiry_settings_from_database),
+    /// takes the stored ones), and writes work. For operator tools, as
+    /// [`open_existing`](Self::open_existing) is for a file.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::NoRedisData`] if the prefix holds no `<prefix>meta`
+    /// (nothing is written); otherwise as for
+    /// [`open_redis`](Self::open_redis).
+    #[cfg(feature = "redis")]
+    pub fn open_redis_existing(self, url: &str) -> Result<Engine, OpenError> {
+        self.open_redis_in(url, crate::store::redis::Mode::Existing)
+    }
+
+    /// Opens a Redis key prefix read-only (feature `redis`), for operator
+    /// tools, as [`open_read_only`](Self::open_read_only) does a file:
+    /// reads work; every write returns [`crate::Error::ReadOnly`] before
+    /// it reaches the server; no sweeper runs, whatever
+    /// [`sweep_interval`](Self::sweep_interval) says. The open writes
+    /// nothing and runs no script: it checks that the server is a single
+    /// Redis (`INFO`) and reads `<prefix>meta`. The durability settings are
+    /// not checked (reading needs none), so a replica will do, and so will
+    /// a user whose ACL allows only reading commands, `INFO`, `CLIENT ID`
+    /// and `MULTI`/`EXEC` (for example `-@all +@read +info +client|id
+    /// +multi +exec`; a record and its effect steps are read in one
+    /// `MULTI`). Other engines
+    /// may use the prefix meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::NoRedisData`] if the prefix holds no `<prefix>meta`;
+    /// [`OpenError::UnsupportedSchema`] for a newer layout;
+    /// [`OpenError::InvalidKeyPrefix`]; [`OpenError::RedisUnsupported`]
+    /// for a cluster; [`OpenError::Storage`] as for
+    /// [`open_redis`](Self::open_redis), or a read the server refuses.
+    #[cfg(feature = "redis")]
+    pub fn open_redis_read_only(mut self, url: &str) -> Result<Engine, OpenError> {
+        self.sweep_interval = None;
+        self.open_redis_in(url, crate::store::redis::Mode::ReadOnly)
+    }
+
+    #[cfg(feature = "redis")]
+    fn open_redis_in(
+        mut self,
+        url: &str,
+        mode: crate::store::redis::Mode,
+    ) -> Result<Engine, OpenError> {
         let opts = crate::store::redis::RedisOptions {
             url: url.to_owned(),
             prefix: self.redis.prefix.clone(),
@@ -838,6 +894,7 @@ impl EngineBuilder {
             allow_volatile: self.redis.allow_volatile,
             wait_replicas: self.redis.wait_replicas,
             tls_ca: self.redis.tls_ca.clone(),
+            mode,
         };
         let (store, store_cfg) = crate::store::redis::RedisStore::open(
             &opts,
@@ -846,6 +903,9 @@ impl EngineBuilder {
             self.clock.clone(),
         )?;
         self.cfg.store = store_cfg;
+        if mode == crate::store::redis::Mode::ReadOnly {
+            return self.run(Arc::new(crate::store::redis::RedisReader(store)));
+        }
         self.run(Arc::new(store))
     }
 

@@ -56,6 +56,7 @@ mod keys;
 mod local;
 mod open;
 mod read;
+mod read_only;
 mod script;
 mod shared;
 mod sweep;
@@ -90,6 +91,7 @@ use crate::transition::Transition;
 pub(crate) use self::keys::DEFAULT_PREFIX;
 pub use self::local::RedisLocal;
 pub(crate) use self::open::RedisOptions;
+pub(crate) use self::read_only::{Mode, RedisReader};
 
 use self::claim::Remembered;
 use self::shared::Shared;
@@ -137,7 +139,7 @@ impl RedisStore {
             .connect()
             .map_err(|e| conn::connect_failed(&e, &opts.url, opts.tls_ca.is_some()))?;
         open::check_server(&mut first, opts)?;
-        let cfg = open::prepare(&mut first, &keys, cfg, stored_expiry)?;
+        let cfg = open::prepare(&mut first, &keys, cfg, stored_expiry, opts.mode)?;
         drop(first);
         let pool = r2d2::Pool::builder()
             .max_size(opts.pool_size.max(1))

@@ -3,6 +3,9 @@
 //! yes`, `appendfsync always`) and never evicts them (`maxmemory-policy`
 //! not `allkeys-*`) unless the builder accepted the risk, and
 //! agree with the other engines on the prefix about the expiry settings.
+//! An open in [`Mode::Existing`] or [`Mode::ReadOnly`] refuses a prefix
+//! no engine has opened; a read-only one writes nothing (see
+//! `read_only.rs`).
 
 use std::time::Duration;
 
@@ -14,6 +17,7 @@ use crate::store::config::StoreConfig;
 
 use super::conn::{open_storage, RedisConn};
 use super::keys::Keys;
+use super::read_only::Mode;
 
 /// The layout version this build writes under a prefix (`<prefix>meta`'s
 /// `format`).
@@ -32,6 +36,8 @@ pub(crate) struct RedisOptions {
     /// The PEM file of the CAs trusted for a `rediss://` server; `None`:
     /// the system's trust store.
     pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// Whether the open may create the layout, and whether it writes.
+    pub(crate) mode: Mode,
 }
 
 /// The value of `name` in an `INFO` answer.
@@ -67,6 +73,12 @@ pub(super) fn check_server(conn: &mut RedisConn, opts: &RedisOptions) -> Result<
                      supported; use a server without cluster mode"
                 .to_owned(),
         });
+    }
+    if opts.mode == Mode::ReadOnly {
+        // Reads are plain commands: a read-only engine runs no script and
+        // writes nothing, so neither scripting nor durability matters (a
+        // user whose ACL allows only reads, or a replica, will do).
+        return Ok(());
     }
     // Scripting: every transition is a Lua script.
     let one: redis::RedisResult<i64> = redis::cmd("EVAL")
@@ -143,24 +155,34 @@ fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), Op
 /// Stores this engine's expiry settings under the prefix, or (with
 /// `stored_expiry`) takes the stored ones; refuses a policy that differs
 /// from the one the other engines on the prefix use, and a layout newer
-/// than this build's.
+/// than this build's. Outside [`Mode::Create`], refuses a prefix with no
+/// layout ([`OpenError::NoRedisData`]); in [`Mode::ReadOnly`] it only
+/// reads (the stored settings are taken with `stored_expiry`, and a
+/// policy that differs is not this engine's to refuse: it sweeps nothing).
 pub(super) fn prepare(
     conn: &mut RedisConn,
     keys: &Keys,
     mut cfg: StoreConfig,
     stored_expiry: bool,
+    mode: Mode,
 ) -> Result<StoreConfig, OpenError> {
     let read = open_storage("reading the stored settings (<prefix>meta)");
     let meta: std::collections::HashMap<String, i64> =
         conn.conn.hgetall(&keys.meta).map_err(&read)?;
-    if let Some(&found) = meta.get("format") {
-        if found > LAYOUT_VERSION {
+    match meta.get("format") {
+        Some(&found) if found > LAYOUT_VERSION => {
             return Err(OpenError::UnsupportedSchema {
                 prefix: keys.prefix.clone(),
                 found,
                 supported: LAYOUT_VERSION,
             });
         }
+        None if mode != Mode::Create => {
+            return Err(OpenError::NoRedisData {
+                prefix: keys.prefix.clone(),
+            });
+        }
+        _ => {}
     }
     let keep_of = |cfg: &StoreConfig| {
         cfg.expiry
@@ -177,6 +199,8 @@ pub(super) fn prepare(
                 Err(_) => ExpiryPolicy::Forget,
             };
         }
+    } else if mode == Mode::ReadOnly {
+        return Ok(cfg);
     } else if let Some(&stored) = meta.get("tombstone_keep_ms") {
         if stored != keep_of(&cfg) {
             return Err(OpenError::ExpiryPolicyConflict {
@@ -190,6 +214,9 @@ pub(super) fn prepare(
                 requested: cfg.expiry,
             });
         }
+    }
+    if mode == Mode::ReadOnly {
+        return Ok(cfg);
     }
     let ttl = i64::try_from(cfg.ttl_ms).unwrap_or(i64::MAX);
     let _: () = redis::cmd("HSET")
