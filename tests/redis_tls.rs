@@ -5,7 +5,12 @@
 //! certificate (also the system's trust store), a certificate that names
 //! another host, a `rediss://` URL on a plaintext server, a `redis://`
 //! URL on a TLS port, a CA file that is missing or holds no certificate,
-//! and a CA file given for a plaintext URL.
+//! and a CA file given for a plaintext URL. With mutual TLS
+//! (`tls-auth-clients yes`): a client certificate the server trusts is
+//! admitted; none, one another CA signed, a key that is not the
+//! certificate's, unreadable or swapped files, and a client certificate
+//! for a plaintext URL are refused, naming the file and never showing
+//! its contents.
 //!
 //! The certificates are made per run with the `openssl` command (as
 //! `scripts/with-postgres` makes the PostgreSQL server's); each case
@@ -59,8 +64,9 @@ fn openssl(dir: &Path, args: &[&str]) -> Result<(), BoxError> {
 }
 
 /// Makes `ca` (trusted by the tests), `other-ca` (trusted by no server),
-/// and two server certificates signed by `ca`: `local` for `localhost`
-/// and 127.0.0.1, `elsewhere` for `elsewhere.example` only. `None`
+/// two server certificates signed by `ca`: `local` for `localhost` and
+/// 127.0.0.1, `elsewhere` for `elsewhere.example` only, and two client
+/// certificates: `client` signed by `ca`, `stranger` by `other-ca`. `None`
 /// without `openssl` (an error under `CI=true`).
 fn pki() -> Result<Option<Pki>, BoxError> {
     if Command::new("openssl").arg("version").output().is_err() {
@@ -98,15 +104,17 @@ fn pki() -> Result<Option<Pki>, BoxError> {
             ],
         )?;
     }
-    for (name, san) in [
-        ("local", "DNS:localhost,IP:127.0.0.1"),
-        ("elsewhere", "DNS:elsewhere.example"),
+    for (name, san, usage, ca) in [
+        ("local", "DNS:localhost,IP:127.0.0.1", "serverAuth", "ca"),
+        ("elsewhere", "DNS:elsewhere.example", "serverAuth", "ca"),
+        ("client", "DNS:app.example", "clientAuth", "ca"),
+        ("stranger", "DNS:app.example", "clientAuth", "other-ca"),
     ] {
         std::fs::write(
             d.join(format!("{name}.ext")),
             format!(
                 "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
-                 keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+                 keyEncipherment\nextendedKeyUsage={usage}\nsubjectAltName={san}\n"
             ),
         )?;
         openssl(
@@ -132,9 +140,9 @@ fn pki() -> Result<Option<Pki>, BoxError> {
                 "-in",
                 &format!("{name}.csr"),
                 "-CA",
-                "ca.pem",
+                &format!("{ca}.pem"),
                 "-CAkey",
-                "ca.key",
+                &format!("{ca}.key"),
                 "-CAcreateserial",
                 "-days",
                 "2",
@@ -158,6 +166,20 @@ fn tls_server(pki: &Pki, name: &str) -> Result<Option<OwnServer>, BoxError> {
             ca: &ca,
         },
         &["--requirepass", PASSWORD],
+    )
+}
+
+/// As [`tls_server`] with certificate `local`, and clients must present
+/// a certificate signed by `ca` (`tls-auth-clients yes`).
+fn mutual_tls_server(pki: &Pki) -> Result<Option<OwnServer>, BoxError> {
+    let (cert, key, ca) = pki.server("local");
+    own_tls_server(
+        &TlsFiles {
+            cert: &cert,
+            key: &key,
+            ca: &ca,
+        },
+        &["--requirepass", PASSWORD, "--tls-auth-clients", "yes"],
     )
 }
 
@@ -295,5 +317,108 @@ fn an_unusable_ca_file_is_named() -> TestResult {
         err.contains("ca.key") && err.contains("no PEM certificate"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn mutual_tls_admits_a_client_certificate_the_server_trusts() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = mutual_tls_server(&pki)? else {
+        return Ok(());
+    };
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", s.port);
+    let e = builder()
+        .redis_tls_ca(pki.path("ca.pem"))
+        .redis_tls_client_cert(pki.path("client.pem"), pki.path("client.key"))
+        .open_redis(&url)?;
+    let key = IdempotencyKey::new("tls", "mutual")?;
+    let Begin::Claimed(claim) = e.begin(&key, fp()?)? else {
+        return Err(format!("{key}: a fresh key must be claimed").into());
+    };
+    e.complete(claim, Envelope::new(1, 201, "charged"))?;
+    let Begin::Replay(replay) = e.begin(&key, fp()?)? else {
+        return Err(format!("{key}: the completed key must replay").into());
+    };
+    assert_eq!(replay.envelope.body, b"charged");
+    drop(e);
+    // The operator's read-only open presents it too.
+    let reader = builder()
+        .redis_tls_ca(pki.path("ca.pem"))
+        .redis_tls_client_cert(pki.path("client.pem"), pki.path("client.key"))
+        .open_redis_read_only(&url)?;
+    assert!(reader.record(&key)?.is_some());
+    Ok(())
+}
+
+#[test]
+fn mutual_tls_refusals_name_the_cause_and_never_the_key() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = mutual_tls_server(&pki)? else {
+        return Ok(());
+    };
+    let Some(plain) = own_server(&["--requirepass", PASSWORD])? else {
+        return Ok(());
+    };
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", s.port);
+    let with = |cert: &str, key: &str| {
+        builder()
+            .redis_tls_ca(pki.path("ca.pem"))
+            .redis_tls_client_cert(pki.path(cert), pki.path(key))
+    };
+    let cases: Vec<(Result<Engine, OpenError>, &[&str])> = vec![
+        (
+            builder().redis_tls_ca(pki.path("ca.pem")).open_redis(&url),
+            &["requires a client certificate", "redis_tls_client_cert"],
+        ),
+        (
+            with("stranger.pem", "stranger.key").open_redis(&url),
+            &["refused this client's certificate", "tls-ca-cert-file"],
+        ),
+        (
+            with("client.pem", "stranger.key").open_redis(&url),
+            &[
+                "stranger.key",
+                "does not belong to the certificate",
+                "client.pem",
+            ],
+        ),
+        (
+            with("client.pem", "missing.key").open_redis(&url),
+            &["missing.key", "cannot read"],
+        ),
+        (
+            with("client.key", "client.key").open_redis(&url),
+            &["client.key", "no PEM certificate"],
+        ),
+        (
+            with("client.pem", "client.pem").open_redis(&url),
+            &["client.pem", "no usable PEM private key"],
+        ),
+        (
+            with("client.pem", "client.key")
+                .open_redis(&format!("redis://:{PASSWORD}@localhost:{}/", plain.port)),
+            &["client certificate", "not rediss://"],
+        ),
+    ];
+    // Every base64 line of the PEM files involved: none may show.
+    let mut secrets = Vec::new();
+    for name in ["client.key", "stranger.key", "client.pem", "stranger.pem"] {
+        let text = std::fs::read_to_string(pki.path(name))?;
+        secrets.extend(
+            text.lines()
+                .filter(|l| !l.starts_with("-----") && l.len() > 16)
+                .map(str::to_owned),
+        );
+    }
+    for (opened, words) in cases {
+        let err = refusal(opened)?;
+        for word in words {
+            assert!(err.contains(word), "{word:?} missing from: {err}");
+        }
+        assert!(
+            !err.contains("PRIVATE KEY") && !secrets.iter().any(|l| err.contains(l.as_str())),
+            "the error shows PEM contents: {err}"
+        );
+    }
     Ok(())
 }

@@ -63,6 +63,25 @@ struct Cli {
     /// system's trust store). Only with a `rediss://` URL.
     #[arg(long, global = true, value_name = "PEM_FILE")]
     redis_ca: Option<PathBuf>,
+    /// A PEM file with the client certificate (then any intermediates) a
+    /// `rediss://` connection presents to a server that requires one
+    /// (mutual TLS), as the app gives
+    /// `EngineBuilder::redis_tls_client_cert`. Needs --redis-client-key.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PEM_FILE",
+        requires = "redis_client_key"
+    )]
+    redis_client_cert: Option<PathBuf>,
+    /// The PEM file of the private key of --redis-client-cert.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PEM_FILE",
+        requires = "redis_client_cert"
+    )]
+    redis_client_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -265,6 +284,10 @@ fn try_main(cli: Cli) -> CliResult {
         table: cli.table_prefix.as_deref(),
         key: cli.key_prefix.as_deref(),
         redis_ca: cli.redis_ca.as_deref(),
+        redis_client: cli
+            .redis_client_cert
+            .as_deref()
+            .zip(cli.redis_client_key.as_deref()),
     };
     run(cli.command, prefix, &mut out, &mut io::stderr())?;
     out.flush()?;
@@ -397,9 +420,11 @@ fn run<W: Write, E: Write>(
                 )
                 .into());
             }
-            if prefix.key.is_some() || prefix.redis_ca.is_some() {
+            if prefix.key.is_some() || prefix.redis_ca.is_some() || prefix.redis_client.is_some() {
                 return Err(UsageError(
-                    "--key-prefix and --redis-ca apply to a Redis URL, not to salvage".into(),
+                    "--key-prefix, --redis-ca and --redis-client-cert apply to a Redis URL, not \
+                     to salvage"
+                        .into(),
                 )
                 .into());
             }
@@ -408,12 +433,15 @@ fn run<W: Write, E: Write>(
     }
 }
 
-/// The `--table-prefix`, `--key-prefix` and `--redis-ca` given.
+/// The `--table-prefix`, `--key-prefix`, `--redis-ca` and
+/// `--redis-client-cert`/`--redis-client-key` given.
 #[derive(Debug, Clone, Copy)]
 struct Prefixes<'a> {
     table: Option<&'a str>,
     key: Option<&'a str>,
     redis_ca: Option<&'a Path>,
+    /// The client certificate and key files.
+    redis_client: Option<(&'a Path, &'a Path)>,
 }
 
 /// A builder with the CLI's settings, and the prefixes given.
@@ -451,6 +479,11 @@ fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, Engine
     let builder = match (&target, prefix.redis_ca) {
         (Target::Redis(_), Some(ca)) => builder.redis_tls_ca(ca),
         (_, Some(_)) => return misplaced("--redis-ca", "a rediss:// URL"),
+        (_, None) => builder,
+    };
+    let builder = match (&target, prefix.redis_client) {
+        (Target::Redis(_), Some((cert, key))) => builder.redis_tls_client_cert(cert, key),
+        (_, Some(_)) => return misplaced("--redis-client-cert", "a rediss:// URL"),
         (_, None) => builder,
     };
     match (&target, prefix.table, prefix.key) {
@@ -585,6 +618,7 @@ mod tests {
                 table: None,
                 key: None,
                 redis_ca: None,
+                redis_client: None,
             },
             &mut out,
             &mut io::sink(),

@@ -1,7 +1,7 @@
 //! The operator commands on Redis: guards against a CLI that cannot open a
 //! `redis://` URL, that shows other records there than the engine wrote,
 //! that applies `--table-prefix` to a Redis URL or `--key-prefix` or
-//! `--redis-ca` to anything else, that writes under a mistyped key prefix, or
+//! `--redis-ca` or `--redis-client-cert` to anything else, that writes under a mistyped key prefix, or
 //! that prints a Redis password in an error.
 //!
 //! Needs `IDEMPOTENCY_TEST_REDIS` (set by `scripts/with-redis`, which
@@ -77,6 +77,21 @@ fn prefixes_go_with_their_backend() -> TestResult {
         err.contains("--redis-ca applies to a rediss:// URL, not to the file"),
         "{err}"
     );
+    let err = usage_err(&[
+        "stats",
+        file,
+        "--redis-client-cert",
+        "client.pem",
+        "--redis-client-key",
+        "client.key",
+    ])?;
+    assert!(
+        err.contains("--redis-client-cert applies to a rediss:// URL, not to the file"),
+        "{err}"
+    );
+    // One without the other is a usage error (clap's).
+    let out = idem(["stats", redis, "--redis-client-cert", "client.pem"])?;
+    assert_eq!(out.status.code(), Some(2));
     let err = usage_err(&["salvage", redis, file])?;
     assert!(err.contains("salvage works on redb files"), "{err}");
     Ok(())

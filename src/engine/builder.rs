@@ -61,6 +61,7 @@ struct RedisSettings {
     allow_volatile: bool,
     wait_replicas: Option<(u32, Duration)>,
     tls_ca: Option<std::path::PathBuf>,
+    tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Settings only an engine on PostgreSQL reads.
@@ -102,6 +103,7 @@ impl Default for EngineBuilder {
                 allow_volatile: false,
                 wait_replicas: None,
                 tls_ca: None,
+                tls_client: None,
             },
         }
     }
@@ -789,6 +791,34 @@ impl EngineBuilder {
         self
     }
 
+    /// The client certificate a `rediss://` connection presents, for a
+    /// server that authenticates clients by certificate (mutual TLS,
+    /// `tls-auth-clients yes`; feature `redis`): `cert_file` is a PEM file
+    /// with the client's certificate first (then any intermediates),
+    /// `key_file` a PEM file with its private key (PKCS#8, PKCS#1 or
+    /// SEC1, unencrypted). Both are read and checked at open, before any
+    /// connection. A password in the URL is still sent (`AUTH`) if given.
+    ///
+    /// # Errors
+    ///
+    /// At [`open_redis`](Self::open_redis): [`OpenError::Storage`] naming
+    /// the file at fault (never its contents) if a file cannot be read,
+    /// holds no certificate or no private key, or the key is not the
+    /// certificate's; if the URL is not `rediss://`; and, at the
+    /// handshake, if the server refuses the certificate (its
+    /// `tls-ca-cert-file` does not hold the CA that signed it). Without
+    /// this setting, a server that requires a client certificate is
+    /// named as such.
+    #[cfg(feature = "redis")]
+    pub fn redis_tls_client_cert(
+        mut self,
+        cert_file: impl Into<std::path::PathBuf>,
+        key_file: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.redis.tls_client = Some((cert_file.into(), key_file.into()));
+        self
+    }
+
     /// Opens the engine on a Redis or Valkey server (feature `redis`).
     /// `url` is `redis://[user:password@]host[:port][/db]`,
     /// `rediss://…` for TLS (rustls; the server's certificate is checked
@@ -821,9 +851,10 @@ impl EngineBuilder {
     /// [`OpenError::Storage`] for a malformed URL, a server that
     /// cannot be reached in time, failed authentication, a TLS handshake
     /// that fails (a certificate not trusted or not naming the host, a
-    /// server that does not speak TLS) or an unusable
-    /// [`redis_tls_ca`](Self::redis_tls_ca) (no message shows the URL or
-    /// the password); [`OpenError::ExpiryPolicyConflict`]
+    /// server that does not speak TLS, or that wants or refuses a client
+    /// certificate) or an unusable [`redis_tls_ca`](Self::redis_tls_ca) or
+    /// [`redis_tls_client_cert`](Self::redis_tls_client_cert) (no message
+    /// shows the URL, the password or a key); [`OpenError::ExpiryPolicyConflict`]
     /// if other engines on the prefix expire by another policy;
     /// [`OpenError::UnsupportedSchema`] if the prefix holds a newer layout;
     /// [`OpenError::ThreadStart`].
@@ -893,7 +924,10 @@ impl EngineBuilder {
             command_timeout: self.redis.command_timeout,
             allow_volatile: self.redis.allow_volatile,
             wait_replicas: self.redis.wait_replicas,
-            tls_ca: self.redis.tls_ca.clone(),
+            tls: crate::store::redis::TlsFiles {
+                ca: self.redis.tls_ca.clone(),
+                client: self.redis.tls_client.clone(),
+            },
             mode,
         };
         let (store, store_cfg) = crate::store::redis::RedisStore::open(

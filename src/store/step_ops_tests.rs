@@ -106,7 +106,7 @@ fn redis_fixture(name: &str, expiry: ExpiryPolicy) -> R<Fixture> {
         allow_volatile: false,
         mode: crate::store::redis::Mode::Create,
         wait_replicas: None,
-        tls_ca: None,
+        tls: Default::default(),
     };
     let clock = ManualClock::new(T0);
     let cfg = StoreConfig {

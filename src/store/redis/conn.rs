@@ -1,7 +1,6 @@
 //! Connections: the URL's checks, the pool's manager, and the errors a
 //! caller sees (none of which shows the URL, so none shows a password).
 
-use std::path::Path;
 use std::time::Duration;
 
 use super::tls;
@@ -64,9 +63,10 @@ impl r2d2::ManageConnection for Manager {
 /// The client for `url`, after the checks a URL gets before any
 /// connection: a cluster URL is refused (this build speaks to one server),
 /// and a URL that does not parse says so without repeating it. A
-/// `rediss://` URL trusts the CAs in `tls_ca` (a PEM file) if given, else
-/// the system's trust store; `tls_ca` with another scheme is refused.
-pub(super) fn client(url: &str, tls_ca: Option<&Path>) -> Result<redis::Client, OpenError> {
+/// `rediss://` URL trusts the CAs in `tls.ca` (a PEM file) if given, else
+/// the system's trust store, and presents `tls.client` (certificate chain
+/// and key PEM files) when given; either with another scheme is refused.
+pub(super) fn client(url: &str, tls_files: &tls::TlsFiles) -> Result<redis::Client, OpenError> {
     let scheme = url.split("://").next().unwrap_or_default();
     if url.contains("://") && scheme.to_ascii_lowercase().contains("cluster") {
         return Err(OpenError::RedisUnsupported {
@@ -91,29 +91,17 @@ pub(super) fn client(url: &str, tls_ca: Option<&Path>) -> Result<redis::Client, 
     if tls {
         tls::install_provider();
     }
-    match tls_ca {
-        None => redis::Client::open(url).map_err(|e| malformed(describe_kind(&e))),
-        Some(path) if !tls => Err(OpenError::Storage {
-            context: "reading the Redis TLS CA file",
-            source: format!(
-                "a TLS CA file ({}) was given, but the URL's scheme is {scheme}://, not \
-                 rediss://: the connection would not use TLS",
-                path.display()
-            )
-            .into(),
-        }),
-        Some(path) => {
-            let root_cert = tls::read_ca(path)?;
-            redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            )
-            .map_err(|e| malformed(describe_kind(&e)))
-        }
+    if tls_files.is_empty() {
+        return redis::Client::open(url).map_err(|e| malformed(describe_kind(&e)));
     }
+    if !tls {
+        return Err(tls_files.without_tls(scheme));
+    }
+    let certificates = redis::TlsCertificates {
+        client_tls: tls_files.read_client()?,
+        root_cert: tls_files.ca.as_deref().map(tls::read_ca).transpose()?,
+    };
+    redis::Client::build_with_tls(url, certificates).map_err(|e| malformed(describe_kind(&e)))
 }
 
 /// What went wrong, in words that never carry the URL: the error's kind,
@@ -166,11 +154,15 @@ pub(super) fn open_storage(context: &'static str) -> impl Fn(redis::RedisError) 
 /// The open's first connection failed: what happened, with the TLS
 /// layer's part in words for a `rediss://` URL, and a hint when a
 /// plaintext URL's server hung up at once (a TLS port does).
-pub(super) fn connect_failed(e: &redis::RedisError, url: &str, own_ca: bool) -> OpenError {
+pub(super) fn connect_failed(
+    e: &redis::RedisError,
+    url: &str,
+    tls_files: &tls::TlsFiles,
+) -> OpenError {
     let context = "connecting to Redis";
     let scheme = url.split("://").next().unwrap_or_default();
     let words = if scheme.eq_ignore_ascii_case("rediss") {
-        tls::describe_failure(e, own_ca).unwrap_or_else(|| describe(e))
+        tls::describe_failure(e, tls_files).unwrap_or_else(|| describe(e))
     } else if scheme.eq_ignore_ascii_case("redis") && e.is_connection_dropped() {
         format!(
             "{}: the server hung up at once, as a TLS port does on plaintext \

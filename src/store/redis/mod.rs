@@ -92,6 +92,7 @@ pub(crate) use self::keys::DEFAULT_PREFIX;
 pub use self::local::RedisLocal;
 pub(crate) use self::open::RedisOptions;
 pub(crate) use self::read_only::{Mode, RedisReader};
+pub(crate) use self::tls::TlsFiles;
 
 use self::claim::Remembered;
 use self::shared::Shared;
@@ -128,7 +129,7 @@ impl RedisStore {
     ) -> std::result::Result<(RedisStore, StoreConfig), OpenError> {
         let keys = keys::Keys::new(&opts.prefix)?;
         let manager = conn::Manager {
-            client: conn::client(&opts.url, opts.tls_ca.as_deref())?,
+            client: conn::client(&opts.url, &opts.tls)?,
             connect_timeout: opts.connect_timeout,
             command_timeout: opts.command_timeout,
         };
@@ -137,7 +138,7 @@ impl RedisStore {
         // with what happened (the pool would retry until its timeout).
         let mut first = manager
             .connect()
-            .map_err(|e| conn::connect_failed(&e, &opts.url, opts.tls_ca.is_some()))?;
+            .map_err(|e| conn::connect_failed(&e, &opts.url, &opts.tls))?;
         open::check_server(&mut first, opts)?;
         let cfg = open::prepare(&mut first, &keys, cfg, stored_expiry, opts.mode)?;
         drop(first);

@@ -33,9 +33,9 @@ pub(crate) struct RedisOptions {
     pub(crate) command_timeout: Duration,
     pub(crate) allow_volatile: bool,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
-    /// The PEM file of the CAs trusted for a `rediss://` server; `None`:
-    /// the system's trust store.
-    pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// The files of a `rediss://` connection: trusted CAs, client
+    /// certificate.
+    pub(crate) tls: super::tls::TlsFiles,
     /// Whether the open may create the layout, and whether it writes.
     pub(crate) mode: Mode,
 }

@@ -1,4 +1,5 @@
-//! TLS for `rediss://` URLs: the crypto provider and the CA file.
+//! TLS for `rediss://` URLs: the crypto provider, the CA file and the
+//! client certificate (mutual TLS).
 //!
 //! The redis crate speaks TLS through rustls (its `tls-rustls` feature)
 //! and builds its client configuration with rustls's process-wide default
@@ -7,14 +8,66 @@
 //! backend uses) is installed as the default first, unless the app chose
 //! one already.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::OpenError;
 
 const CONTEXT: &str = "reading the Redis TLS CA file";
+const CLIENT_CONTEXT: &str = "reading the Redis TLS client certificate";
+
+/// The files a `rediss://` connection uses, as the builder named them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TlsFiles {
+    /// The PEM file of the CAs trusted for the server's certificate;
+    /// `None`: the system's trust store.
+    pub(crate) ca: Option<PathBuf>,
+    /// The client's certificate chain and private key (PEM files), for a
+    /// server that asks for one (`tls-auth-clients yes`); `None`: none.
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsFiles {
+    pub(super) fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client.is_none()
+    }
+
+    /// The refusal of TLS files given with a URL that does not use TLS.
+    pub(super) fn without_tls(&self, scheme: &str) -> OpenError {
+        let mut given = Vec::new();
+        if let Some(ca) = &self.ca {
+            given.push(format!("a TLS CA file ({})", ca.display()));
+        }
+        if let Some((cert, _)) = &self.client {
+            given.push(format!("a TLS client certificate ({})", cert.display()));
+        }
+        let context = if self.ca.is_some() {
+            CONTEXT
+        } else {
+            CLIENT_CONTEXT
+        };
+        let what = given.join(" and ");
+        OpenError::Storage {
+            context,
+            source: format!(
+                "{what} given, but the URL's scheme is {scheme}://, not rediss://: the \
+                 connection would not use TLS"
+            )
+            .into(),
+        }
+    }
+
+    /// The client certificate and key, read and checked (see
+    /// [`read_client`]); `None` without one.
+    pub(super) fn read_client(&self) -> Result<Option<redis::ClientTlsConfig>, OpenError> {
+        self.client
+            .as_ref()
+            .map(|(cert, key)| read_client(cert, key))
+            .transpose()
+    }
+}
 
 /// Makes `ring` rustls's process-wide default provider if none is set.
 pub(super) fn install_provider() {
@@ -49,6 +102,58 @@ pub(super) fn read_ca(path: &Path) -> Result<Vec<u8>, OpenError> {
     Ok(pem)
 }
 
+/// The client certificate chain at `cert` and private key at `key` (PEM
+/// files), checked before any connection: the chain holds at least one
+/// certificate and nothing that fails to parse, the key file holds one
+/// private key (PKCS#8, PKCS#1 or SEC1) that rustls can sign with, and
+/// the key belongs to the chain's first certificate.
+///
+/// # Errors
+///
+/// [`OpenError::Storage`] naming the file at fault (never its contents):
+/// unreadable, no certificate or no private key in it, one that does not
+/// parse or that rustls cannot use, or a key that is not the
+/// certificate's.
+fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenError> {
+    let fail = |path: &Path, what: String| OpenError::Storage {
+        context: CLIENT_CONTEXT,
+        source: format!("{}: {what}", path.display()).into(),
+    };
+    let cert_pem = std::fs::read(cert).map_err(|e| fail(cert, format!("cannot read it: {e}")))?;
+    let mut chain = Vec::new();
+    for c in CertificateDer::pem_slice_iter(&cert_pem) {
+        chain.push(c.map_err(|e| fail(cert, format!("a certificate in it does not parse: {e}")))?);
+    }
+    if chain.is_empty() {
+        return Err(fail(
+            cert,
+            "it holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)".to_owned(),
+        ));
+    }
+    let key_pem = std::fs::read(key).map_err(|e| fail(key, format!("cannot read it: {e}")))?;
+    let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        fail(
+            key,
+            format!("it holds no usable PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"),
+        )
+    })?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain, private, &provider).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => fail(
+            key,
+            format!(
+                "this key does not belong to the certificate in {}",
+                cert.display()
+            ),
+        ),
+        other => fail(key, format!("rustls cannot sign with this key ({other})")),
+    })?;
+    Ok(redis::ClientTlsConfig {
+        client_cert: cert_pem,
+        client_key: key_pem,
+    })
+}
+
 /// The rustls error inside a failed connection, if the TLS layer failed.
 fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
     // The redis crate keeps an I/O error as an `Arc` of it, and rustls's
@@ -62,11 +167,13 @@ fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
 }
 
 /// Why a connection to a `rediss://` URL failed, in words, when the TLS
-/// layer is the cause (or the likely one); `None` otherwise. `own_ca`:
-/// whether [`read_ca`]'s file named the trusted CAs.
-pub(super) fn describe_failure(e: &redis::RedisError, own_ca: bool) -> Option<String> {
+/// layer is the cause (or the likely one); `None` otherwise. `files`:
+/// whether a CA file named the trusted CAs, and whether a client
+/// certificate was presented.
+pub(super) fn describe_failure(e: &redis::RedisError, files: &TlsFiles) -> Option<String> {
+    use rustls::AlertDescription as A;
     use rustls::CertificateError as C;
-    let trusted = if own_ca {
+    let trusted = if files.ca.is_some() {
         "the CA file given (EngineBuilder::redis_tls_ca)"
     } else {
         "the system's trust store (name a CA file with EngineBuilder::redis_tls_ca)"
@@ -90,6 +197,23 @@ pub(super) fn describe_failure(e: &redis::RedisError, own_ca: bool) -> Option<St
         rustls::Error::InvalidCertificate(_) => {
             format!("TLS: the server's certificate is refused ({tls})")
         }
+        rustls::Error::AlertReceived(A::CertificateRequired) => format!(
+            "TLS: the server requires a client certificate (tls-auth-clients); give one with \
+             EngineBuilder::redis_tls_client_cert ({tls})"
+        ),
+        rustls::Error::AlertReceived(
+            A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::UnsupportedCertificate
+            | A::DecryptError
+            | A::AccessDenied,
+        ) if files.client.is_some() => format!(
+            "TLS: the server refused this client's certificate: its tls-ca-cert-file must hold \
+             the CA that signed it ({tls})"
+        ),
         rustls::Error::InvalidMessage(_) => format!(
             "TLS: the server's answer is not TLS, a plaintext port? (use redis:// for it) ({tls})"
         ),
