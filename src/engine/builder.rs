@@ -691,7 +691,7 @@ impl EngineBuilder {
         self.cfg.store = store_cfg;
         self.clock = clock;
         if mode == crate::store::postgres::Mode::ReadOnly {
-            return self.run(Arc::new(crate::store::postgres::PgReader(store)));
+            return self.run(Arc::new(crate::store::read_only::ReadOnly(store)));
         }
         self.run(Arc::new(store))
     }
@@ -938,7 +938,7 @@ impl EngineBuilder {
         )?;
         self.cfg.store = store_cfg;
         if mode == crate::store::redis::Mode::ReadOnly {
-            return self.run(Arc::new(crate::store::redis::RedisReader(store)));
+            return self.run(Arc::new(crate::store::read_only::ReadOnly(store)));
         }
         self.run(Arc::new(store))
     }

@@ -23,6 +23,7 @@ pub(crate) mod pending;
 pub(crate) mod poison;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod read_only;
 pub(crate) mod record;
 pub(crate) mod redb;
 #[cfg(feature = "redis")]

@@ -1,5 +1,6 @@
-//! The write half of a read-only backend (redb's `RedbReader`, PostgreSQL's
-//! `PgReader`): every write refused with `Error::ReadOnly`, written once.
+//! The write half of a read-only backend (redb's `RedbReader`, and
+//! `read_only.rs`'s `ReadOnly` for PostgreSQL and Redis): every write
+//! refused with `Error::ReadOnly`, written once.
 
 /// `Error::ReadOnly` for `operation`.
 pub(crate) fn refused<T>(operation: &'static str) -> crate::error::Result<T> {

@@ -68,7 +68,7 @@ use crate::transition::Transition;
 
 pub use self::client::{PgError, Transaction};
 pub(crate) use self::clock::DatabaseClock;
-pub(crate) use self::read_only::{Mode, PgReader};
+pub(crate) use self::read_only::Mode;
 pub(crate) use self::schema::DEFAULT_PREFIX;
 
 use self::in_place::Remembered;

@@ -4,21 +4,16 @@
 //!
 //! A read-only engine is read-only twice over: its sessions start with
 //! `SET default_transaction_read_only = on` (the server refuses any write, even
-//! one this crate's code would send by mistake), and [`PgReader`] refuses
-//! every write before it reaches the server, with `Error::ReadOnly`, as the
-//! redb reader does. The schema check and the database clock's measurement
+//! one this crate's code would send by mistake), and `store/read_only.rs`'s
+//! `ReadOnly` wrapper refuses every write before it reaches the server, with
+//! `Error::ReadOnly`, as the redb reader does. The schema check and the database clock's measurement
 //! only read.
 
 use crate::error::{OpenError, Result};
-use crate::key::IdempotencyKey;
-use crate::message::OutboxEntry;
 use crate::store::config::StoreConfig;
-use crate::store::record::{EntityState, Record};
-use crate::store::{Backend, ClaimRequest, ReadOrClaim, Scanned};
 
 use super::client::{Client, PgError};
 use super::schema::{policy_of, require_tables, Names, SCHEMA_VERSION};
-use super::PgStore;
 
 /// How an open treats the schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,76 +104,4 @@ pub(super) fn check(
     }
     tx.commit().map_err(storage("ending the schema check"))?;
     Ok(cfg)
-}
-
-/// A PostgreSQL store opened read-only: reads go to the store, writes are
-/// refused with `Error::ReadOnly` before they reach the server.
-pub(crate) struct PgReader(pub(crate) PgStore);
-
-impl Backend for PgReader {
-    fn check(&self) -> Result<()> {
-        self.0.check()
-    }
-
-    fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        self.0.record(key)
-    }
-
-    fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
-        self.0.in_doubt(limit, now_ms)
-    }
-
-    fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
-        self.0.scan(visit)
-    }
-
-    fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
-        self.0.oldest_in_doubt_ms(now_ms)
-    }
-
-    fn sweep_due(&self, now_ms: u64) -> Result<bool> {
-        self.0.sweep_due(now_ms)
-    }
-
-    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        self.0.outbox(limit)
-    }
-
-    fn dead_letters(&self, limit: usize) -> Result<Vec<crate::dead_letter::DeadLetter>> {
-        self.0.dead_letters(limit)
-    }
-
-    fn outbox_len(&self) -> Result<u64> {
-        self.0.outbox_len()
-    }
-
-    fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        self.0.entity(entity)
-    }
-
-    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
-        self.0.steps(key)
-    }
-
-    fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
-        self.0.history(key)
-    }
-
-    fn read_or_claim(
-        &self,
-        key: &IdempotencyKey,
-        _claim: &dyn Fn() -> ClaimRequest,
-    ) -> Result<ReadOrClaim> {
-        self.record(key).map(ReadOrClaim::Read)
-    }
-
-    crate::store::refuse::refuse_writes!();
-
-    fn verify(&self) -> Result<(Vec<crate::verify::Damage>, u64)> {
-        self.0.verify()
-    }
-
-    fn close(&self) {
-        self.0.close();
-    }
 }

@@ -18,7 +18,8 @@ use crate::store::{
 };
 use crate::verify::Damage;
 
-use super::{Mode, PgOptions, PgReader, PgStore};
+use super::{Mode, PgOptions, PgStore};
+use crate::store::read_only::ReadOnly;
 
 pub(super) type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -154,7 +155,7 @@ fn verify_names_a_damaged_step_and_log_entry_and_read_only_reads_them() -> R<()>
     let store = open(&url, &p, Mode::Create, &clock)?;
     two_calls(&store, &k)?;
     let (steps, log) = (store.steps(&k)?, store.history(&k)?);
-    let reader = PgReader(open(&url, &p, Mode::ReadOnly, &clock)?);
+    let reader = ReadOnly(open(&url, &p, Mode::ReadOnly, &clock)?);
     assert_eq!(reader.steps(&k)?, steps);
     assert_eq!(reader.history(&k)?, log);
     assert!(matches!(

@@ -56,7 +56,6 @@ mod keys;
 mod local;
 mod open;
 mod read;
-mod read_only;
 mod script;
 mod shared;
 mod sweep;
@@ -90,8 +89,7 @@ use crate::transition::Transition;
 
 pub(crate) use self::keys::DEFAULT_PREFIX;
 pub use self::local::RedisLocal;
-pub(crate) use self::open::RedisOptions;
-pub(crate) use self::read_only::{Mode, RedisReader};
+pub(crate) use self::open::{Mode, RedisOptions};
 pub(crate) use self::tls::TlsFiles;
 
 use self::claim::Remembered;

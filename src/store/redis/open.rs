@@ -4,8 +4,7 @@
 //! not `allkeys-*`) unless the builder accepted the risk, and
 //! agree with the other engines on the prefix about the expiry settings.
 //! An open in [`Mode::Existing`] or [`Mode::ReadOnly`] refuses a prefix
-//! no engine has opened; a read-only one writes nothing (see
-//! `read_only.rs`).
+//! no engine has opened; a read-only one writes nothing.
 
 use std::time::Duration;
 
@@ -17,7 +16,25 @@ use crate::store::config::StoreConfig;
 
 use super::conn::{open_storage, RedisConn};
 use super::keys::Keys;
-use super::read_only::Mode;
+
+/// How an open treats the key prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Write the layout if the prefix has none (`open_redis`).
+    Create,
+    /// Use the layout; refuse a prefix without one (`open_redis_existing`).
+    Existing,
+    /// As `Existing`, and write nothing (`open_redis_read_only`): no
+    /// scripting or durability check (it runs no script and writes
+    /// nothing), no settings stored; the engine wraps the store in
+    /// `store/read_only.rs`'s `ReadOnly`, which refuses every write. Its
+    /// reads are plain commands (`GET`, `MGET`, `HGETALL`, `HMGET`,
+    /// `ZRANGE`, `ZCOUNT`, `ZCARD`, `EXISTS`, `SCAN`, and `MULTI`/`EXEC`
+    /// around a record and its effect steps), so a user whose ACL allows
+    /// only those (and `INFO`, `CLIENT ID`) can run it, and so can a
+    /// replica.
+    ReadOnly,
+}
 
 /// The layout version this build writes under a prefix (`<prefix>meta`'s
 /// `format`).

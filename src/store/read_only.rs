@@ -1,41 +1,21 @@
-//! Opening a key prefix that must already hold the engine's layout, and
-//! opening it read-only, for operator tools (`idem`), as
-//! `store/postgres/read_only.rs` does for tables.
-//!
-//! A read-only open checks only that the server is a single Redis (no
-//! scripting check, no durability check: it runs no script and writes
-//! nothing) and reads `<prefix>meta`; [`RedisReader`] refuses every write
-//! with `Error::ReadOnly` before it reaches the server. Its reads are
-//! plain commands (`GET`, `MGET`, `HGETALL`, `HMGET`, `ZRANGE`, `ZCOUNT`,
-//! `ZCARD`, `EXISTS`, `SCAN`, and `MULTI`/`EXEC` around a record and its
-//! effect steps), so a user whose ACL allows only those (and `INFO`,
-//! `CLIENT ID`) can run it, and so can a replica.
+//! A shared backend opened read-only (PostgreSQL's `open_postgres_read_only`,
+//! Redis's `open_redis_read_only`): [`ReadOnly`] passes every read to the
+//! store and refuses every write with `Error::ReadOnly` before it reaches
+//! the server (`refuse.rs`). redb's reader is its own type
+//! (`store/redb/read_only.rs`): it reads a file no writer holds.
 
 use crate::error::Result;
 use crate::key::IdempotencyKey;
 use crate::message::OutboxEntry;
 use crate::store::record::{EntityState, Record};
-use crate::store::{Backend, ClaimRequest, ReadOrClaim, Scanned};
+use crate::store::{Backend, ClaimRequest, HistoryRecord, ReadOrClaim, Scanned, StepRecord};
 
-use super::RedisStore;
+/// A store opened read-only: reads go to `B`, writes are refused with
+/// `Error::ReadOnly`, and `begin` answers from the record alone (a key
+/// with none is refused, as a claim).
+pub(crate) struct ReadOnly<B>(pub(crate) B);
 
-/// How an open treats the key prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Write the layout if the prefix has none (`open_redis`).
-    Create,
-    /// Use the layout; refuse a prefix without one (`open_redis_existing`).
-    Existing,
-    /// As `Existing`, and write nothing: writes refused
-    /// (`open_redis_read_only`).
-    ReadOnly,
-}
-
-/// A Redis store opened read-only: reads go to the store, writes are
-/// refused with `Error::ReadOnly` before they reach the server.
-pub(crate) struct RedisReader(pub(crate) RedisStore);
-
-impl Backend for RedisReader {
+impl<B: Backend> Backend for ReadOnly<B> {
     fn check(&self) -> Result<()> {
         self.0.check()
     }
@@ -50,6 +30,10 @@ impl Backend for RedisReader {
 
     fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         self.0.scan(visit)
+    }
+
+    fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
+        self.0.scan_in_key_order(visit)
     }
 
     fn oldest_in_doubt_ms(&self, now_ms: u64) -> Result<Option<u64>> {
@@ -76,11 +60,11 @@ impl Backend for RedisReader {
         self.0.entity(entity)
     }
 
-    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
+    fn steps(&self, key: &IdempotencyKey) -> Result<Vec<StepRecord>> {
         self.0.steps(key)
     }
 
-    fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
+    fn history(&self, key: &IdempotencyKey) -> Result<Vec<HistoryRecord>> {
         self.0.history(key)
     }
 
