@@ -86,6 +86,18 @@ pub(super) fn check_server(conn: &mut RedisConn, opts: &RedisOptions) -> Result<
         .arg(0)
         .query(&mut conn.conn);
     if let Err(e) = one {
+        if e.code() == Some("NOPERM") {
+            // The server runs scripts; this user may not (a read-only ACL
+            // user): say so, not that the server lacks scripting.
+            return Err(OpenError::RedisUnsupported {
+                reason: format!(
+                    "this user may not run Lua scripts (EVAL: {}); every transition of the \
+                     engine is one atomic script, so an engine that writes needs a user \
+                     allowed +@scripting and +@write (a read-only open needs neither)",
+                    super::conn::describe(&e)
+                ),
+            });
+        }
         return Err(OpenError::RedisUnsupported {
             reason: format!(
                 "the server does not run Lua scripts (EVAL: {}); every transition of the \
