@@ -111,9 +111,9 @@ pub(super) fn read_ca(path: &Path) -> Result<Vec<u8>, OpenError> {
 /// # Errors
 ///
 /// [`OpenError::Storage`] naming the file at fault (never its contents):
-/// unreadable, no certificate or no private key in it, one that does not
-/// parse or that rustls cannot use, or a key that is not the
-/// certificate's.
+/// unreadable, no certificate or no private key in it, an encrypted key,
+/// one that does not parse or that rustls cannot use, or a key that is
+/// not the certificate's.
 fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenError> {
     let fail = |path: &Path, what: String| OpenError::Storage {
         context: CLIENT_CONTEXT,
@@ -132,18 +132,34 @@ fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenEr
     }
     let key_pem = std::fs::read(key).map_err(|e| fail(key, format!("cannot read it: {e}")))?;
     let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        if encrypted(&key_pem) {
+            return fail(
+                key,
+                "its private key is encrypted (passphrase-protected), which the client \
+                 cannot use: give an unencrypted copy (openssl pkey -in KEY -out NEW), \
+                 readable only by the app's user"
+                    .to_owned(),
+            );
+        }
         fail(
             key,
             format!("it holds no usable PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"),
         )
     })?;
+    let keys_in_file = PrivateKeyDer::pem_slice_iter(&key_pem).count();
     let provider = rustls::crypto::ring::default_provider();
     rustls::sign::CertifiedKey::from_der(chain, private, &provider).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => fail(
             key,
             format!(
-                "this key does not belong to the certificate in {}",
-                cert.display()
+                "this key does not belong to the certificate in {} (the first one in it: the \
+                 client's own certificate comes first, then its intermediates){}",
+                cert.display(),
+                if keys_in_file > 1 {
+                    format!("; the file holds {keys_in_file} private keys, the first is used")
+                } else {
+                    String::new()
+                }
             ),
         ),
         other => fail(key, format!("rustls cannot sign with this key ({other})")),
@@ -152,6 +168,15 @@ fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenEr
         client_cert: cert_pem,
         client_key: key_pem,
     })
+}
+
+/// Whether the PEM bytes hold an encrypted private key: PKCS#8's
+/// `ENCRYPTED PRIVATE KEY` block, or OpenSSL's traditional form (a
+/// `Proc-Type: 4,ENCRYPTED` header in the key block), neither of which
+/// rustls reads.
+fn encrypted(pem: &[u8]) -> bool {
+    let has = |needle: &[u8]| pem.windows(needle.len()).any(|w| w == needle);
+    has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
 }
 
 /// The rustls error inside a failed connection, if the TLS layer failed.
