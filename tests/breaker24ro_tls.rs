@@ -377,7 +377,24 @@ fn unusable_files_are_named_and_never_shown() -> TestResult {
     // The intermediate before the leaf: the first certificate is not the
     // key's.
     let backwards = pki.write("backwards.pem", &["inter.pem", "leaf.pem"])?;
-    let cases: [(PathBuf, PathBuf, &[&str]); 6] = [
+    // Larger than any PEM file (9 MiB of certificate-looking lines): not
+    // read whole (a device such as /dev/zero would never end).
+    let huge = pki.path("huge.pem");
+    let line = "A".repeat(63) + "\n";
+    std::fs::write(
+        &huge,
+        format!(
+            "-----BEGIN CERTIFICATE-----\n{}-----END CERTIFICATE-----\n",
+            line.repeat(9 * 16384)
+        ),
+    )?;
+    let cases: [(PathBuf, PathBuf, &[&str]); 8] = [
+        (
+            huge.clone(),
+            pki.path("ec.key"),
+            &["huge.pem", "larger than 8 MiB"],
+        ),
+        (pki.path("ec.pem"), huge, &["huge.pem", "larger than 8 MiB"]),
         (
             empty.clone(),
             pki.path("ec.key"),

@@ -76,6 +76,29 @@ pub(super) fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Most bytes a PEM file of certificates or a key may hold: a CA bundle
+/// is a few hundred KiB; more is not such a file (`/dev/zero`, a disk
+/// image), and reading it whole would exhaust memory.
+const MAX_PEM_BYTES: u64 = 8 << 20;
+
+/// The bytes of the file at `path`, at most [`MAX_PEM_BYTES`]; the
+/// failure in words (without the file's contents).
+fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_PEM_BYTES {
+        return Err(format!(
+            "it is larger than {} MiB, so not a PEM file of certificates or a key",
+            MAX_PEM_BYTES >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
 /// The bytes of the PEM file at `path`, checked to hold at least one
 /// certificate and nothing that fails to parse as one.
 ///
@@ -88,7 +111,7 @@ pub(super) fn read_ca(path: &Path) -> Result<Vec<u8>, OpenError> {
         context: CONTEXT,
         source: format!("{}: {what}", path.display()).into(),
     };
-    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
+    let pem = read_pem(path).map_err(fail)?;
     let mut count = 0_usize;
     for cert in CertificateDer::pem_slice_iter(&pem) {
         cert.map_err(|e| fail(format!("a certificate in it does not parse: {e}")))?;
@@ -119,7 +142,7 @@ fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenEr
         context: CLIENT_CONTEXT,
         source: format!("{}: {what}", path.display()).into(),
     };
-    let cert_pem = std::fs::read(cert).map_err(|e| fail(cert, format!("cannot read it: {e}")))?;
+    let cert_pem = read_pem(cert).map_err(|what| fail(cert, what))?;
     let mut chain = Vec::new();
     for c in CertificateDer::pem_slice_iter(&cert_pem) {
         chain.push(c.map_err(|e| fail(cert, format!("a certificate in it does not parse: {e}")))?);
@@ -130,7 +153,7 @@ fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenEr
             "it holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)".to_owned(),
         ));
     }
-    let key_pem = std::fs::read(key).map_err(|e| fail(key, format!("cannot read it: {e}")))?;
+    let key_pem = read_pem(key).map_err(|what| fail(key, what))?;
     let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
         if encrypted(&key_pem) {
             return fail(
