@@ -431,3 +431,58 @@ fn unusable_files_are_named_and_never_shown() -> TestResult {
     }
     Ok(())
 }
+
+/// Signs the `ec` key's request again as `name`: with `days` of validity
+/// and the extended key usage `usage`. `false` when openssl refuses (a
+/// negative `days` is refused by some versions).
+fn ec_variant(pki: &Pki, name: &str, days: &str, usage: &str) -> Result<bool, BoxError> {
+    let d = pki.dir.path();
+    std::fs::write(
+        d.join(format!("{name}.ext")),
+        format!("{LEAF}extendedKeyUsage={usage}\n"),
+    )?;
+    let out = Command::new("openssl")
+        .args([
+            "x509", "-req", "-in", "ec.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        ])
+        .args(["-CAcreateserial", "-days", days, "-extfile"])
+        .arg(format!("{name}.ext"))
+        .arg("-out")
+        .arg(format!("{name}.pem"))
+        .current_dir(d)
+        .output()?;
+    Ok(out.status.success())
+}
+
+#[test]
+fn a_refused_client_certificate_is_refused_for_its_own_reason() -> TestResult {
+    let Some(pki) = pki()? else { return Ok(()) };
+    let Some(s) = server(&pki, true)? else {
+        return Ok(());
+    };
+    let mut cases = Vec::new();
+    // Issued for servers only: no clientAuth.
+    if ec_variant(&pki, "server-only", "2", "serverAuth")? {
+        cases.push(("server-only.pem", "clientAuth"));
+    } else {
+        return Err("openssl could not sign server-only.pem".into());
+    }
+    // Expired a day before it was issued (OpenSSL 3.0 takes -days -1).
+    if ec_variant(&pki, "expired", "-1", "clientAuth")? {
+        cases.push(("expired.pem", "expired"));
+    } else {
+        eprintln!("openssl refuses -days -1: the expired case is not run");
+    }
+    for (cert, word) in cases {
+        let err = refusal(
+            &pki,
+            builder(&pki, &pki.path(cert), &pki.path("ec.key")).open_redis(&url(&s)),
+        )?;
+        assert!(err.contains(word), "{cert}: {word:?} missing from: {err}");
+        assert!(
+            !err.contains("tls-ca-cert-file"),
+            "{cert}: blamed on the server's CA file: {err}"
+        );
+    }
+    Ok(())
+}

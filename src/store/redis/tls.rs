@@ -249,13 +249,25 @@ pub(super) fn describe_failure(e: &redis::RedisError, files: &TlsFiles) -> Optio
             "TLS: the server requires a client certificate (tls-auth-clients); give one with \
              EngineBuilder::redis_tls_client_cert ({tls})"
         ),
+        // The server says why it refused the client's certificate: only
+        // an unknown CA is a matter of its tls-ca-cert-file.
+        rustls::Error::AlertReceived(A::CertificateExpired) if files.client.is_some() => format!(
+            "TLS: the server refused this client's certificate as expired or not yet valid: \
+             renew it ({tls})"
+        ),
+        rustls::Error::AlertReceived(A::CertificateRevoked) if files.client.is_some() => {
+            format!("TLS: the server refused this client's certificate as revoked ({tls})")
+        }
+        rustls::Error::AlertReceived(A::UnsupportedCertificate) if files.client.is_some() => {
+            format!(
+                "TLS: the server refused this client's certificate as not made for client \
+                 authentication: its extendedKeyUsage must allow clientAuth ({tls})"
+            )
+        }
         rustls::Error::AlertReceived(
             A::BadCertificate
             | A::UnknownCA
             | A::CertificateUnknown
-            | A::CertificateExpired
-            | A::CertificateRevoked
-            | A::UnsupportedCertificate
             | A::DecryptError
             | A::AccessDenied,
         ) if files.client.is_some() => format!(
