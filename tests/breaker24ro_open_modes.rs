@@ -367,3 +367,35 @@ fn an_empty_prefix_beside_a_longer_one_with_data() -> TestResult {
     assert_eq!(outer.stats()?.completed, 0);
     Ok(())
 }
+
+#[test]
+fn a_read_only_user_a_day_later_reads_expired_leases_without_writing() -> TestResult {
+    let Some(server) = server()? else {
+        return Ok(());
+    };
+    let app = app_writes(&server.url())?;
+    let url = reader_url(&server)?;
+    let before = digest(server.port)?;
+    // A day later: the app's lease on `running` has run out, and every
+    // TTL: reads must decide on read-time truth, not write it back.
+    let day_later = idempotency::Clock::now_ms(&idempotency::SystemClock) + 2 * 24 * 3600 * 1000;
+    let reader = Engine::builder()
+        .redis_key_prefix(PREFIX)
+        .clock(idempotency::ManualClock::new(day_later))
+        .open_redis_read_only(&url)?;
+    let in_doubt = reader.in_doubt(10)?;
+    assert_eq!(in_doubt.len(), 2, "{in_doubt:?}");
+    reader.records(&Default::default())?;
+    reader.stats()?;
+    reader.verify()?;
+    for name in ["running", "done", "in-doubt"] {
+        match reader.begin(&key(name)?, fp()?) {
+            Ok(_) | Err(idempotency::Error::ReadOnly { .. }) => {}
+            Err(e) => return Err(format!("begin {name}: {e}").into()),
+        }
+    }
+    drop(reader);
+    assert_eq!(digest(server.port)?, before, "a read-only engine wrote");
+    drop(app);
+    Ok(())
+}
