@@ -107,8 +107,16 @@ pub(super) fn client(url: &str, tls_files: &tls::TlsFiles) -> Result<redis::Clie
 /// What went wrong, in words that never carry the URL: the error's kind,
 /// and the server's own message (which names no password).
 pub(super) fn describe(e: &redis::RedisError) -> String {
+    // NOPERM: the user and password are right, its ACL forbids the
+    // command (a read-only user asked to write); not a failed login.
+    if e.code() == Some("NOPERM") {
+        return format!(
+            "permission denied (NOPERM): the Redis user's ACL does not allow it ({})",
+            e.detail().unwrap_or("no detail")
+        );
+    }
     if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
     {
         return format!(
             "authentication failed ({}): check the user name and password in the URL",

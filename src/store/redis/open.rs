@@ -103,6 +103,18 @@ pub(super) fn check_server(conn: &mut RedisConn, opts: &RedisOptions) -> Result<
         .arg(0)
         .query(&mut conn.conn);
     if let Err(e) = one {
+        if e.code() == Some("NOPERM") {
+            // The server runs scripts; this user may not (a read-only ACL
+            // user): say so, not that the server lacks scripting.
+            return Err(OpenError::RedisUnsupported {
+                reason: format!(
+                    "this user may not run Lua scripts (EVAL: {}); every transition of the \
+                     engine is one atomic script, so an engine that writes needs a user \
+                     allowed +@scripting and +@write (a read-only open needs neither)",
+                    super::conn::describe(&e)
+                ),
+            });
+        }
         return Err(OpenError::RedisUnsupported {
             reason: format!(
                 "the server does not run Lua scripts (EVAL: {}); every transition of the \
@@ -169,10 +181,62 @@ fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), Op
     Ok(())
 }
 
+const META_CONTEXT: &str = "reading the stored settings (<prefix>meta)";
+
+/// `<prefix>meta` (named) is not what an engine writes there.
+fn meta_damaged(keys: &Keys, what: &str) -> OpenError {
+    OpenError::Storage {
+        context: META_CONTEXT,
+        source: format!(
+            "{}: {what}; an engine writes a hash of the integers format, ttl_ms and \
+             tombstone_keep_ms there: something else wrote it, or it was damaged",
+            keys.meta
+        )
+        .into(),
+    }
+}
+
+/// The integer fields of `<prefix>meta` (`format`, `ttl_ms`,
+/// `tombstone_keep_ms`) that it holds. A key of another Redis type, or one
+/// of these fields not a 64-bit integer, is refused naming the key
+/// ([`OpenError::Storage`]), as every storage failure of the read.
+fn read_meta(
+    conn: &mut RedisConn,
+    keys: &Keys,
+) -> Result<std::collections::HashMap<&'static str, i64>, OpenError> {
+    let raw: redis::RedisResult<std::collections::HashMap<String, Vec<u8>>> =
+        conn.conn.hgetall(&keys.meta);
+    let raw = match raw {
+        Err(e) if super::conn::wrong_type(&e) => {
+            return Err(meta_damaged(
+                keys,
+                "it holds another Redis type than a hash (WRONGTYPE)",
+            ))
+        }
+        other => other.map_err(open_storage(META_CONTEXT))?,
+    };
+    let mut meta = std::collections::HashMap::new();
+    for field in ["format", "ttl_ms", "tombstone_keep_ms"] {
+        let Some(bytes) = raw.get(field) else {
+            continue;
+        };
+        let value = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| text.parse::<i64>().ok())
+            .ok_or_else(|| {
+                let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(32)]).into_owned();
+                meta_damaged(keys, &format!("its {field} is not an integer ({shown:?})"))
+            })?;
+        meta.insert(field, value);
+    }
+    Ok(meta)
+}
+
 /// Stores this engine's expiry settings under the prefix, or (with
 /// `stored_expiry`) takes the stored ones; refuses a policy that differs
 /// from the one the other engines on the prefix use, and a layout newer
-/// than this build's. Outside [`Mode::Create`], refuses a prefix with no
+/// than this build's, and a damaged `<prefix>meta` (see [`read_meta`]; a
+/// format below 1). Outside [`Mode::Create`], refuses a prefix with no
 /// layout ([`OpenError::NoRedisData`]); in [`Mode::ReadOnly`] it only
 /// reads (the stored settings are taken with `stored_expiry`, and a
 /// policy that differs is not this engine's to refuse: it sweeps nothing).
@@ -183,9 +247,7 @@ pub(super) fn prepare(
     stored_expiry: bool,
     mode: Mode,
 ) -> Result<StoreConfig, OpenError> {
-    let read = open_storage("reading the stored settings (<prefix>meta)");
-    let meta: std::collections::HashMap<String, i64> =
-        conn.conn.hgetall(&keys.meta).map_err(&read)?;
+    let meta = read_meta(conn, keys)?;
     match meta.get("format") {
         Some(&found) if found > LAYOUT_VERSION => {
             return Err(OpenError::UnsupportedSchema {
@@ -193,6 +255,12 @@ pub(super) fn prepare(
                 found,
                 supported: LAYOUT_VERSION,
             });
+        }
+        Some(&found) if found < 1 => {
+            return Err(meta_damaged(
+                keys,
+                &format!("its format is {found}, which is no layout version"),
+            ));
         }
         None if mode != Mode::Create => {
             return Err(OpenError::NoRedisData {

@@ -76,6 +76,29 @@ pub(super) fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Most bytes a PEM file of certificates or a key may hold: a CA bundle
+/// is a few hundred KiB; more is not such a file (`/dev/zero`, a disk
+/// image), and reading it whole would exhaust memory.
+const MAX_PEM_BYTES: u64 = 8 << 20;
+
+/// The bytes of the file at `path`, at most [`MAX_PEM_BYTES`]; the
+/// failure in words (without the file's contents).
+fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_PEM_BYTES {
+        return Err(format!(
+            "it is larger than {} MiB, so not a PEM file of certificates or a key",
+            MAX_PEM_BYTES >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
 /// The bytes of the PEM file at `path`, checked to hold at least one
 /// certificate and nothing that fails to parse as one.
 ///
@@ -88,7 +111,7 @@ pub(super) fn read_ca(path: &Path) -> Result<Vec<u8>, OpenError> {
         context: CONTEXT,
         source: format!("{}: {what}", path.display()).into(),
     };
-    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
+    let pem = read_pem(path).map_err(fail)?;
     let mut count = 0_usize;
     for cert in CertificateDer::pem_slice_iter(&pem) {
         cert.map_err(|e| fail(format!("a certificate in it does not parse: {e}")))?;
@@ -111,15 +134,15 @@ pub(super) fn read_ca(path: &Path) -> Result<Vec<u8>, OpenError> {
 /// # Errors
 ///
 /// [`OpenError::Storage`] naming the file at fault (never its contents):
-/// unreadable, no certificate or no private key in it, one that does not
-/// parse or that rustls cannot use, or a key that is not the
-/// certificate's.
+/// unreadable, no certificate or no private key in it, an encrypted key,
+/// one that does not parse or that rustls cannot use, or a key that is
+/// not the certificate's.
 fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenError> {
     let fail = |path: &Path, what: String| OpenError::Storage {
         context: CLIENT_CONTEXT,
         source: format!("{}: {what}", path.display()).into(),
     };
-    let cert_pem = std::fs::read(cert).map_err(|e| fail(cert, format!("cannot read it: {e}")))?;
+    let cert_pem = read_pem(cert).map_err(|what| fail(cert, what))?;
     let mut chain = Vec::new();
     for c in CertificateDer::pem_slice_iter(&cert_pem) {
         chain.push(c.map_err(|e| fail(cert, format!("a certificate in it does not parse: {e}")))?);
@@ -130,20 +153,36 @@ fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenEr
             "it holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)".to_owned(),
         ));
     }
-    let key_pem = std::fs::read(key).map_err(|e| fail(key, format!("cannot read it: {e}")))?;
+    let key_pem = read_pem(key).map_err(|what| fail(key, what))?;
     let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        if encrypted(&key_pem) {
+            return fail(
+                key,
+                "its private key is encrypted (passphrase-protected), which the client \
+                 cannot use: give an unencrypted copy (openssl pkey -in KEY -out NEW), \
+                 readable only by the app's user"
+                    .to_owned(),
+            );
+        }
         fail(
             key,
             format!("it holds no usable PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"),
         )
     })?;
+    let keys_in_file = PrivateKeyDer::pem_slice_iter(&key_pem).count();
     let provider = rustls::crypto::ring::default_provider();
     rustls::sign::CertifiedKey::from_der(chain, private, &provider).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => fail(
             key,
             format!(
-                "this key does not belong to the certificate in {}",
-                cert.display()
+                "this key does not belong to the certificate in {} (the first one in it: the \
+                 client's own certificate comes first, then its intermediates){}",
+                cert.display(),
+                if keys_in_file > 1 {
+                    format!("; the file holds {keys_in_file} private keys, the first is used")
+                } else {
+                    String::new()
+                }
             ),
         ),
         other => fail(key, format!("rustls cannot sign with this key ({other})")),
@@ -152,6 +191,15 @@ fn read_client(cert: &Path, key: &Path) -> Result<redis::ClientTlsConfig, OpenEr
         client_cert: cert_pem,
         client_key: key_pem,
     })
+}
+
+/// Whether the PEM bytes hold an encrypted private key: PKCS#8's
+/// `ENCRYPTED PRIVATE KEY` block, or OpenSSL's traditional form (a
+/// `Proc-Type: 4,ENCRYPTED` header in the key block), neither of which
+/// rustls reads.
+fn encrypted(pem: &[u8]) -> bool {
+    let has = |needle: &[u8]| pem.windows(needle.len()).any(|w| w == needle);
+    has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
 }
 
 /// The rustls error inside a failed connection, if the TLS layer failed.
@@ -201,13 +249,25 @@ pub(super) fn describe_failure(e: &redis::RedisError, files: &TlsFiles) -> Optio
             "TLS: the server requires a client certificate (tls-auth-clients); give one with \
              EngineBuilder::redis_tls_client_cert ({tls})"
         ),
+        // The server says why it refused the client's certificate: only
+        // an unknown CA is a matter of its tls-ca-cert-file.
+        rustls::Error::AlertReceived(A::CertificateExpired) if files.client.is_some() => format!(
+            "TLS: the server refused this client's certificate as expired or not yet valid: \
+             renew it ({tls})"
+        ),
+        rustls::Error::AlertReceived(A::CertificateRevoked) if files.client.is_some() => {
+            format!("TLS: the server refused this client's certificate as revoked ({tls})")
+        }
+        rustls::Error::AlertReceived(A::UnsupportedCertificate) if files.client.is_some() => {
+            format!(
+                "TLS: the server refused this client's certificate as not made for client \
+                 authentication: its extendedKeyUsage must allow clientAuth ({tls})"
+            )
+        }
         rustls::Error::AlertReceived(
             A::BadCertificate
             | A::UnknownCA
             | A::CertificateUnknown
-            | A::CertificateExpired
-            | A::CertificateRevoked
-            | A::UnsupportedCertificate
             | A::DecryptError
             | A::AccessDenied,
         ) if files.client.is_some() => format!(
