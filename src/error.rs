@@ -238,9 +238,10 @@ pub enum OpenError {
         prefix: String,
     },
 
-    /// The PostgreSQL tables under this prefix were created by a newer
-    /// version of the crate (schema version `found`). Nothing was changed.
-    #[error("the PostgreSQL tables under prefix {prefix:?} have schema version {found}; this build knows version {supported}; use a newer version of the crate")]
+    /// The PostgreSQL tables (or, feature `redis`, the Redis keys) under
+    /// this prefix were written by a newer version of the crate (schema or
+    /// layout version `found`). Nothing was changed.
+    #[error("the idempotency data under prefix {prefix:?} (PostgreSQL tables or Redis keys) has schema version {found}; this build knows version {supported}; use a newer version of the crate")]
     UnsupportedSchema {
         /// The table prefix.
         prefix: String,
@@ -250,16 +251,17 @@ pub enum OpenError {
         supported: i64,
     },
 
-    /// Another engine on these PostgreSQL tables expires records by a
-    /// different policy. Engines sharing a table prefix must use one
-    /// policy: one that forgets would delete the tombstones another keeps,
-    /// which would then run a key's work again. Nothing was changed. To
-    /// change the policy, stop every engine on the prefix, delete the row
-    /// `tombstone_keep_ms` from `<prefix>meta`, and open them again with the
-    /// new policy (or open with
+    /// Another engine on these PostgreSQL tables (or, feature `redis`,
+    /// this Redis key prefix) expires records by a different policy.
+    /// Engines sharing a prefix must use one policy: one that forgets
+    /// would delete the tombstones another keeps, which would then run a
+    /// key's work again. Nothing was changed. To change the policy, stop
+    /// every engine on the prefix, delete the row `tombstone_keep_ms` from
+    /// `<prefix>meta` (on Redis, that field of the `<prefix>meta` hash),
+    /// and open them again with the new policy (or open with
     /// [`crate::EngineBuilder::expiry_settings_from_database`] to follow
     /// the stored one).
-    #[error("the PostgreSQL tables under prefix {prefix:?} are used with expiry policy {stored:?}, not {requested:?}; engines sharing a prefix must use one policy (to change it, stop them all and delete the row 'tombstone_keep_ms' from the meta table)")]
+    #[error("the idempotency data under prefix {prefix:?} (PostgreSQL tables or Redis keys) is used with expiry policy {stored:?}, not {requested:?}; engines sharing a prefix must use one policy (to change it, stop them all and delete 'tombstone_keep_ms' from <prefix>meta: the row, or on Redis the hash field)")]
     ExpiryPolicyConflict {
         /// The table prefix.
         prefix: String,

@@ -893,9 +893,9 @@ impl EngineBuilder {
     /// not checked (reading needs none), so a replica will do, and so will
     /// a user whose ACL allows only reading commands, `INFO`, `CLIENT ID`
     /// and `MULTI`/`EXEC` (for example `-@all +@read +info +client|id
-    /// +multi +exec`; a record and its effect steps are read in one
-    /// `MULTI`). Other engines
-    /// may use the prefix meanwhile.
+    /// +multi +exec`, plus `+select` for a URL naming a database number;
+    /// a record and its effect steps are read in one `MULTI`). Other
+    /// engines may use the prefix meanwhile.
     ///
     /// # Errors
     ///
