@@ -21,7 +21,7 @@ use std::error::Error as StdError;
 use idempotency::{
     Begin, Engine, Envelope, Failure, Fingerprint, IdempotencyKey, OpenError, OutgoingMessage,
 };
-use redis_server::{own_server, OwnServer, Reply, Resp};
+use redis_server::{checked, digest, own_server, read_only_user, OwnServer};
 
 type TestResult = Result<(), Box<dyn StdError + Send + Sync>>;
 
@@ -40,43 +40,9 @@ fn server() -> Result<Option<OwnServer>, Box<dyn StdError + Send + Sync>> {
     own_server(&["--enable-debug-command", "local"])
 }
 
-fn call(port: u16, args: &[&str]) -> Result<Reply, Box<dyn StdError + Send + Sync>> {
-    match Resp::connect(port)?.call(args)? {
-        Reply::Error(e) => Err(format!("{args:?}: {e}").into()),
-        reply => Ok(reply),
-    }
-}
-
-fn digest(port: u16) -> Result<String, Box<dyn StdError + Send + Sync>> {
-    match call(port, &["DEBUG", "DIGEST"])? {
-        Reply::Status(d) => Ok(d),
-        other => Err(format!("DEBUG DIGEST answered {other:?}").into()),
-    }
-}
-
-/// The read-only user of the docs: `-@all +@read +info +client|id +multi
-/// +exec`; its URL.
+/// The read-only user of the docs; its URL.
 fn reader_url(server: &OwnServer) -> Result<String, Box<dyn StdError + Send + Sync>> {
-    call(
-        server.port,
-        &[
-            "ACL",
-            "SETUSER",
-            "reader",
-            "on",
-            &format!(">{READER_PW}"),
-            "~*",
-            "-@all",
-            "+@read",
-            "+info",
-            "+client|id",
-            "+multi",
-            "+exec",
-        ],
-    )?;
-    Ok(server
-        .url()
-        .replacen("redis://", &format!("redis://reader:{READER_PW}@"), 1))
+    read_only_user(&server.url(), "reader", READER_PW)
 }
 
 /// An app that leaves under [`PREFIX`]: `done` (COMPLETED, with a
@@ -225,7 +191,7 @@ fn a_damaged_meta_is_refused_on_every_open_mode_naming_the_prefix() -> TestResul
     ];
     for (what, commands) in damages {
         // Back to the app's meta, then damaged.
-        call(server.port, &["DEL", &meta])?;
+        checked(server.port, &["DEL", &meta])?;
         drop(
             Engine::builder()
                 .redis_key_prefix(PREFIX)
@@ -237,7 +203,7 @@ fn a_damaged_meta_is_refused_on_every_open_mode_naming_the_prefix() -> TestResul
                 .iter()
                 .map(|a| if *a == "M" { meta.as_str() } else { a })
                 .collect();
-            call(server.port, &args)?;
+            checked(server.port, &args)?;
         }
         let before = digest(server.port)?;
         let opens: [(&str, Result<Engine, OpenError>); 4] = [
@@ -295,7 +261,7 @@ fn a_format_that_is_no_version_is_refused_not_rewritten() -> TestResult {
     drop(app_writes(&url)?);
     let meta = format!("{PREFIX}meta");
     for format in ["0", "-1"] {
-        call(server.port, &["HSET", &meta, "format", format])?;
+        checked(server.port, &["HSET", &meta, "format", format])?;
         let before = digest(server.port)?;
         for opened in [
             Engine::builder()

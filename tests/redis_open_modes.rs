@@ -19,7 +19,7 @@ use idempotency::{
     Begin, Clock, Engine, Envelope, Error, Failure, Fingerprint, IdempotencyKey, ManualClock,
     OpenError, PurgeMode, Resolution,
 };
-use redis_server::{own_server, OwnServer, Reply, Resp};
+use redis_server::{checked, digest, own_server, read_only_user, OwnServer};
 
 type TestResult = Result<(), Box<dyn StdError + Send + Sync>>;
 
@@ -36,21 +36,6 @@ fn fp() -> Result<Fingerprint, idempotency::FingerprintError> {
 /// A server of this test's own; `None` (skip) without `redis-server`.
 fn server() -> Result<Option<OwnServer>, Box<dyn StdError + Send + Sync>> {
     own_server(&["--enable-debug-command", "local"])
-}
-
-fn call(port: u16, args: &[&str]) -> Result<Reply, Box<dyn StdError + Send + Sync>> {
-    match Resp::connect(port)?.call(args)? {
-        Reply::Error(e) => Err(format!("{args:?}: {e}").into()),
-        reply => Ok(reply),
-    }
-}
-
-/// The server's dataset digest: any write changes it.
-fn digest(port: u16) -> Result<String, Box<dyn StdError + Send + Sync>> {
-    match call(port, &["DEBUG", "DIGEST"])? {
-        Reply::Status(d) => Ok(d),
-        other => Err(format!("DEBUG DIGEST answered {other:?}").into()),
-    }
 }
 
 /// An app engine that leaves one COMPLETED, one UNKNOWN and one
@@ -185,25 +170,8 @@ fn read_only_needs_only_reading_commands_and_no_durable_server() -> TestResult {
     let url = server.url();
     drop(app_writes(&url)?);
     // A user allowed to read only (and to ask INFO and CLIENT ID, and to
-    // read several keys at one instant in a MULTI).
-    call(
-        server.port,
-        &[
-            "ACL",
-            "SETUSER",
-            "reader",
-            "on",
-            ">reader-pw",
-            "~*",
-            "-@all",
-            "+@read",
-            "+info",
-            "+client|id",
-            "+multi",
-            "+exec",
-        ],
-    )?;
-    let reader_url = url.replacen("redis://", "redis://reader:reader-pw@", 1);
+    // read several keys at one instant in a MULTI): the docs' ACL.
+    let reader_url = read_only_user(&url, "reader", "reader-pw")?;
     // The writing opens are refused by the server's ACL.
     let writable = Engine::builder()
         .redis_key_prefix(PREFIX)
@@ -211,7 +179,7 @@ fn read_only_needs_only_reading_commands_and_no_durable_server() -> TestResult {
     assert!(writable.is_err(), "a read-only user opened for writing");
     // A server that would lose acknowledged writes: a writing open
     // refuses it, a read-only one has nothing to lose.
-    call(server.port, &["CONFIG", "SET", "appendfsync", "everysec"])?;
+    checked(server.port, &["CONFIG", "SET", "appendfsync", "everysec"])?;
     let durable = Engine::builder()
         .redis_key_prefix(PREFIX)
         .open_redis_existing(&url);
@@ -286,7 +254,7 @@ fn read_only_refuses_a_newer_layout() -> TestResult {
     };
     let url = server.url();
     drop(app_writes(&url)?);
-    call(
+    checked(
         server.port,
         &["HSET", &format!("{PREFIX}meta"), "format", "99"],
     )?;

@@ -17,12 +17,13 @@
 //! starts its own `redis-server` (Debian's is built with TLS). Skipped
 //! without `openssl` or `redis-server`, a failure under `CI=true`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey, OpenError};
 
+#[path = "common/openssl.rs"]
+mod openssl;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -52,28 +53,13 @@ impl Pki {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) -> Result<(), BoxError> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(())
-}
-
 /// Makes `ca` (trusted by the tests), `other-ca` (trusted by no server),
 /// two server certificates signed by `ca`: `local` for `localhost` and
 /// 127.0.0.1, `elsewhere` for `elsewhere.example` only, and two client
 /// certificates: `client` signed by `ca`, `stranger` by `other-ca`. `None`
 /// without `openssl` (an error under `CI=true`).
 fn pki() -> Result<Option<Pki>, BoxError> {
-    if Command::new("openssl").arg("version").output().is_err() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            return Err("openssl is not installed and CI=true".into());
-        }
-        eprintln!("skipped: openssl is not installed");
+    if !openssl::available()? {
         return Ok(None);
     }
     let pki = Pki {
@@ -81,28 +67,7 @@ fn pki() -> Result<Option<Pki>, BoxError> {
     };
     let d = pki.dir.path();
     for ca in ["ca", "other-ca"] {
-        openssl(
-            d,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN=idempotency test {ca}"),
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ],
-        )?;
+        openssl::ca(d, ca, &format!("idempotency test {ca}"))?;
     }
     for (name, san, usage, ca) in [
         ("local", "DNS:localhost,IP:127.0.0.1", "serverAuth", "ca"),
@@ -110,48 +75,12 @@ fn pki() -> Result<Option<Pki>, BoxError> {
         ("client", "DNS:app.example", "clientAuth", "ca"),
         ("stranger", "DNS:app.example", "clientAuth", "other-ca"),
     ] {
-        std::fs::write(
-            d.join(format!("{name}.ext")),
-            format!(
-                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
-                 keyEncipherment\nextendedKeyUsage={usage}\nsubjectAltName={san}\n"
-            ),
-        )?;
-        openssl(
-            d,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN={name}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        )?;
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                &format!("{ca}.pem"),
-                "-CAkey",
-                &format!("{ca}.key"),
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        )?;
+        openssl::key_and_csr(d, name)?;
+        let ext = format!(
+            "{}extendedKeyUsage={usage}\nsubjectAltName={san}\n",
+            openssl::LEAF
+        );
+        openssl::sign(d, name, ca, &ext)?;
     }
     Ok(Some(pki))
 }

@@ -15,28 +15,10 @@ mod redis_server;
 
 use common::*;
 use idempotency::{Engine, Envelope, Failure, OutgoingMessage};
-use redis_server::{own_server, Reply, Resp};
+use redis_server::{digest, own_server, read_only_user};
 
 const PREFIX: &str = "cli24ro:";
 const PW: &str = "cli-reader-pw-81f";
-
-fn call(port: u16, args: &[&str]) -> TestResult<Reply> {
-    match Resp::connect(port)
-        .map_err(|e| e.to_string())?
-        .call(args)
-        .map_err(|e| e.to_string())?
-    {
-        Reply::Error(e) => Err(format!("{args:?}: {e}").into()),
-        reply => Ok(reply),
-    }
-}
-
-fn digest(port: u16) -> TestResult<String> {
-    match call(port, &["DEBUG", "DIGEST"])? {
-        Reply::Status(d) => Ok(d),
-        other => Err(format!("DEBUG DIGEST answered {other:?}").into()),
-    }
-}
 
 #[test]
 fn a_read_only_user_reads_and_is_refused_writes_in_one_line() -> TestResult {
@@ -62,32 +44,13 @@ fn a_read_only_user_reads_and_is_refused_writes_in_one_line() -> TestResult {
     let reason = "provider timed out".to_string();
     engine.fail(lost, Failure::InDoubt { reason })?;
     drop(engine);
-    call(
-        server.port,
-        &[
-            "ACL",
-            "SETUSER",
-            "reader",
-            "on",
-            &format!(">{PW}"),
-            "~*",
-            "-@all",
-            "+@read",
-            "+info",
-            "+client|id",
-            "+multi",
-            "+exec",
-        ],
-    )?;
-    let url = server
-        .url()
-        .replacen("redis://", &format!("redis://reader:{PW}@"), 1);
+    let url = read_only_user(&server.url(), "reader", PW).map_err(|e| e.to_string())?;
     let with = |args: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
         v.extend(["--key-prefix".to_string(), PREFIX.to_string()]);
         v
     };
-    let before = digest(server.port)?;
+    let before = digest(server.port).map_err(|e| e.to_string())?;
     for args in [
         vec!["inspect", &url],
         vec!["show", &url, "shop:pay", "done"],
@@ -125,6 +88,10 @@ fn a_read_only_user_reads_and_is_refused_writes_in_one_line() -> TestResult {
             "{args:?}: a permission refusal misread: {err}"
         );
     }
-    assert_eq!(digest(server.port)?, before, "a command wrote");
+    assert_eq!(
+        digest(server.port).map_err(|e| e.to_string())?,
+        before,
+        "a command wrote"
+    );
     Ok(())
 }

@@ -486,3 +486,47 @@ pub fn start_durable(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `args` on the server at `port`, an error reply turned into an `Err`
+/// naming the command.
+pub fn checked(port: u16, args: &[&str]) -> Result<Reply, BoxError> {
+    match Resp::connect(port)?.call(args)? {
+        Reply::Error(e) => Err(format!("{args:?}: {e}").into()),
+        reply => Ok(reply),
+    }
+}
+
+/// The dataset digest of the server at `port` (`DEBUG DIGEST`; the server
+/// needs `--enable-debug-command local`): any write changes it.
+pub fn digest(port: u16) -> Result<String, BoxError> {
+    match checked(port, &["DEBUG", "DIGEST"])? {
+        Reply::Status(d) => Ok(d),
+        other => Err(format!("DEBUG DIGEST answered {other:?}").into()),
+    }
+}
+
+/// Makes `user` (password `password`) the read-only user the docs of
+/// `EngineBuilder::open_redis_read_only` describe (`-@all +@read +info
+/// +client|id +multi +exec`) on the server of `url`, and returns `url`
+/// logged in as it.
+pub fn read_only_user(url: &str, user: &str, password: &str) -> Result<String, BoxError> {
+    let port = port_of(url).ok_or("a port in the server's URL")?;
+    checked(
+        port,
+        &[
+            "ACL",
+            "SETUSER",
+            user,
+            "on",
+            &format!(">{password}"),
+            "~*",
+            "-@all",
+            "+@read",
+            "+info",
+            "+client|id",
+            "+multi",
+            "+exec",
+        ],
+    )?;
+    Ok(url.replacen("redis://", &format!("redis://{user}:{password}@"), 1))
+}
