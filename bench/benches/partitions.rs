@@ -57,7 +57,11 @@
 //! table (its 10M preload takes 12 minutes here) when only the partitioned
 //! layout's settings change between runs; `IDEMPOTENCY_BENCH_LAYOUTS`
 //! (comma-separated, default `partitioned,merged`) the layouts beside
-//! `single`.
+//! `single`; `IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1` runs the lookup slices
+//! before the commit slices (on the stores as preloaded, so the "10k"
+//! stores are still 10k records); `IDEMPOTENCY_BENCH_MERGE` and
+//! `IDEMPOTENCY_BENCH_MERGE_TXN` set the merge (partitions per merged
+//! table, records per merge transaction).
 //!
 //! Criterion micro-measures beside them: a filter probe, and the filter
 //! hash of one record key (BLAKE3 keyed, the engine's, against seeded xxh3
@@ -1010,6 +1014,13 @@ fn run() {
     }
     let (sl, ll) = (label(small), label(large));
     let nl = layouts.len();
+    // Lookups first (`IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1`) read the stores as
+    // preloaded; after the commit slices (the default, as before) the 10k
+    // stores hold 300–450k records and every hot table has grown.
+    let lookups_first = std::env::var("IDEMPOTENCY_BENCH_LOOKUPS_FIRST").is_ok_and(|v| v == "1");
+    if lookups_first {
+        lookups(&mut h, &layouts, sizes, r.rounds, lookup_ms);
+    }
     for mode in ["immediate", "checkpoint"] {
         // Per [size][layout]: rates, write_bytes, wchar; cold reads, fresh
         // begins and combined-filter maybes summed over rounds.
@@ -1093,9 +1104,59 @@ fn run() {
             );
         }
     }
-    // Lookups: every layout with tables opened per lookup (`each`, the
-    // prototype's way) and kept open for the slice (`cached`), all against
-    // the single table's per-lookup read (the raw redb lookup).
+    if !lookups_first {
+        lookups(&mut h, &layouts, sizes, r.rounds, lookup_ms);
+    }
+    for s in h.iter_mut().flatten().flatten() {
+        let v = s.ask("stats");
+        println!(
+            "LAYOUT {}: file {:.0} MiB, {:.0} bytes per record ({} records, encoded value {COMPLETED_BYTES} B + 57 B key); record tables' pages {:.0} B per record, leaves {:.0}% full; of which cold tables (sealed, not written since the preload; single: the whole table) {:.0} B per record, leaves {:.0}% full ({} records); peak RSS {:.0} MiB (VmHWM; redb cache {} MiB), filters {:.1} MiB",
+            s.name,
+            v[0] / (1 << 20) as f64,
+            v[0] / v[1],
+            v[1],
+            v[5] * 4096.0 / v[1],
+            100.0 * v[7] / (v[6] * 4096.0).max(1.0),
+            v[9] * 4096.0 / v[8].max(1.0),
+            100.0 * v[11] / (v[10] * 4096.0).max(1.0),
+            v[8],
+            v[3],
+            cache >> 20,
+            v[4] / (1 << 20) as f64
+        );
+    }
+    for s in h.iter_mut().flatten().flatten() {
+        let v = s.ask("expire");
+        let what = match s.layout {
+            Layout::Merged => format!("the oldest merged table ({group} intervals)"),
+            _ => "the oldest interval".to_string(),
+        };
+        println!(
+            "EXPIRE {}: {} records of {what} in {:.3}s ({:.1} µs per record), next group commit {:.1} ms",
+            s.name,
+            v[0],
+            v[1],
+            v[1] * 1e6 / v[0].max(1.0),
+            v[2] * 1e3
+        );
+    }
+    for mut s in h.into_iter().flatten().flatten() {
+        drop(s.stdin);
+        s.child.wait().expect("child exit");
+    }
+}
+
+/// The lookup slices: every layout with tables opened per lookup (`each`,
+/// the prototype's way) and kept open for the slice (`cached`), all against
+/// the single table's per-lookup read (the raw redb lookup).
+fn lookups(
+    h: &mut [Vec<Option<Handle>>],
+    layouts: &[Layout],
+    sizes: [u64; 2],
+    rounds: usize,
+    lookup_ms: u128,
+) {
+    let nl = layouts.len();
     for mode in ["uniform", "recent"] {
         for z in 0..2 {
             if h[z][0].is_none() {
@@ -1103,7 +1164,7 @@ fn run() {
             }
             let mut got = vec![[vec![], vec![]]; nl];
             let mut reads = vec![[vec![], vec![]]; nl];
-            for _ in 0..r.rounds {
+            for _ in 0..rounds {
                 for (i, s) in h[z].iter_mut().enumerate() {
                     let Some(s) = s else { continue };
                     for (c, open) in ["each", "cached"].iter().enumerate() {
@@ -1147,43 +1208,6 @@ fn run() {
                 }
             }
         }
-    }
-    for s in h.iter_mut().flatten().flatten() {
-        let v = s.ask("stats");
-        println!(
-            "LAYOUT {}: file {:.0} MiB, {:.0} bytes per record ({} records, encoded value {COMPLETED_BYTES} B + 57 B key); record tables' pages {:.0} B per record, leaves {:.0}% full; of which cold tables (sealed, not written since the preload; single: the whole table) {:.0} B per record, leaves {:.0}% full ({} records); peak RSS {:.0} MiB (VmHWM; redb cache {} MiB), filters {:.1} MiB",
-            s.name,
-            v[0] / (1 << 20) as f64,
-            v[0] / v[1],
-            v[1],
-            v[5] * 4096.0 / v[1],
-            100.0 * v[7] / (v[6] * 4096.0).max(1.0),
-            v[9] * 4096.0 / v[8].max(1.0),
-            100.0 * v[11] / (v[10] * 4096.0).max(1.0),
-            v[8],
-            v[3],
-            cache >> 20,
-            v[4] / (1 << 20) as f64
-        );
-    }
-    for s in h.iter_mut().flatten().flatten() {
-        let v = s.ask("expire");
-        let what = match s.layout {
-            Layout::Merged => format!("the oldest merged table ({group} intervals)"),
-            _ => "the oldest interval".to_string(),
-        };
-        println!(
-            "EXPIRE {}: {} records of {what} in {:.3}s ({:.1} µs per record), next group commit {:.1} ms",
-            s.name,
-            v[0],
-            v[1],
-            v[1] * 1e6 / v[0].max(1.0),
-            v[2] * 1e3
-        );
-    }
-    for mut s in h.into_iter().flatten().flatten() {
-        drop(s.stdin);
-        s.child.wait().expect("child exit");
     }
 }
 
