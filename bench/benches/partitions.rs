@@ -67,19 +67,21 @@
 //! hash of one record key (BLAKE3 keyed, the engine's, against seeded xxh3
 //! and rapidhash).
 
+#[path = "partitions/bloom.rs"]
+mod bloom;
 mod common;
+#[path = "partitions/merge.rs"]
+mod merge;
 
-use std::cmp::Reverse;
-use std::collections::hash_map::DefaultHasher;
-use std::collections::BinaryHeap;
-use std::hash::Hasher;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bloom::{key_hash, Bloom};
 use criterion::Criterion;
+use merge::{merge_sealed, merged_name};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
@@ -116,52 +118,6 @@ fn key_of(i: u64) -> Vec<u8> {
     let (a, b) = (mix(i), mix(i ^ 0x5555_5555_5555_5555));
     let uuid = uuid::Uuid::from_u64_pair(a, b).to_string();
     common::redb_plain::record_key(common::SCOPE, &uuid)
-}
-
-fn key_hash(k: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    h.write(k);
-    h.finish()
-}
-
-/// A blocked Bloom filter: one 512-bit block per key, 8 bits set in it.
-/// It answers "absent" or "maybe", never "present".
-struct Bloom {
-    blocks: Vec<[u64; 8]>,
-}
-
-const BLOOM_BITS_PER_KEY: usize = 24;
-const BLOOM_PROBES: u64 = 11;
-
-impl Bloom {
-    fn with_capacity(keys: usize) -> Bloom {
-        Bloom {
-            blocks: vec![[0; 8]; (keys * BLOOM_BITS_PER_KEY).div_ceil(512).max(1)],
-        }
-    }
-
-    fn probes(&self, h: u64) -> (usize, impl Iterator<Item = usize>) {
-        let block = ((u128::from(h) * self.blocks.len() as u128) >> 64) as usize;
-        let bits = (0..BLOOM_PROBES).map(move |j| (mix(h ^ j) & 511) as usize);
-        (block, bits)
-    }
-
-    fn insert(&mut self, h: u64) {
-        let (b, bits) = self.probes(h);
-        for bit in bits {
-            self.blocks[b][bit / 64] |= 1 << (bit % 64);
-        }
-    }
-
-    fn maybe(&self, h: u64) -> bool {
-        let (b, mut bits) = self.probes(h);
-        let block = &self.blocks[b];
-        bits.all(|bit| block[bit / 64] & (1 << (bit % 64)) != 0)
-    }
-
-    fn bytes(&self) -> usize {
-        self.blocks.len() * 64
-    }
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -208,10 +164,6 @@ fn part_name(p: u64) -> String {
     format!("records_{p:06}")
 }
 
-fn merged_name(m: usize) -> String {
-    format!("merged_{m:06}")
-}
-
 fn def(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
     TableDefinition::new(name)
 }
@@ -234,114 +186,6 @@ fn tables(layout: Layout, plan: &[u64], group: usize) -> (Vec<String>, Vec<u64>)
             (names, counts)
         }
     }
-}
-
-/// Records per write transaction of the merge (default; the knob is
-/// `IDEMPOTENCY_BENCH_MERGE_TXN`): bounds how long one merge step holds the
-/// writer.
-const MERGE_TXN: usize = 4096;
-
-/// Merges the sealed partitions (all but the newest), `group` at a time
-/// and oldest first, into one table each (`merged_N`): a k-way merge of the
-/// sources' key-ordered iterators, written in key order (redb 4.6 leaves a
-/// full rightmost leaf packed on an ascending insert, so the pages fill) in
-/// write transactions of at most `MERGE_TXN` records (durable, unless
-/// `IDEMPOTENCY_BENCH_MERGE_DURABLE=0`), then the sources dropped, one
-/// transaction each. Prints a `MERGE`
-/// line: total time, transactions and the longest one (a stall of the
-/// engine's writer if it ran there).
-fn merge_sealed(db: &Database, plan: &[u64], group: usize) {
-    let start = Instant::now();
-    let (mut steps, mut longest, mut longest_drop) = (0u64, Duration::ZERO, Duration::ZERO);
-    let mut longest_sync = Duration::ZERO;
-    let step = env_usize("IDEMPOTENCY_BENCH_MERGE_TXN")
-        .unwrap_or(MERGE_TXN)
-        .max(1);
-    // `IDEMPOTENCY_BENCH_MERGE_DURABLE=0`: steps and drops commit with
-    // `Durability::None` and one durable commit per merged table follows
-    // (the engine's journal + checkpoint regime, where a step is not an
-    // fsync of its own); default: every step durable.
-    let durable = std::env::var("IDEMPOTENCY_BENCH_MERGE_DURABLE").map_or(true, |v| v != "0");
-    let begin = || {
-        let mut txn = db.begin_write().expect("txn");
-        if !durable {
-            txn.set_durability(Durability::None).expect("durability");
-        }
-        txn
-    };
-    let sealed: Vec<u64> = (0..plan.len() as u64 - 1).collect();
-    let mut merged = 0;
-    for (m, chunk) in sealed.chunks(group).enumerate() {
-        let read = db.begin_read().expect("txn");
-        let sources: Vec<_> = chunk
-            .iter()
-            .map(|&p| read.open_table(def(&part_name(p))).expect("t"))
-            .collect();
-        let mut iters: Vec<_> = sources.iter().map(|t| t.iter().expect("iter")).collect();
-        let mut heap = BinaryHeap::new();
-        let pull = |i: usize, iters: &mut [redb::Range<'_, &[u8], &[u8]>]| {
-            iters[i].next().map(|e| {
-                let (k, v) = e.expect("entry");
-                Reverse((k.value().to_vec(), v.value().to_vec(), i))
-            })
-        };
-        for i in 0..iters.len() {
-            heap.extend(pull(i, &mut iters));
-        }
-        while !heap.is_empty() {
-            let t0 = Instant::now();
-            let txn = begin();
-            {
-                let mut out = txn.open_table(def(&merged_name(m))).expect("t");
-                for _ in 0..step {
-                    let Some(Reverse((k, v, i))) = heap.pop() else {
-                        break;
-                    };
-                    out.insert(k.as_slice(), v.as_slice()).expect("i");
-                    merged += 1;
-                    heap.extend(pull(i, &mut iters));
-                }
-            }
-            txn.commit().expect("commit");
-            steps += 1;
-            longest = longest.max(t0.elapsed());
-        }
-        drop(iters);
-        drop(sources);
-        drop(read);
-        // One source per transaction: redb frees a dropped table's pages
-        // inside the dropping transaction.
-        for &p in chunk {
-            let t0 = Instant::now();
-            let txn = begin();
-            assert!(txn.delete_table(def(&part_name(p))).expect("delete"));
-            txn.commit().expect("commit");
-            longest_drop = longest_drop.max(t0.elapsed());
-        }
-        if !durable {
-            let t0 = Instant::now();
-            db.begin_write().expect("txn").commit().expect("commit");
-            longest_sync = longest_sync.max(t0.elapsed());
-        }
-    }
-    println!(
-        "MERGE {} sealed partitions into {} tables ({group} per table): {merged} records in {:.2}s ({:.1} µs per record), {steps} {} write transactions of ≤ {step} records, longest {:.1} ms; longest drop of one source {:.1} ms{}",
-        sealed.len(),
-        sealed.len().div_ceil(group),
-        start.elapsed().as_secs_f64(),
-        start.elapsed().as_secs_f64() * 1e6 / merged.max(1) as f64,
-        if durable { "durable" } else { "non-durable" },
-        longest.as_secs_f64() * 1e3,
-        longest_drop.as_secs_f64() * 1e3,
-        if durable {
-            String::new()
-        } else {
-            format!(
-                "; longest durable commit after a merged table {:.1} ms",
-                longest_sync.as_secs_f64() * 1e3
-            )
-        }
-    );
 }
 
 /// Builds the file: records `0..records` in creation order, in one write
