@@ -18,7 +18,8 @@
 //!   sealed partitions (all but the hot one) merged `IDEMPOTENCY_BENCH_MERGE`
 //!   at a time (default 6: ten-minute partitions into hourly tables) into
 //!   one table each, written in key order in bounded write transactions
-//!   (`merge_sealed`, timed: `MERGE` lines), one filter per merged table.
+//!   (`partitions/merge.rs`, timed: `MERGE` lines), then the file compacted;
+//!   one filter per merged table.
 //!   Besides, one combined filter over every cold table's keys is built
 //!   and its false "maybe"s for fresh keys counted (it gates nothing).
 //!
@@ -61,7 +62,9 @@
 //! before the commit slices (on the stores as preloaded, so the "10k"
 //! stores are still 10k records); `IDEMPOTENCY_BENCH_MERGE` and
 //! `IDEMPOTENCY_BENCH_MERGE_TXN` set the merge (partitions per merged
-//! table, records per merge transaction).
+//! table, records per merge transaction), `IDEMPOTENCY_BENCH_MERGE_DURABLE=0`
+//! commits its steps without an fsync (one durable commit per merged
+//! table).
 //!
 //! Criterion micro-measures beside them: a filter probe, and the filter
 //! hash of one record key (BLAKE3 keyed, the engine's, against seeded xxh3
