@@ -14,6 +14,15 @@
 //!   by scanning the cold tables' keys (timed). There is no expiry index:
 //!   expiry drops the oldest table. The `leases` index stays.
 //!
+//! - `merged` (issue 26's open questions): the partitioned layout with the
+//!   sealed partitions (all but the hot one) merged `IDEMPOTENCY_BENCH_MERGE`
+//!   at a time (default 6: ten-minute partitions into hourly tables) into
+//!   one table each, written in key order in bounded write transactions
+//!   (`partitions/merge.rs`, timed: `MERGE` lines), then the file compacted;
+//!   one filter per merged table.
+//!   Besides, one combined filter over every cold table's keys is built
+//!   and its false "maybe"s for fresh keys counted (it gates nothing).
+//!
 //! Each store lives in its own child process (this binary, re-executed with
 //! `IDEMPOTENCY_PARTITIONS_CHILD` set), so peak RSS (`VmHWM`) and
 //! `/proc/self/io` are per store. The file is built first by a separate
@@ -31,9 +40,13 @@
 //! - bytes written per request (`wchar`, bytes handed to `write` calls, and
 //!   `write_bytes`, pages charged by the kernel), from `/proc/self/io`;
 //! - point lookups (replay): keys drawn uniformly from all stored records,
-//!   and "recent" keys from the two newest tables, against the single
-//!   table's lookup of the same keys (the raw redb lookup);
-//! - file bytes per record and peak RSS;
+//!   and "recent" keys from the two newest intervals, against the single
+//!   table's lookup of the same keys (the raw redb lookup), each with the
+//!   read transaction and tables opened per lookup (`each`) and once per
+//!   slice (`cached`, as an engine reader could keep them), and the tables
+//!   read per lookup;
+//! - file bytes per record, the record tables' pages per record and leaf
+//!   fill (redb's table stats), and peak RSS;
 //! - expiring one interval's records: dropping the oldest table against a
 //!   per-record delete through the expiry index (transactions of 512).
 //!
@@ -43,18 +56,35 @@
 //! (default 2048: the preload is a fixture, its memory is not measured);
 //! `IDEMPOTENCY_BENCH_SKIP_SINGLE_LARGE=1` leaves out the large single
 //! table (its 10M preload takes 12 minutes here) when only the partitioned
-//! layout's settings change between runs.
+//! layout's settings change between runs; `IDEMPOTENCY_BENCH_LAYOUTS`
+//! (comma-separated, default `partitioned,merged`) the layouts beside
+//! `single`; `IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1` runs the lookup slices
+//! before the commit slices (on the stores as preloaded, so the "10k"
+//! stores are still 10k records); `IDEMPOTENCY_BENCH_MERGE` and
+//! `IDEMPOTENCY_BENCH_MERGE_TXN` set the merge (partitions per merged
+//! table, records per merge transaction), `IDEMPOTENCY_BENCH_MERGE_DURABLE=0`
+//! commits its steps without an fsync (one durable commit per merged
+//! table).
+//!
+//! Criterion micro-measures beside them: a filter probe, and the filter
+//! hash of one record key (BLAKE3 keyed, the engine's, against seeded xxh3
+//! and rapidhash).
 
+#[path = "partitions/bloom.rs"]
+mod bloom;
 mod common;
+#[path = "partitions/merge.rs"]
+mod merge;
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::Hasher;
+use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bloom::{key_hash, Bloom};
 use criterion::Criterion;
+use merge::{merge_sealed, merged_name};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
@@ -93,56 +123,11 @@ fn key_of(i: u64) -> Vec<u8> {
     common::redb_plain::record_key(common::SCOPE, &uuid)
 }
 
-fn key_hash(k: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    h.write(k);
-    h.finish()
-}
-
-/// A blocked Bloom filter: one 512-bit block per key, 8 bits set in it.
-/// It answers "absent" or "maybe", never "present".
-struct Bloom {
-    blocks: Vec<[u64; 8]>,
-}
-
-const BLOOM_BITS_PER_KEY: usize = 24;
-const BLOOM_PROBES: u64 = 11;
-
-impl Bloom {
-    fn with_capacity(keys: usize) -> Bloom {
-        Bloom {
-            blocks: vec![[0; 8]; (keys * BLOOM_BITS_PER_KEY).div_ceil(512).max(1)],
-        }
-    }
-
-    fn probes(&self, h: u64) -> (usize, impl Iterator<Item = usize>) {
-        let block = ((u128::from(h) * self.blocks.len() as u128) >> 64) as usize;
-        let bits = (0..BLOOM_PROBES).map(move |j| (mix(h ^ j) & 511) as usize);
-        (block, bits)
-    }
-
-    fn insert(&mut self, h: u64) {
-        let (b, bits) = self.probes(h);
-        for bit in bits {
-            self.blocks[b][bit / 64] |= 1 << (bit % 64);
-        }
-    }
-
-    fn maybe(&self, h: u64) -> bool {
-        let (b, mut bits) = self.probes(h);
-        let block = &self.blocks[b];
-        bits.all(|bit| block[bit / 64] & (1 << (bit % 64)) != 0)
-    }
-
-    fn bytes(&self) -> usize {
-        self.blocks.len() * 64
-    }
-}
-
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Layout {
     Single,
     Partitioned,
+    Merged,
 }
 
 impl Layout {
@@ -150,14 +135,16 @@ impl Layout {
         match self {
             Layout::Single => "single",
             Layout::Partitioned => "partitioned",
+            Layout::Merged => "merged",
         }
     }
 
-    fn parse(s: &str) -> Layout {
-        if s == "single" {
-            Layout::Single
-        } else {
-            Layout::Partitioned
+    fn parse(s: &str) -> Option<Layout> {
+        match s {
+            "single" => Some(Layout::Single),
+            "partitioned" => Some(Layout::Partitioned),
+            "merged" => Some(Layout::Merged),
+            _ => None,
         }
     }
 }
@@ -184,49 +171,93 @@ fn def(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
     TableDefinition::new(name)
 }
 
+/// The record tables a layout serves from, oldest first, the last one hot,
+/// with their record counts: `records` alone (single); one per partition
+/// (partitioned); the sealed partitions merged `group` at a time, oldest
+/// first, then the hot partition (merged).
+fn tables(layout: Layout, plan: &[u64], group: usize) -> (Vec<String>, Vec<u64>) {
+    let hot = plan.len() - 1;
+    match layout {
+        Layout::Single => (vec!["records".to_string()], vec![plan.iter().sum()]),
+        Layout::Partitioned => ((0..=hot as u64).map(part_name).collect(), plan.to_vec()),
+        Layout::Merged => {
+            let counts: Vec<u64> = plan[..hot].chunks(group).map(|c| c.iter().sum()).collect();
+            let mut names: Vec<String> = (0..counts.len()).map(merged_name).collect();
+            names.push(part_name(hot as u64));
+            let mut counts = counts;
+            counts.push(plan[hot]);
+            (names, counts)
+        }
+    }
+}
+
 /// Builds the file: records `0..records` in creation order, in one write
-/// transaction per table (per partition, or one for the single table).
-fn preload(layout: Layout, path: &Path, records: u64, partitions: u64) {
+/// transaction per table (per partition, or one for the single table). The
+/// merged layout is preloaded as the partitioned one, then merged
+/// (`merge_sealed`) and compacted, so its file holds no pages the merge
+/// freed (in service the next partitions would reuse them).
+fn preload(layout: Layout, path: &Path, records: u64, partitions: u64, group: usize) {
     let start = Instant::now();
     let mut builder = Database::builder();
     let mib = env_usize("IDEMPOTENCY_BENCH_PRELOAD_CACHE_MIB").unwrap_or(2048);
     builder.set_cache_size(mib << 20);
-    let db = builder.create(path).expect("create");
+    let mut db = builder.create(path).expect("create");
     let done = vec![1u8; COMPLETED_BYTES];
     let mut first = 0;
-    for (p, &n) in plan(records, partitions).iter().enumerate() {
+    let plan = plan(records, partitions);
+    for (p, &n) in plan.iter().enumerate() {
         let txn = db.begin_write().expect("txn");
         {
             txn.open_table(LEASES).expect("t");
             let expires = NOW + p as u64 * (TTL_MS / partitions) + TTL_MS;
-            match layout {
-                Layout::Single => {
-                    let mut rec = txn.open_table(RECORDS).expect("t");
-                    let mut exp = txn.open_table(EXPIRY).expect("t");
-                    for i in first..first + n {
-                        let k = key_of(i);
-                        rec.insert(k.as_slice(), done.as_slice()).expect("i");
-                        exp.insert((expires, k.as_slice()), ()).expect("i");
-                    }
+            if layout == Layout::Single {
+                let mut rec = txn.open_table(RECORDS).expect("t");
+                let mut exp = txn.open_table(EXPIRY).expect("t");
+                for i in first..first + n {
+                    let k = key_of(i);
+                    rec.insert(k.as_slice(), done.as_slice()).expect("i");
+                    exp.insert((expires, k.as_slice()), ()).expect("i");
                 }
-                Layout::Partitioned => {
-                    let name = part_name(p as u64);
-                    let mut rec = txn.open_table(def(&name)).expect("t");
-                    for i in first..first + n {
-                        rec.insert(key_of(i).as_slice(), done.as_slice())
-                            .expect("i");
-                    }
+            } else {
+                let name = part_name(p as u64);
+                let mut rec = txn.open_table(def(&name)).expect("t");
+                for i in first..first + n {
+                    rec.insert(key_of(i).as_slice(), done.as_slice())
+                        .expect("i");
                 }
             }
         }
         txn.commit().expect("commit");
         first += n;
     }
-    eprintln!(
-        "preloaded {records} records ({}) in {:.1}s",
+    println!(
+        "PRELOAD {} {records}: {:.1}s, file {:.0} MiB, {:.0} bytes per record",
         layout.name(),
-        start.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64(),
+        std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / (1 << 20) as f64,
+        std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / records as f64
     );
+    if layout == Layout::Merged {
+        merge_sealed(&db, &plan, group);
+        let before = std::fs::metadata(path).map_or(0, |m| m.len());
+        let t0 = Instant::now();
+        while db.compact().expect("compact") {}
+        println!(
+            "MERGE compaction: file {:.0} → {:.0} MiB ({:.0} bytes per record) in {:.1}s",
+            before as f64 / (1 << 20) as f64,
+            std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / (1 << 20) as f64,
+            std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / records as f64,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// A read transaction with every record table open, newest last: what an
+/// engine reader could keep for a while instead of opening a table by name
+/// per lookup.
+struct Reader {
+    _txn: redb::ReadTransaction,
+    tables: Vec<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
 }
 
 /// One store, served in a child process.
@@ -234,76 +265,121 @@ struct Store {
     layout: Layout,
     db: Database,
     path: PathBuf,
-    /// Record counts per partition, oldest first (one entry for `single`).
+    /// Record counts per creation interval, oldest first (the preload's).
     plan: Vec<u64>,
-    /// Index of the first record of each partition.
+    /// Index of the first record of each interval.
     firsts: Vec<u64>,
-    /// Partition table names, oldest first (`partitioned`); the last is hot.
+    /// Record table names, oldest first; the last is hot (`records` alone
+    /// for `single`).
     parts: Vec<String>,
-    /// Filters of the cold partitions, same order as `parts` minus the hot.
+    /// Their record counts at open.
+    counts: Vec<u64>,
+    /// Filters of the cold tables, same order as `parts` minus the hot.
     filters: Vec<Bloom>,
+    /// One filter over every cold table's keys (`merged` only): how often a
+    /// fresh key would pass it is counted, it gates nothing.
+    combined: Option<Bloom>,
     hot_filter: Bloom,
+    /// Keys in the hot table (its filter's load) and the filter's capacity.
+    hot_keys: u64,
+    hot_capacity: u64,
     preloaded: u64,
     next: u64,
     pending: Vec<Vec<u8>>,
     cold_reads: u64,
+    combined_maybes: u64,
     fresh_begins: u64,
 }
 
 impl Store {
-    fn open(layout: Layout, path: &Path, records: u64, partitions: u64, cache: usize) -> Store {
+    fn open(spec: &Spec) -> Store {
         let mut builder = Database::builder();
-        builder.set_cache_size(cache);
-        let db = builder.open(path).expect("open");
-        let plan = plan(records, partitions);
+        builder.set_cache_size(spec.cache);
+        let db = builder.open(&spec.path).expect("open");
+        let plan = plan(spec.records, spec.partitions);
         let mut firsts = Vec::new();
         let mut acc = 0;
         for n in &plan {
             firsts.push(acc);
             acc += n;
         }
+        let (parts, counts) = tables(spec.layout, &plan, spec.group);
         let mut s = Store {
-            layout,
+            layout: spec.layout,
             db,
-            path: path.to_path_buf(),
-            parts: (0..partitions).map(part_name).collect(),
+            path: spec.path.clone(),
+            parts,
+            counts,
             filters: Vec::new(),
-            hot_filter: Bloom::with_capacity((records / partitions) as usize * 2),
-            preloaded: records,
-            next: records,
+            combined: None,
+            hot_filter: Bloom::with_capacity(0),
+            hot_keys: 0,
+            hot_capacity: 0,
+            preloaded: spec.records,
+            next: spec.records,
             pending: Vec::new(),
             cold_reads: 0,
+            combined_maybes: 0,
             fresh_begins: 0,
             plan,
             firsts,
         };
-        if layout == Layout::Partitioned {
+        if s.layout != Layout::Single {
             let start = Instant::now();
             let txn = s.db.begin_read().expect("txn");
-            let (cold, hot) = s.parts.split_at(s.parts.len() - 1);
-            for (name, &n) in cold.iter().zip(&s.plan) {
+            let cold = &s.parts[..s.parts.len() - 1];
+            let all: u64 = s.counts[..cold.len()].iter().sum();
+            let mut combined =
+                (s.layout == Layout::Merged).then(|| Bloom::with_capacity(all as usize));
+            for (name, &n) in cold.iter().zip(&s.counts) {
                 let t = txn.open_table(def(name)).expect("t");
                 let mut f = Bloom::with_capacity(n as usize);
                 for e in t.iter().expect("iter") {
                     let (k, _) = e.expect("entry");
-                    f.insert(key_hash(k.value()));
+                    let h = key_hash(k.value());
+                    f.insert(h);
+                    if let Some(c) = &mut combined {
+                        c.insert(h);
+                    }
                 }
                 s.filters.push(f);
             }
-            let t = txn.open_table(def(&hot[0])).expect("t");
-            for e in t.iter().expect("iter") {
-                let (k, _) = e.expect("entry");
-                s.hot_filter.insert(key_hash(k.value()));
-            }
+            s.combined = combined;
+            drop(txn);
+            s.rebuild_hot_filter((spec.records / spec.partitions) * 2);
             let bytes: usize = s.filters.iter().map(Bloom::bytes).sum();
             println!(
-                "FILTERS rebuilt at open: {} cold partitions, {records} records, {:.2}s, {:.1} MiB",
+                "FILTERS rebuilt at open ({}): {} cold tables, {} records, {:.2}s, {:.1} MiB{}",
+                s.layout.name(),
                 s.filters.len(),
+                spec.records,
                 start.elapsed().as_secs_f64(),
-                bytes as f64 / (1 << 20) as f64
+                bytes as f64 / (1 << 20) as f64,
+                s.combined.as_ref().map_or(String::new(), |c| format!(
+                    " (+ {:.1} MiB combined filter)",
+                    c.bytes() as f64 / (1 << 20) as f64
+                ))
             );
         }
         s
+    }
+
+    /// Rebuilds the hot table's filter for `capacity` keys from the table.
+    /// The bench never seals the hot table, so it grows by 100–400k keys
+    /// over the commit slices; an engine would seal it at its filter's
+    /// size instead. Without this, the overloaded filter says "maybe" for
+    /// every older key and each replay reads the hot table first.
+    fn rebuild_hot_filter(&mut self, capacity: u64) {
+        let txn = self.db.begin_read().expect("txn");
+        let t = txn.open_table(def(self.hot_name())).expect("t");
+        let mut f = Bloom::with_capacity(capacity as usize);
+        let mut n = 0;
+        for e in t.iter().expect("iter") {
+            let (k, _) = e.expect("entry");
+            f.insert(key_hash(k.value()));
+            n += 1;
+        }
+        (self.hot_filter, self.hot_keys, self.hot_capacity) = (f, n, capacity);
     }
 
     fn hot_name(&self) -> &str {
@@ -324,46 +400,47 @@ impl Store {
         txn.set_durability(durability).expect("durability");
         {
             let mut leases = txn.open_table(LEASES).expect("t");
-            match self.layout {
-                Layout::Single => {
-                    let mut rec = txn.open_table(RECORDS).expect("t");
-                    let mut exp = txn.open_table(EXPIRY).expect("t");
-                    for k in &begins {
-                        assert!(rec.get(k.as_slice()).expect("get").is_none());
-                        leases.insert((NOW + 30_000, k.as_slice()), ()).expect("i");
-                        rec.insert(k.as_slice(), proc_v.as_slice()).expect("i");
-                    }
-                    for k in &self.pending {
-                        assert!(rec.get(k.as_slice()).expect("get").is_some());
-                        leases.remove((NOW + 30_000, k.as_slice())).expect("r");
-                        exp.insert((NOW + 2 * TTL_MS, k.as_slice()), ()).expect("i");
-                        rec.insert(k.as_slice(), done_v.as_slice()).expect("i");
-                    }
+            if self.layout == Layout::Single {
+                let mut rec = txn.open_table(RECORDS).expect("t");
+                let mut exp = txn.open_table(EXPIRY).expect("t");
+                for k in &begins {
+                    assert!(rec.get(k.as_slice()).expect("get").is_none());
+                    leases.insert((NOW + 30_000, k.as_slice()), ()).expect("i");
+                    rec.insert(k.as_slice(), proc_v.as_slice()).expect("i");
                 }
-                Layout::Partitioned => {
-                    let hot = self.hot_name().to_string();
-                    let mut rec = txn.open_table(def(&hot)).expect("t");
-                    for k in &begins {
-                        assert!(rec.get(k.as_slice()).expect("get").is_none());
-                        let h = key_hash(k);
-                        self.fresh_begins += 1;
-                        let cold = &self.parts[..self.parts.len() - 1];
-                        for (name, f) in cold.iter().zip(&self.filters).rev() {
-                            if f.maybe(h) {
-                                self.cold_reads += 1;
-                                let t = txn.open_table(def(name)).expect("t");
-                                assert!(t.get(k.as_slice()).expect("get").is_none());
-                            }
+                for k in &self.pending {
+                    assert!(rec.get(k.as_slice()).expect("get").is_some());
+                    leases.remove((NOW + 30_000, k.as_slice())).expect("r");
+                    exp.insert((NOW + 2 * TTL_MS, k.as_slice()), ()).expect("i");
+                    rec.insert(k.as_slice(), done_v.as_slice()).expect("i");
+                }
+            } else {
+                let hot = self.hot_name().to_string();
+                let mut rec = txn.open_table(def(&hot)).expect("t");
+                for k in &begins {
+                    assert!(rec.get(k.as_slice()).expect("get").is_none());
+                    let h = key_hash(k);
+                    self.fresh_begins += 1;
+                    if self.combined.as_ref().is_some_and(|c| c.maybe(h)) {
+                        self.combined_maybes += 1;
+                    }
+                    let cold = &self.parts[..self.parts.len() - 1];
+                    for (name, f) in cold.iter().zip(&self.filters).rev() {
+                        if f.maybe(h) {
+                            self.cold_reads += 1;
+                            let t = txn.open_table(def(name)).expect("t");
+                            assert!(t.get(k.as_slice()).expect("get").is_none());
                         }
-                        self.hot_filter.insert(h);
-                        leases.insert((NOW + 30_000, k.as_slice()), ()).expect("i");
-                        rec.insert(k.as_slice(), proc_v.as_slice()).expect("i");
                     }
-                    for k in &self.pending {
-                        assert!(rec.get(k.as_slice()).expect("get").is_some());
-                        leases.remove((NOW + 30_000, k.as_slice())).expect("r");
-                        rec.insert(k.as_slice(), done_v.as_slice()).expect("i");
-                    }
+                    self.hot_filter.insert(h);
+                    self.hot_keys += 1;
+                    leases.insert((NOW + 30_000, k.as_slice()), ()).expect("i");
+                    rec.insert(k.as_slice(), proc_v.as_slice()).expect("i");
+                }
+                for k in &self.pending {
+                    assert!(rec.get(k.as_slice()).expect("get").is_some());
+                    leases.remove((NOW + 30_000, k.as_slice())).expect("r");
+                    rec.insert(k.as_slice(), done_v.as_slice()).expect("i");
                 }
             }
         }
@@ -371,37 +448,63 @@ impl Store {
         self.pending = begins;
     }
 
-    /// A replay's read: the stored value of `k`, which must exist.
-    fn lookup(&self, k: &[u8]) -> Vec<u8> {
-        let txn = self.db.begin_read().expect("txn");
+    /// Where a replay of `k` looks, newest first: `get(i)` reads table
+    /// `parts[i]`. Returns the stored value and the tables read. The hot
+    /// table's filter is kept as keys land in it, so a replay of an older
+    /// key skips the hot table too.
+    fn find(&self, k: &[u8], mut get: impl FnMut(usize) -> Option<Vec<u8>>) -> (Vec<u8>, u32) {
         if self.layout == Layout::Single {
-            let t = txn.open_table(RECORDS).expect("t");
-            let v = t.get(k).expect("get").expect("present");
-            return v.value().to_vec();
+            return (get(0).expect("present"), 1);
         }
-        // The hot table's filter is kept as keys land in it, so a replay of
-        // an older key skips the hot table too.
         let h = key_hash(k);
+        let hot = self.parts.len() - 1;
+        let mut reads = 0;
         if self.hot_filter.maybe(h) {
-            let hot = txn.open_table(def(self.hot_name())).expect("t");
-            if let Some(v) = hot.get(k).expect("get") {
-                return v.value().to_vec();
+            reads += 1;
+            if let Some(v) = get(hot) {
+                return (v, reads);
             }
         }
-        let cold = &self.parts[..self.parts.len() - 1];
-        for (name, f) in cold.iter().zip(&self.filters).rev() {
+        for (i, f) in self.filters.iter().enumerate().rev() {
             if f.maybe(h) {
-                let t = txn.open_table(def(name)).expect("t");
-                if let Some(v) = t.get(k).expect("get") {
-                    return v.value().to_vec();
+                reads += 1;
+                if let Some(v) = get(i) {
+                    return (v, reads);
                 }
             }
         }
         panic!("a stored key was not found");
     }
 
+    /// A replay's read, as the prototype did it: a read transaction and a
+    /// table opened by name per table read.
+    fn lookup(&self, k: &[u8]) -> (Vec<u8>, u32) {
+        let txn = self.db.begin_read().expect("txn");
+        self.find(k, |i| {
+            let t = txn.open_table(def(&self.parts[i])).expect("t");
+            t.get(k).expect("get").map(|v| v.value().to_vec())
+        })
+    }
+
+    fn reader(&self) -> Reader {
+        let txn = self.db.begin_read().expect("txn");
+        let tables = self
+            .parts
+            .iter()
+            .map(|p| txn.open_table(def(p)).expect("t"))
+            .collect();
+        Reader { _txn: txn, tables }
+    }
+
+    /// A replay's read through tables already open (`reader`).
+    fn lookup_in(&self, r: &Reader, k: &[u8]) -> (Vec<u8>, u32) {
+        self.find(k, |i| {
+            r.tables[i].get(k).expect("get").map(|v| v.value().to_vec())
+        })
+    }
+
     /// A stored preloaded record's index: uniform over all, or from the two
-    /// newest partitions (`recent`).
+    /// newest intervals (`recent`).
     fn pick(&self, picker: &mut common::Picker, recent: bool) -> u64 {
         if recent {
             let n = self.plan.len();
@@ -412,54 +515,91 @@ impl Store {
         }
     }
 
-    /// Expires the oldest interval; returns (records, seconds, seconds of the
-    /// first group commit after it).
+    /// Expires the oldest interval (for `merged`, the oldest merged table:
+    /// `group` intervals); returns (records, seconds, seconds of the first
+    /// group commit after it).
     fn expire(&mut self) -> (u64, f64, f64) {
         let start = Instant::now();
-        let n = self.plan[0];
-        match self.layout {
-            Layout::Partitioned => {
+        let n = if self.layout == Layout::Single {
+            self.plan[0]
+        } else {
+            self.counts[0]
+        };
+        if self.layout == Layout::Single {
+            let cutoff = NOW + TTL_MS;
+            let mut left = n;
+            while left > 0 {
                 let mut txn = self.db.begin_write().expect("txn");
                 txn.set_durability(Durability::Immediate).expect("d");
-                assert!(txn.delete_table(def(&self.parts[0])).expect("delete"));
-                txn.commit().expect("commit");
-                self.parts.remove(0);
-                self.filters.remove(0);
-            }
-            Layout::Single => {
-                let cutoff = NOW + TTL_MS;
-                let mut left = n;
-                while left > 0 {
-                    let mut txn = self.db.begin_write().expect("txn");
-                    txn.set_durability(Durability::Immediate).expect("d");
-                    {
-                        let mut exp = txn.open_table(EXPIRY).expect("t");
-                        let mut rec = txn.open_table(RECORDS).expect("t");
-                        let keys: Vec<(u64, Vec<u8>)> = exp
-                            .range(..=(cutoff, &[0xffu8; 64][..]))
-                            .expect("range")
-                            .take(SWEEP_TXN)
-                            .map(|e| {
-                                let (k, _) = e.expect("entry");
-                                let (t, rk) = k.value();
-                                (t, rk.to_vec())
-                            })
-                            .collect();
-                        assert!(!keys.is_empty(), "expiry index ran out");
-                        for (t, rk) in &keys {
-                            exp.remove((*t, rk.as_slice())).expect("r");
-                            rec.remove(rk.as_slice()).expect("r");
-                        }
-                        left -= keys.len() as u64;
+                {
+                    let mut exp = txn.open_table(EXPIRY).expect("t");
+                    let mut rec = txn.open_table(RECORDS).expect("t");
+                    let keys: Vec<(u64, Vec<u8>)> = exp
+                        .range(..=(cutoff, &[0xffu8; 64][..]))
+                        .expect("range")
+                        .take(SWEEP_TXN)
+                        .map(|e| {
+                            let (k, _) = e.expect("entry");
+                            let (t, rk) = k.value();
+                            (t, rk.to_vec())
+                        })
+                        .collect();
+                    assert!(!keys.is_empty(), "expiry index ran out");
+                    for (t, rk) in &keys {
+                        exp.remove((*t, rk.as_slice())).expect("r");
+                        rec.remove(rk.as_slice()).expect("r");
                     }
-                    txn.commit().expect("commit");
+                    left -= keys.len() as u64;
                 }
+                txn.commit().expect("commit");
             }
+        } else {
+            let mut txn = self.db.begin_write().expect("txn");
+            txn.set_durability(Durability::Immediate).expect("d");
+            assert!(txn.delete_table(def(&self.parts[0])).expect("delete"));
+            txn.commit().expect("commit");
+            self.parts.remove(0);
+            self.counts.remove(0);
+            self.filters.remove(0);
         }
         let took = start.elapsed().as_secs_f64();
         let t = Instant::now();
         self.group_commit(Durability::Immediate);
         (n, took, t.elapsed().as_secs_f64())
+    }
+
+    /// File size, records, stored count, peak RSS MiB, filter bytes, and
+    /// the record tables' pages (leaf + branch, 4 KiB each) and leaf bytes
+    /// in use (redb's `stored_bytes`).
+    fn stats(&self) -> String {
+        let size = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let stored = self.next + self.pending.len() as u64;
+        // [all tables, cold tables only]: records, pages, leaf pages, bytes
+        // stored in leaves.
+        let mut acc = [[0u64; 4]; 2];
+        let txn = self.db.begin_read().expect("txn");
+        let hot = self.parts.len() - 1;
+        for (i, p) in self.parts.iter().enumerate() {
+            let t = txn.open_table(def(p)).expect("t");
+            let st = t.stats().expect("stats");
+            let row = [
+                t.len().expect("len"),
+                st.leaf_pages() + st.branch_pages(),
+                st.leaf_pages(),
+                st.stored_bytes(),
+            ];
+            for (w, a) in acc.iter_mut().enumerate() {
+                if w == 0 || i < hot || self.layout == Layout::Single {
+                    a.iter_mut().zip(row).for_each(|(a, r)| *a += r);
+                }
+            }
+        }
+        let filters: usize = self.filters.iter().map(Bloom::bytes).sum();
+        let [[rec, pages, leaf_pages, used], [crec, cpages, cleaf, cused]] = acc;
+        format!(
+            "{size} {rec} {stored} {} {filters} {pages} {leaf_pages} {used} {crec} {cpages} {cleaf} {cused}",
+            vm_hwm_mib()
+        )
     }
 }
 
@@ -473,19 +613,58 @@ fn vm_hwm_mib() -> f64 {
     common::peak_rss_mib().unwrap_or(0.0)
 }
 
+/// What a child serves: `layout:path:records:partitions:cache:group`.
+struct Spec {
+    layout: Layout,
+    path: PathBuf,
+    records: u64,
+    partitions: u64,
+    cache: usize,
+    group: usize,
+}
+
+impl Spec {
+    fn parse(spec: &str) -> (Spec, bool) {
+        let f: Vec<&str> = spec.split(':').collect();
+        let s = Spec {
+            layout: Layout::parse(f[0]).expect("layout"),
+            path: PathBuf::from(f[1]),
+            records: f[2].parse().expect("records"),
+            partitions: f[3].parse().expect("partitions"),
+            cache: f[4].parse().expect("cache"),
+            group: f[5].parse().expect("group"),
+        };
+        (s, f.get(6) == Some(&"preload"))
+    }
+
+    fn to_arg(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}:{}",
+            self.layout.name(),
+            self.path.display(),
+            self.records,
+            self.partitions,
+            self.cache,
+            self.group
+        )
+    }
+}
+
 /// The child: build or open one store, then answer the parent's commands,
 /// one line each, on stdin/stdout.
-fn child(spec: &str) {
-    let f: Vec<&str> = spec.split(':').collect();
-    let (layout, path) = (Layout::parse(f[0]), PathBuf::from(f[1]));
-    let records: u64 = f[2].parse().expect("records");
-    let partitions: u64 = f[3].parse().expect("partitions");
-    let cache: usize = f[4].parse().expect("cache");
-    if f.get(5) == Some(&"preload") {
-        preload(layout, &path, records, partitions);
+fn child(arg: &str) {
+    let (spec, preloading) = Spec::parse(arg);
+    if preloading {
+        preload(
+            spec.layout,
+            &spec.path,
+            spec.records,
+            spec.partitions,
+            spec.group,
+        );
         return;
     }
-    let mut s = Store::open(layout, &path, records, partitions, cache);
+    let mut s = Store::open(&spec);
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     let mut picker = common::Picker::new(7);
@@ -497,7 +676,7 @@ fn child(spec: &str) {
                 let slice = Duration::from_millis(ms.parse().expect("ms"));
                 let checkpoint = *mode == "checkpoint";
                 let (b0, c0) = io();
-                let (r0, f0) = (s.cold_reads, s.fresh_begins);
+                let (r0, f0, m0) = (s.cold_reads, s.fresh_begins, s.combined_maybes);
                 let start = Instant::now();
                 let mut groups = 0u64;
                 while start.elapsed() < slice {
@@ -519,44 +698,47 @@ fn child(spec: &str) {
                 let (b1, c1) = io();
                 let reqs = (groups * BATCH as u64) as f64;
                 format!(
-                    "{} {} {} {} {}",
+                    "{} {} {} {} {} {}",
                     reqs / secs,
                     (b1 - b0) as f64 / reqs,
                     (c1 - c0) as f64 / reqs,
                     s.cold_reads - r0,
-                    s.fresh_begins - f0
+                    s.fresh_begins - f0,
+                    s.combined_maybes - m0
                 )
             }
-            ["lookup", ms, mode] => {
+            ["lookup", ms, mode, open] => {
                 let slice = Duration::from_millis(ms.parse().expect("ms"));
                 let recent = *mode == "recent";
+                // `cached`: one read transaction with every table open for
+                // the slice; `each`: both per lookup.
+                if s.layout != Layout::Single && s.hot_keys > s.hot_capacity {
+                    s.rebuild_hot_filter(s.hot_keys * 2);
+                }
+                let reader = (*open == "cached").then(|| s.reader());
                 let start = Instant::now();
-                let mut n = 0u64;
+                let (mut n, mut reads) = (0u64, 0u64);
                 let mut bytes = 0usize;
                 while start.elapsed() < slice {
                     for _ in 0..64 {
-                        bytes += s.lookup(&key_of(s.pick(&mut picker, recent))).len();
+                        let k = key_of(s.pick(&mut picker, recent));
+                        let (v, r) = match &reader {
+                            Some(rd) => s.lookup_in(rd, &k),
+                            None => s.lookup(&k),
+                        };
+                        bytes += v.len();
+                        reads += u64::from(r);
                         n += 1;
                     }
                 }
                 assert!(bytes >= n as usize * COMPLETED_BYTES);
-                format!("{}", n as f64 / start.elapsed().as_secs_f64())
+                format!(
+                    "{} {}",
+                    n as f64 / start.elapsed().as_secs_f64(),
+                    reads as f64 / n as f64
+                )
             }
-            ["stats"] => {
-                let size = std::fs::metadata(&s.path).map_or(0, |m| m.len());
-                let stored = s.next + s.pending.len() as u64;
-                let mut rec = 0u64;
-                let txn = s.db.begin_read().expect("txn");
-                if s.layout == Layout::Single {
-                    rec = txn.open_table(RECORDS).expect("t").len().expect("len");
-                } else {
-                    for p in &s.parts {
-                        rec += txn.open_table(def(p)).expect("t").len().expect("len");
-                    }
-                }
-                let filters: usize = s.filters.iter().map(Bloom::bytes).sum();
-                format!("{size} {rec} {stored} {} {filters}", vm_hwm_mib())
-            }
+            ["stats"] => s.stats(),
             ["expire"] => {
                 let (n, took, after) = s.expire();
                 format!("{n} {took} {after}")
@@ -570,6 +752,7 @@ fn child(spec: &str) {
 
 struct Handle {
     name: String,
+    layout: Layout,
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -594,32 +777,28 @@ impl Handle {
     }
 }
 
-fn spawn(spec: &str, piped: bool) -> Child {
+fn spawn(arg: &str, piped: bool) -> Child {
     let exe = std::env::current_exe().expect("exe");
     let mut cmd = Command::new(exe);
-    cmd.env(CHILD_ENV, spec).stderr(Stdio::inherit());
+    cmd.env(CHILD_ENV, arg).stderr(Stdio::inherit());
     if piped {
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
     }
     cmd.spawn().expect("spawn child")
 }
 
-fn start(layout: Layout, dir: &Path, records: u64, partitions: u64, cache: usize) -> Handle {
-    let path = dir.join(format!("{}-{records}.redb", layout.name()));
-    let spec = format!(
-        "{}:{}:{records}:{partitions}:{cache}",
-        layout.name(),
-        path.display()
-    );
-    let status = spawn(&format!("{spec}:preload"), false)
+fn start(spec: Spec) -> Handle {
+    let arg = spec.to_arg();
+    let status = spawn(&format!("{arg}:preload"), false)
         .wait()
         .expect("preload");
-    assert!(status.success(), "preload of {spec} failed");
-    let mut child = spawn(&spec, true);
+    assert!(status.success(), "preload of {arg} failed");
+    let mut child = spawn(&arg, true);
     let stdin = child.stdin.take().expect("stdin");
     let stdout = BufReader::new(child.stdout.take().expect("stdout"));
     Handle {
-        name: format!("{} {}", layout.name(), label(records)),
+        name: format!("{} {}", spec.layout.name(), label(spec.records)),
+        layout: spec.layout,
         child,
         stdin,
         stdout,
@@ -641,6 +820,28 @@ fn report(name: &str, unit: &str, ours: &[f64], base: &[f64]) {
     }
 }
 
+fn med(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    common::quantile(&mut v.to_vec(), 0.5)
+}
+
+/// The layouts to run (`IDEMPOTENCY_BENCH_LAYOUTS`, comma-separated; all
+/// three by default). `single` is always kept: it is every ratio's base.
+fn layouts() -> Vec<Layout> {
+    let mut v = vec![Layout::Single];
+    match std::env::var("IDEMPOTENCY_BENCH_LAYOUTS") {
+        Ok(list) => v.extend(
+            list.split(',')
+                .filter_map(Layout::parse)
+                .filter(|&l| l != Layout::Single),
+        ),
+        Err(_) => v.extend([Layout::Partitioned, Layout::Merged]),
+    }
+    v
+}
+
 fn run() {
     let measuring = common::measuring();
     let large =
@@ -648,132 +849,167 @@ fn run() {
             as u64;
     let small = if measuring { 10_000 } else { 1_000 };
     let partitions = env_usize("IDEMPOTENCY_BENCH_PARTITIONS").unwrap_or(24) as u64;
+    let group = env_usize("IDEMPOTENCY_BENCH_MERGE")
+        .unwrap_or(6)
+        .clamp(1, partitions as usize - 1);
     let cache = env_usize("IDEMPOTENCY_BENCH_CACHE_MIB").unwrap_or(256) << 20;
     let r = common::rounds();
     let ms = r.slice.as_millis();
     let lookup_ms = (ms / 3).max(20);
     let dir = common::bench_dir();
+    let layouts = layouts();
     println!(
-        "PARTITIONS setup: {small} and {large} records, {partitions} partitions, redb cache {} MiB, {} rounds of {ms} ms",
+        "PARTITIONS setup: {small} and {large} records, {partitions} partitions, sealed ones merged {group} per table, layouts {:?}, redb cache {} MiB, {} rounds of {ms} ms",
+        layouts.iter().map(|l| l.name()).collect::<Vec<_>>(),
         cache >> 20,
         r.rounds
     );
     // Skipping the large single table saves its preload (12 min at 10M)
-    // when only the partitioned layout's settings change between runs.
+    // when only the partitioned layouts' settings change between runs.
     let skip_single = std::env::var("IDEMPOTENCY_BENCH_SKIP_SINGLE_LARGE").is_ok_and(|v| v == "1");
-    let mut h: Vec<Option<Handle>> = Vec::new();
-    for n in [small, large] {
-        for l in [Layout::Single, Layout::Partitioned] {
-            let skip = skip_single && n == large && l == Layout::Single;
-            h.push((!skip).then(|| start(l, dir.path(), n, partitions, cache)));
-        }
+    // h[size][layout]: size 0 small, 1 large; layouts in `layouts` order.
+    let sizes = [small, large];
+    let mut h: Vec<Vec<Option<Handle>>> = Vec::new();
+    for (z, &n) in sizes.iter().enumerate() {
+        let row = layouts
+            .iter()
+            .map(|&l| {
+                let skip = skip_single && z == 1 && l == Layout::Single;
+                (!skip).then(|| {
+                    start(Spec {
+                        layout: l,
+                        path: dir.path().join(format!("{}-{n}.redb", l.name())),
+                        records: n,
+                        partitions,
+                        cache,
+                        group,
+                    })
+                })
+            })
+            .collect();
+        h.push(row);
     }
-    // h: 0 single small, 1 partitioned small, 2 single large, 3 partitioned large.
+    let (sl, ll) = (label(small), label(large));
+    let nl = layouts.len();
+    // Lookups first (`IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1`) read the stores as
+    // preloaded; after the commit slices (the default, as before) the 10k
+    // stores hold 300–450k records and every hot table has grown.
+    let lookups_first = std::env::var("IDEMPOTENCY_BENCH_LOOKUPS_FIRST").is_ok_and(|v| v == "1");
+    if lookups_first {
+        lookups(&mut h, &layouts, sizes, r.rounds, lookup_ms);
+    }
     for mode in ["immediate", "checkpoint"] {
-        let mut rate = vec![vec![]; 4];
-        let mut bytes = vec![vec![]; 4];
-        let mut wchar = vec![vec![]; 4];
-        let (mut cold, mut fresh) = (0.0, 0.0);
+        // Per [size][layout]: rates, write_bytes, wchar; cold reads, fresh
+        // begins and combined-filter maybes summed over rounds.
+        let mut rate = vec![vec![vec![]; nl]; 2];
+        let mut bytes = vec![vec![vec![]; nl]; 2];
+        let mut wchar = vec![vec![vec![]; nl]; 2];
+        let mut cold = vec![[0.0f64; 3]; nl];
         let slice = if mode == "checkpoint" { ms * 2 } else { ms };
         for _ in 0..r.rounds {
-            for (i, s) in h.iter_mut().enumerate() {
-                let Some(s) = s else { continue };
-                let v = s.ask(&format!("commit {slice} {mode}"));
-                rate[i].push(v[0]);
-                bytes[i].push(v[1]);
-                wchar[i].push(v[2]);
-                if i == 3 {
-                    cold += v[3];
-                    fresh += v[4];
+            for z in 0..2 {
+                for (i, s) in h[z].iter_mut().enumerate() {
+                    let Some(s) = s else { continue };
+                    let v = s.ask(&format!("commit {slice} {mode}"));
+                    rate[z][i].push(v[0]);
+                    bytes[z][i].push(v[1]);
+                    wchar[z][i].push(v[2]);
+                    if z == 1 {
+                        cold[i][0] += v[3];
+                        cold[i][1] += v[4];
+                        cold[i][2] += v[5];
+                    }
                 }
             }
         }
         let what = format!("group commit ({mode}) req/s");
-        let (sl, ll) = (label(small), label(large));
-        report(
-            &format!("{what}: single {ll} vs {sl}"),
-            "req/s",
-            &rate[2],
-            &rate[0],
-        );
-        report(
-            &format!("{what}: partitioned {ll} vs {sl}"),
-            "req/s",
-            &rate[3],
-            &rate[1],
-        );
-        report(
-            &format!("{what}: partitioned vs single, {ll}"),
-            "req/s",
-            &rate[3],
-            &rate[2],
-        );
-        report(
-            &format!("{what}: partitioned vs single, {sl}"),
-            "req/s",
-            &rate[1],
-            &rate[0],
-        );
-        for (i, s) in h.iter().enumerate() {
-            let Some(s) = s else { continue };
-            let med = |v: &[f64]| common::quantile(&mut v.to_vec(), 0.5);
-            println!(
-                "WRITES {mode} {}: {:.0} B/req handed to write (wchar), {:.0} B/req write_bytes, {:.0} req/s (medians of {} rounds)",
-                s.name,
-                med(&wchar[i]),
-                med(&bytes[i]),
-                med(&rate[i]),
-                r.rounds
-            );
-        }
-        report(
-            &format!("bytes written per request ({mode}, wchar): partitioned vs single, {ll}"),
-            "B/req",
-            &wchar[3],
-            &wchar[2],
-        );
-        println!(
-            "COLD_READS {mode} partitioned {ll}: {cold} cold-table reads for {fresh} fresh begins ({:.3}%)",
-            100.0 * cold / fresh.max(1.0)
-        );
-    }
-    for mode in ["uniform", "recent"] {
-        for (base, ours) in [(0usize, 1usize), (2, 3)] {
-            let (mut a, mut b) = (vec![], vec![]);
-            let (Some(hb), Some(ho)) = (&h[base], &h[ours]) else {
-                continue;
-            };
-            let names = (ho.name.clone(), hb.name.clone());
-            for _ in 0..r.rounds {
-                let cmd = format!("lookup {lookup_ms} {mode}");
-                a.push(h[base].as_mut().map_or(0.0, |s| s.ask(&cmd)[0]));
-                b.push(h[ours].as_mut().map_or(0.0, |s| s.ask(&cmd)[0]));
-            }
+        for (i, l) in layouts.iter().enumerate() {
+            let name = l.name();
             report(
-                &format!("point lookup ({mode} keys): {} vs {}", names.0, names.1),
-                "lookups/s",
-                &b,
-                &a,
+                &format!("{what}: {name} {ll} vs {sl}"),
+                "req/s",
+                &rate[1][i],
+                &rate[0][i],
+            );
+            if *l != Layout::Single {
+                for (z, lab) in [(1, &ll), (0, &sl)] {
+                    report(
+                        &format!("{what}: {name} vs single, {lab}"),
+                        "req/s",
+                        &rate[z][i],
+                        &rate[z][0],
+                    );
+                }
+            }
+        }
+        for z in 0..2 {
+            for (i, s) in h[z].iter().enumerate() {
+                let Some(s) = s else { continue };
+                println!(
+                    "WRITES {mode} {}: {:.0} B/req handed to write (wchar), {:.0} B/req write_bytes, {:.0} req/s (medians of {} rounds)",
+                    s.name,
+                    med(&wchar[z][i]),
+                    med(&bytes[z][i]),
+                    med(&rate[z][i]),
+                    r.rounds
+                );
+            }
+        }
+        for (i, l) in layouts.iter().enumerate().skip(1) {
+            report(
+                &format!(
+                    "bytes written per request ({mode}, wchar): {} vs single, {ll}",
+                    l.name()
+                ),
+                "B/req",
+                &wchar[1][i],
+                &wchar[1][0],
+            );
+            let [reads, fresh, maybes] = cold[i];
+            println!(
+                "COLD_READS {mode} {} {ll}: {reads} cold-table reads for {fresh} fresh begins ({:.3}%){}",
+                l.name(),
+                100.0 * reads / fresh.max(1.0),
+                if *l == Layout::Merged {
+                    format!(
+                        "; one combined filter over all cold tables said maybe for {maybes} ({:.4}%)",
+                        100.0 * maybes / fresh.max(1.0)
+                    )
+                } else {
+                    String::new()
+                }
             );
         }
     }
-    for s in h.iter_mut().flatten() {
+    if !lookups_first {
+        lookups(&mut h, &layouts, sizes, r.rounds, lookup_ms);
+    }
+    for s in h.iter_mut().flatten().flatten() {
         let v = s.ask("stats");
         println!(
-            "LAYOUT {}: file {:.0} MiB, {:.0} bytes per record ({} records, encoded value {COMPLETED_BYTES} B + 57 B key), peak RSS {:.0} MiB (VmHWM; redb cache {} MiB), filters {:.1} MiB",
+            "LAYOUT {}: file {:.0} MiB, {:.0} bytes per record ({} records, encoded value {COMPLETED_BYTES} B + 57 B key); record tables' pages {:.0} B per record, leaves {:.0}% full; of which cold tables (sealed, not written since the preload; single: the whole table) {:.0} B per record, leaves {:.0}% full ({} records); peak RSS {:.0} MiB (VmHWM; redb cache {} MiB), filters {:.1} MiB",
             s.name,
             v[0] / (1 << 20) as f64,
             v[0] / v[1],
             v[1],
+            v[5] * 4096.0 / v[1],
+            100.0 * v[7] / (v[6] * 4096.0).max(1.0),
+            v[9] * 4096.0 / v[8].max(1.0),
+            100.0 * v[11] / (v[10] * 4096.0).max(1.0),
+            v[8],
             v[3],
             cache >> 20,
             v[4] / (1 << 20) as f64
         );
     }
-    for s in h.iter_mut().flatten() {
+    for s in h.iter_mut().flatten().flatten() {
         let v = s.ask("expire");
+        let what = match s.layout {
+            Layout::Merged => format!("the oldest merged table ({group} intervals)"),
+            _ => "the oldest interval".to_string(),
+        };
         println!(
-            "EXPIRE {}: {} records of the oldest interval in {:.3}s ({:.1} µs per record), next group commit {:.1} ms",
+            "EXPIRE {}: {} records of {what} in {:.3}s ({:.1} µs per record), next group commit {:.1} ms",
             s.name,
             v[0],
             v[1],
@@ -781,16 +1017,85 @@ fn run() {
             v[2] * 1e3
         );
     }
-    for mut s in h.into_iter().flatten() {
+    for mut s in h.into_iter().flatten().flatten() {
         drop(s.stdin);
         s.child.wait().expect("child exit");
     }
 }
 
+/// The lookup slices: every layout with tables opened per lookup (`each`,
+/// the prototype's way) and kept open for the slice (`cached`), all against
+/// the single table's per-lookup read (the raw redb lookup).
+fn lookups(
+    h: &mut [Vec<Option<Handle>>],
+    layouts: &[Layout],
+    sizes: [u64; 2],
+    rounds: usize,
+    lookup_ms: u128,
+) {
+    let nl = layouts.len();
+    for mode in ["uniform", "recent"] {
+        for z in 0..2 {
+            // The base: the single table, or (large single skipped) the
+            // first layout present.
+            let Some(b) = h[z].iter().position(Option::is_some) else {
+                continue;
+            };
+            let base = layouts[b].name();
+            let mut got = vec![[vec![], vec![]]; nl];
+            let mut reads = vec![[vec![], vec![]]; nl];
+            for _ in 0..rounds {
+                for (i, s) in h[z].iter_mut().enumerate() {
+                    let Some(s) = s else { continue };
+                    for (c, open) in ["each", "cached"].iter().enumerate() {
+                        let v = s.ask(&format!("lookup {lookup_ms} {mode} {open}"));
+                        got[i][c].push(v[0]);
+                        reads[i][c].push(v[1]);
+                    }
+                }
+            }
+            let size = label(sizes[z]);
+            for (i, l) in layouts.iter().enumerate() {
+                for (c, open) in ["each", "cached"].iter().enumerate() {
+                    if i == b && c == 0 {
+                        continue;
+                    }
+                    report(
+                        &format!(
+                            "point lookup ({mode} keys): {} {size} (tables opened {open}) vs {base} {size} (opened each)",
+                            l.name()
+                        ),
+                        "lookups/s",
+                        &got[i][c],
+                        &got[b][0],
+                    );
+                }
+                if i != b {
+                    report(
+                        &format!(
+                            "point lookup ({mode} keys): {} {size} vs {base} {size}, both with tables opened cached",
+                            l.name()
+                        ),
+                        "lookups/s",
+                        &got[i][1],
+                        &got[b][1],
+                    );
+                }
+                if *l != Layout::Single {
+                    println!(
+                        "LOOKUP_READS {mode} {} {size}: {:.3} tables read per lookup",
+                        l.name(),
+                        med(&reads[i][0])
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn criterion_part(c: &mut Criterion) {
     // The measurements are interleaved across child processes (`run`), not
-    // criterion samples; this keeps one tiny criterion bench so test mode
-    // and filters behave as in the other bench files.
+    // criterion samples; these are the micro-measures beside them.
     let mut g = c.benchmark_group("partitions: bloom filter probe");
     let mut f = Bloom::with_capacity(1000);
     for i in 0..1000 {
@@ -798,6 +1103,31 @@ fn criterion_part(c: &mut Criterion) {
     }
     let h = key_hash(&key_of(5_000));
     g.bench_function("maybe (absent key)", |b| b.iter(|| f.maybe(h)));
+    g.finish();
+    // The filter hash of one 57-byte record key: the engine's choice
+    // (src/store/redb/partition/filter.rs: BLAKE3 keyed with a key derived
+    // from the file's seed) against seeded non-cryptographic hashes already
+    // in the lock file, and std's SipHash (this prototype's).
+    let mut g = c.benchmark_group("partitions: filter hash of a 57-byte key");
+    let k = key_of(1);
+    let seed = 0x0123_4567_89ab_cdef_u64;
+    let probe_key = blake3::derive_key("idempotency bench filter probe key", &seed.to_le_bytes());
+    g.bench_function("blake3 keyed (the engine's)", |b| {
+        b.iter(|| blake3::keyed_hash(&probe_key, black_box(&k)))
+    });
+    g.bench_function("xxh3 64 seeded", |b| {
+        b.iter(|| xxhash_rust::xxh3::xxh3_64_with_seed(black_box(&k), seed))
+    });
+    g.bench_function("xxh3 128 seeded", |b| {
+        b.iter(|| xxhash_rust::xxh3::xxh3_128_with_seed(black_box(&k), seed))
+    });
+    let secrets = rapidhash::v3::RapidSecrets::seed(seed);
+    g.bench_function("rapidhash v3 seeded", |b| {
+        b.iter(|| rapidhash::v3::rapidhash_v3_seeded(black_box(&k), &secrets))
+    });
+    g.bench_function("std SipHash-1-3 (the prototype's)", |b| {
+        b.iter(|| key_hash(black_box(&k)))
+    });
     g.finish();
 }
 
