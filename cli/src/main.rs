@@ -532,9 +532,22 @@ fn read_envelope(path: &Path) -> CliResult<idempotency::Envelope> {
         .map_err(|e| CliError(format!("{}: invalid envelope: {e}", path.display())).into())
 }
 
+/// The library's builder settings that have a flag here, and the flag:
+/// an error that names the setting names the flag instead.
+const FLAGS: [(&str, &str); 4] = [
+    ("EngineBuilder::redis_tls_ca", "--redis-ca"),
+    (
+        "EngineBuilder::redis_tls_client_cert",
+        "--redis-client-cert and --redis-client-key",
+    ),
+    ("EngineBuilder::redis_key_prefix", "--key-prefix"),
+    ("EngineBuilder::table_prefix", "--table-prefix"),
+];
+
 /// The error's message and its sources joined with `": "`, on one line. A
 /// source whose text the message already contains (errors that print their
-/// source in their own `Display`) is not repeated.
+/// source in their own `Display`) is not repeated. A builder setting the
+/// CLI has a flag for is named by its flag ([`FLAGS`]).
 fn one_line(e: &dyn StdError) -> String {
     let mut line = e.to_string();
     let mut source = e.source();
@@ -545,6 +558,9 @@ fn one_line(e: &dyn StdError) -> String {
             line.push_str(&text);
         }
         source = s.source();
+    }
+    for (setting, flag) in FLAGS {
+        line = line.replace(setting, flag);
     }
     line.replace(['\n', '\r'], " ")
 }
@@ -595,6 +611,19 @@ mod tests {
         let inner = || io::Error::other("disk\nfull");
         assert_eq!(one_line(&Outer(inner(), false)), "outer: disk full");
         assert_eq!(one_line(&Outer(inner(), true)), "outer: disk full");
+    }
+
+    #[test]
+    fn one_line_names_flags_not_builder_settings() {
+        let e = io::Error::other(
+            "name a CA file with EngineBuilder::redis_tls_ca; give one with \
+             EngineBuilder::redis_tls_client_cert; or EngineBuilder::allow_volatile(true)",
+        );
+        assert_eq!(
+            one_line(&e),
+            "name a CA file with --redis-ca; give one with --redis-client-cert and \
+             --redis-client-key; or EngineBuilder::allow_volatile(true)"
+        );
     }
 
     #[test]
