@@ -204,7 +204,12 @@ fn meta_storage<'k>(
         };
         OpenError::Storage {
             context,
-            source: format!("{}: {}{hint}", keys.meta, super::conn::describe(&e)).into(),
+            source: format!(
+                "{}: {}{hint}",
+                keys.meta,
+                super::conn::describe(&e).trim_end_matches('.')
+            )
+            .into(),
         }
     }
 }
