@@ -222,6 +222,33 @@ fn malformed_and_cluster_urls_are_refused_without_the_password() -> TestResult {
     Ok(())
 }
 
+/// A TLS file with a plaintext `redis://` URL is refused before any
+/// connection or file read, and the error says to use `rediss://` rather
+/// than blaming a file that was never read.
+#[test]
+fn tls_files_with_a_plaintext_url_are_refused_naming_the_scheme() -> TestResult {
+    let url = "redis://127.0.0.1:1/";
+    let with_ca = Engine::builder()
+        .sweep_interval(None)
+        .redis_tls_ca("/nonexistent/ca.pem")
+        .open_redis(url);
+    let with_client = Engine::builder()
+        .sweep_interval(None)
+        .redis_tls_client_cert("/nonexistent/client.pem", "/nonexistent/client.key")
+        .open_redis(url);
+    for opened in [with_ca, with_client] {
+        let err = opened
+            .err()
+            .ok_or("TLS files with redis:// must be refused")?;
+        let words = err.to_string();
+        assert!(words.contains("not rediss://"), "{words}");
+        assert!(words.contains("use a rediss:// URL"), "{words}");
+        assert!(!words.contains("reading the Redis TLS"), "{words}");
+        assert!(words.contains("/nonexistent/"), "{words}");
+    }
+    Ok(())
+}
+
 #[test]
 fn a_server_in_cluster_mode_is_refused() -> TestResult {
     let Some(s) = server(&[DURABLE, &["--cluster-enabled", "yes"]].concat())? else {

@@ -203,6 +203,45 @@ fn read_only_needs_only_reading_commands_and_no_durable_server() -> TestResult {
     Ok(())
 }
 
+/// A read-only user whose ACL allows the reading commands but not the
+/// prefix's keys is refused with the key and the missing key pattern named.
+#[test]
+fn read_only_user_without_the_key_pattern_is_told_to_allow_the_prefix() -> TestResult {
+    let Some(server) = server()? else {
+        return Ok(());
+    };
+    drop(app_writes(&server.url())?);
+    checked(
+        server.port,
+        &[
+            "ACL",
+            "SETUSER",
+            "nokeys",
+            "on",
+            ">nokeys-pw",
+            "-@all",
+            "+@read",
+            "+info",
+            "+client|id",
+            "+multi",
+            "+exec",
+        ],
+    )?;
+    let url = server
+        .url()
+        .replacen("redis://", "redis://nokeys:nokeys-pw@", 1);
+    let Err(refusal) = Engine::builder()
+        .redis_key_prefix(PREFIX)
+        .open_redis_read_only(&url)
+    else {
+        return Err("a user without the prefix's keys opened".into());
+    };
+    let words = refusal.to_string();
+    assert!(words.contains("modes:meta"), "{words}");
+    assert!(words.contains("(~modes:*)"), "{words}");
+    Ok(())
+}
+
 #[test]
 fn read_only_opens_on_a_replica() -> TestResult {
     let Some(primary) = server()? else {
@@ -232,7 +271,16 @@ fn read_only_opens_on_a_replica() -> TestResult {
     let writable = Engine::builder()
         .redis_key_prefix(PREFIX)
         .open_redis_existing(&replica.url());
-    assert!(writable.is_err(), "a replica opened for writing");
+    let Err(refusal) = writable else {
+        return Err("a replica opened for writing".into());
+    };
+    // The refusal names the key and says the primary is needed.
+    let words = refusal.to_string();
+    assert!(words.contains("modes:meta"), "{words}");
+    assert!(
+        words.contains("a writable open needs the primary"),
+        "{words}"
+    );
     let reader = Engine::builder()
         .redis_key_prefix(PREFIX)
         .open_redis_read_only(&replica.url())?;

@@ -181,7 +181,38 @@ fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), Op
     Ok(())
 }
 
-const META_CONTEXT: &str = "reading the stored settings (<prefix>meta)";
+const META_CONTEXT: &str = "reading the stored settings";
+
+/// Reading or storing `<prefix>meta` failed: the error names the key and
+/// what the server said, and what to do for the two refusals an operator
+/// meets there: an ACL without the prefix's key pattern (`NOPERM` on a
+/// key), and a writable open of a replica (`READONLY`).
+fn meta_storage<'k>(
+    keys: &'k Keys,
+    context: &'static str,
+) -> impl Fn(redis::RedisError) -> OpenError + 'k {
+    move |e| {
+        let hint = match e.code() {
+            Some("NOPERM") if e.detail().is_some_and(|d| d.contains("key")) => format!(
+                "; the user's ACL must allow the keys under the prefix (~{}*)",
+                keys.prefix
+            ),
+            Some("READONLY") => {
+                "; this server is a replica: a writable open needs the primary".to_owned()
+            }
+            _ => String::new(),
+        };
+        OpenError::Storage {
+            context,
+            source: format!(
+                "{}: {}{hint}",
+                keys.meta,
+                super::conn::describe(&e).trim_end_matches('.')
+            )
+            .into(),
+        }
+    }
+}
 
 /// `<prefix>meta` (named) is not what an engine writes there.
 fn meta_damaged(keys: &Keys, what: &str) -> OpenError {
@@ -213,7 +244,7 @@ fn read_meta(
                 "it holds another Redis type than a hash (WRONGTYPE)",
             ))
         }
-        other => other.map_err(open_storage(META_CONTEXT))?,
+        other => other.map_err(meta_storage(keys, META_CONTEXT))?,
     };
     let mut meta = std::collections::HashMap::new();
     for field in ["format", "ttl_ms", "tombstone_keep_ms"] {
@@ -313,6 +344,6 @@ pub(super) fn prepare(
         .arg("tombstone_keep_ms")
         .arg(keep_of(&cfg))
         .query(&mut conn.conn)
-        .map_err(open_storage("storing the settings (<prefix>meta)"))?;
+        .map_err(meta_storage(keys, "storing the settings"))?;
     Ok(cfg)
 }

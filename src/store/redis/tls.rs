@@ -43,17 +43,14 @@ impl TlsFiles {
         if let Some((cert, _)) = &self.client {
             given.push(format!("a TLS client certificate ({})", cert.display()));
         }
-        let context = if self.ca.is_some() {
-            CONTEXT
-        } else {
-            CLIENT_CONTEXT
-        };
         let what = given.join(" and ");
+        // Nothing was read yet: the mistake is the pairing, not a file.
         OpenError::Storage {
-            context,
+            context: "checking the URL against the TLS files given",
             source: format!(
                 "{what} given, but the URL's scheme is {scheme}://, not rediss://: the \
-                 connection would not use TLS"
+                 connection would not use TLS (use a rediss:// URL for a TLS port, or \
+                 leave the TLS files out)"
             )
             .into(),
         }
