@@ -42,7 +42,7 @@ fn server() -> Result<Option<OwnServer>, Box<dyn StdError + Send + Sync>> {
 
 /// The read-only user of the docs; its URL.
 fn reader_url(server: &OwnServer) -> Result<String, Box<dyn StdError + Send + Sync>> {
-    read_only_user(&server.url(), "reader", READER_PW)
+    read_only_user(&server.url(), "reader", READER_PW, Some("~*"))
 }
 
 /// An app that leaves under [`PREFIX`]: `done` (COMPLETED, with a

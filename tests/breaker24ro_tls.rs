@@ -22,7 +22,7 @@ mod openssl;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
-use openssl::{openssl, sign, LEAF};
+use openssl::{openssl, sign, Pki, LEAF};
 
 use redis_server::{own_tls_server, BoxError, OwnServer, TlsFiles};
 
@@ -31,30 +31,6 @@ type TestResult = Result<(), BoxError>;
 const PASSWORD: &str = "Tls-breaker-pw-94e";
 const PASSPHRASE: &str = "key-passphrase-3b7";
 
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn read(&self, name: &str) -> Result<String, BoxError> {
-        Ok(std::fs::read_to_string(self.path(name))?)
-    }
-
-    fn write(&self, name: &str, parts: &[&str]) -> Result<PathBuf, BoxError> {
-        let mut text = String::new();
-        for part in parts {
-            text.push_str(&self.read(part)?);
-        }
-        let path = self.path(name);
-        std::fs::write(&path, text)?;
-        Ok(path)
-    }
-}
-
 /// `ca` (root), `inter` (an intermediate `ca` signed), the server's
 /// `local`, and client certificates: `ec` (P-256 SEC1 key), `rsa1`
 /// (PKCS#1 RSA key), `leaf` (signed by `inter`), `other` (PKCS#8 RSA).
@@ -62,9 +38,7 @@ fn pki() -> Result<Option<Pki>, BoxError> {
     if !openssl::available()? {
         return Ok(None);
     }
-    let pki = Pki {
-        dir: tempfile::tempdir()?,
-    };
+    let pki = Pki::new()?;
     let d = pki.dir.path();
     openssl::ca(d, "ca", "breaker root")?;
     // Keys: RSA PKCS#8 (openssl's default), RSA PKCS#1, EC SEC1.

@@ -171,7 +171,7 @@ fn read_only_needs_only_reading_commands_and_no_durable_server() -> TestResult {
     drop(app_writes(&url)?);
     // A user allowed to read only (and to ask INFO and CLIENT ID, and to
     // read several keys at one instant in a MULTI): the docs' ACL.
-    let reader_url = read_only_user(&url, "reader", "reader-pw")?;
+    let reader_url = read_only_user(&url, "reader", "reader-pw", Some("~*"))?;
     // The writing opens are refused by the server's ACL.
     let writable = Engine::builder()
         .redis_key_prefix(PREFIX)
@@ -211,25 +211,7 @@ fn read_only_user_without_the_key_pattern_is_told_to_allow_the_prefix() -> TestR
         return Ok(());
     };
     drop(app_writes(&server.url())?);
-    checked(
-        server.port,
-        &[
-            "ACL",
-            "SETUSER",
-            "nokeys",
-            "on",
-            ">nokeys-pw",
-            "-@all",
-            "+@read",
-            "+info",
-            "+client|id",
-            "+multi",
-            "+exec",
-        ],
-    )?;
-    let url = server
-        .url()
-        .replacen("redis://", "redis://nokeys:nokeys-pw@", 1);
+    let url = read_only_user(&server.url(), "nokeys", "nokeys-pw", None)?;
     let Err(refusal) = Engine::builder()
         .redis_key_prefix(PREFIX)
         .open_redis_read_only(&url)

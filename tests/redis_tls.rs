@@ -27,30 +27,21 @@ mod openssl;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
+use openssl::Pki;
+
 use redis_server::{own_server, own_tls_server, BoxError, OwnServer, TlsFiles};
 
 type TestResult = Result<(), BoxError>;
 
 const PASSWORD: &str = "Tls-test-pw-7c1";
 
-/// A CA and certificates it signed, in a temp dir.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// The server files for certificate `name` (signed by `ca`).
-    fn server(&self, name: &str) -> (PathBuf, PathBuf, PathBuf) {
-        (
-            self.path(&format!("{name}.pem")),
-            self.path(&format!("{name}.key")),
-            self.path("ca.pem"),
-        )
-    }
+/// The files of a server with certificate `name` (signed by `ca`).
+fn server_files(pki: &Pki, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    (
+        pki.path(&format!("{name}.pem")),
+        pki.path(&format!("{name}.key")),
+        pki.path("ca.pem"),
+    )
 }
 
 /// Makes `ca` (trusted by the tests), `other-ca` (trusted by no server),
@@ -62,9 +53,7 @@ fn pki() -> Result<Option<Pki>, BoxError> {
     if !openssl::available()? {
         return Ok(None);
     }
-    let pki = Pki {
-        dir: tempfile::tempdir()?,
-    };
+    let pki = Pki::new()?;
     let d = pki.dir.path();
     for ca in ["ca", "other-ca"] {
         openssl::ca(d, ca, &format!("idempotency test {ca}"))?;
@@ -87,7 +76,7 @@ fn pki() -> Result<Option<Pki>, BoxError> {
 
 /// A TLS-only server with certificate `name`, requiring [`PASSWORD`].
 fn tls_server(pki: &Pki, name: &str) -> Result<Option<OwnServer>, BoxError> {
-    let (cert, key, ca) = pki.server(name);
+    let (cert, key, ca) = server_files(pki, name);
     own_tls_server(
         &TlsFiles {
             cert: &cert,
@@ -101,7 +90,7 @@ fn tls_server(pki: &Pki, name: &str) -> Result<Option<OwnServer>, BoxError> {
 /// As [`tls_server`] with certificate `local`, and clients must present
 /// a certificate signed by `ca` (`tls-auth-clients yes`).
 fn mutual_tls_server(pki: &Pki) -> Result<Option<OwnServer>, BoxError> {
-    let (cert, key, ca) = pki.server("local");
+    let (cert, key, ca) = server_files(pki, "local");
     own_tls_server(
         &TlsFiles {
             cert: &cert,
@@ -122,6 +111,19 @@ fn builder() -> idempotency::EngineBuilder {
 
 fn fp() -> Result<Fingerprint, BoxError> {
     Ok(Fingerprint::of_json(b"{\"amount\":1}", &[])?)
+}
+
+/// `key` claimed and completed through `e`, then replayed.
+fn charge_once(e: &Engine, key: &IdempotencyKey) -> TestResult {
+    let Begin::Claimed(claim) = e.begin(key, fp()?)? else {
+        return Err(format!("{key}: a fresh key must be claimed").into());
+    };
+    e.complete(claim, Envelope::new(1, 201, "charged"))?;
+    let Begin::Replay(replay) = e.begin(key, fp()?)? else {
+        return Err(format!("{key}: the completed key must replay").into());
+    };
+    assert_eq!(replay.envelope.body, b"charged");
+    Ok(())
 }
 
 /// The open's error, checked to leave the password out.
@@ -148,14 +150,7 @@ fn claims_complete_and_replay_over_tls() -> TestResult {
             .redis_tls_ca(pki.path("ca.pem"))
             .open_redis(&url)?;
         let key = IdempotencyKey::new("tls", format!("charge-{host}"))?;
-        let Begin::Claimed(claim) = e.begin(&key, fp()?)? else {
-            return Err(format!("{key}: a fresh key must be claimed").into());
-        };
-        e.complete(claim, Envelope::new(1, 201, "charged"))?;
-        let Begin::Replay(replay) = e.begin(&key, fp()?)? else {
-            return Err(format!("{key}: the completed key must replay").into());
-        };
-        assert_eq!(replay.envelope.body, b"charged");
+        charge_once(&e, &key)?;
         assert!(e.verify()?.is_sound());
     }
     Ok(())
@@ -261,14 +256,7 @@ fn mutual_tls_admits_a_client_certificate_the_server_trusts() -> TestResult {
         .redis_tls_client_cert(pki.path("client.pem"), pki.path("client.key"))
         .open_redis(&url)?;
     let key = IdempotencyKey::new("tls", "mutual")?;
-    let Begin::Claimed(claim) = e.begin(&key, fp()?)? else {
-        return Err(format!("{key}: a fresh key must be claimed").into());
-    };
-    e.complete(claim, Envelope::new(1, 201, "charged"))?;
-    let Begin::Replay(replay) = e.begin(&key, fp()?)? else {
-        return Err(format!("{key}: the completed key must replay").into());
-    };
-    assert_eq!(replay.envelope.body, b"charged");
+    charge_once(&e, &key)?;
     drop(e);
     // The operator's read-only open presents it too.
     let reader = builder()

@@ -44,7 +44,7 @@ fn a_read_only_user_reads_and_is_refused_writes_in_one_line() -> TestResult {
     let reason = "provider timed out".to_string();
     engine.fail(lost, Failure::InDoubt { reason })?;
     drop(engine);
-    let url = read_only_user(&server.url(), "reader", PW).map_err(|e| e.to_string())?;
+    let url = read_only_user(&server.url(), "reader", PW, Some("~*")).map_err(|e| e.to_string())?;
     let with = |args: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
         v.extend(["--key-prefix".to_string(), PREFIX.to_string()]);

@@ -7,7 +7,7 @@
 #![allow(dead_code)] // each test file uses some of these
 
 use std::error::Error;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -16,6 +16,38 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// `subjectAltName` lines).
 pub const LEAF: &str =
     "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n";
+
+/// A temp dir of keys and certificates, named `<name>.key`, `<name>.pem`.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+}
+
+impl Pki {
+    pub fn new() -> Result<Pki, BoxError> {
+        Ok(Pki {
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn read(&self, name: &str) -> Result<String, BoxError> {
+        Ok(std::fs::read_to_string(self.path(name))?)
+    }
+
+    /// A file `name` holding the files `parts`, one after the other.
+    pub fn write(&self, name: &str, parts: &[&str]) -> Result<PathBuf, BoxError> {
+        let mut text = String::new();
+        for part in parts {
+            text.push_str(&self.read(part)?);
+        }
+        let path = self.path(name);
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+}
 
 /// Whether the `openssl` command runs: `Ok(false)` (after saying so) when
 /// it does not; under `CI=true` that is an error, not a skip.

@@ -507,10 +507,18 @@ pub fn digest(port: u16) -> Result<String, BoxError> {
 
 /// Makes `user` (password `password`) the read-only user the docs of
 /// `EngineBuilder::open_redis_read_only` describe (`-@all +@read +info
-/// +client|id +multi +exec`) on the server of `url`, and returns `url`
-/// logged in as it.
-pub fn read_only_user(url: &str, user: &str, password: &str) -> Result<String, BoxError> {
+/// +client|id +multi +exec`) on the server of `url`, allowed the keys
+/// `keys` (a pattern such as `~*`; `None`: no key at all), and returns
+/// `url` logged in as it.
+pub fn read_only_user(
+    url: &str,
+    user: &str,
+    password: &str,
+    keys: Option<&str>,
+) -> Result<String, BoxError> {
     let port = port_of(url).ok_or("a port in the server's URL")?;
+    let password_rule = format!(">{password}");
+    // `resetkeys` is the ACL default: no key until a pattern is given.
     checked(
         port,
         &[
@@ -518,8 +526,8 @@ pub fn read_only_user(url: &str, user: &str, password: &str) -> Result<String, B
             "SETUSER",
             user,
             "on",
-            &format!(">{password}"),
-            "~*",
+            &password_rule,
+            keys.unwrap_or("resetkeys"),
             "-@all",
             "+@read",
             "+info",
