@@ -24,20 +24,21 @@ use super::shared::mark_broken;
 use super::shared::Shared;
 use super::txn::decode_value;
 
-/// The claim-or-read script. Answers `{token, value}` for a claim it
-/// stored, `{0, value}` for a record that was there, and `{-1, ''}` for a
-/// key with effect steps but no record (a store written before a released
-/// resume kept its record: the full claim decides).
+/// The claim-or-read script. Answers `{token, ''}` for a claim it stored
+/// (its value is `"<token>:"` and the bytes sent, which the caller has:
+/// not sending them back saves the reply's bytes and their parse),
+/// `{0, value}` for a record that was there, and `{-1, ''}` for a key with
+/// effect steps but no record (a store written before a released resume
+/// kept its record: the full claim decides).
 pub(super) const CLAIM: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v then return {0, v} end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
 local t = redis.call('INCR', KEYS[2])
-local value = string.format('%d', t) .. ':' .. ARGV[2]
-redis.call('SET', KEYS[1], value)
+redis.call('SET', KEYS[1], string.format('%d', t) .. ':' .. ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
-return {t, value}
+return {t, ''}
 ";
 
 /// Claims this engine holds, with the bytes it wrote for each: a
@@ -182,6 +183,11 @@ impl Shared {
                         "a negative fencing token",
                     )))
                 })?;
+                // The value the script stored (see `CLAIM`).
+                let mut value = Vec::with_capacity(framed.len() + 21);
+                value.extend_from_slice(token.to_string().as_bytes());
+                value.push(b':');
+                value.extend_from_slice(&framed);
                 remembered.insert(&req.key, token, value);
                 let reference = crate::store::record::reference(req.key.record_key(), token);
                 tracing::debug!(key = %req.key, token, reference = %reference, "claimed");
