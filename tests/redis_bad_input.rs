@@ -189,6 +189,26 @@ fn a_wrong_password_says_so_without_the_password() -> TestResult {
     }
     // The right one opens.
     open(&format!("redis://:the-right-one@127.0.0.1:{}/", s.port))?;
+    // Given apart from the URL (`redis_password`): used when the URL has
+    // none, never shown by an error or by the builder's Debug output.
+    let plain = format!("redis://127.0.0.1:{}/", s.port);
+    let with = |password: &str| {
+        Engine::builder()
+            .sweep_interval(None)
+            .redis_connect_timeout(Duration::from_secs(2))
+            .redis_password(password)
+    };
+    assert!(!format!("{:?}", with(PASSWORD)).contains(PASSWORD));
+    with("the-right-one").open_redis(&plain)?;
+    let err = with(PASSWORD)
+        .open_redis(&plain)
+        .err()
+        .ok_or("a wrong redis_password must be refused")?;
+    let all = everything(&err);
+    assert!(!all.contains(PASSWORD), "the password shows: {all}");
+    assert!(all.contains("redis_password"), "{all}");
+    // A URL with its own password keeps it.
+    with(PASSWORD).open_redis(&format!("redis://:the-right-one@127.0.0.1:{}/", s.port))?;
     Ok(())
 }
 

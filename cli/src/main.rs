@@ -468,23 +468,35 @@ impl StdError for UsageError {}
 fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, EngineBuilder)> {
     let target = target::classify(db);
     let Opener { builder, prefix } = opener;
+    let tls = matches!(target, Target::Redis(url) if target::has_scheme(url, "rediss"));
     let misplaced = |flag: &str, applies: &str| -> CliResult<(Target<'d>, EngineBuilder)> {
         let what = match &target {
             Target::File(path) => format!("the file {}", path.display()),
             Target::Postgres(_) => "a PostgreSQL connection string".to_owned(),
+            Target::Redis(_) if !tls && applies.starts_with("a rediss") => {
+                "a redis:// URL (no TLS: use rediss://, or drop the flag)".to_owned()
+            }
             Target::Redis(_) => "a Redis URL".to_owned(),
         };
         Err(UsageError(format!("{flag} applies to {applies}, not to {what}")).into())
     };
     let builder = match (&target, prefix.redis_ca) {
-        (Target::Redis(_), Some(ca)) => builder.redis_tls_ca(ca),
+        (Target::Redis(_), Some(ca)) if tls => builder.redis_tls_ca(ca),
         (_, Some(_)) => return misplaced("--redis-ca", "a rediss:// URL"),
         (_, None) => builder,
     };
     let builder = match (&target, prefix.redis_client) {
-        (Target::Redis(_), Some((cert, key))) => builder.redis_tls_client_cert(cert, key),
+        (Target::Redis(_), Some((cert, key))) if tls => builder.redis_tls_client_cert(cert, key),
         (_, Some(_)) => return misplaced("--redis-client-cert", "a rediss:// URL"),
         (_, None) => builder,
+    };
+    // redis-cli's variable: a password kept off the command line, used
+    // when the URL has none.
+    let builder = match (&target, std::env::var(REDIS_PASSWORD_VAR)) {
+        (Target::Redis(_), Ok(password)) if !password.is_empty() => {
+            builder.redis_password(password)
+        }
+        _ => builder,
     };
     match (&target, prefix.table, prefix.key) {
         (Target::File(_) | Target::Redis(_), Some(_), _) => {
@@ -532,9 +544,14 @@ fn read_envelope(path: &Path) -> CliResult<idempotency::Envelope> {
         .map_err(|e| CliError(format!("{}: invalid envelope: {e}", path.display())).into())
 }
 
-/// The library's builder settings that have a flag here, and the flag:
-/// an error that names the setting names the flag instead.
-const FLAGS: [(&str, &str); 4] = [
+/// The environment variable a Redis password is read from when the URL
+/// has none: redis-cli's.
+const REDIS_PASSWORD_VAR: &str = "REDISCLI_AUTH";
+
+/// The library's builder settings that have a flag (or a variable) here,
+/// and that flag: an error that names the setting names the flag instead.
+const FLAGS: [(&str, &str); 5] = [
+    ("EngineBuilder::redis_password", REDIS_PASSWORD_VAR),
     ("EngineBuilder::redis_tls_ca", "--redis-ca"),
     (
         "EngineBuilder::redis_tls_client_cert",

@@ -69,10 +69,19 @@ const LIBPQ_KEYWORDS: &[&str] = &[
 /// Classifies a DB argument (see the module doc).
 pub fn classify(db: &Path) -> Target<'_> {
     match db.to_str() {
-        Some(s) if s.starts_with("redis://") || s.starts_with("rediss://") => Target::Redis(s),
+        Some(s) if has_scheme(s, "redis") || has_scheme(s, "rediss") => Target::Redis(s),
         Some(s) if is_postgres(s) => Target::Postgres(s),
         _ => Target::File(db),
     }
+}
+
+/// Whether `s` starts with `scheme://`, the scheme in any case (RFC 3986,
+/// section 3.1: schemes are case-insensitive, so `REDIS://` is a URL, not
+/// a file name).
+pub fn has_scheme(s: &str, scheme: &str) -> bool {
+    s.get(..scheme.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(scheme))
+        && s[scheme.len()..].starts_with("://")
 }
 
 fn is_postgres(s: &str) -> bool {
@@ -111,12 +120,20 @@ mod tests {
         ] {
             assert_eq!(classify(Path::new(pg)), Target::Postgres(pg), "{pg}");
         }
-        for redis in ["redis://127.0.0.1:6379/", "rediss://:pw@cache:6380/2"] {
+        for redis in [
+            "redis://127.0.0.1:6379/",
+            "rediss://:pw@cache:6380/2",
+            "REDIS://127.0.0.1:6379/",
+            "Rediss://cache:6380/",
+        ] {
             assert_eq!(classify(Path::new(redis)), Target::Redis(redis), "{redis}");
         }
         for file in [
             "redis.redb",
             "redis:/not-a-url",
+            "redis",
+            "rediss:",
+            "réd://x",
             "app.redb",
             "/var/lib/app/idem.redb",
             "./host=x.redb",

@@ -1,8 +1,11 @@
 //! The operator commands on Redis: guards against a CLI that cannot open a
-//! `redis://` URL, that shows other records there than the engine wrote,
-//! that applies `--table-prefix` to a Redis URL or `--key-prefix` or
-//! `--redis-ca` or `--redis-client-cert` to anything else, that writes under a mistyped key prefix, or
-//! that prints a Redis password in an error.
+//! `redis://` URL (in any case of its scheme), that shows other records
+//! there than the engine wrote, that applies `--table-prefix` to a Redis
+//! URL, `--key-prefix` to anything else, or `--redis-ca` or
+//! `--redis-client-cert` to anything but a `rediss://` URL, that writes
+//! under a mistyped key prefix, that cannot take the password from
+//! `REDISCLI_AUTH` (kept out of `ps`), or that prints a Redis password in
+//! an error.
 //!
 //! Needs `IDEMPOTENCY_TEST_REDIS` (set by `scripts/with-redis`, which
 //! `scripts/with-services` runs). Without it the server tests are skipped
@@ -89,6 +92,16 @@ fn prefixes_go_with_their_backend() -> TestResult {
         err.contains("--redis-client-cert applies to a rediss:// URL, not to the file"),
         "{err}"
     );
+    // TLS files with a plaintext URL: a command-line mistake too.
+    let err = usage_err(&["stats", redis, "--redis-ca", "ca.pem"])?;
+    assert!(
+        err.contains("--redis-ca applies to a rediss:// URL, not to a redis:// URL (no TLS"),
+        "{err}"
+    );
+    // A scheme in capitals is still a URL (RFC 3986: schemes are
+    // case-insensitive), not a file name.
+    let err = usage_err(&["stats", "REDIS://127.0.0.1:1/", "--table-prefix", "app_"])?;
+    assert!(err.contains("not to a Redis URL"), "{err}");
     // One without the other is a usage error (clap's).
     let out = idem(["stats", redis, "--redis-client-cert", "client.pem"])?;
     assert_eq!(out.status.code(), Some(2));
@@ -186,5 +199,68 @@ fn a_wrong_password_is_one_line_without_the_password() -> TestResult {
     let with_password = url.replacen("redis://", "redis://:s3cret-pw@", 1);
     let err = idem_err(["stats", with_password.as_str()])?;
     assert!(!err.contains("s3cret-pw"), "{err}");
+    Ok(())
+}
+
+/// `idem` with `REDISCLI_AUTH` set (or removed, for `None`).
+fn idem_with_auth(args: &[&str], auth: Option<&str>) -> TestResult<std::process::Output> {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args);
+    match auth {
+        Some(pw) => cmd.env("REDISCLI_AUTH", pw),
+        None => cmd.env_remove("REDISCLI_AUTH"),
+    };
+    Ok(cmd.output()?)
+}
+
+#[test]
+fn a_password_comes_from_rediscli_auth_when_the_url_has_none() -> TestResult {
+    const PW: &str = "cli-auth-pw-5d0e";
+    let Some(server) =
+        redis_server::own_server(&["--requirepass", PW]).map_err(|e| e.to_string())?
+    else {
+        return Ok(());
+    };
+    let prefix = "cliauth:";
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .redis_key_prefix(prefix)
+        .open_redis(&format!("redis://:{PW}@127.0.0.1:{}/", server.port))?;
+    let done = claim(&engine, &key("shop:pay", "k-1")?, fp("{}")?)?;
+    engine.complete(done, Envelope::new(1, 201, "ok"))?;
+    drop(engine);
+
+    // No password in the URL (so none in `ps`): REDISCLI_AUTH gives it.
+    let url = server.url();
+    let args = ["stats", url.as_str(), "--key-prefix", prefix, "--json"];
+    let out = idem_with_auth(&args, Some(PW))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(stats["completed"], 1, "{stats}");
+
+    // Without it, or with a wrong one: exit 1, one line naming the
+    // variable, never the password tried.
+    for auth in [None, Some("not-the-password-9a1")] {
+        let out = idem_with_auth(&args, auth)?;
+        let stderr = String::from_utf8(out.stderr)?;
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+        assert!(stderr.contains("authentication"), "{stderr}");
+        assert!(stderr.contains("REDISCLI_AUTH"), "{stderr}");
+        assert!(!stderr.contains("not-the-password"), "{stderr}");
+    }
+
+    // A password in the URL wins over the variable.
+    let with_pw = format!("redis://:{PW}@127.0.0.1:{}/", server.port);
+    let out = idem_with_auth(
+        &["stats", &with_pw, "--key-prefix", prefix],
+        Some("not-the-password-9a1"),
+    )?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }

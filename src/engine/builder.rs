@@ -62,6 +62,7 @@ struct RedisSettings {
     wait_replicas: Option<(u32, Duration)>,
     tls_ca: Option<std::path::PathBuf>,
     tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    password: Option<crate::store::redis::Password>,
 }
 
 /// Settings only an engine on PostgreSQL reads.
@@ -104,6 +105,7 @@ impl Default for EngineBuilder {
                 wait_replicas: None,
                 tls_ca: None,
                 tls_client: None,
+                password: None,
             },
         }
     }
@@ -819,6 +821,23 @@ impl EngineBuilder {
         self
     }
 
+    /// The password for the Redis server when the URL gives none (feature
+    /// `redis`), so it need not sit in a URL that configuration files,
+    /// logs or `ps` show; sent with the URL's user name, if any, as
+    /// `AUTH`. A URL with its own password keeps it (as a libpq
+    /// connection string's password wins over `PGPASSWORD`). Never shown
+    /// by the builder's `Debug` output or by an error.
+    ///
+    /// # Errors
+    ///
+    /// At [`open_redis`](Self::open_redis): [`OpenError::Storage`]
+    /// (authentication failed) if the server refuses it.
+    #[cfg(feature = "redis")]
+    pub fn redis_password(mut self, password: impl Into<String>) -> Self {
+        self.redis.password = Some(crate::store::redis::Password(password.into()));
+        self
+    }
+
     /// Opens the engine on a Redis or Valkey server (feature `redis`).
     /// `url` is `redis://[user:password@]host[:port][/db]`,
     /// `rediss://…` for TLS (rustls; the server's certificate is checked
@@ -928,6 +947,7 @@ impl EngineBuilder {
                 ca: self.redis.tls_ca.clone(),
                 client: self.redis.tls_client.clone(),
             },
+            password: self.redis.password.clone(),
             mode,
         };
         let (store, store_cfg) = crate::store::redis::RedisStore::open(

@@ -107,6 +107,7 @@ fn redis_fixture(name: &str, expiry: ExpiryPolicy) -> R<Fixture> {
         mode: crate::store::redis::Mode::Create,
         wait_replicas: None,
         tls: Default::default(),
+        password: None,
     };
     let clock = ManualClock::new(T0);
     let cfg = StoreConfig {

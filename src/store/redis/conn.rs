@@ -60,13 +60,31 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
+/// A password given apart from the URL (`EngineBuilder::redis_password`):
+/// kept out of `Debug` output, so no log of the builder or the options
+/// shows it.
+#[derive(Clone)]
+pub(crate) struct Password(pub(crate) String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
 /// The client for `url`, after the checks a URL gets before any
 /// connection: a cluster URL is refused (this build speaks to one server),
 /// and a URL that does not parse says so without repeating it. A
 /// `rediss://` URL trusts the CAs in `tls.ca` (a PEM file) if given, else
 /// the system's trust store, and presents `tls.client` (certificate chain
 /// and key PEM files) when given; either with another scheme is refused.
-pub(super) fn client(url: &str, tls_files: &tls::TlsFiles) -> Result<redis::Client, OpenError> {
+/// `password` is sent when the URL has none (a URL's own password wins,
+/// as a libpq connection string's wins over `PGPASSWORD`).
+pub(super) fn client(
+    url: &str,
+    tls_files: &tls::TlsFiles,
+    password: Option<&Password>,
+) -> Result<redis::Client, OpenError> {
     let scheme = url.split("://").next().unwrap_or_default();
     if url.contains("://") && scheme.to_ascii_lowercase().contains("cluster") {
         return Err(OpenError::RedisUnsupported {
@@ -91,8 +109,16 @@ pub(super) fn client(url: &str, tls_files: &tls::TlsFiles) -> Result<redis::Clie
     if tls {
         tls::install_provider();
     }
+    let mut info = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| malformed(describe_kind(&e)))?;
+    if let Some(Password(password)) = password {
+        if info.redis_settings().password().is_none() {
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+    }
     if tls_files.is_empty() {
-        return redis::Client::open(url).map_err(|e| malformed(describe_kind(&e)));
+        return redis::Client::open(info).map_err(|e| malformed(describe_kind(&e)));
     }
     if !tls {
         return Err(tls_files.without_tls(scheme));
@@ -101,7 +127,7 @@ pub(super) fn client(url: &str, tls_files: &tls::TlsFiles) -> Result<redis::Clie
         client_tls: tls_files.read_client()?,
         root_cert: tls_files.ca.as_deref().map(tls::read_ca).transpose()?,
     };
-    redis::Client::build_with_tls(url, certificates).map_err(|e| malformed(describe_kind(&e)))
+    redis::Client::build_with_tls(info, certificates).map_err(|e| malformed(describe_kind(&e)))
 }
 
 /// What went wrong, in words that never carry the URL: the error's kind,
@@ -119,7 +145,8 @@ pub(super) fn describe(e: &redis::RedisError) -> String {
         || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
     {
         return format!(
-            "authentication failed ({}): check the user name and password in the URL",
+            "authentication failed ({}): check the user name and the password (the URL's, \
+             or EngineBuilder::redis_password when the URL has none)",
             e.code().unwrap_or("refused")
         );
     }

@@ -87,6 +87,7 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
+pub(crate) use self::conn::Password;
 pub(crate) use self::keys::DEFAULT_PREFIX;
 pub use self::local::RedisLocal;
 pub(crate) use self::open::{Mode, RedisOptions};
@@ -127,7 +128,7 @@ impl RedisStore {
     ) -> std::result::Result<(RedisStore, StoreConfig), OpenError> {
         let keys = keys::Keys::new(&opts.prefix)?;
         let manager = conn::Manager {
-            client: conn::client(&opts.url, &opts.tls)?,
+            client: conn::client(&opts.url, &opts.tls, opts.password.as_ref())?,
             connect_timeout: opts.connect_timeout,
             command_timeout: opts.command_timeout,
         };

@@ -53,6 +53,8 @@ pub(crate) struct RedisOptions {
     /// The files of a `rediss://` connection: trusted CAs, client
     /// certificate.
     pub(crate) tls: super::tls::TlsFiles,
+    /// The password sent when the URL has none.
+    pub(crate) password: Option<super::conn::Password>,
     /// Whether the open may create the layout, and whether it writes.
     pub(crate) mode: Mode,
 }
