@@ -109,7 +109,7 @@ impl Snapshots {
             state.kept.take()
         };
         // Ends the read transaction outside the lock (when no read holds it).
-        drop(stale);
+        release(stale);
     }
 
     /// Drops the kept snapshot and keeps none from now on: the database is
@@ -123,7 +123,7 @@ impl Snapshots {
             state.generation = state.generation.wrapping_add(1);
             state.kept.take()
         };
-        drop(stale);
+        release(stale);
     }
 
     /// Whether a snapshot is kept now (for tests).
@@ -131,6 +131,13 @@ impl Snapshots {
     pub(super) fn is_kept(&self) -> bool {
         self.state.read().kept.is_some()
     }
+}
+
+/// Drops a snapshot taken out of the cache. After a panic inside redb
+/// (a failed commit), ending a read transaction may panic on its poisoned
+/// locks: on the writer thread that must not take the thread down.
+fn release(stale: Option<Arc<Snapshot>>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(stale)));
 }
 
 /// One read transaction with the records table open; the entities and
