@@ -10,7 +10,11 @@
 //! since it read it before `begin_read`. So a kept snapshot is always of
 //! the newest commit that `committed` has announced, and a point read that
 //! looks in the overlay first and then takes the snapshot sees the
-//! overlay's value or the commit that held it, never neither.
+//! overlay's value or the commit that held it, never neither. Every redb
+//! commit of a running store is the writer's (group commits, checkpoints,
+//! isolated local writes); those before it starts (preparing, migrating,
+//! applying the journal at an open or a reopen) come before its
+//! `Snapshots` exists: a reopen starts a new one.
 //!
 //! Pinning: a live read transaction keeps the pages its commit uses from
 //! being reused. The writer drops the kept snapshot at every commit, so it
