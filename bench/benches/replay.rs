@@ -174,7 +174,7 @@ fn fixture(records: usize) -> PathBuf {
 /// fixture) against the raw lookup, per lookup and kept open.
 fn replay_large(c: &mut Criterion) {
     let records = large();
-    let label = if records % 1_000_000 == 0 {
+    let label = if records.is_multiple_of(1_000_000) {
         format!("{}M", records / 1_000_000)
     } else {
         format!("{}k", records as f64 / 1_000.0)
@@ -205,9 +205,9 @@ fn replay_large(c: &mut Criterion) {
         other => panic!("expected a replay, got {other:?}"),
     };
     // Both files through their caches once, so no series starts cold.
-    for i in 0..records {
+    for (i, raw) in raw_keys.iter().enumerate() {
         replay(i);
-        redb.get(&raw_keys[i]).expect("present");
+        redb.get(raw).expect("present");
     }
 
     let mut g = c.benchmark_group(format!(
