@@ -87,3 +87,22 @@ impl PlainRedb {
         t.get(key).expect("get").map(|v| v.value().to_vec())
     }
 }
+
+/// The records table of a [`PlainRedb`] in one read transaction kept open
+/// across lookups (what a reader that keeps its snapshot pays per lookup).
+pub struct KeptTable(redb::ReadOnlyTable<&'static [u8], &'static [u8]>);
+
+impl PlainRedb {
+    /// A read transaction and its records table, kept open.
+    pub fn kept(&self) -> KeptTable {
+        let txn = self.db.begin_read().expect("read txn");
+        KeptTable(txn.open_table(RECORDS).expect("table"))
+    }
+}
+
+impl KeptTable {
+    /// A point lookup in the kept table, copying the value out.
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.0.get(key).expect("get").map(|v| v.value().to_vec())
+    }
+}

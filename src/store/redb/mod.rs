@@ -15,6 +15,9 @@ mod read_only;
 mod recover;
 mod reserve;
 mod salvage;
+mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 #[cfg(test)]
 mod step_tables_tests;
 mod sweep;
@@ -60,6 +63,7 @@ use self::job::Call;
 use self::journal::JournalStorage;
 use self::overlay::Overlay;
 use self::reserve::Reserve;
+use self::snapshot::Snapshots;
 use self::tables::{OpError, Tables};
 use self::writer::{Msg, Writer};
 
@@ -202,6 +206,9 @@ struct Live {
     writer: Option<JoinHandle<()>>,
     /// Acknowledged values redb has not committed yet (see `overlay.rs`).
     overlay: Arc<Overlay>,
+    /// The read snapshot point reads share (see `snapshot.rs`); closed
+    /// before `db` is.
+    reads: Arc<Snapshots>,
 }
 
 /// The redb backend.
@@ -484,12 +491,15 @@ impl RedbStore {
             }
         }
         // Reads hold the database only while they run; wait for them so the
-        // old handle is closed before the file is opened again.
+        // old handle is closed before the file is opened again. The kept
+        // snapshot goes first: it holds the old file open too.
+        live.reads.close();
         if let Some(old) = live.db.take() {
             match wait_unique(old) {
                 Ok(old) => close_database(old),
                 Err(old) => {
                     live.db = Some(old);
+                    live.reads = Arc::new(Snapshots::default());
                     return poisoned();
                 }
             }
@@ -523,8 +533,11 @@ impl RedbStore {
                 if let Some(file) = &self.file {
                     match open_contained(file, || open::open_read_view(file)) {
                         Ok(view) => {
+                            // Nothing commits to the view: its snapshot
+                            // never goes stale.
                             live.db = Some(Arc::new(view));
                             live.overlay = Arc::new(Overlay::default());
+                            live.reads = Arc::new(Snapshots::default());
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "no read view either; reads fail until a reopen works");
@@ -537,19 +550,19 @@ impl RedbStore {
     }
 
     /// The database, for reads, with the acknowledged values it has not
-    /// committed yet. After a failed reopen there is none until a later
-    /// attempt succeeds.
-    fn snapshot(&self) -> Result<(Arc<Database>, Arc<Overlay>)> {
+    /// committed yet and the kept read snapshot. After a failed reopen
+    /// there is none until a later attempt succeeds.
+    fn snapshot(&self) -> Result<View> {
         {
             let live = self.live.read_recursive();
             if let Some(db) = live.db.clone() {
-                return Ok((db, live.overlay.clone()));
+                return Ok((db, live.overlay.clone(), live.reads.clone()));
             }
         }
         self.try_reopen()?;
         let live = self.live.read_recursive();
         match (&live.db, live.poison.cause()) {
-            (Some(db), _) => Ok((db.clone(), live.overlay.clone())),
+            (Some(db), _) => Ok((db.clone(), live.overlay.clone(), live.reads.clone())),
             (None, Some(cause)) => Err(Error::Poisoned { cause }),
             (None, None) => Err(Error::Closed),
         }
@@ -561,11 +574,17 @@ impl RedbStore {
     /// the read sees the last commit (acknowledged writes after it come
     /// back with the reopen that applies the journal).
     fn db(&self) -> Result<Arc<Database>> {
-        let (db, overlay) = self.snapshot()?;
+        self.committed().map(|(db, _)| db)
+    }
+
+    /// [`Self::db`], with the kept read snapshot (taken after the commit,
+    /// it sees it).
+    fn committed(&self) -> Result<(Arc<Database>, Arc<Snapshots>)> {
+        let (db, overlay, reads) = self.snapshot()?;
         if overlay.held() {
             self.commit_open()?;
         }
-        Ok(db)
+        Ok((db, reads))
     }
 
     /// Asks the writer to commit its open transaction; waits for it.
@@ -580,6 +599,10 @@ impl RedbStore {
         request_commit(&tx, &poison)
     }
 }
+
+/// What a read needs: the database, the acknowledged values it has not
+/// committed yet, and the kept read snapshot.
+type View = (Arc<Database>, Arc<Overlay>, Arc<Snapshots>);
 
 /// Sends the writer a [`Msg::Commit`] and waits for its answer.
 fn request_commit(tx: &Sender<Msg>, poison: &Poison) -> Result<()> {
@@ -632,6 +655,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
     let overlay = Arc::new(Overlay::default());
+    let reads = Arc::new(Snapshots::default());
     let writer = Writer {
         db: db.clone(),
         rx,
@@ -645,6 +669,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         checkpoint_bytes: s.checkpoint_bytes,
         reserve: s.reserve.clone(),
         overlay: overlay.clone(),
+        reads: reads.clone(),
     };
     let writer = std::thread::Builder::new()
         .name("idempotency-writer".into())
@@ -659,6 +684,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         poison,
         writer: Some(writer),
         overlay,
+        reads,
     })
 }
 
@@ -707,8 +733,9 @@ impl Backend for RedbStore {
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
         contained("reading the database", || {
-            let (db, overlay) = self.snapshot()?;
-            read::record_seen(&*db, &overlay, key)
+            // The database handle outlives the snapshot taken from it.
+            let (db, overlay, reads) = self.snapshot()?;
+            read::record_seen(&reads, &*db, &overlay, key)
         })
     }
 
@@ -756,15 +783,16 @@ impl Backend for RedbStore {
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
         contained("reading the database", || {
-            let (db, overlay) = self.snapshot()?;
-            read::entity_seen(&*db, &overlay, entity)
+            let (db, overlay, reads) = self.snapshot()?;
+            read::entity_seen(&reads, &*db, &overlay, entity)
         })
     }
 
     fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
         let now_ms = self.settings.clock.now_ms();
         contained("reading the database", || {
-            read::steps(&*self.db()?, key, now_ms)
+            let (db, reads) = self.committed()?;
+            read::steps(&*reads.current(&*db, "reading effect steps")?, key, now_ms)
         })
     }
 
@@ -958,6 +986,7 @@ impl Backend for RedbStore {
 impl Drop for RedbStore {
     fn drop(&mut self) {
         self.close();
+        self.live.get_mut().reads.close();
         if let Some(db) = self.live.get_mut().db.take() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
         }

@@ -17,11 +17,13 @@ use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
 use super::overlay::{Overlay, Seen};
+use super::snapshot::{Snapshot, Snapshots};
 use super::tables::{
     Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
     STEPS,
 };
 use crate::store::step::{HistoryRecord, StepRecord};
+
 /// One engine table in a fresh read transaction.
 fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
     db: &impl ReadableDatabase,
@@ -69,29 +71,33 @@ pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<()
 }
 
 /// `key`'s record as of the last commit, unless an acknowledged write not
-/// yet committed is in `overlay`.
+/// yet committed is in `overlay`. The overlay is read first, then the
+/// snapshot (see `snapshot.rs`): a value the writer drops from the overlay
+/// is in a commit it announced before.
 pub(super) fn record_seen(
+    reads: &Snapshots,
     db: &impl ReadableDatabase,
     overlay: &Overlay,
     key: &IdempotencyKey,
 ) -> Result<Option<Record>> {
     let rkey = key.record_key();
     match overlay.record(rkey) {
-        Seen::Absent => record_at(db, key, rkey),
+        Seen::Absent => record_at(&*reads.current(db, READING_A_RECORD)?, key, rkey),
         Seen::Deleted => Ok(None),
         Seen::Value(v) => decode_record(key, rkey, &v).map(Some),
     }
 }
 
 /// `entity`'s state as of the last commit, unless an acknowledged write
-/// not yet committed is in `overlay`.
+/// not yet committed is in `overlay` (read first, as in [`record_seen`]).
 pub(super) fn entity_seen(
+    reads: &Snapshots,
     db: &impl ReadableDatabase,
     overlay: &Overlay,
     entity_id: &str,
 ) -> Result<Option<EntityState>> {
     match overlay.entity(entity_id) {
-        Seen::Absent => entity(db, entity_id),
+        Seen::Absent => entity(&*reads.current(db, READING_AN_ENTITY)?, entity_id),
         Seen::Deleted => Ok(None),
         Seen::Value(v) => decode_entity(entity_id, &v).map(Some),
     }
@@ -102,21 +108,17 @@ pub(super) fn entity_seen(
 /// snapshot with its record. A file without the steps table (format 2
 /// before any step) has none.
 pub(super) fn steps(
-    db: &impl ReadableDatabase,
+    snapshot: &Snapshot,
     key: &IdempotencyKey,
     now_ms: u64,
 ) -> Result<Vec<StepRecord>> {
     let what = "reading effect steps";
     let rkey = key.record_key();
-    let txn = db.begin_read().context(what)?;
-    let table = match txn.open_table(STEPS) {
-        Ok(table) => table,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e).context(what),
+    let Some(table) = snapshot.steps(what)? else {
+        return Ok(Vec::new());
     };
-    let record = txn
-        .open_table(RECORDS)
-        .context(what)?
+    let record = snapshot
+        .records()
         .get(rkey)
         .context(what)?
         .map(|v| decode_record(key, rkey, v.value()))
@@ -175,19 +177,20 @@ pub(super) fn history(
     Ok(out)
 }
 
-pub(super) fn record(db: &impl ReadableDatabase, key: &IdempotencyKey) -> Result<Option<Record>> {
-    record_at(db, key, key.record_key())
+/// `key`'s record in `snapshot` (no overlay: a read-only database has
+/// none).
+pub(super) fn record(snapshot: &Snapshot, key: &IdempotencyKey) -> Result<Option<Record>> {
+    record_at(snapshot, key, key.record_key())
 }
 
+/// Context of a record's point read.
+pub(super) const READING_A_RECORD: &str = "reading a record";
+/// Context of an entity's point read.
+pub(super) const READING_AN_ENTITY: &str = "reading an entity";
+
 /// `key`'s record, stored under `rkey` (its record key).
-fn record_at(
-    db: &impl ReadableDatabase,
-    key: &IdempotencyKey,
-    rkey: &[u8],
-) -> Result<Option<Record>> {
-    let what = "reading a record";
-    let table = table(db, RECORDS, what)?;
-    let value = table.get(rkey).context(what)?;
+fn record_at(snapshot: &Snapshot, key: &IdempotencyKey, rkey: &[u8]) -> Result<Option<Record>> {
+    let value = snapshot.records().get(rkey).context(READING_A_RECORD)?;
     value
         .map(|v| decode_record(key, rkey, v.value()))
         .transpose()
@@ -401,10 +404,10 @@ pub(super) fn outbox_len(db: &impl ReadableDatabase) -> Result<u64> {
     table(db, OUTBOX, what)?.len().context(what)
 }
 
-pub(super) fn entity(db: &impl ReadableDatabase, entity: &str) -> Result<Option<EntityState>> {
-    let what = "reading an entity";
-    let table = table(db, ENTITIES, what)?;
-    let Some(v) = table.get(entity).context(what)? else {
+/// `entity`'s state in `snapshot`.
+pub(super) fn entity(snapshot: &Snapshot, entity: &str) -> Result<Option<EntityState>> {
+    let what = READING_AN_ENTITY;
+    let Some(v) = snapshot.entities(what)?.get(entity).context(what)? else {
         return Ok(None);
     };
     decode_entity(entity, v.value()).map(Some)

@@ -15,11 +15,18 @@ use crate::store::{Backend, Scanned};
 
 use super::meta::Format;
 use super::meta::{file_format, stored_expiry};
+use super::snapshot::Snapshots;
 use super::tables::META;
 use super::{contained, read};
 
 /// A database opened read-only.
 pub(crate) struct RedbReader {
+    /// The read snapshot point reads share (see `snapshot.rs`). Nothing
+    /// commits while it lives: a read-only open shares the file with other
+    /// read-only opens only (redb's `ExclusiveWriter` mode, the one the
+    /// engine opens in), so it never goes stale. Declared before `db`, so
+    /// it is dropped first.
+    reads: Snapshots,
     db: ReadOnlyDatabase,
     /// Its format (1 is read as it is, never migrated).
     format: Format,
@@ -80,6 +87,7 @@ impl RedbReader {
             });
         }
         Ok(RedbReader {
+            reads: Snapshots::default(),
             db,
             format,
             path: path.to_path_buf(),
@@ -88,6 +96,12 @@ impl RedbReader {
 }
 
 impl RedbReader {
+    /// Whether a read snapshot is kept now (for tests).
+    #[cfg(test)]
+    pub(super) fn kept(&self) -> bool {
+        self.reads.is_kept()
+    }
+
     /// The TTL (ms) and expiry policy the last app stored, if any.
     pub(crate) fn stored_expiry(&self) -> Result<Option<(u64, ExpiryPolicy)>, OpenError> {
         stored_expiry(&self.db, self.format, &self.path)
@@ -100,7 +114,9 @@ impl Backend for RedbReader {
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<Record>> {
-        contained("reading the database", || read::record(&self.db, key))
+        contained("reading the database", || {
+            read::record(&*self.reads.current(&self.db, read::READING_A_RECORD)?, key)
+        })
     }
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
@@ -144,13 +160,19 @@ impl Backend for RedbReader {
     }
 
     fn entity(&self, entity: &str) -> Result<Option<EntityState>> {
-        contained("reading the database", || read::entity(&self.db, entity))
+        contained("reading the database", || {
+            read::entity(
+                &*self.reads.current(&self.db, read::READING_AN_ENTITY)?,
+                entity,
+            )
+        })
     }
 
     fn steps(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::StepRecord>> {
         let now_ms = crate::clock::SystemClock.now_ms();
         contained("reading the database", || {
-            read::steps(&self.db, key, now_ms)
+            let snapshot = self.reads.current(&self.db, "reading effect steps")?;
+            read::steps(&snapshot, key, now_ms)
         })
     }
 

@@ -51,6 +51,7 @@ use super::job::{fail_all, poison_backend, CommitAnswer, Job};
 use super::journal::{Change, Frame, Journal, JournalError};
 use super::meta::{self, Counter, MetaError};
 use super::overlay::Overlay;
+use super::snapshot::Snapshots;
 use super::syncer::{Handed, Syncer};
 use super::tables::{Sequences, Tables, META};
 use crate::store::reply::ReplyTx;
@@ -135,6 +136,9 @@ pub(super) struct Writer {
     pub(super) reserve: Option<super::reserve::Reserve>,
     /// Synced, acknowledged values redb has not committed yet.
     pub(super) overlay: Arc<Overlay>,
+    /// The read snapshot point reads share: told of every commit, before
+    /// the overlay is emptied and before anyone is answered.
+    pub(super) reads: Arc<Snapshots>,
 }
 
 /// What `try_apply` applied of a group.
@@ -461,6 +465,8 @@ impl Writer {
             Ok(Err(e)) => e,
             Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
         };
+        // A commit that failed part way may have changed the file.
+        self.reads.committed();
         state.open = None;
         let what = if checkpoint.is_some() {
             "checkpoint failed"
@@ -505,7 +511,11 @@ impl Writer {
         if checkpoint.is_some() {
             txn.set_durability(Durability::Immediate)?;
         }
-        txn.commit()?;
+        let committed = txn.commit();
+        // Readers take a new snapshot first, then lose the overlay's
+        // values: a read sees one or the other (`snapshot.rs`).
+        self.reads.committed();
+        committed?;
         // Every value the overlay held is now in redb's last commit.
         self.overlay.clear();
         if checkpoint.is_some() {
@@ -540,6 +550,7 @@ impl Writer {
             Ok(Err(e)) => e,
             Err(panic) => CommitError::Panic(panic_message(panic.as_ref())),
         };
+        self.reads.committed();
         let cause = self.poison_with("group commit failed", &failure);
         fail_all(group, &cause);
     }
@@ -587,7 +598,10 @@ impl Writer {
                 meta::write_counter(&mut table, Counter::JournalLsn, journal.last_lsn())?;
             }
         }
-        txn.commit()?;
+        let committed = txn.commit();
+        // Before the group is answered: a read after its answer sees it.
+        self.reads.committed();
+        committed?;
         if let Some(journal) = &mut self.journal {
             journal.checkpointed().map_err(CommitError::Journal)?;
         }
