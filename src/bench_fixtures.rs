@@ -1,0 +1,134 @@
+//! Bench fixtures (feature `bench-fixtures`, off by default; only the
+//! bench crate turns it on): a store of millions of COMPLETED records
+//! written in minutes, where filling it through the engine would take
+//! hours. Not part of the API: hidden from the docs, no stability promise.
+//!
+//! The file it writes is an ordinary format-2 store: created by
+//! [`Engine::builder`]'s `open`, then filled with the records `begin` +
+//! `complete` would have stored (the same record code and codec, a fencing
+//! token each, an expiry index entry each, `next_token` moved past them),
+//! so [`Engine::verify`] accepts it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::store::redb::fixture;
+use crate::{Engine, Envelope, Fingerprint, IdempotencyKey};
+
+/// One record to preload: a claim of `key` with `fingerprint` at `at_ms`,
+/// completed with `response` at the same instant.
+#[derive(Clone, Debug)]
+pub struct CompletedRecord {
+    /// The client's key.
+    pub key: IdempotencyKey,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The stored response.
+    pub response: Envelope,
+    /// Claim and completion instant (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
+/// How the records are inserted. Records are numbered `0..count` by the
+/// caller, in completion order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// In the caller's order: random keys give the B-tree traffic gives,
+    /// slowly (each insert dirties a random leaf of a tree that outgrows
+    /// the cache).
+    Given,
+    /// In `n` runs, each sorted by record key: sequential passes. One run
+    /// gives leaves about 90% full, denser than traffic; two give the fill
+    /// of random inserts (about 64%, see BENCHMARKS.md).
+    SortedRuns(u64),
+}
+
+/// What to preload.
+#[derive(Clone, Copy, Debug)]
+pub struct Preload {
+    /// Records to write.
+    pub count: u64,
+    /// Insertion order.
+    pub order: Order,
+    /// Records per redb write transaction (each commit durable).
+    pub records_per_txn: u64,
+    /// The claims' lease (stored in each record, as `begin` would).
+    pub lease: Duration,
+    /// The records' TTL: each expires `ttl` after its `at_ms`.
+    pub ttl: Duration,
+    /// redb's cache while preloading, in bytes.
+    pub cache_bytes: usize,
+}
+
+/// The records table after the preload (redb's table stats).
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Records in the table.
+    pub records: u64,
+    /// Its leaf pages.
+    pub leaf_pages: u64,
+    /// Its branch pages.
+    pub branch_pages: u64,
+    /// Bytes of keys and values stored in its leaves.
+    pub stored_bytes: u64,
+    /// redb's page size, in bytes.
+    pub page_bytes: u64,
+}
+
+impl Shape {
+    /// How full the leaves are: stored bytes over leaf bytes.
+    pub fn leaf_fill(&self) -> f64 {
+        self.stored_bytes as f64 / (self.leaf_pages * self.page_bytes).max(1) as f64
+    }
+
+    /// Bytes of table pages (leaves and branches) per record.
+    pub fn page_bytes_per_record(&self) -> f64 {
+        ((self.leaf_pages + self.branch_pages) * self.page_bytes) as f64
+            / self.records.max(1) as f64
+    }
+}
+
+/// Creates the store at `path` (which must not hold records with these
+/// keys) with the engine, closes it, and writes `plan.count` COMPLETED
+/// records into it, record `i` given by `record(i)` (called several times
+/// per `i`: it must return the same record each time).
+///
+/// # Errors
+///
+/// The engine's open errors, storage errors, and a key given twice (named
+/// in the error).
+pub fn preload_completed(
+    path: &Path,
+    plan: Preload,
+    record: impl Fn(u64) -> CompletedRecord + Sync,
+) -> Result<Shape> {
+    drop(Engine::builder().ttl(plan.ttl).open(path)?);
+    let inner = fixture::Plan {
+        count: plan.count,
+        runs: match plan.order {
+            Order::Given => 0,
+            Order::SortedRuns(n) => n.max(1),
+        },
+        per_txn: plan.records_per_txn,
+        lease_ms: u64::try_from(plan.lease.as_millis()).unwrap_or(u64::MAX),
+        ttl_ms: u64::try_from(plan.ttl.as_millis()).unwrap_or(u64::MAX),
+        cache_bytes: plan.cache_bytes,
+    };
+    let shape = fixture::preload(path, &inner, &|i| {
+        let r = record(i);
+        fixture::Preloaded {
+            key: r.key,
+            fingerprint: r.fingerprint,
+            response: r.response,
+            at_ms: r.at_ms,
+        }
+    })?;
+    Ok(Shape {
+        records: shape.records,
+        leaf_pages: shape.leaf_pages,
+        branch_pages: shape.branch_pages,
+        stored_bytes: shape.stored_bytes,
+        page_bytes: shape.page_bytes,
+    })
+}
