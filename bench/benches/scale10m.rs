@@ -29,8 +29,9 @@
 //!   server's `write_bytes` and `wchar`;
 //! - file bytes per record after the preload and after the traffic;
 //! - `begin` p99 while `sweep_now` deletes expired records vs idle, at 10M:
-//!   the oldest `IDEMPOTENCY_BENCH_SWEEP_MINUTES` (60) of the day's
-//!   records, in 3 passes (a day does not fit the budget);
+//!   the oldest `IDEMPOTENCY_BENCH_SWEEP_MINUTES` (20) of the day's
+//!   records, in 3 passes (a day does not fit the budget: the line gives
+//!   the day's time at the measured rate);
 //! - peak RSS (`VmHWM`) of each server, with redb's default 1 GiB cache
 //!   (the engine sets none).
 //!
@@ -112,6 +113,16 @@ fn proc_io() -> (i64, i64, i64) {
         field("wchar"),
         field("read_bytes"),
     )
+}
+
+/// Resident set size now (`VmRSS`), in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn file_bytes(path: &Path) -> u64 {
@@ -250,9 +261,10 @@ fn serve(n: u64, path: &Path) {
                 format!("{deleted} {} {busy} {idle}", took.as_secs_f64())
             }
             ["stats"] => format!(
-                "{} {}",
+                "{} {} {}",
                 file_bytes(path),
-                common::peak_rss_mib().unwrap_or(0.0)
+                common::peak_rss_mib().unwrap_or(0.0),
+                rss_mib()
             ),
             _ => break,
         };
@@ -399,6 +411,15 @@ fn start(dir: &Path, records: u64) -> Server {
     s
 }
 
+/// Prints the large server's peak and current RSS after a phase.
+fn rss_after(s: &mut Server, phase: &str) {
+    let v = s.ask("stats");
+    println!(
+        "RSS {} after {phase}: peak {:.0} MiB, now {:.0} MiB",
+        s.name, v[1], v[2]
+    );
+}
+
 /// Empties the OS page cache (`sync`, then `drop_caches` = 3); false if
 /// this process may not (not root, no procfs).
 fn drop_page_cache() -> bool {
@@ -441,6 +462,7 @@ fn run() {
         );
     }
 
+    rss_after(&mut servers[2], "the open");
     // A fresh key with a cold OS page cache, largest store first.
     let fresh = if measuring { 2_000 } else { 20 };
     for s in servers.iter_mut().rev() {
@@ -456,6 +478,7 @@ fn run() {
         );
     }
 
+    rss_after(&mut servers[2], "the cold requests");
     // Throughput, interleaved.
     let r = common::rounds();
     let ms = r.slice.as_millis();
@@ -519,6 +542,7 @@ fn run() {
         &rates[0],
     );
 
+    rss_after(&mut servers[2], "the rounds");
     // The large store's closing checkpoint belongs to its traffic.
     let large_s = &mut servers[2];
     let before = device
@@ -553,6 +577,7 @@ fn run() {
     );
     let reopen = large_s.ask("open")[0];
     println!("OPEN {} again: {reopen:.1}s", large_s.name);
+    rss_after(large_s, "its close and reopen");
 
     for s in &mut servers {
         let v = s.ask("stats");
@@ -567,7 +592,7 @@ fn run() {
     }
 
     // Expiry at the large size: the oldest minutes of the day, in passes.
-    let minutes = env_usize("IDEMPOTENCY_BENCH_SWEEP_MINUTES").unwrap_or(60) as u64;
+    let minutes = env_usize("IDEMPOTENCY_BENCH_SWEEP_MINUTES").unwrap_or(20) as u64;
     let passes = 3u64;
     let cap_ms = if measuring { 20_000 } else { 200 };
     let large_s = &mut servers[2];
@@ -613,9 +638,10 @@ fn run() {
     for s in &mut servers {
         let v = s.ask("stats");
         println!(
-            "RSS {}: peak {:.0} MiB (VmHWM of its server; redb cache: the default 1 GiB), file {:.0} MiB",
+            "RSS {}: peak {:.0} MiB, now {:.0} MiB (VmHWM and VmRSS of its server; redb cache: the default 1 GiB), file {:.0} MiB",
             s.name,
             v[1],
+            v[2],
             mib(v[0])
         );
     }
