@@ -52,7 +52,7 @@ pub struct Preload {
     /// Insertion order.
     pub order: Order,
     /// Records per redb write transaction (each commit durable).
-    pub records_per_txn: u64,
+    pub records_per_txn: usize,
     /// The claims' lease (stored in each record, as `begin` would).
     pub lease: Duration,
     /// The records' TTL: each expires `ttl` after its `at_ms`.
@@ -74,19 +74,6 @@ pub struct Shape {
     pub stored_bytes: u64,
     /// redb's page size, in bytes.
     pub page_bytes: u64,
-}
-
-impl Shape {
-    /// How full the leaves are: stored bytes over leaf bytes.
-    pub fn leaf_fill(&self) -> f64 {
-        self.stored_bytes as f64 / (self.leaf_pages * self.page_bytes).max(1) as f64
-    }
-
-    /// Bytes of table pages (leaves and branches) per record.
-    pub fn page_bytes_per_record(&self) -> f64 {
-        ((self.leaf_pages + self.branch_pages) * self.page_bytes) as f64
-            / self.records.max(1) as f64
-    }
 }
 
 /// Creates the store at `path` (which must not hold records with these

@@ -47,7 +47,7 @@ pub(crate) struct Preloaded {
 pub(crate) struct Plan {
     pub(crate) count: u64,
     pub(crate) runs: u64,
-    pub(crate) per_txn: u64,
+    pub(crate) per_txn: usize,
     pub(crate) lease_ms: u64,
     pub(crate) ttl_ms: u64,
     pub(crate) cache_bytes: usize,
@@ -90,7 +90,7 @@ pub(crate) fn preload(
         if plan.runs > 0 {
             order.sort_unstable();
         }
-        for chunk in order.chunks(plan.per_txn.max(1) as usize) {
+        for chunk in order.chunks(plan.per_txn.max(1)) {
             let txn = db.begin_write().context(what)?;
             {
                 let mut records = txn.open_table(RECORDS).context(what)?;
@@ -115,11 +115,11 @@ pub(crate) fn preload(
         }
         drop(order);
         // The expiry index in the caller's order (completion order).
-        for lo in (lo..hi).step_by(plan.per_txn.max(1) as usize) {
+        for lo in (lo..hi).step_by(plan.per_txn.max(1)) {
             let txn = db.begin_write().context(what)?;
             {
                 let mut expiry = txn.open_table(EXPIRY).context(what)?;
-                for i in lo..(lo + plan.per_txn.max(1)).min(hi) {
+                for i in lo..lo.saturating_add(plan.per_txn.max(1) as u64).min(hi) {
                     let r = record(i);
                     let at = r.at_ms.saturating_add(plan.ttl_ms);
                     expiry.insert((at, r.key.record_key()), ()).context(what)?;
