@@ -119,3 +119,91 @@ pub fn preload_completed(
         page_bytes: shape.page_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Begin, ManualClock};
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    fn record(i: u64) -> CompletedRecord {
+        CompletedRecord {
+            key: IdempotencyKey::new("fixture", format!("key-{:08}", i.wrapping_mul(7919) % 1000))
+                .unwrap_or_else(|e| panic!("a valid key: {e}")),
+            fingerprint: Fingerprint::from_bytes([i as u8; 32]),
+            response: Envelope::new(1, 201, format!("body {i}").into_bytes()),
+            at_ms: T0 - 1000 + i,
+        }
+    }
+
+    /// The preloaded file is a sound store the engine serves as if the
+    /// records had gone through `begin` + `complete`: each replays, a fresh
+    /// claim gets a token past theirs, and each expires at its instant.
+    #[test]
+    fn a_preloaded_store_verifies_replays_and_expires() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("fixture.redb");
+        let ttl = Duration::from_secs(60);
+        for order in [Order::SortedRuns(2), Order::Given] {
+            let _ = std::fs::remove_file(&path);
+            let plan = Preload {
+                count: 1000,
+                order,
+                records_per_txn: 300,
+                lease: Duration::from_secs(30),
+                ttl,
+                cache_bytes: 1 << 20,
+            };
+            let shape = preload_completed(&path, plan, record)?;
+            assert_eq!(shape.records, 1000);
+            let clock = ManualClock::new(T0);
+            let engine = Engine::builder()
+                .clock(clock.clone())
+                .ttl(ttl)
+                .sweep_interval(None)
+                .open(&path)?;
+            let report = engine.verify()?;
+            assert!(report.is_sound(), "{:?}", report.damage);
+            assert_eq!(report.records, 1000);
+            for i in [0, 499, 999] {
+                let r = record(i);
+                match engine.begin(&r.key, r.fingerprint)? {
+                    Begin::Replay(replay) => assert_eq!(replay.envelope, r.response),
+                    other => panic!("record {i} must replay, got {other:?}"),
+                }
+            }
+            let fresh = IdempotencyKey::new("fixture", "fresh")?;
+            match engine.begin(&fresh, Fingerprint::from_bytes([0; 32]))? {
+                Begin::Claimed(claim) => assert!(claim.fencing_token() > 1000),
+                other => panic!("a fresh key must be claimed, got {other:?}"),
+            }
+            // Records 0..=499 completed by T0 - 501 and expire 60 s later.
+            clock.set(T0 - 501 + 60_000);
+            assert_eq!(engine.sweep_now()?.deleted, 500);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_by_name() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("fixture.redb");
+        let plan = Preload {
+            count: 2,
+            order: Order::SortedRuns(1),
+            records_per_txn: 10,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+            cache_bytes: 1 << 20,
+        };
+        let same = |_| record(3);
+        let err = preload_completed(&path, plan, same)
+            .err()
+            .ok_or("no error")?;
+        assert!(err.to_string().contains("given twice"), "{err}");
+        Ok(())
+    }
+}
