@@ -138,6 +138,11 @@ pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats;
 
+// Beside the adapters: the benches' bulk preload (not part of the API).
+#[cfg(feature = "bench-fixtures")]
+#[doc(hidden)]
+pub mod bench_fixtures;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dead_letter::{DeadLetter, Delivery};
 pub use engine::begin::Begin;

@@ -1,6 +1,8 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
+#[cfg(feature = "bench-fixtures")]
+pub(crate) mod fixture;
 mod job;
 mod journal;
 mod local;

@@ -1,0 +1,687 @@
+//! Scale at 10M records (issue 26): today's format 2 with 10k, 1M and 10M
+//! COMPLETED records stored, each store served by the engine in its own
+//! child process (so peak RSS and `/proc/self/io` are per store), the
+//! baseline the format-3 work is measured against.
+//!
+//! The stores are filled by `idempotency::bench_fixtures` (feature
+//! `bench-fixtures`): records written straight into the engine's tables
+//! with the real codec, in two runs each sorted by key (the leaf fill of
+//! random inserts, in sequential passes; `IDEMPOTENCY_BENCH_PRELOAD_ORDER`
+//! = `given` inserts in random key order, `runs:N` in N sorted runs), one
+//! durable transaction per million records, in a child process of its own
+//! (its memory is not the server's). Records complete evenly over the day
+//! before the bench's clock (a `ManualClock` at `T0`), with the default
+//! 24 h TTL, so record `i` of `n` expires at `T0 + (i + 1) × 24 h / n`.
+//! Traffic: `begin` + `complete`, durable, 300-byte responses, random
+//! UUID keys, 64 client threads.
+//!
+//! Measured, in this order (lines `PRELOAD`, `OPEN`, `COLD`, `PAIRED`,
+//! `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
+//! - a fresh key's request with a cold OS page cache, per store, right
+//!   after the open (`sync; echo 3 > /proc/sys/vm/drop_caches` first, as
+//!   root, under `cargo bench` only): `read_bytes` of the server per
+//!   request (`begin` + `complete`), and the `begin` latency; at the end
+//!   the same at 10M with the engine's cache warm from the traffic;
+//! - req/s at 64 threads, interleaved: 10k, 1M, 10M each round (5 rounds of
+//!   1.5 s, `IDEMPOTENCY_BENCH_ROUNDS`), ratios 10M / 10k and 1M / 10k;
+//! - bytes written per request by the 10M store: the block device's sector
+//!   counter around each 10M slice (with `sync`), plus the store's closing
+//!   checkpoint, over the requests of all its slices; beside it the
+//!   server's `write_bytes` and `wchar`;
+//! - file bytes per record after the preload and after the traffic;
+//! - `begin` p99 while `sweep_now` deletes expired records vs idle, at 10M:
+//!   the oldest `IDEMPOTENCY_BENCH_SWEEP_MINUTES` (20) of the day's
+//!   records, in 3 passes (a day does not fit the budget: the line gives
+//!   the day's time at the measured rate);
+//! - peak RSS (`VmHWM`) of each server, with redb's default 1 GiB cache
+//!   (the engine sets none).
+//!
+//! `IDEMPOTENCY_BENCH_RECORDS` sets the large store (10M). Test mode
+//! (`cargo test --benches`) uses 200, 1,000 and 2,000 records, one 50 ms
+//! round, and checks each preloaded store with `Engine::verify`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use idempotency::bench_fixtures::{self, CompletedRecord, Order, Preload};
+use idempotency::{Clock, Engine, IdempotencyKey, ManualClock};
+
+const CHILD_ENV: &str = "IDEMPOTENCY_SCALE10M_CHILD";
+const TTL: Duration = Duration::from_secs(24 * 3600);
+const LEASE: Duration = Duration::from_secs(30);
+const T0: u64 = 1_800_000_000_000;
+const THREADS: usize = 64;
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn ttl_ms() -> u64 {
+    TTL.as_millis() as u64
+}
+
+/// splitmix64's finalizer.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE5_E9B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Preloaded record `i` of `n`: a UUID-shaped key derived from `i`,
+/// completed at `T0 - 24 h + (i + 1) × 24 h / n`.
+fn record_of(i: u64, n: u64) -> CompletedRecord {
+    let uuid = uuid::Uuid::from_u64_pair(mix(i), mix(i ^ 0x5555_5555_5555_5555));
+    let key = IdempotencyKey::new(common::SCOPE, uuid.to_string()).expect("valid key");
+    CompletedRecord {
+        key,
+        fingerprint: common::fingerprint(),
+        response: common::response(),
+        at_ms: T0 - ttl_ms() + (i + 1) * ttl_ms() / n.max(1),
+    }
+}
+
+fn order() -> Order {
+    match std::env::var("IDEMPOTENCY_BENCH_PRELOAD_ORDER").as_deref() {
+        Ok("given") => Order::Given,
+        Ok(s) => Order::SortedRuns(
+            s.strip_prefix("runs:")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(2),
+        ),
+        Err(_) => Order::SortedRuns(2),
+    }
+}
+
+/// `/proc/self/io`: (`write_bytes` - `cancelled_write_bytes`, `wchar`,
+/// `read_bytes`). `read_bytes` counts reads that reached the block layer
+/// (page-cache misses), `wchar` bytes handed to write calls.
+fn proc_io() -> (i64, i64, i64) {
+    let text = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+            .unwrap_or(0i64)
+    };
+    (
+        field("write_bytes") - field("cancelled_write_bytes"),
+        field("wchar"),
+        field("read_bytes"),
+    )
+}
+
+/// Resident set size now (`VmRSS`), in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn file_bytes(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1u64 << 20) as f64
+}
+
+// ---------------------------------------------------------------- child
+
+/// A child: `preload:<records>:<path>` writes the store and exits;
+/// `serve:<records>:<path>` opens it and answers commands on stdin, one
+/// line of numbers each on stdout.
+fn child(arg: &str) {
+    let mut f = arg.splitn(3, ':');
+    let (mode, n, path) = (
+        f.next().expect("mode"),
+        f.next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .expect("records"),
+        PathBuf::from(f.next().expect("path")),
+    );
+    if mode == "preload" {
+        preload(n, &path);
+    } else {
+        serve(n, &path);
+    }
+}
+
+fn preload(n: u64, path: &Path) {
+    let start = Instant::now();
+    let order = order();
+    let plan = Preload {
+        count: n,
+        order,
+        records_per_txn: 1_000_000,
+        lease: LEASE,
+        ttl: TTL,
+        cache_bytes: 1 << 30,
+    };
+    let shape =
+        bench_fixtures::preload_completed(path, plan, |i| record_of(i, n)).expect("preload");
+    assert_eq!(shape.records, n, "records in the preloaded table");
+    let size = file_bytes(path);
+    println!(
+        "PRELOAD {n} records ({order:?}) in {:.1}s: file {:.0} MiB, {:.0} B per record; records table: leaves {:.0}% full, {:.0} B of pages per record, {} leaf + {} branch pages; preload peak RSS {:.0} MiB",
+        start.elapsed().as_secs_f64(),
+        mib(size as f64),
+        size as f64 / n as f64,
+        100.0 * shape.stored_bytes as f64 / (shape.leaf_pages * shape.page_bytes) as f64,
+        ((shape.leaf_pages + shape.branch_pages) * shape.page_bytes) as f64 / n as f64,
+        shape.leaf_pages,
+        shape.branch_pages,
+        common::peak_rss_mib().unwrap_or(0.0),
+    );
+}
+
+fn open(path: &Path, clock: &ManualClock) -> Engine {
+    Engine::builder()
+        .clock(clock.clone())
+        .ttl(TTL)
+        .lease(LEASE)
+        .sweep_interval(None)
+        .open(path)
+        .expect("open engine")
+}
+
+fn request(engine: &Engine) -> u64 {
+    common::engine_request(engine, &common::random_key())
+}
+
+fn serve(n: u64, path: &Path) {
+    let clock = ManualClock::new(T0);
+    let start = Instant::now();
+    let mut engine = Some(open(path, &clock));
+    let open_s = start.elapsed().as_secs_f64();
+    if !common::measuring() {
+        // The fixture is a valid store: every record decodes, every index
+        // entry matches (test mode only: the scrub holds every key).
+        let report = engine.as_ref().expect("engine").verify().expect("verify");
+        assert!(report.is_sound(), "preloaded store: {:?}", report.damage);
+        assert_eq!(report.records, n, "records verified");
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "{open_s}").expect("stdout");
+    out.flush().expect("flush");
+    for line in std::io::stdin().lock().lines() {
+        let line = line.expect("stdin");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let reply = match w.as_slice() {
+            ["rate", ms] => {
+                let e = engine.as_ref().expect("open");
+                let slice = Duration::from_millis(ms.parse().expect("ms"));
+                let (w0, c0, r0) = proc_io();
+                let (calls, took) = common::calls_for(THREADS, slice, |_| {
+                    request(e);
+                });
+                let (w1, c1, r1) = proc_io();
+                format!(
+                    "{} {calls} {} {} {}",
+                    calls as f64 / took.as_secs_f64(),
+                    w1 - w0,
+                    c1 - c0,
+                    r1 - r0
+                )
+            }
+            ["fresh", count] => {
+                let e = engine.as_ref().expect("open");
+                let count: u64 = count.parse().expect("count");
+                let (_, _, r0) = proc_io();
+                let mut lat: Vec<f64> = (0..count).map(|_| request(e) as f64 / 1e3).collect();
+                let (_, _, r1) = proc_io();
+                let p50 = common::quantile(&mut lat, 0.5);
+                let p99 = common::quantile(&mut lat, 0.99);
+                format!("{} {p50} {p99}", (r1 - r0) as f64 / count as f64)
+            }
+            ["close"] => {
+                let (w0, c0, _) = proc_io();
+                let t = Instant::now();
+                drop(engine.take());
+                let (w1, c1, _) = proc_io();
+                format!("{} {} {}", t.elapsed().as_secs_f64(), w1 - w0, c1 - c0)
+            }
+            ["open"] => {
+                let t = Instant::now();
+                engine = Some(open(path, &clock));
+                format!("{}", t.elapsed().as_secs_f64())
+            }
+            ["sweep", at, cap_ms] => {
+                let e = engine.as_ref().expect("open");
+                clock.set(at.parse::<u64>().expect("at").max(clock.now_ms()));
+                let cap = Duration::from_millis(cap_ms.parse().expect("cap"));
+                let (deleted, took, busy, idle) = sweep_pair(e, cap);
+                format!("{deleted} {} {busy} {idle}", took.as_secs_f64())
+            }
+            ["stats"] => format!(
+                "{} {} {}",
+                file_bytes(path),
+                common::peak_rss_mib().unwrap_or(0.0),
+                rss_mib()
+            ),
+            _ => break,
+        };
+        writeln!(out, "{reply}").expect("stdout");
+        out.flush().expect("flush");
+    }
+}
+
+/// `sweep_now` beside 64 clients, then an idle window as long as the sweep
+/// (at most `cap`): (records deleted, sweep time, begin p99 µs while
+/// sweeping, idle begin p99 µs).
+fn sweep_pair(engine: &Engine, cap: Duration) -> (u64, Duration, f64, f64) {
+    let active = AtomicBool::new(true);
+    let (busy, took, counts) = std::thread::scope(|s| {
+        let sweeper = s.spawn(|| {
+            let start = Instant::now();
+            let counts = engine.sweep_now().expect("sweep");
+            active.store(false, Ordering::SeqCst);
+            (start.elapsed(), counts)
+        });
+        let p99 = begin_p99_while(engine, || active.load(Ordering::SeqCst));
+        let (took, counts) = sweeper.join().expect("sweeper");
+        (p99, took, counts)
+    });
+    let end = Instant::now()
+        + took.clamp(
+            Duration::from_millis(200),
+            cap.max(Duration::from_millis(200)),
+        );
+    let idle = begin_p99_while(engine, || Instant::now() < end);
+    (
+        counts.deleted,
+        took,
+        busy.unwrap_or(f64::NAN),
+        idle.unwrap_or(f64::NAN),
+    )
+}
+
+/// `begin` p99 (µs) of 64 clients running begin+complete while `go()`.
+fn begin_p99_while(engine: &Engine, go: impl Fn() -> bool + Sync) -> Option<f64> {
+    let local: Vec<Mutex<Vec<f64>>> = (0..THREADS).map(|_| Mutex::default()).collect();
+    std::thread::scope(|s| {
+        for slot in &local {
+            let go = &go;
+            s.spawn(move || {
+                while go() {
+                    let ns = request(engine);
+                    slot.lock().expect("lock").push(ns as f64 / 1000.0);
+                }
+            });
+        }
+    });
+    let mut all: Vec<f64> = local
+        .into_iter()
+        .flat_map(|l| l.into_inner().expect("lock"))
+        .collect();
+    (!all.is_empty()).then(|| common::quantile(&mut all, 0.99))
+}
+
+// --------------------------------------------------------------- parent
+
+struct Server {
+    name: String,
+    records: u64,
+    path: PathBuf,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Requests served so far (they add records).
+    requests: u64,
+}
+
+impl Server {
+    fn reply(&mut self) -> Vec<f64> {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("from child");
+            assert!(n > 0, "the {} server exited", self.name);
+            let nums: Result<Vec<f64>, _> = line.split_whitespace().map(str::parse).collect();
+            match nums {
+                Ok(v) if !v.is_empty() => return v,
+                _ => print!("{line}"),
+            }
+        }
+    }
+
+    fn ask(&mut self, cmd: &str) -> Vec<f64> {
+        writeln!(self.stdin, "{cmd}").expect("to child");
+        self.stdin.flush().expect("flush");
+        self.reply()
+    }
+}
+
+fn spawn(arg: &str, piped: bool) -> Child {
+    let exe = std::env::current_exe().expect("exe");
+    let mut cmd = Command::new(exe);
+    // The same arguments, so the child knows `cargo bench` from test mode.
+    cmd.args(std::env::args().skip(1))
+        .env(CHILD_ENV, arg)
+        .stderr(Stdio::inherit());
+    if piped {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+    }
+    cmd.spawn().expect("spawn child")
+}
+
+fn label(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+fn start(dir: &Path, records: u64) -> Server {
+    let path = dir.join(format!("engine-{records}.redb"));
+    let t = Instant::now();
+    let status = spawn(&format!("preload:{records}:{}", path.display()), false)
+        .wait()
+        .expect("preload");
+    assert!(status.success(), "preload of {records} records failed");
+    println!(
+        "PRELOAD {} took {:.1}s in all (engine create included)",
+        label(records),
+        t.elapsed().as_secs_f64()
+    );
+    let mut child = spawn(&format!("serve:{records}:{}", path.display()), true);
+    let stdin = child.stdin.take().expect("stdin");
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut s = Server {
+        name: label(records),
+        records,
+        path,
+        child,
+        stdin,
+        stdout,
+        requests: 0,
+    };
+    let open_s = s.reply()[0];
+    println!(
+        "OPEN {}: {open_s:.1}s (the engine's open checks every page)",
+        s.name
+    );
+    s
+}
+
+/// Prints the large server's peak and current RSS after a phase.
+fn rss_after(s: &mut Server, phase: &str) {
+    let v = s.ask("stats");
+    println!(
+        "RSS {} after {phase}: peak {:.0} MiB, now {:.0} MiB",
+        s.name, v[1], v[2]
+    );
+}
+
+/// Empties the OS page cache (`sync`, then `drop_caches` = 3); false if
+/// this process may not (not root, no procfs).
+fn drop_page_cache() -> bool {
+    let synced = Command::new("sync").status().is_ok_and(|s| s.success());
+    synced && std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn run() {
+    let measuring = common::measuring();
+    let (small, mid, large) = if measuring {
+        (
+            10_000,
+            1_000_000,
+            env_usize("IDEMPOTENCY_BENCH_RECORDS").unwrap_or(10_000_000) as u64,
+        )
+    } else {
+        (200, 1_000, 2_000)
+    };
+    let begun = Instant::now();
+    println!("LOAD at start: {}", load_average());
+    let dir = common::bench_dir();
+    let device = common::device::Device::of(dir.path());
+    let mut servers: Vec<Server> = [small, mid, large]
+        .into_iter()
+        .map(|n| start(dir.path(), n))
+        .collect();
+    let preloaded: Vec<u64> = servers.iter().map(|s| file_bytes(&s.path)).collect();
+    for (s, bytes) in servers.iter().zip(&preloaded) {
+        println!(
+            "FILE {} after the preload: {:.0} MiB, {:.0} B per record",
+            s.name,
+            mib(*bytes as f64),
+            *bytes as f64 / s.records as f64
+        );
+    }
+
+    rss_after(&mut servers[2], "the open");
+    // A fresh key with a cold OS page cache, largest store first.
+    let fresh = if measuring { 2_000 } else { 20 };
+    for s in servers.iter_mut().rev() {
+        if measuring && !drop_page_cache() {
+            println!("COLD not measured: cannot drop the page cache (needs root)");
+            break;
+        }
+        let v = s.ask(&format!("fresh {fresh}"));
+        s.requests += fresh;
+        println!(
+            "COLD {}: {fresh} fresh-key requests one at a time (page cache dropped first: {measuring}): {:.0} B read from the device per request, begin p50 {:.0} us, p99 {:.0} us",
+            s.name, v[0], v[1], v[2]
+        );
+    }
+
+    rss_after(&mut servers[2], "the cold requests");
+    // Throughput, interleaved.
+    let r = common::rounds();
+    let ms = r.slice.as_millis();
+    let mut rates = vec![Vec::new(); 3];
+    let (mut dev_bytes, mut dev_ok) = (0u64, device.is_some());
+    let (mut wb, mut wc, mut rb, mut reqs) = (0i64, 0i64, 0i64, 0u64);
+    for _ in 0..r.rounds {
+        for (i, s) in servers.iter_mut().enumerate() {
+            let is_large = i == 2;
+            let before = device
+                .as_ref()
+                .filter(|_| is_large && measuring)
+                .and_then(|d| d.written_after_sync());
+            let v = s.ask(&format!("rate {ms}"));
+            let after = device
+                .as_ref()
+                .filter(|_| is_large && measuring)
+                .and_then(|d| d.written_after_sync());
+            rates[i].push(v[0]);
+            s.requests += v[1] as u64;
+            if is_large {
+                reqs += v[1] as u64;
+                wb += v[2] as i64;
+                wc += v[3] as i64;
+                rb += v[4] as i64;
+                match (before, after) {
+                    (Some(b), Some(a)) => dev_bytes += a - b,
+                    _ => dev_ok = false,
+                }
+            }
+        }
+    }
+    common::report_paired(
+        &format!(
+            "durable req/s, {THREADS} threads: {} records vs {} records",
+            label(large),
+            label(small)
+        ),
+        "req/s",
+        &rates[2],
+        &rates[0],
+    );
+    common::report_paired(
+        &format!(
+            "durable req/s, {THREADS} threads: {} records vs {} records",
+            label(mid),
+            label(small)
+        ),
+        "req/s",
+        &rates[1],
+        &rates[0],
+    );
+    common::report_rounds(
+        &format!("{} vs {}", label(large), label(small)),
+        &rates[2],
+        &rates[0],
+    );
+    common::report_rounds(
+        &format!("{} vs {}", label(mid), label(small)),
+        &rates[1],
+        &rates[0],
+    );
+
+    rss_after(&mut servers[2], "the rounds");
+    // The large store's closing checkpoint belongs to its traffic.
+    let large_s = &mut servers[2];
+    let before = device
+        .as_ref()
+        .filter(|_| measuring)
+        .and_then(|d| d.written_after_sync());
+    let close = large_s.ask("close");
+    let after = device
+        .as_ref()
+        .filter(|_| measuring)
+        .and_then(|d| d.written_after_sync());
+    match (before, after) {
+        (Some(b), Some(a)) => dev_bytes += a - b,
+        _ => dev_ok = false,
+    }
+    wb += close[1] as i64;
+    wc += close[2] as i64;
+    let per = |b: f64| b / reqs.max(1) as f64;
+    println!(
+        "WRITES {}: {reqs} requests over {} slices, closing checkpoint {:.1}s: block device {} B per request; server write_bytes {:.0} B, wchar {:.0} B, read_bytes {:.0} B per request",
+        large_s.name,
+        r.rounds,
+        close[0],
+        if dev_ok && measuring {
+            format!("{:.0}", per(dev_bytes as f64))
+        } else {
+            "not measured".to_string()
+        },
+        per(wb as f64),
+        per(wc as f64),
+        per(rb as f64)
+    );
+    let reopen = large_s.ask("open")[0];
+    println!("OPEN {} again: {reopen:.1}s", large_s.name);
+    rss_after(large_s, "its close and reopen");
+
+    for s in &mut servers {
+        let v = s.ask("stats");
+        let stored = s.records + s.requests;
+        println!(
+            "FILE {} after {} requests: {:.0} MiB, {:.0} B per stored record ({stored} records)",
+            s.name,
+            s.requests,
+            mib(v[0]),
+            v[0] / stored as f64
+        );
+    }
+
+    // Expiry at the large size: the oldest minutes of the day, in passes.
+    let minutes = env_usize("IDEMPOTENCY_BENCH_SWEEP_MINUTES").unwrap_or(20) as u64;
+    let passes = 3u64;
+    let cap_ms = if measuring { 20_000 } else { 200 };
+    let large_s = &mut servers[2];
+    let (mut busy, mut idle) = (vec![], vec![]);
+    let (mut deleted, mut took) = (0u64, 0.0);
+    for p in 1..=passes {
+        let at = T0 + p * minutes * 60_000 / passes;
+        let v = large_s.ask(&format!("sweep {at} {cap_ms}"));
+        deleted += v[0] as u64;
+        took += v[1];
+        if v[2].is_finite() && v[3].is_finite() {
+            busy.push(v[2]);
+            idle.push(v[3]);
+        }
+        println!(
+            "SWEEP pass {p}: {} records in {:.2}s ({:.1} us each), begin p99 {:.0} us sweeping vs {:.0} us idle",
+            v[0],
+            v[1],
+            v[1] * 1e6 / v[0].max(1.0),
+            v[2],
+            v[3]
+        );
+    }
+    println!(
+        "SWEEP {}: the oldest {minutes} minutes of the day, {deleted} records in {took:.1}s ({:.1} us each; a whole day at that rate: {:.0}s)",
+        large_s.name,
+        took * 1e6 / deleted.max(1) as f64,
+        took / deleted.max(1) as f64 * large as f64
+    );
+    if !busy.is_empty() {
+        common::report_paired(
+            &format!(
+                "begin p99, {THREADS} threads: while sweeping {} expired records at {} vs idle",
+                label(deleted),
+                label(large)
+            ),
+            "us",
+            &busy,
+            &idle,
+        );
+    }
+
+    // Again at the large size, now that traffic and the sweep have warmed
+    // the engine's own cache (redb's, in the server): the steady state of
+    // a store larger than that cache, whose file left the OS page cache.
+    let large_s = &mut servers[2];
+    if !measuring || drop_page_cache() {
+        let v = large_s.ask(&format!("fresh {fresh}"));
+        large_s.requests += fresh;
+        println!(
+            "COLD {} after the traffic (engine cache warm, page cache dropped first: {measuring}): {fresh} fresh-key requests one at a time: {:.0} B read from the device per request, begin p50 {:.0} us, p99 {:.0} us",
+            large_s.name, v[0], v[1], v[2]
+        );
+    }
+
+    for s in &mut servers {
+        let v = s.ask("stats");
+        println!(
+            "RSS {}: peak {:.0} MiB, now {:.0} MiB (VmHWM and VmRSS of its server; redb cache: the default 1 GiB), file {:.0} MiB",
+            s.name,
+            v[1],
+            v[2],
+            mib(v[0])
+        );
+    }
+    for mut s in servers {
+        drop(s.stdin);
+        s.child.wait().expect("server exit");
+    }
+    println!(
+        "LOAD at end: {}; whole run {:.0}s",
+        load_average(),
+        begun.elapsed().as_secs_f64()
+    );
+}
+
+fn main() {
+    if let Ok(arg) = std::env::var(CHILD_ENV) {
+        child(&arg);
+        return;
+    }
+    // `cargo bench` / `cargo test --benches` pass criterion flags; a name
+    // filter that does not mention this bench skips it.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if filters.is_empty() || filters.iter().any(|f| "scale10m".contains(f.as_str())) {
+        run();
+    }
+}
