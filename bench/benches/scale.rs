@@ -167,7 +167,7 @@ fn paired() {
                     active.store(false, Ordering::SeqCst);
                     (start.elapsed(), counts)
                 });
-                let p99 = begin_p99_while(&l.engine, || active.load(Ordering::SeqCst));
+                let p99 = common::begin_p99_while(&l.engine, || active.load(Ordering::SeqCst));
                 let (took, counts) = sweeper.join().expect("sweeper");
                 (p99, took, counts)
             });
@@ -176,7 +176,9 @@ fn paired() {
             let end = Instant::now() + took.max(Duration::from_millis(200));
             if let Some(p99) = p99 {
                 busy.push(p99);
-                idle.push(begin_p99_while(&l.engine, || Instant::now() < end).unwrap_or(p99));
+                idle.push(
+                    common::begin_p99_while(&l.engine, || Instant::now() < end).unwrap_or(p99),
+                );
             }
         }
         println!(
@@ -193,27 +195,6 @@ fn paired() {
         }
     });
     drop(LARGE_DB.lock().expect("lock").take());
-}
-
-/// `begin` p99 (µs) of 64 clients running begin+complete while `go()`.
-fn begin_p99_while(engine: &Engine, go: impl Fn() -> bool + Sync) -> Option<f64> {
-    let local: Vec<Mutex<Vec<f64>>> = (0..64).map(|_| Mutex::default()).collect();
-    std::thread::scope(|s| {
-        for slot in &local {
-            let go = &go;
-            s.spawn(move || {
-                while go() {
-                    let ns = common::engine_request(engine, &common::random_key());
-                    slot.lock().expect("lock").push(ns as f64 / 1000.0);
-                }
-            });
-        }
-    });
-    let mut all: Vec<f64> = local
-        .into_iter()
-        .flat_map(|l| l.into_inner().expect("lock"))
-        .collect();
-    (!all.is_empty()).then(|| common::quantile(&mut all, 0.99))
 }
 
 criterion_group! {

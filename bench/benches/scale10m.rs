@@ -46,7 +46,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use idempotency::bench_fixtures::{self, CompletedRecord, Order, Preload};
@@ -286,7 +285,7 @@ fn sweep_pair(engine: &Engine, cap: Duration) -> (u64, Duration, f64, f64) {
             active.store(false, Ordering::SeqCst);
             (start.elapsed(), counts)
         });
-        let p99 = begin_p99_while(engine, || active.load(Ordering::SeqCst));
+        let p99 = common::begin_p99_while(engine, || active.load(Ordering::SeqCst));
         let (took, counts) = sweeper.join().expect("sweeper");
         (p99, took, counts)
     });
@@ -295,34 +294,13 @@ fn sweep_pair(engine: &Engine, cap: Duration) -> (u64, Duration, f64, f64) {
             Duration::from_millis(200),
             cap.max(Duration::from_millis(200)),
         );
-    let idle = begin_p99_while(engine, || Instant::now() < end);
+    let idle = common::begin_p99_while(engine, || Instant::now() < end);
     (
         counts.deleted,
         took,
         busy.unwrap_or(f64::NAN),
         idle.unwrap_or(f64::NAN),
     )
-}
-
-/// `begin` p99 (µs) of 64 clients running begin+complete while `go()`.
-fn begin_p99_while(engine: &Engine, go: impl Fn() -> bool + Sync) -> Option<f64> {
-    let local: Vec<Mutex<Vec<f64>>> = (0..THREADS).map(|_| Mutex::default()).collect();
-    std::thread::scope(|s| {
-        for slot in &local {
-            let go = &go;
-            s.spawn(move || {
-                while go() {
-                    let ns = request(engine);
-                    slot.lock().expect("lock").push(ns as f64 / 1000.0);
-                }
-            });
-        }
-    });
-    let mut all: Vec<f64> = local
-        .into_iter()
-        .flat_map(|l| l.into_inner().expect("lock"))
-        .collect();
-    (!all.is_empty()).then(|| common::quantile(&mut all, 0.99))
 }
 
 // --------------------------------------------------------------- parent

@@ -288,6 +288,28 @@ where
     (count.into_inner(), elapsed)
 }
 
+/// `begin` p99 (µs) of 64 client threads running durable begin+complete
+/// on fresh keys while `go()` holds; `None` if none finished.
+pub fn begin_p99_while(engine: &Engine, go: impl Fn() -> bool + Sync) -> Option<f64> {
+    let local: Vec<Mutex<Vec<f64>>> = (0..64).map(|_| Mutex::default()).collect();
+    std::thread::scope(|s| {
+        for slot in &local {
+            let go = &go;
+            s.spawn(move || {
+                while go() {
+                    let ns = engine_request(engine, &random_key());
+                    slot.lock().expect("lock").push(ns as f64 / 1000.0);
+                }
+            });
+        }
+    });
+    let mut all: Vec<f64> = local
+        .into_iter()
+        .flat_map(|l| l.into_inner().expect("lock"))
+        .collect();
+    (!all.is_empty()).then(|| quantile(&mut all, 0.99))
+}
+
 /// The value at quantile `q` of `v` (sorted in place).
 pub fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
