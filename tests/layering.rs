@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("value types", &[]),
     ("store", &["store"]),
-    ("engine", &["engine"]),
+    ("engine", &["engine", "bench_fixtures"]),
     ("http", &["http"]),
     ("nats", &["nats"]),
 ];
