@@ -1,0 +1,633 @@
+//! Format 3's partitions as a lookup sees them: which partitions exist,
+//! newest first, each with the key filter that lets a lookup skip it
+//! ([`Probes`]); the filters shared by the writer and the readers
+//! ([`Filters`]); and the writer's own view, which also knows the hot
+//! partition and seals it ([`Catalog`]).
+//!
+//! # Where the truth is
+//!
+//! The `idempotency.partitions` rows of a commit say which partitions
+//! that commit has. A reader builds its [`Probes`] from the rows of its
+//! own snapshot ([`Probes::read`]), never from a list the writer keeps,
+//! so a partition opened by a later commit cannot be missing from a
+//! lookup in an earlier one, nor the other way round. Filters are
+//! immutable once a partition is sealed; [`Filters`] keeps each decoded
+//! filter under its partition and the checksum its row names, and a
+//! lookup uses a kept filter only when that checksum is the one in its
+//! snapshot's row. A partition without a usable filter (hot, or its
+//! filter missing, damaged or not loaded yet) is read, never skipped: a
+//! filter can cost a read, never an answer.
+//!
+//! Store layer (layer 2).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use redb::{ReadableTable, Table, TableDefinition};
+
+use super::filter::{FilterChecksum, FilterError, FilterHasher, KeyHash, PartitionFilter};
+use super::row::{PartitionRow, PartitionState, RowError};
+use super::slot::{self, BUILT_PARTITIONS, FIRST_PARTITION};
+
+/// Format 3's records: slot key (`slot.rs`) → encoded record.
+pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idempotency.partitioned.records");
+/// Format 3's effect steps: (slot key, step name) → encoded step.
+pub(crate) const STEPS: TableDefinition<(&[u8], &str), &[u8]> =
+    TableDefinition::new("idempotency.partitioned.steps");
+/// Format 3's evidence log: (slot key, seq) → encoded entry.
+pub(crate) const HISTORY: TableDefinition<(&[u8], u32), &[u8]> =
+    TableDefinition::new("idempotency.partitioned.history");
+
+/// How long a partition takes claims, and how many keys it takes at
+/// most, before the writer seals it and opens the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SealRule {
+    /// The longest a partition stays hot, ms.
+    pub(crate) interval_ms: u64,
+    /// The key count that seals it sooner.
+    pub(crate) max_keys: u64,
+}
+
+impl SealRule {
+    /// Ten-minute partitions of at most 32,768 keys: a hot table of that
+    /// size kept commits at 1.00–1.04× a 10k store's rate in the
+    /// prototype (BENCHMARKS.md, "Scale layouts (issue 26)").
+    pub(crate) const DEFAULT: SealRule = SealRule {
+        interval_ms: 10 * 60 * 1000,
+        max_keys: 32_768,
+    };
+}
+
+/// Decoded filters of sealed partitions, shared by the writer (which adds
+/// one at each seal and at open) and the readers.
+#[derive(Debug)]
+pub(crate) struct Filters {
+    hasher: FilterHasher,
+    kept: RwLock<HashMap<u64, (FilterChecksum, Arc<PartitionFilter>)>>,
+}
+
+impl Filters {
+    /// No filter kept yet; keys hashed with `hasher` (the file's seed).
+    pub(crate) fn new(hasher: FilterHasher) -> Filters {
+        Filters {
+            hasher,
+            kept: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The file's key hasher.
+    pub(crate) fn hasher(&self) -> &FilterHasher {
+        &self.hasher
+    }
+
+    /// The filter of `partition`, if one is kept under `checksum`.
+    pub(crate) fn get(
+        &self,
+        partition: u64,
+        checksum: &FilterChecksum,
+    ) -> Option<Arc<PartitionFilter>> {
+        let kept = self.kept.read();
+        let (sum, filter) = kept.get(&partition)?;
+        (sum == checksum).then(|| filter.clone())
+    }
+
+    /// Keeps `filter` for `partition` under `checksum`.
+    pub(crate) fn keep(
+        &self,
+        partition: u64,
+        checksum: FilterChecksum,
+        filter: Arc<PartitionFilter>,
+    ) {
+        self.kept.write().insert(partition, (checksum, filter));
+    }
+
+    /// Forgets `partition`'s filter (it was dropped).
+    pub(crate) fn forget(&self, partition: u64) {
+        self.kept.write().remove(&partition);
+    }
+}
+
+/// One partition as a lookup probes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    /// The partition number.
+    pub(crate) partition: u64,
+    /// Its filter; `None`: the partition is read on every lookup.
+    pub(crate) filter: Option<Arc<PartitionFilter>>,
+}
+
+/// Partitions in the order a lookup probes them: partitions that took
+/// claims, newest (highest number) first, then those the engine built in
+/// key order, newest first. A key is in at most one partition, so the
+/// order only decides how soon a lookup stops.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Probes {
+    list: Vec<Probe>,
+}
+
+/// The order of [`Probes`]: a sort key, smallest first.
+fn probe_order(partition: u64) -> (bool, std::cmp::Reverse<u64>) {
+    (partition >= BUILT_PARTITIONS, std::cmp::Reverse(partition))
+}
+
+impl Probes {
+    /// The probes of the partitions whose rows are in `rows` (a table of a
+    /// snapshot or of the writer's transaction), with the filters `filters`
+    /// keeps under the checksums those rows name. A row that does not
+    /// decode still names a partition: it is probed without a filter.
+    ///
+    /// # Errors
+    ///
+    /// The storage error of reading `rows`.
+    pub(crate) fn read(
+        rows: &impl ReadableTable<u64, &'static [u8]>,
+        filters: &Filters,
+    ) -> Result<Probes, redb::StorageError> {
+        let mut list = Vec::new();
+        for entry in rows.iter()? {
+            let (k, v) = entry?;
+            let partition = k.value();
+            let filter = match PartitionRow::decode(partition, v.value()) {
+                Ok(row) => row
+                    .filter_checksum
+                    .and_then(|sum| filters.get(partition, &sum)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading a damaged partition row as a partition without a filter");
+                    None
+                }
+            };
+            list.push(Probe { partition, filter });
+        }
+        list.sort_by_key(|p| probe_order(p.partition));
+        Ok(Probes { list })
+    }
+
+    /// The probes, in probing order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Probe> {
+        self.list.iter()
+    }
+
+    /// How many partitions there are.
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether there is none (a format-3 file always has its hot
+    /// partition once open).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    fn insert(&mut self, probe: Probe) {
+        self.list.retain(|p| p.partition != probe.partition);
+        let at = self
+            .list
+            .partition_point(|p| probe_order(p.partition) < probe_order(probe.partition));
+        self.list.insert(at, probe);
+    }
+
+    fn remove(&mut self, partition: u64) {
+        self.list.retain(|p| p.partition != partition);
+    }
+
+    /// The partition holding record key `rkey`, and what `get` read there:
+    /// each partition in probing order whose filter may hold the key (or
+    /// that has none) is read with `get(partition)` until one has it.
+    /// `None`: no partition holds it. The key is hashed at most once.
+    ///
+    /// # Errors
+    ///
+    /// The first error of `get`.
+    pub(crate) fn locate<V, E>(
+        &self,
+        hasher: &FilterHasher,
+        rkey: &[u8],
+        mut get: impl FnMut(u64) -> Result<Option<V>, E>,
+    ) -> Result<Option<(u64, V)>, E> {
+        let mut hash: Option<KeyHash> = None;
+        for probe in &self.list {
+            if let Some(filter) = &probe.filter {
+                let h = *hash.get_or_insert_with(|| hasher.hash(rkey));
+                if !filter.may_contain_hash(&h) {
+                    continue;
+                }
+            }
+            if let Some(found) = get(probe.partition)? {
+                return Ok(Some((probe.partition, found)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What the writer knows of the hot partition beyond its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hot {
+    /// Its number.
+    pub(crate) partition: u64,
+    /// Its row (as stored when it was opened; `keys` counted since, in
+    /// memory: the row is written again when it is sealed).
+    pub(crate) row: PartitionRow,
+}
+
+/// A change to the partition tables, for the journal: (table, partition,
+/// `Some(value)` to put, `None` to delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CatalogChange {
+    /// `idempotency.partitions`.
+    Row(u64, Option<Vec<u8>>),
+    /// `idempotency.filters`.
+    Filter(u64, Option<Vec<u8>>),
+}
+
+/// Why the partition tables could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CatalogError {
+    /// redb failed.
+    #[error(transparent)]
+    Storage(#[from] redb::Error),
+    /// A row is damaged (or a transition it does not allow).
+    #[error(transparent)]
+    Row(#[from] RowError),
+    /// A filter cannot be built.
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    /// Keys in a partition's range while its row is missing, or more than
+    /// one hot partition: the file is damaged.
+    #[error("partition {partition}: {problem}")]
+    Damaged {
+        /// The partition number.
+        partition: u64,
+        /// What is wrong.
+        problem: &'static str,
+    },
+}
+
+impl From<redb::StorageError> for CatalogError {
+    fn from(e: redb::StorageError) -> CatalogError {
+        CatalogError::Storage(e.into())
+    }
+}
+
+/// The writer's view of the partitions: the probes of its open
+/// transaction and the hot partition.
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    filters: Arc<Filters>,
+    probes: Probes,
+    hot: Hot,
+    rule: SealRule,
+}
+
+/// The partition tables open in the writer's transaction.
+pub(crate) struct CatalogTables<'a, 't> {
+    /// Slot key → encoded record.
+    pub(crate) records: &'a Table<'t, &'static [u8], &'static [u8]>,
+    /// Partition → row.
+    pub(crate) rows: &'a mut Table<'t, u64, &'static [u8]>,
+    /// Partition → stored filter.
+    pub(crate) filters: &'a mut Table<'t, u64, &'static [u8]>,
+}
+
+impl Catalog {
+    /// The catalog of a writable open, after the journal was applied, at
+    /// `now_ms`:
+    /// - each sealed partition's stored filter is decoded and checked
+    ///   against its row; one that fails is rebuilt from its key range and
+    ///   stored again (a warning names it);
+    /// - a key range without a row gets one (sealed, its filter built
+    ///   from its keys; a warning names it): its records stay found;
+    /// - the hot partition (the highest number below
+    ///   [`BUILT_PARTITIONS`] not sealed) gets its key count from its range;
+    ///   a file without one gets a new hot partition.
+    ///
+    /// Every change is returned for the journal, in order.
+    ///
+    /// # Errors
+    ///
+    /// [`CatalogError`] for a storage error, a row that does not decode,
+    /// or two hot partitions.
+    pub(crate) fn load(
+        t: &mut CatalogTables<'_, '_>,
+        filters: Arc<Filters>,
+        rule: SealRule,
+        now_ms: u64,
+        changes: &mut Vec<CatalogChange>,
+    ) -> Result<Catalog, CatalogError> {
+        let mut rows: Vec<(u64, PartitionRow)> = Vec::new();
+        for entry in t.rows.iter()? {
+            let (k, v) = entry?;
+            let partition = k.value();
+            rows.push((partition, PartitionRow::decode(partition, v.value())?));
+        }
+        // Ranges without a row.
+        for partition in partitions_in(t.records)? {
+            if rows.iter().all(|(p, _)| *p != partition) {
+                tracing::warn!(
+                    partition,
+                    "records in a partition without a row: giving it a sealed row and a rebuilt filter"
+                );
+                let mut row = PartitionRow::hot(now_ms, now_ms);
+                seal_row(t, &filters, partition, &mut row, changes)?;
+                rows.push((partition, row));
+            }
+        }
+        let mut hot: Option<Hot> = None;
+        let mut probes = Probes::default();
+        for (partition, row) in &rows {
+            let (partition, row) = (*partition, *row);
+            match row.state {
+                PartitionState::Hot => {
+                    if let Some(other) = hot {
+                        return Err(CatalogError::Damaged {
+                            partition: partition.max(other.partition),
+                            problem: "a second hot partition",
+                        });
+                    }
+                    let mut row = row;
+                    row.keys = count_keys(t.records, partition)?;
+                    hot = Some(Hot { partition, row });
+                    probes.insert(Probe {
+                        partition,
+                        filter: None,
+                    });
+                }
+                PartitionState::Sealed | PartitionState::Dropping => {
+                    let filter = stored_filter(t, &filters, partition, &row)?;
+                    let filter = match filter {
+                        Some(filter) => filter,
+                        None => {
+                            let mut row = row;
+                            seal_row(t, &filters, partition, &mut row, changes)?
+                        }
+                    };
+                    probes.insert(Probe {
+                        partition,
+                        filter: Some(filter),
+                    });
+                }
+            }
+        }
+        let hot = match hot {
+            Some(hot) => hot,
+            None => {
+                let partition = rows
+                    .iter()
+                    .map(|(p, _)| *p)
+                    .filter(|p| *p < BUILT_PARTITIONS)
+                    .max()
+                    .map_or(FIRST_PARTITION, |p| p.saturating_add(1));
+                let hot = open_hot(t, partition, now_ms, changes)?;
+                probes.insert(Probe {
+                    partition,
+                    filter: None,
+                });
+                hot
+            }
+        };
+        Ok(Catalog {
+            filters,
+            probes,
+            hot,
+            rule,
+        })
+    }
+
+    /// The probes of the writer's transaction.
+    pub(crate) fn probes(&self) -> &Probes {
+        &self.probes
+    }
+
+    /// The shared filters.
+    pub(crate) fn filters(&self) -> &Arc<Filters> {
+        &self.filters
+    }
+
+    /// The hot partition.
+    pub(crate) fn hot(&self) -> Hot {
+        self.hot
+    }
+
+    /// Counts a key new to every partition inserted into the hot one.
+    pub(crate) fn inserted_new_key(&mut self, now_ms: u64) {
+        self.hot.row.keys = self.hot.row.keys.saturating_add(1);
+        self.hot.row.last_claim_ms = self.hot.row.last_claim_ms.max(now_ms);
+    }
+
+    /// Whether the hot partition is due to be sealed at `now_ms`: it holds
+    /// keys, and its interval has passed or it holds [`SealRule::max_keys`].
+    pub(crate) fn due_to_seal(&self, now_ms: u64) -> bool {
+        let row = &self.hot.row;
+        row.keys > 0
+            && (row.keys >= self.rule.max_keys
+                || now_ms.saturating_sub(row.first_claim_ms) >= self.rule.interval_ms)
+    }
+
+    /// Seals the hot partition at `now_ms` (its filter built from its key
+    /// range, stored, its row sealed) and opens the next one. Every change
+    /// is appended to `changes` for the journal.
+    ///
+    /// # Errors
+    ///
+    /// [`CatalogError`] for a storage error or a filter that cannot be
+    /// built; the transaction must then not commit.
+    pub(crate) fn seal(
+        &mut self,
+        t: &mut CatalogTables<'_, '_>,
+        now_ms: u64,
+        changes: &mut Vec<CatalogChange>,
+    ) -> Result<(), CatalogError> {
+        let Hot { partition, mut row } = self.hot;
+        row.last_claim_ms = row.last_claim_ms.max(now_ms).max(row.first_claim_ms);
+        let filter = seal_row(t, &self.filters, partition, &mut row, changes)?;
+        self.probes.insert(Probe {
+            partition,
+            filter: Some(filter),
+        });
+        let next = partition
+            .checked_add(1)
+            .filter(|p| *p < BUILT_PARTITIONS)
+            .ok_or(CatalogError::Damaged {
+                partition,
+                problem: "no partition number left for claims",
+            })?;
+        self.hot = open_hot(t, next, now_ms, changes)?;
+        self.probes.insert(Probe {
+            partition: next,
+            filter: None,
+        });
+        Ok(())
+    }
+
+    /// Forgets partition `partition` (its rows and range are gone).
+    pub(crate) fn dropped(&mut self, partition: u64) {
+        self.probes.remove(partition);
+        self.filters.forget(partition);
+    }
+}
+
+/// Writes the row of a new hot partition `partition`, opened at `now_ms`.
+fn open_hot(
+    t: &mut CatalogTables<'_, '_>,
+    partition: u64,
+    now_ms: u64,
+    changes: &mut Vec<CatalogChange>,
+) -> Result<Hot, CatalogError> {
+    let mut row = PartitionRow::hot(now_ms, now_ms);
+    row.keys = 0;
+    let value = row.encode(partition);
+    t.rows.insert(partition, value.as_slice())?;
+    changes.push(CatalogChange::Row(partition, Some(value)));
+    Ok(Hot { partition, row })
+}
+
+/// Builds `partition`'s filter from its key range, stores it and its
+/// sealed row (`row`, its key count set from the range), keeps the filter
+/// in `filters` and returns it.
+fn seal_row(
+    t: &mut CatalogTables<'_, '_>,
+    filters: &Filters,
+    partition: u64,
+    row: &mut PartitionRow,
+    changes: &mut Vec<CatalogChange>,
+) -> Result<Arc<PartitionFilter>, CatalogError> {
+    let filter = Arc::new(build_filter(t.records, filters.hasher(), partition)?);
+    let (bytes, sum) = filter.encode();
+    row.keys = filter.len();
+    row.state = PartitionState::Sealed;
+    row.filter_checksum = Some(sum);
+    let value = row.encode(partition);
+    t.filters.insert(partition, bytes.as_slice())?;
+    t.rows.insert(partition, value.as_slice())?;
+    changes.push(CatalogChange::Filter(partition, Some(bytes)));
+    changes.push(CatalogChange::Row(partition, Some(value)));
+    filters.keep(partition, sum, filter.clone());
+    Ok(filter)
+}
+
+/// `partition`'s stored filter checked against its row, kept in
+/// `filters`; `None` (with a warning naming it) when it is missing or
+/// fails a check: the caller rebuilds it.
+fn stored_filter(
+    t: &CatalogTables<'_, '_>,
+    filters: &Filters,
+    partition: u64,
+    row: &PartitionRow,
+) -> Result<Option<Arc<PartitionFilter>>, CatalogError> {
+    let Some(sum) = row.filter_checksum else {
+        return Ok(None);
+    };
+    if let Some(kept) = filters.get(partition, &sum) {
+        return Ok(Some(kept));
+    }
+    let Some(bytes) = t.filters.get(partition)? else {
+        tracing::warn!(
+            partition,
+            "a sealed partition's filter is missing: rebuilding it"
+        );
+        return Ok(None);
+    };
+    match PartitionFilter::decode(partition, bytes.value(), &sum, filters.hasher()) {
+        Ok(filter) => {
+            let filter = Arc::new(filter);
+            filters.keep(partition, sum, filter.clone());
+            Ok(Some(filter))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "rebuilding a partition's filter from its records");
+            Ok(None)
+        }
+    }
+}
+
+/// The filter of `partition`'s key range in `records`.
+pub(crate) fn build_filter(
+    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    hasher: &FilterHasher,
+    partition: u64,
+) -> Result<PartitionFilter, CatalogError> {
+    let keys = count_keys(records, partition)?;
+    let mut filter = PartitionFilter::with_capacity(partition, keys.max(1), hasher)?;
+    for entry in range(records, partition)? {
+        let (k, _) = entry?;
+        if let Some((_, rkey)) = slot::split(k.value()) {
+            filter.insert(rkey)?;
+        }
+    }
+    Ok(filter)
+}
+
+/// The keys in `partition`'s range.
+pub(crate) fn count_keys(
+    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    partition: u64,
+) -> Result<u64, redb::StorageError> {
+    let mut n = 0u64;
+    for entry in range(records, partition)? {
+        entry?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// `partition`'s key range of `records`.
+pub(crate) fn range<'a>(
+    records: &'a impl ReadableTable<&'static [u8], &'static [u8]>,
+    partition: u64,
+) -> Result<redb::Range<'a, &'static [u8], &'static [u8]>, redb::StorageError> {
+    let (lo, hi) = slot::range_of(partition);
+    match hi {
+        Some(hi) => records.range::<&[u8]>(&lo[..]..&hi[..]),
+        None => records.range::<&[u8]>(&lo[..]..),
+    }
+}
+
+/// The partitions that hold keys in `records`, ascending: one seek per
+/// partition.
+pub(crate) fn partitions_in(
+    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
+) -> Result<Vec<u64>, redb::StorageError> {
+    let mut out = Vec::new();
+    let mut from = [0u8; slot::PREFIX_BYTES];
+    loop {
+        let next = records.range::<&[u8]>(&from[..]..)?.next().transpose()?;
+        let Some((k, _)) = next else {
+            return Ok(out);
+        };
+        let Some((partition, _)) = slot::split(k.value()) else {
+            // A key shorter than a prefix: skip past it.
+            let mut past = k.value().to_vec();
+            past.push(0);
+            let Some(p) = partition_after(&past) else {
+                return Ok(out);
+            };
+            from = p;
+            continue;
+        };
+        out.push(partition);
+        match slot::range_of(partition).1 {
+            Some(hi) => from = hi,
+            None => return Ok(out),
+        }
+    }
+}
+
+/// The prefix of the first partition at or after `key`'s bytes.
+fn partition_after(key: &[u8]) -> Option<[u8; slot::PREFIX_BYTES]> {
+    let mut padded = [0u8; slot::PREFIX_BYTES];
+    let n = key.len().min(slot::PREFIX_BYTES);
+    padded[..n].copy_from_slice(&key[..n]);
+    if key.len() <= slot::PREFIX_BYTES {
+        Some(padded)
+    } else {
+        u64::from_be_bytes(padded)
+            .checked_add(1)
+            .map(u64::to_be_bytes)
+    }
+}
+
+#[cfg(test)]
+#[path = "catalog_tests.rs"]
+mod tests;
