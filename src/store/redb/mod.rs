@@ -10,8 +10,12 @@ mod meta;
 mod open;
 mod orphans;
 mod overlay;
-#[cfg(test)]
+// Format 3 (issue 26) is built in steps: until an open creates format-3
+// files, only the tests reach all of it (docs/format3-plan.md).
+#[cfg_attr(not(test), allow(dead_code))]
 mod partition;
+#[cfg(test)]
+mod partitioned_tables_tests;
 mod read;
 mod read_only;
 mod recover;

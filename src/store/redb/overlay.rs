@@ -18,6 +18,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::journal::Change;
+use super::partition::slot;
 
 /// One key's newest acknowledged value: `None` means deleted.
 type Value = Option<Arc<[u8]>>;
@@ -29,6 +30,9 @@ pub(super) struct Overlay {
     /// Whether acknowledged changes (of any table) wait for redb's commit;
     /// read without the lock on the hot path.
     held: AtomicBool,
+    /// Format 3: record changes carry slot keys (`partition/slot.rs`),
+    /// kept here under their record keys, which reads ask by.
+    partitioned: bool,
 }
 
 #[derive(Default)]
@@ -60,6 +64,26 @@ impl From<Option<&Value>> for Seen {
 }
 
 impl Overlay {
+    /// The overlay of a format-3 file (module docs of `partition/slot.rs`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) fn partitioned() -> Overlay {
+        Overlay {
+            partitioned: true,
+            ..Overlay::default()
+        }
+    }
+
+    /// The record key of a record change's key.
+    fn record_key(&self, key: Vec<u8>) -> Vec<u8> {
+        if !self.partitioned {
+            return key;
+        }
+        match slot::split(&key) {
+            Some((_, rkey)) => rkey.to_vec(),
+            None => key,
+        }
+    }
+
     /// Takes in one synced group's changes, in order (later ones win).
     /// Index and outbox changes are not kept, only noted: whole-table
     /// reads commit first.
@@ -71,10 +95,11 @@ impl Overlay {
         for change in changes {
             match change {
                 Change::PutRecord { key, value } => {
-                    maps.records.insert(key, Some(value.into()));
+                    maps.records
+                        .insert(self.record_key(key), Some(value.into()));
                 }
                 Change::DelRecord { key } => {
-                    maps.records.insert(key, None);
+                    maps.records.insert(self.record_key(key), None);
                 }
                 Change::PutEntity { id, value } => {
                     maps.entities.insert(id, Some(value.into()));
@@ -90,7 +115,11 @@ impl Overlay {
                 | Change::PutHistory { .. }
                 | Change::DelHistory { .. }
                 | Change::PutDeadLetter { .. }
-                | Change::DelDeadLetter { .. } => {}
+                | Change::DelDeadLetter { .. }
+                | Change::PutPartition { .. }
+                | Change::DelPartition { .. }
+                | Change::PutFilter { .. }
+                | Change::DelFilter { .. } => {}
             }
         }
         // Index and outbox changes count too: whole-table reads must then

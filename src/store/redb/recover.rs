@@ -12,6 +12,8 @@ use super::journal::{
     Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
 };
 use super::meta::{self, file_format, read_meta, Counter, Format, MetaError, StoredJournal};
+use super::partition::catalog;
+use super::partition::row::{FILTERS, PARTITIONS};
 use super::tables::{
     DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
 };
@@ -173,7 +175,7 @@ pub(crate) fn open_journal(
         txn.set_durability(Durability::Immediate)
             .map_err(|e| storage_error(e.into()))?;
         for (_, frame) in &frames {
-            apply(&txn, frame).map_err(meta_error)?;
+            apply(&txn, frame, false).map_err(meta_error)?;
         }
         {
             let mut table = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
@@ -218,7 +220,7 @@ pub(super) fn apply_in_view(db: &Database, path: &Path) -> Result<(), OpenError>
     }
     let txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
     for (_, frame) in &frames {
-        apply(&txn, frame).map_err(|e| e.open_error(path, what))?;
+        apply(&txn, frame, false).map_err(|e| e.open_error(path, what))?;
     }
     txn.commit().map_err(|e| storage_error(e.into()))
 }
@@ -280,17 +282,28 @@ pub(crate) fn pending_frames(
     }
 }
 
-/// Applies one frame's changes, and its counters (to a database of format
-/// 2: only such a file has a journal).
-fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), MetaError> {
-    let mut records = txn.open_table(RECORDS)?;
+/// Applies one frame's changes, and its counters. `partitioned`: the
+/// file is of format 3, whose record, step and log changes carry slot keys
+/// into its partitioned tables (`partition/slot.rs`); the opens pass
+/// `false` until format 3 files are opened (docs/format3-plan.md).
+pub(super) fn apply(
+    txn: &WriteTransaction,
+    frame: &Frame,
+    partitioned: bool,
+) -> Result<(), MetaError> {
+    let (records_def, steps_def, history_def) = if partitioned {
+        (catalog::RECORDS, catalog::STEPS, catalog::HISTORY)
+    } else {
+        (RECORDS, STEPS, HISTORY)
+    };
+    let mut records = txn.open_table(records_def)?;
     let mut leases = txn.open_table(LEASES)?;
     let mut recovery = txn.open_table(RECOVERY)?;
     let mut expiry = txn.open_table(EXPIRY)?;
     let mut outbox = txn.open_table(OUTBOX)?;
     let mut entities = txn.open_table(ENTITIES)?;
-    let mut steps = txn.open_table(STEPS)?;
-    let mut history = txn.open_table(HISTORY)?;
+    let mut steps = txn.open_table(steps_def)?;
+    let mut history = txn.open_table(history_def)?;
     let mut table = txn.open_table(META)?;
     for change in &frame.changes {
         match change {
@@ -335,6 +348,20 @@ fn apply(txn: &WriteTransaction, frame: &Frame) -> Result<(), MetaError> {
             }
             Change::DelDeadLetter { seq } => {
                 txn.open_table(DEAD_LETTERS)?.remove(*seq)?;
+            }
+            Change::PutPartition { partition, value } => {
+                txn.open_table(PARTITIONS)?
+                    .insert(*partition, value.as_slice())?;
+            }
+            Change::DelPartition { partition } => {
+                txn.open_table(PARTITIONS)?.remove(*partition)?;
+            }
+            Change::PutFilter { partition, value } => {
+                txn.open_table(FILTERS)?
+                    .insert(*partition, value.as_slice())?;
+            }
+            Change::DelFilter { partition } => {
+                txn.open_table(FILTERS)?.remove(*partition)?;
             }
         }
     }

@@ -33,6 +33,9 @@ use crate::store::record::{EntityState, Record};
 use crate::store::step::{HistoryRecord, StepRecord};
 
 use super::journal::{Change, IndexTable};
+use super::partition::catalog::{self, Catalog, CatalogChange, CatalogTables};
+use super::partition::row::{FILTERS, PARTITIONS};
+use super::partition::slot;
 
 /// Format version, counters, the journal's position and the last app's
 /// expiry settings: keys and values are `meta.rs`'s.
@@ -120,31 +123,160 @@ pub(crate) struct Tables<'t> {
     pub(super) changes: Option<Vec<Change>>,
     /// Bytes of keys and values in `changes`.
     pub(super) changes_bytes: usize,
+    /// Format 3: the partitions, and where the last key looked up lives
+    /// (`None`: format 2, records keyed by their record key).
+    partitioned: Option<Partitioned<'t>>,
+}
+
+/// Format 3's view inside [`Tables`]: the writer's catalog and the last
+/// lookup's answer (a write of a key follows its read, so one entry saves
+/// the second lookup).
+struct Partitioned<'t> {
+    catalog: &'t mut Catalog,
+    /// Record key → the partition holding it (`None`: none does).
+    last: Option<(Vec<u8>, Option<u64>)>,
 }
 
 impl<'t> Tables<'t> {
+    /// The tables of a format-2 file.
     pub(super) fn open(
         txn: &'t WriteTransaction,
         seq: Sequences,
         now: u64,
         cfg: StoreConfig,
     ) -> std::result::Result<Tables<'t>, redb::Error> {
+        Tables::open_as(txn, seq, now, cfg, None)
+    }
+
+    /// The tables of a format-3 file, whose partitions `catalog` knows.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) fn open_partitioned(
+        txn: &'t WriteTransaction,
+        seq: Sequences,
+        now: u64,
+        cfg: StoreConfig,
+        catalog: &'t mut Catalog,
+    ) -> std::result::Result<Tables<'t>, redb::Error> {
+        Tables::open_as(txn, seq, now, cfg, Some(catalog))
+    }
+
+    fn open_as(
+        txn: &'t WriteTransaction,
+        seq: Sequences,
+        now: u64,
+        cfg: StoreConfig,
+        catalog: Option<&'t mut Catalog>,
+    ) -> std::result::Result<Tables<'t>, redb::Error> {
+        let partitioned = catalog.is_some();
         Ok(Tables {
             txn,
-            records: txn.open_table(RECORDS)?,
+            records: txn.open_table(if partitioned {
+                catalog::RECORDS
+            } else {
+                RECORDS
+            })?,
             leases: txn.open_table(LEASES)?,
             recovery: txn.open_table(RECOVERY)?,
             expiry: txn.open_table(EXPIRY)?,
             outbox: txn.open_table(OUTBOX)?,
             entities: txn.open_table(ENTITIES)?,
-            steps: txn.open_table(STEPS)?,
-            history: txn.open_table(HISTORY)?,
+            steps: txn.open_table(if partitioned { catalog::STEPS } else { STEPS })?,
+            history: txn.open_table(if partitioned {
+                catalog::HISTORY
+            } else {
+                HISTORY
+            })?,
             seq,
             now,
             cfg,
             changes: None,
             changes_bytes: 0,
+            partitioned: catalog.map(|catalog| Partitioned {
+                catalog,
+                last: None,
+            }),
         })
+    }
+
+    /// Format 3: seals the hot partition if it is due (its interval ran
+    /// out or it holds its most keys) and opens the next; the writer calls
+    /// it before a group's jobs. Format 2: nothing.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) fn seal_if_due(&mut self) -> std::result::Result<(), redb::Error> {
+        let now = self.now;
+        let Some(part) = self.partitioned.as_mut() else {
+            return Ok(());
+        };
+        if !part.catalog.due_to_seal(now) {
+            return Ok(());
+        }
+        let mut rows = self.txn.open_table(PARTITIONS)?;
+        let mut filters = self.txn.open_table(FILTERS)?;
+        let mut changes = Vec::new();
+        part.catalog
+            .seal(
+                &mut CatalogTables {
+                    records: &self.records,
+                    rows: &mut rows,
+                    filters: &mut filters,
+                },
+                now,
+                &mut changes,
+            )
+            .map_err(catalog_error)?;
+        // A key looked up before the seal may now be in a sealed partition.
+        part.last = None;
+        for change in changes {
+            self.log(|| Change::from(change));
+        }
+        Ok(())
+    }
+
+    /// The partition holding `rkey` (format 3), through the catalog's
+    /// probes over this transaction's records table.
+    fn locate(&mut self, rkey: &[u8]) -> std::result::Result<Option<u64>, redb::StorageError> {
+        let Some(part) = self.partitioned.as_mut() else {
+            return Ok(None);
+        };
+        if let Some((key, at)) = &part.last {
+            if key.as_slice() == rkey {
+                return Ok(*at);
+            }
+        }
+        let records = &self.records;
+        let found = part
+            .catalog
+            .probes()
+            .locate(part.catalog.filters().hasher(), rkey, |p| {
+                let slot = slot::slot_key(p, rkey);
+                records.get(slot.as_slice()).map(|v| v.map(|_| ()))
+            })?
+            .map(|(p, ())| p);
+        part.last = Some((rkey.to_vec(), found));
+        Ok(found)
+    }
+
+    /// The key `rkey`'s record (and its steps and log) is stored under:
+    /// `rkey` itself in format 2; in format 3 its slot key in the
+    /// partition holding it, or in the hot partition for a key no
+    /// partition holds (`new`: whether it was new, for the caller that
+    /// inserts it).
+    fn slot_of<'k>(
+        &mut self,
+        rkey: &'k [u8],
+    ) -> std::result::Result<(std::borrow::Cow<'k, [u8]>, bool), redb::StorageError> {
+        if self.partitioned.is_none() {
+            return Ok((std::borrow::Cow::Borrowed(rkey), false));
+        }
+        let found = self.locate(rkey)?;
+        let Some(part) = self.partitioned.as_ref() else {
+            return Ok((std::borrow::Cow::Borrowed(rkey), false));
+        };
+        let p = found.unwrap_or(part.catalog.hot().partition);
+        Ok((
+            std::borrow::Cow::Owned(slot::slot_key(p, rkey)),
+            found.is_none(),
+        ))
     }
 
     /// Keeps every change from now on, for the journal.
@@ -205,28 +337,46 @@ impl<'t> Tables<'t> {
         rkey: &[u8],
         value: Vec<u8>,
     ) -> std::result::Result<(), redb::StorageError> {
-        self.records.insert(rkey, value.as_slice())?;
+        let (slot, new) = self.slot_of(rkey)?;
+        self.records.insert(&*slot, value.as_slice())?;
+        if let Some(part) = self.partitioned.as_mut() {
+            if new {
+                part.catalog.inserted_new_key(self.now);
+                let p = part.catalog.hot().partition;
+                part.last = Some((rkey.to_vec(), Some(p)));
+            }
+        }
         self.log(|| Change::PutRecord {
-            key: rkey.to_vec(),
+            key: slot.into_owned(),
             value,
         });
         Ok(())
     }
 
     fn del_record(&mut self, rkey: &[u8]) -> std::result::Result<(), redb::StorageError> {
-        self.records.remove(rkey)?;
-        self.log(|| Change::DelRecord { key: rkey.to_vec() });
+        let (slot, _) = self.slot_of(rkey)?;
+        self.records.remove(&*slot)?;
+        if let Some(part) = self.partitioned.as_mut() {
+            part.last = Some((rkey.to_vec(), None));
+        }
+        self.log(|| Change::DelRecord {
+            key: slot.into_owned(),
+        });
         Ok(())
     }
 
     pub(super) fn raw(
-        &self,
+        &mut self,
         rkey: &[u8],
     ) -> std::result::Result<Option<std::result::Result<Record, DecodeError>>, redb::StorageError>
     {
+        if self.partitioned.is_some() && self.locate(rkey)?.is_none() {
+            return Ok(None);
+        }
+        let (slot, _) = self.slot_of(rkey)?;
         Ok(self
             .records
-            .get(rkey)?
+            .get(&*slot)?
             .map(|v| codec::decode(rkey, v.value())))
     }
 
@@ -406,11 +556,12 @@ impl Txn for Tables<'_> {
         key: &IdempotencyKey,
     ) -> std::result::Result<Vec<LoadedStep>, redb::Error> {
         let rkey = key.record_key();
+        let (slot, _) = self.slot_of(rkey)?;
         let mut out = Vec::new();
-        for entry in self.steps.range((rkey, "")..)? {
+        for entry in self.steps.range((&*slot, "")..)? {
             let (k, v) = entry?;
             let (at, name) = k.value();
-            if at != rkey {
+            if at != &*slot {
                 break;
             }
             out.push((name.to_owned(), codec::decode_step(rkey, name, v.value())));
@@ -424,11 +575,12 @@ impl Txn for Tables<'_> {
         step: &StepRecord,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
+        let (slot, _) = self.slot_of(rkey)?;
         let value = codec::encode_step(rkey, step);
         self.steps
-            .insert((rkey, step.name.as_str()), value.as_slice())?;
+            .insert((&*slot, step.name.as_str()), value.as_slice())?;
         self.log(|| Change::PutStep {
-            key: rkey.to_vec(),
+            key: slot.into_owned(),
             name: step.name.clone(),
             value,
         });
@@ -437,19 +589,20 @@ impl Txn for Tables<'_> {
 
     fn remove_steps(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
+        let (slot, _) = self.slot_of(rkey)?;
         let mut names = Vec::new();
-        for entry in self.steps.range((rkey, "")..)? {
+        for entry in self.steps.range((&*slot, "")..)? {
             let (k, _) = entry?;
             let (at, name) = k.value();
-            if at != rkey {
+            if at != &*slot {
                 break;
             }
             names.push(name.to_owned());
         }
         for name in names {
-            self.steps.remove((rkey, name.as_str()))?;
+            self.steps.remove((&*slot, name.as_str()))?;
             self.log(|| Change::DelStep {
-                key: rkey.to_vec(),
+                key: slot.to_vec(),
                 name,
             });
         }
@@ -460,8 +613,8 @@ impl Txn for Tables<'_> {
         &mut self,
         key: &IdempotencyKey,
     ) -> std::result::Result<Option<(u32, u32)>, redb::Error> {
-        let rkey = key.record_key();
-        let mut range = self.history.range((rkey, 0)..=(rkey, u32::MAX))?;
+        let (slot, _) = self.slot_of(key.record_key())?;
+        let mut range = self.history.range((&*slot, 0)..=(&*slot, u32::MAX))?;
         let first = match range.next() {
             Some(entry) => entry?.0.value().1,
             None => return Ok(None),
@@ -479,10 +632,11 @@ impl Txn for Tables<'_> {
         entry: &HistoryRecord,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
+        let (slot, _) = self.slot_of(rkey)?;
         let value = codec::encode_history(rkey, entry);
-        self.history.insert((rkey, entry.seq), value.as_slice())?;
+        self.history.insert((&*slot, entry.seq), value.as_slice())?;
         self.log(|| Change::PutHistory {
-            key: rkey.to_vec(),
+            key: slot.into_owned(),
             seq: entry.seq,
             value,
         });
@@ -490,15 +644,15 @@ impl Txn for Tables<'_> {
     }
 
     fn remove_history(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
-        let rkey = key.record_key();
+        let (slot, _) = self.slot_of(key.record_key())?;
         let mut seqs = Vec::new();
-        for entry in self.history.range((rkey, 0)..=(rkey, u32::MAX))? {
+        for entry in self.history.range((&*slot, 0)..=(&*slot, u32::MAX))? {
             seqs.push(entry?.0.value().1);
         }
         for seq in seqs {
-            self.history.remove((rkey, seq))?;
+            self.history.remove((&*slot, seq))?;
             self.log(|| Change::DelHistory {
-                key: rkey.to_vec(),
+                key: slot.to_vec(),
                 seq,
             });
         }
@@ -527,6 +681,26 @@ impl Txn for Tables<'_> {
             value,
         });
         Ok(())
+    }
+}
+
+/// A catalog error as the redb error that fails the batch (and poisons
+/// the backend: a reopen loads the catalog again).
+fn catalog_error(e: catalog::CatalogError) -> redb::Error {
+    match e {
+        catalog::CatalogError::Storage(e) => e,
+        other => redb::Error::Corrupted(other.to_string()),
+    }
+}
+
+impl From<CatalogChange> for Change {
+    fn from(change: CatalogChange) -> Change {
+        match change {
+            CatalogChange::Row(partition, Some(value)) => Change::PutPartition { partition, value },
+            CatalogChange::Row(partition, None) => Change::DelPartition { partition },
+            CatalogChange::Filter(partition, Some(value)) => Change::PutFilter { partition, value },
+            CatalogChange::Filter(partition, None) => Change::DelFilter { partition },
+        }
     }
 }
 

@@ -89,6 +89,27 @@ pub(in crate::store::redb) enum Change {
     DelDeadLetter {
         seq: u64,
     },
+    // Added with format 3's partitions: appended, as above. A format-3
+    // file's record, step and log changes carry slot keys
+    // (`partition/slot.rs`); a format-2 file never holds these four.
+    /// `idempotency.partitions`: partition number → encoded row.
+    PutPartition {
+        partition: u64,
+        #[serde(with = "crate::store::wire::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelPartition {
+        partition: u64,
+    },
+    /// `idempotency.filters`: partition number → stored filter.
+    PutFilter {
+        partition: u64,
+        #[serde(with = "crate::store::wire::byte_buf")]
+        value: Vec<u8>,
+    },
+    DelFilter {
+        partition: u64,
+    },
 }
 
 impl Change {
@@ -102,8 +123,14 @@ impl Change {
             | Change::PutIndex { key, .. }
             | Change::DelIndex { key, .. }
             | Change::DelHistory { key, .. } => key.len(),
-            Change::PutOutbox { value, .. } | Change::PutDeadLetter { value, .. } => value.len(),
-            Change::DelOutbox { .. } | Change::DelDeadLetter { .. } => 0,
+            Change::PutOutbox { value, .. }
+            | Change::PutDeadLetter { value, .. }
+            | Change::PutPartition { value, .. }
+            | Change::PutFilter { value, .. } => value.len(),
+            Change::DelOutbox { .. }
+            | Change::DelDeadLetter { .. }
+            | Change::DelPartition { .. }
+            | Change::DelFilter { .. } => 0,
             Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
             Change::PutStep { key, name, value } => key
                 .len()

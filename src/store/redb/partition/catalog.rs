@@ -355,13 +355,12 @@ impl Catalog {
                     });
                 }
                 PartitionState::Sealed | PartitionState::Dropping => {
-                    let filter = stored_filter(t, &filters, partition, &row)?;
-                    let filter = match filter {
-                        Some(filter) => filter,
-                        None => {
-                            let mut row = row;
-                            seal_row(t, &filters, partition, &mut row, changes)?
-                        }
+                    let stored = stored_filter(t, &filters, partition, &row)?;
+                    let filter = if let Some(filter) = stored {
+                        filter
+                    } else {
+                        let mut row = row;
+                        seal_row(t, &filters, partition, &mut row, changes)?
                     };
                     probes.insert(Probe {
                         partition,
@@ -370,22 +369,21 @@ impl Catalog {
                 }
             }
         }
-        let hot = match hot {
-            Some(hot) => hot,
-            None => {
-                let partition = rows
-                    .iter()
-                    .map(|(p, _)| *p)
-                    .filter(|p| *p < BUILT_PARTITIONS)
-                    .max()
-                    .map_or(FIRST_PARTITION, |p| p.saturating_add(1));
-                let hot = open_hot(t, partition, now_ms, changes)?;
-                probes.insert(Probe {
-                    partition,
-                    filter: None,
-                });
-                hot
-            }
+        let hot = if let Some(hot) = hot {
+            hot
+        } else {
+            let partition = rows
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|p| *p < BUILT_PARTITIONS)
+                .max()
+                .map_or(FIRST_PARTITION, |p| p.saturating_add(1));
+            let hot = open_hot(t, partition, now_ms, changes)?;
+            probes.insert(Probe {
+                partition,
+                filter: None,
+            });
+            hot
         };
         Ok(Catalog {
             filters,
@@ -573,10 +571,10 @@ pub(crate) fn count_keys(
 }
 
 /// `partition`'s key range of `records`.
-pub(crate) fn range<'a>(
-    records: &'a impl ReadableTable<&'static [u8], &'static [u8]>,
+pub(crate) fn range(
+    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
     partition: u64,
-) -> Result<redb::Range<'a, &'static [u8], &'static [u8]>, redb::StorageError> {
+) -> Result<redb::Range<'_, &'static [u8], &'static [u8]>, redb::StorageError> {
     let (lo, hi) = slot::range_of(partition);
     match hi {
         Some(hi) => records.range::<&[u8]>(&lo[..]..&hi[..]),

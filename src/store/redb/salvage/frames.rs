@@ -103,7 +103,13 @@ impl Work {
                     }
                     // Salvage keeps what requests and relays need; dead
                     // letters (an operator's list) are not carried over.
-                    Change::PutDeadLetter { .. } | Change::DelDeadLetter { .. } => {}
+                    // Format 3's partition tables: salvage reads format 2 only.
+                    Change::PutDeadLetter { .. }
+                    | Change::DelDeadLetter { .. }
+                    | Change::PutPartition { .. }
+                    | Change::DelPartition { .. }
+                    | Change::PutFilter { .. }
+                    | Change::DelFilter { .. } => {}
                 }
             }
             self.next_token = self.next_token.max(frame.next_token);
