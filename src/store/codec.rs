@@ -120,6 +120,24 @@ pub(crate) const FORMAT_VERSION: u8 = 2;
 /// The format without checksums, still read.
 pub(crate) const FORMAT_VERSION_1: u8 = 1;
 
+/// The file format of partitioned records (redb's format 3,
+/// docs/format3-plan.md). Its values are framed as format 2's (version
+/// byte 2); only the meta value `format_version` says 3, as
+/// [`format_3_marker`].
+pub(crate) const FORMAT_VERSION_3: u8 = 3;
+
+/// The meta value `format_version` of a format-3 file: `[3]` and the
+/// checksum of that byte under the meta key (9 bytes). A format-2 build
+/// reads it as a format it does not know (its first byte is 3, and put
+/// back as 2 it does not verify), so it refuses the file, naming format 3,
+/// instead of reading a file whose records it cannot find.
+pub(crate) fn format_3_marker() -> Vec<u8> {
+    let mut value = vec![FORMAT_VERSION_3];
+    let sum = checksum(META_TAG, b"format_version", &value);
+    value.extend_from_slice(&sum);
+    value
+}
+
 /// Bytes of the checksum at the end of a format-2 value.
 const CHECKSUM_BYTES: usize = 8;
 

@@ -13,7 +13,7 @@ use redb::{ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableError};
 
 use crate::error::{Corrupted, OpenError};
 use crate::policy::ExpiryPolicy;
-use crate::store::codec::{self, DecodeError, FORMAT_VERSION, FORMAT_VERSION_1};
+use crate::store::codec::{self, DecodeError, FORMAT_VERSION, FORMAT_VERSION_1, FORMAT_VERSION_3};
 
 use super::tables::META;
 
@@ -41,11 +41,14 @@ pub(super) enum Key {
     /// everything; the journal may be gone), or an engine has the file
     /// open.
     JournalClean,
+    /// Format 3: the 16 random bytes the partition filters' key hash is
+    /// seeded from (`partition/filter.rs`).
+    FilterSeed,
 }
 
 impl Key {
     /// Every key this build knows.
-    pub(super) const ALL: [Key; 8] = [
+    pub(super) const ALL: [Key; 9] = [
         Key::FormatVersion,
         Key::NextToken,
         Key::NextOutboxSeq,
@@ -54,6 +57,7 @@ impl Key {
         Key::JournalId,
         Key::JournalLsn,
         Key::JournalClean,
+        Key::FilterSeed,
     ];
 
     /// The key as stored.
@@ -67,6 +71,7 @@ impl Key {
             Key::JournalId => "journal_id",
             Key::JournalLsn => "journal_lsn",
             Key::JournalClean => "journal_clean",
+            Key::FilterSeed => "filter_seed",
         }
     }
 
@@ -81,14 +86,14 @@ impl Key {
             Key::NextToken | Key::NextOutboxSeq | Key::TtlMs | Key::JournalLsn => {
                 payload.len() == 8
             }
-            Key::JournalId => payload.len() == 16,
+            Key::JournalId | Key::FilterSeed => payload.len() == 16,
             Key::JournalClean => matches!(payload, [0 | 1]),
             Key::ExpiryPolicy => decode_policy(payload).is_some(),
         };
         (!ok).then(|| {
             let holds = match self {
                 Key::FormatVersion => "no payload",
-                Key::JournalId => "16 bytes",
+                Key::JournalId | Key::FilterSeed => "16 bytes",
                 Key::JournalClean => "one byte, 0 or 1",
                 Key::ExpiryPolicy => "[0], or [1] and 8 bytes",
                 _ => "8 bytes",
@@ -128,6 +133,9 @@ pub(super) enum Format {
     V1,
     /// Checksummed (`codec::encode_meta`).
     V2,
+    /// Format 2's values, records in partitions (`partition/`), a
+    /// `filter_seed`; `format_version` is `codec::format_3_marker`.
+    V3,
 }
 
 /// What `format_version` says (see `codec.rs`, "How an open learns the
@@ -208,7 +216,7 @@ fn payload(t: &impl Readable, key: Key, format: Format) -> Result<Option<Vec<u8>
     };
     let payload = match format {
         Format::V1 => value.value().to_vec(),
-        Format::V2 => codec::decode_meta(key.name(), value.value())
+        Format::V2 | Format::V3 => codec::decode_meta(key.name(), value.value())
             .map_err(|e| damaged(key, describe(&e)))?
             .to_vec(),
     };
@@ -271,6 +279,17 @@ pub(super) fn read_format(t: &impl Readable) -> Result<Option<Found>, MetaError>
             payload(t, key, Format::V2)?;
             Found::Format(Format::V2)
         }
+        _ if bytes == codec::format_3_marker().as_slice() => Found::Format(Format::V3),
+        [FORMAT_VERSION_3, ..] => {
+            return Err(damaged(
+                key,
+                format!(
+                    "{} ({} bytes) starts as format 3's marker but is not it",
+                    crate::store::record::hex(bytes),
+                    bytes.len()
+                ),
+            ))
+        }
         [first, rest @ ..] => {
             // A format-2 value whose version byte alone was damaged still
             // verifies once it is put back.
@@ -317,6 +336,33 @@ pub(super) fn create(t: &mut Writable<'_>) -> Result<(), redb::StorageError> {
     put(t, Key::FormatVersion, &[])?;
     write_counter(t, Counter::NextToken, 1)?;
     write_counter(t, Counter::NextOutboxSeq, 1)
+}
+
+/// A fresh meta table of format 3: counters at 1, the filters' seed
+/// `seed` (16 random bytes), `format_version` last.
+pub(super) fn create_format_3(
+    t: &mut Writable<'_>,
+    seed: &[u8; 16],
+) -> Result<(), redb::StorageError> {
+    write_counter(t, Counter::NextToken, 1)?;
+    write_counter(t, Counter::NextOutboxSeq, 1)?;
+    put(t, Key::FilterSeed, seed)?;
+    t.insert(
+        Key::FormatVersion.name(),
+        codec::format_3_marker().as_slice(),
+    )?;
+    Ok(())
+}
+
+/// The filters' seed of a format-3 file.
+///
+/// # Errors
+///
+/// [`MetaError::Damaged`] when it is missing or not 16 bytes.
+pub(super) fn read_filter_seed(t: &impl Readable) -> Result<[u8; 16], MetaError> {
+    let payload = payload(t, Key::FilterSeed, Format::V3)?
+        .ok_or_else(|| damaged(Key::FilterSeed, "missing, in a format-3 file"))?;
+    <[u8; 16]>::try_from(payload.as_slice()).map_err(|_| damaged(Key::FilterSeed, "not 16 bytes"))
 }
 
 /// The counter's stored value (`None`: absent; in format 2 a missing
@@ -516,10 +562,18 @@ pub(super) fn damage(t: &impl Readable, format: Format) -> Result<Vec<MetaDamage
             note(payload(t, key, format).map(drop))?;
         }
     }
-    if format == Format::V2 {
+    if format != Format::V1 {
         for counter in [Counter::NextToken, Counter::NextOutboxSeq] {
             note(required_counter(t, counter).map(drop))?;
         }
+    }
+    if format == Format::V3 {
+        note(read_filter_seed(t).map(drop))?;
+    } else if t.get(Key::FilterSeed.name())?.is_some() {
+        note(Err(damaged(
+            Key::FilterSeed,
+            "present in a file whose format_version is not 3",
+        )))?;
     }
     note(read_journal(t, format).map(drop))?;
     note(read_expiry(t, format).map(drop))?;
@@ -653,6 +707,94 @@ mod tests {
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+    /// The keys of a format-2 meta table (all but format 3's seed).
+    const FORMAT_2_KEYS: [Key; 8] = [
+        Key::FormatVersion,
+        Key::NextToken,
+        Key::NextOutboxSeq,
+        Key::TtlMs,
+        Key::ExpiryPolicy,
+        Key::JournalId,
+        Key::JournalLsn,
+        Key::JournalClean,
+    ];
+
+    fn format_3() -> Result<Database, Box<dyn std::error::Error>> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(META)?;
+            create_format_3(&mut t, b"0123456789abcdef")?;
+            write_journal(&mut t, &[7; 16])?;
+        }
+        txn.commit()?;
+        Ok(db)
+    }
+
+    #[test]
+    fn a_format_3_table_reads_back_and_every_flip_of_its_own_values_names_its_key() -> TestResult {
+        let db = format_3()?;
+        {
+            let txn = db.begin_read()?;
+            let t = txn.open_table(META)?;
+            let e = |e: MetaError| format!("{e:?}");
+            assert_eq!(read_format(&t).map_err(e)?, Some(Found::Format(Format::V3)));
+            assert_eq!(read_filter_seed(&t).map_err(e)?, *b"0123456789abcdef");
+            assert!(damage(&t, Format::V3)?.is_empty());
+            assert_eq!(required_counter(&t, Counter::NextToken).map_err(e)?, 1);
+        }
+        let check_v3 = |edit: &dyn Fn(&mut Writable<'_>) -> Result<(), redb::StorageError>| {
+            let txn = db.begin_write()?;
+            let result = {
+                let mut t = txn.open_table(META)?;
+                edit(&mut t)?;
+                match read_format(&t) {
+                    Ok(Some(Found::Format(format))) => check(&t, format),
+                    Ok(other) => Err(damaged(Key::FormatVersion, format!("{other:?}"))),
+                    Err(e) => Err(e),
+                }
+            };
+            txn.abort()?;
+            Ok::<_, Box<dyn std::error::Error>>(result)
+        };
+        for key in [Key::FormatVersion, Key::FilterSeed] {
+            let good = {
+                let txn = db.begin_read()?;
+                let t = txn.open_table(META)?;
+                let v = t.get(key.name())?.ok_or("missing")?;
+                v.value().to_vec()
+            };
+            for i in 0..good.len() {
+                for bit in 0..8 {
+                    let mut bad = good.clone();
+                    bad[i] ^= 1 << bit;
+                    let result = check_v3(&|t| t.insert(key.name(), bad.as_slice()).map(drop))?;
+                    let named = damaged_key(result);
+                    // A flip of format_version's first byte can make it
+                    // another format's value, which then fails as that.
+                    assert!(
+                        named == Some(key)
+                            || (key == Key::FormatVersion && i == 0 && named.is_some()),
+                        "flip of bit {bit} of byte {i} of {}: {named:?}",
+                        key.name()
+                    );
+                }
+            }
+        }
+        // The seed is required in format 3, and refused outside it.
+        let result = check_v3(&|t| t.remove(Key::FilterSeed.name()).map(drop))?;
+        assert_eq!(damaged_key(result), Some(Key::FilterSeed));
+        let db2 = full()?;
+        let txn = db2.begin_write()?;
+        {
+            let mut t = txn.open_table(META)?;
+            put(&mut t, Key::FilterSeed, &[0; 16])?;
+            assert_eq!(damaged_key(check(&t, Format::V2)), Some(Key::FilterSeed));
+        }
+        txn.abort()?;
+        Ok(())
+    }
+
     fn full() -> Result<Database, Box<dyn std::error::Error>> {
         let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
         let txn = db.begin_write()?;
@@ -733,7 +875,7 @@ mod tests {
         for entry in t.iter()? {
             names.push(entry?.0.value().to_string());
         }
-        let mut all: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
+        let mut all: Vec<&str> = FORMAT_2_KEYS.iter().map(|k| k.name()).collect();
         all.sort_unstable();
         assert_eq!(names, all);
         Ok(())
@@ -742,7 +884,7 @@ mod tests {
     #[test]
     fn every_bit_flip_of_every_value_names_its_key() -> TestResult {
         let db = full()?;
-        for key in Key::ALL {
+        for key in FORMAT_2_KEYS {
             let good = {
                 let txn = db.begin_read()?;
                 let t = txn.open_table(META)?;
@@ -859,14 +1001,20 @@ mod tests {
         flipped[0] = 3;
         let mut one_long = v2.clone();
         one_long[0] = 1;
-        let mut unknown = vec![3];
+        let mut unknown = vec![4];
         unknown.extend_from_slice(&[0; 8]);
-        let cases: [(&[u8], Option<Found>); 8] = [
+        // Format 3's first byte with other bytes than its marker's.
+        let mut not_marker = vec![3];
+        not_marker.extend_from_slice(&[0; 8]);
+        let marker = codec::format_3_marker();
+        let cases: [(&[u8], Option<Found>); 10] = [
             (&[1], Some(Found::Format(Format::V1))),
             (&v2, Some(Found::Format(Format::V2))),
+            (&marker, Some(Found::Format(Format::V3))),
             (&[2], Some(Found::PreRelease)),
             (&[99], Some(Found::Unknown(99))),
-            (&unknown, Some(Found::Unknown(3))),
+            (&unknown, Some(Found::Unknown(4))),
+            (&not_marker, None),
             (&flipped, None),
             (&one_long, None),
             (&[], None),

@@ -60,7 +60,7 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
-pub(crate) use self::open::{open_backend, open_path, prepare};
+pub(crate) use self::open::{open_backend, open_path, prepare, prepare_new_as, NewFormat};
 pub(crate) use self::read_only::RedbReader;
 pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;
 pub(crate) use self::salvage::salvage;
@@ -657,10 +657,15 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     };
     let seq = writer::read_sequences(&db)
         .map_err(|e| e.open_error(&name, "reading the engine's counters"))?;
+    let catalog = open::open_catalog(&db, &name, s.clock.now_ms())?;
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
-    let overlay = Arc::new(Overlay::default());
+    let overlay = Arc::new(if catalog.is_some() {
+        Overlay::partitioned()
+    } else {
+        Overlay::default()
+    });
     let reads = Arc::new(Snapshots::default());
     let writer = Writer {
         db: db.clone(),
@@ -676,6 +681,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         reserve: s.reserve.clone(),
         overlay: overlay.clone(),
         reads: reads.clone(),
+        catalog,
     };
     let writer = std::thread::Builder::new()
         .name("idempotency-writer".into())

@@ -2,6 +2,7 @@
 //! tables, and the expiry settings stored for operator tools.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, DatabaseError, Durability, ReadableDatabase};
 
@@ -11,6 +12,9 @@ use crate::store::config::StoreConfig;
 use crate::verify::Damage;
 
 use super::meta::{self, check_meta, file_format, stored_expiry, Format, OpenContext};
+use super::partition::catalog::{self, Catalog, CatalogError, CatalogTables, Filters, SealRule};
+use super::partition::filter::FilterHasher;
+use super::partition::row::{FILTERS, PARTITIONS};
 use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 
 /// Opens the file at `path`, creating it if it does not exist or is empty.
@@ -234,11 +238,34 @@ fn open_error_as(
 pub(crate) fn prepare(
     db: &Database,
     path: &Path,
-    mut cfg: StoreConfig,
+    cfg: StoreConfig,
     from_database: bool,
 ) -> Result<StoreConfig, OpenError> {
-    init_format(db, path)?;
-    match stored_expiry(db, Format::V2, path)? {
+    prepare_new_as(db, path, cfg, from_database, NewFormat::Format2)
+}
+
+/// The format [`prepare_new_as`] creates a new file in (an existing file
+/// keeps its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum NewFormat {
+    /// One records table keyed by record key (what every release wrote).
+    #[default]
+    Format2,
+    /// Partitioned records (docs/format3-plan.md), while it is built:
+    /// `EngineBuilder::unstable_format_3`.
+    Format3,
+}
+
+/// [`prepare`], creating a new file in `new_format`.
+pub(crate) fn prepare_new_as(
+    db: &Database,
+    path: &Path,
+    mut cfg: StoreConfig,
+    from_database: bool,
+    new_format: NewFormat,
+) -> Result<StoreConfig, OpenError> {
+    let format = init_format(db, path, new_format)?;
+    match stored_expiry(db, format, path)? {
         Some((ttl_ms, expiry)) if from_database => {
             cfg.ttl_ms = ttl_ms;
             cfg.expiry = expiry;
@@ -306,7 +333,9 @@ fn corrupt_reason(path: &Path, detail: String) -> String {
     )
 }
 
-fn init_format(db: &Database, path: &Path) -> Result<(), OpenError> {
+/// Checks (and migrates) an existing file, or creates the engine's tables
+/// in a new one; the file's format after.
+fn init_format(db: &Database, path: &Path, new_format: NewFormat) -> Result<Format, OpenError> {
     super::read::probe_tables(db)?;
     // The meta values and all tables are created in one transaction, so a
     // format present means every table is.
@@ -314,24 +343,116 @@ fn init_format(db: &Database, path: &Path) -> Result<(), OpenError> {
         check_meta(db, format, path)?;
         if format == Format::V1 {
             migrate::from_format_1(db, path)?;
+            return Ok(Format::V2);
         }
-        return Ok(());
+        return Ok(format);
     }
     let what = "creating the engine's tables";
     let mut txn = db.begin_write().open_context(what)?;
     txn.set_durability(Durability::Immediate)
         .open_context(what)?;
-    {
+    let format = {
         let mut meta = txn.open_table(META).open_context(what)?;
-        meta::create(&mut meta).open_context(what)?;
-        txn.open_table(RECORDS).open_context(what)?;
+        let format = match new_format {
+            NewFormat::Format2 => {
+                meta::create(&mut meta).open_context(what)?;
+                txn.open_table(RECORDS).open_context(what)?;
+                Format::V2
+            }
+            NewFormat::Format3 => {
+                meta::create_format_3(&mut meta, &filter_seed(path)).open_context(what)?;
+                txn.open_table(catalog::RECORDS).open_context(what)?;
+                txn.open_table(PARTITIONS).open_context(what)?;
+                txn.open_table(FILTERS).open_context(what)?;
+                Format::V3
+            }
+        };
         txn.open_table(LEASES).open_context(what)?;
         txn.open_table(RECOVERY).open_context(what)?;
         txn.open_table(EXPIRY).open_context(what)?;
         txn.open_table(OUTBOX).open_context(what)?;
         txn.open_table(ENTITIES).open_context(what)?;
+        format
+    };
+    txn.commit().open_context(what)?;
+    Ok(format)
+}
+
+/// The writer's catalog of a format-3 file at `now_ms` (`None`: the file
+/// is of format 2), after its journal was applied: its filters decoded
+/// and checked, damaged or missing ones rebuilt, the hot partition found
+/// or opened (`Catalog::load`); what that repairs is committed durably
+/// here, before the writer starts.
+///
+/// # Errors
+///
+/// [`OpenError::Corrupt`] naming `path` for a damaged `filter_seed` or
+/// partition row (or two hot partitions); [`OpenError::Storage`] when
+/// redb fails.
+pub(crate) fn open_catalog(
+    db: &Database,
+    path: &Path,
+    now_ms: u64,
+) -> Result<Option<Catalog>, OpenError> {
+    let what = "opening the partitions";
+    if file_format(db, path)? != Some(Format::V3) {
+        return Ok(None);
     }
-    txn.commit().open_context(what)
+    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
+        OpenError::Corrupt {
+            path: path.to_path_buf(),
+            what: Corrupted::File,
+            reason: "a format-3 file without its meta table".into(),
+        }
+    })?;
+    let filters = Arc::new(Filters::new(FilterHasher::new(&seed)));
+    let mut txn = db.begin_write().open_context(what)?;
+    txn.set_durability(Durability::Immediate)
+        .open_context(what)?;
+    let mut changes = Vec::new();
+    let loaded = {
+        let records = txn.open_table(catalog::RECORDS).open_context(what)?;
+        let mut rows = txn.open_table(PARTITIONS).open_context(what)?;
+        let mut stored = txn.open_table(FILTERS).open_context(what)?;
+        Catalog::load(
+            &mut CatalogTables {
+                records: &records,
+                rows: &mut rows,
+                filters: &mut stored,
+            },
+            filters,
+            SealRule::DEFAULT,
+            now_ms,
+            &mut changes,
+        )
+    };
+    let catalog = loaded.map_err(|e| match e {
+        CatalogError::Storage(source) => OpenError::Storage {
+            context: what,
+            source: Box::new(source),
+        },
+        other => OpenError::Corrupt {
+            path: path.to_path_buf(),
+            what: Corrupted::File,
+            reason: other.to_string(),
+        },
+    })?;
+    txn.commit().open_context(what)?;
+    Ok(Some(catalog))
+}
+
+/// 16 bytes for a new format-3 file's `filter_seed`: from the operating
+/// system's random source, or (without one) hashed from the time, the
+/// process and `path`. The seed keeps a client from choosing keys that
+/// all fall in one filter block (which would cost reads, never answers).
+fn filter_seed(path: &Path) -> [u8; 16] {
+    let mut seed = [0u8; 16];
+    let from_os = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed));
+    if from_os.is_err() {
+        seed = super::journal::new_id(path.as_os_str().as_encoded_bytes());
+    }
+    seed
 }
 
 fn store_expiry(db: &Database, ttl_ms: u64, policy: ExpiryPolicy) -> Result<(), OpenError> {

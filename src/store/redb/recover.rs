@@ -133,6 +133,7 @@ pub(crate) fn open_journal(
     storage: JournalStorage,
     grow_bytes: u64,
 ) -> Result<Journal, OpenError> {
+    let format = file_format(db, path)?.unwrap_or(Format::V2);
     let what = "opening the journal";
     let name = storage.name.clone();
     let journal_error = |e: JournalError| OpenError::Journal {
@@ -144,7 +145,7 @@ pub(crate) fn open_journal(
         source: Box::new(e),
     };
     let meta_error = |e: MetaError| e.open_error(path, what);
-    let stored = match stored_journal(db, Format::V2, path)? {
+    let stored = match stored_journal(db, format, path)? {
         Some(stored) => stored,
         None => StoredJournal {
             id: give_journal(db, &storage)?,
@@ -175,7 +176,7 @@ pub(crate) fn open_journal(
         txn.set_durability(Durability::Immediate)
             .map_err(|e| storage_error(e.into()))?;
         for (_, frame) in &frames {
-            apply(&txn, frame, false).map_err(meta_error)?;
+            apply(&txn, frame, format == Format::V3).map_err(meta_error)?;
         }
         {
             let mut table = txn.open_table(META).map_err(|e| storage_error(e.into()))?;
@@ -207,7 +208,7 @@ pub(super) fn apply_in_view(db: &Database, path: &Path) -> Result<(), OpenError>
         context: what,
         source: Box::new(e),
     };
-    // Only a file of format 2 has ever had a journal.
+    // Only a file of format 2 or 3 has ever had a journal.
     let Some(format) = file_format(db, path)? else {
         return Ok(());
     };
@@ -220,7 +221,7 @@ pub(super) fn apply_in_view(db: &Database, path: &Path) -> Result<(), OpenError>
     }
     let txn = db.begin_write().map_err(|e| storage_error(e.into()))?;
     for (_, frame) in &frames {
-        apply(&txn, frame, false).map_err(|e| e.open_error(path, what))?;
+        apply(&txn, frame, format == Format::V3).map_err(|e| e.open_error(path, what))?;
     }
     txn.commit().map_err(|e| storage_error(e.into()))
 }
@@ -284,8 +285,7 @@ pub(crate) fn pending_frames(
 
 /// Applies one frame's changes, and its counters. `partitioned`: the
 /// file is of format 3, whose record, step and log changes carry slot keys
-/// into its partitioned tables (`partition/slot.rs`); the opens pass
-/// `false` until format 3 files are opened (docs/format3-plan.md).
+/// into its partitioned tables (`partition/slot.rs`).
 pub(super) fn apply(
     txn: &WriteTransaction,
     frame: &Frame,

@@ -51,6 +51,7 @@ use super::job::{fail_all, poison_backend, CommitAnswer, Job};
 use super::journal::{Change, Frame, Journal, JournalError};
 use super::meta::{self, Counter, MetaError};
 use super::overlay::Overlay;
+use super::partition::catalog::Catalog;
 use super::snapshot::Snapshots;
 use super::syncer::{Handed, Syncer};
 use super::tables::{Sequences, Tables, META};
@@ -139,6 +140,22 @@ pub(super) struct Writer {
     /// The read snapshot point reads share: told of every commit, before
     /// the overlay is emptied and before anyone is answered.
     pub(super) reads: Arc<Snapshots>,
+    /// Format 3: the partitions (`None`: format 2).
+    pub(super) catalog: Option<Catalog>,
+}
+
+/// The engine's tables in `txn`: over `catalog`'s partitions in format 3.
+fn tables<'t>(
+    txn: &'t WriteTransaction,
+    seq: Sequences,
+    now: u64,
+    cfg: StoreConfig,
+    catalog: &'t mut Option<Catalog>,
+) -> Result<Tables<'t>, redb::Error> {
+    match catalog {
+        Some(catalog) => Tables::open_partitioned(txn, seq, now, cfg, catalog),
+        None => Tables::open(txn, seq, now, cfg),
+    }
 }
 
 /// What `try_apply` applied of a group.
@@ -403,8 +420,10 @@ impl Writer {
             return Err(CommitError::Panic("no open transaction".into()));
         };
         let (after, changes, bytes, jobs) = {
-            let mut tables = Tables::open(&open.txn, self.seq, self.clock.now_ms(), self.cfg)?;
+            let now = self.clock.now_ms();
+            let mut tables = tables(&open.txn, self.seq, now, self.cfg, &mut self.catalog)?;
             tables.keep_changes();
+            tables.seal_if_due()?;
             let mut jobs = 0;
             for job in group.iter_mut() {
                 if jobs > 0 && tables.changes_bytes >= self.max_group_bytes {
@@ -576,7 +595,12 @@ impl Writer {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         let after = {
-            let mut tables = Tables::open(&txn, self.seq, self.clock.now_ms(), self.cfg)?;
+            let now = self.clock.now_ms();
+            let mut tables = tables(&txn, self.seq, now, self.cfg, &mut self.catalog)?;
+            // Not before an isolated job, whose transaction may roll back.
+            if !isolated {
+                tables.seal_if_due()?;
+            }
             for job in group.iter_mut() {
                 if let Some(e) = job.apply(&mut tables) {
                     return Err(e.into());
