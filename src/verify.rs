@@ -199,6 +199,29 @@ pub enum Damage {
         /// entries at or after it are not affected.
         before: Option<String>,
     },
+    /// A record key is stored in more than one partition of a format-3
+    /// redb file (time-partitioned records): a lookup answers from the
+    /// newest and never sees the others, so they are stale copies.
+    DuplicateRecord {
+        /// The record key, in hex.
+        key_hex: String,
+        /// The partitions holding it, ascending.
+        partitions: Vec<u64>,
+    },
+    /// A partition of a format-3 redb file is damaged: its row does not
+    /// decode, records lie in a partition without a row, two partitions
+    /// take new keys, or a sealed partition's key filter is missing,
+    /// damaged, counts other keys than its records, or says "absent" for
+    /// one of them. A lookup never trusts a filter it cannot check (it
+    /// reads the partition instead), and the next writable open rebuilds
+    /// a filter that fails its checks; a filter that passes them but
+    /// misses a key would hide that key's record, which this reports.
+    BadPartition {
+        /// The partition number.
+        partition: u64,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// A record key for people: `scope/key` when its bytes still are a valid
@@ -290,6 +313,17 @@ impl fmt::Display for Damage {
                 "record {} is stored but a lookup of its key does not find it (a damaged page of the records table)",
                 shown(key_hex)
             ),
+            Damage::DuplicateRecord {
+                key_hex,
+                partitions,
+            } => write!(
+                f,
+                "record {} is stored in partitions {partitions:?}: a lookup sees only the newest",
+                shown(key_hex)
+            ),
+            Damage::BadPartition { partition, reason } => {
+                write!(f, "partition {partition} is damaged: {reason}")
+            }
             Damage::UnreachableEntity { entity } => write!(
                 f,
                 "entity {entity:?} is stored but a lookup of its id does not find it (a damaged page of the entities table)"

@@ -6,7 +6,7 @@
 //! and back (each record sits in exactly the index its state names, at the
 //! instant it names). The meta table's values are checked too (`meta.rs`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use redb::{ReadableDatabase, ReadableTable, TableError};
 
@@ -15,7 +15,11 @@ use crate::store::codec;
 use crate::store::record::hex;
 use crate::verify::Damage;
 
-use super::meta::{self, Found, MetaError};
+use super::meta::{self, Format, Found, MetaError};
+use super::partition::catalog;
+use super::partition::filter::{FilterHasher, PartitionFilter};
+use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
+use super::partition::slot;
 use super::tables::{
     Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
     STEPS,
@@ -28,16 +32,48 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
     let what = "verifying the database";
     let txn = db.begin_read().context(what)?;
     let mut problems = meta_damage(&txn)?;
-    let records = txn.open_table(RECORDS).context(what)?;
+    // Format 3: records under slot keys in partitions, and the seed their
+    // filters hash with (`None` when the meta table cannot say: then the
+    // filters are not checked, the damage already reported).
+    let format3 = partitioned(&txn)?;
+    let records = match format3 {
+        Some(_) => txn.open_table(catalog::RECORDS),
+        None => txn.open_table(RECORDS),
+    }
+    .context(what)?;
     // (index, instant, record key) every sound record expects.
     let mut expected = BTreeSet::new();
     // Keys of records that do not decode.
     let mut undecodable = BTreeSet::new();
+    // Format 3: the partition each record key was met in, and keys met
+    // in more than one.
+    let mut met: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut duplicates: BTreeMap<Vec<u8>, BTreeSet<u64>> = BTreeMap::new();
     let mut checked = 0;
     for entry in records.iter().context(what)? {
         let (k, v) = entry.context(what)?;
         checked += 1;
-        let rkey = k.value().to_vec();
+        let stored = k.value().to_vec();
+        let rkey = match format3 {
+            None => stored.clone(),
+            Some(_) => match slot::split(&stored) {
+                Some((p, rkey)) => {
+                    if let Some(first) = met.insert(rkey.to_vec(), p) {
+                        duplicates
+                            .entry(rkey.to_vec())
+                            .or_default()
+                            .extend([first, p]);
+                    }
+                    rkey.to_vec()
+                }
+                None => {
+                    problems.push(Damage::BadKey {
+                        key_hex: hex(&stored),
+                    });
+                    continue;
+                }
+            },
+        };
         if crate::key::IdempotencyKey::from_record_key(&rkey).is_none() {
             problems.push(Damage::BadKey {
                 key_hex: hex(&rkey),
@@ -45,7 +81,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
         }
         // A lookup must find what the walk met: a request only ever looks
         // its key up.
-        let found = records.get(rkey.as_slice()).context(what)?;
+        let found = records.get(stored.as_slice()).context(what)?;
         if found.is_none_or(|f| f.value() != v.value()) {
             problems.push(Damage::UnreachableRecord {
                 key_hex: hex(&rkey),
@@ -122,9 +158,141 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
             });
         }
     }
-    step_damage(&txn, &mut problems)?;
+    step_damage(&txn, format3.is_some(), &mut problems)?;
     dead_letter_damage(&txn, &mut problems)?;
+    for (rkey, partitions) in duplicates {
+        problems.push(Damage::DuplicateRecord {
+            key_hex: hex(&rkey),
+            partitions: partitions.into_iter().collect(),
+        });
+    }
+    if let Some(seed) = format3 {
+        problems.extend(partition_damage(&txn, &records, seed.as_ref())?);
+    }
     Ok((problems, checked))
+}
+
+/// Whether the file in `txn` is of format 3, and its filters' seed if
+/// the meta table gives it (`Some(None)`: format 3, seed unreadable).
+fn partitioned(txn: &redb::ReadTransaction) -> Result<Option<Option<[u8; 16]>>> {
+    let what = "verifying the database";
+    let table = match txn.open_table(META) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e).context(what),
+    };
+    match meta::read_format(&table) {
+        Ok(Some(Found::Format(Format::V3))) => Ok(Some(meta::read_filter_seed(&table).ok())),
+        _ => Ok(None),
+    }
+}
+
+/// What is wrong with a format-3 file's partitions: rows that do not
+/// decode, key ranges without a row, more than one hot partition, and
+/// each sealed partition's filter checked against its records (decoded
+/// with the checksum its row names, its key count, and a "maybe" for
+/// every key it holds). Without `seed` the filters are not checked.
+fn partition_damage(
+    txn: &redb::ReadTransaction,
+    records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    seed: Option<&[u8; 16]>,
+) -> Result<Vec<Damage>> {
+    let what = "verifying the partitions";
+    let mut problems = Vec::new();
+    let bad = |partition, reason: String| Damage::BadPartition { partition, reason };
+    let rows_table = match txn.open_table(PARTITIONS) {
+        Ok(table) => Some(table),
+        Err(TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e).context(what),
+    };
+    let mut rows = BTreeMap::new();
+    if let Some(table) = &rows_table {
+        for entry in table.iter().context(what)? {
+            let (k, v) = entry.context(what)?;
+            match PartitionRow::decode(k.value(), v.value()) {
+                Ok(row) => {
+                    rows.insert(k.value(), row);
+                }
+                Err(e) => problems.push(bad(k.value(), e.to_string())),
+            }
+        }
+    }
+    for p in catalog::partitions_in(records).context(what)? {
+        if !rows.contains_key(&p)
+            && rows_table
+                .as_ref()
+                .is_none_or(|t| t.get(p).ok().flatten().is_none())
+        {
+            problems.push(bad(p, "it holds records but has no row".into()));
+        }
+    }
+    let hot: Vec<u64> = rows
+        .iter()
+        .filter(|(_, row)| row.state == PartitionState::Hot)
+        .map(|(p, _)| *p)
+        .collect();
+    if hot.len() > 1 {
+        for p in &hot[1..] {
+            problems.push(bad(
+                *p,
+                format!("a second partition taking new keys (after {})", hot[0]),
+            ));
+        }
+    }
+    let Some(seed) = seed else {
+        return Ok(problems);
+    };
+    let hasher = FilterHasher::new(seed);
+    let filters = match txn.open_table(FILTERS) {
+        Ok(table) => Some(table),
+        Err(TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e).context(what),
+    };
+    for (p, row) in &rows {
+        let Some(sum) = row.filter_checksum else {
+            continue;
+        };
+        let stored = match &filters {
+            Some(table) => table.get(*p).context(what)?.map(|v| v.value().to_vec()),
+            None => None,
+        };
+        let Some(stored) = stored else {
+            problems.push(bad(*p, "its key filter is missing".into()));
+            continue;
+        };
+        let filter = match PartitionFilter::decode(*p, &stored, &sum, &hasher) {
+            Ok(filter) => filter,
+            Err(e) => {
+                problems.push(bad(*p, e.to_string()));
+                continue;
+            }
+        };
+        let mut keys = 0u64;
+        let mut missed: Option<(Vec<u8>, u64)> = None;
+        for entry in catalog::range(records, *p).context(what)? {
+            let (k, _) = entry.context(what)?;
+            keys += 1;
+            if let Some((_, rkey)) = slot::split(k.value()) {
+                if !filter.may_contain(rkey) {
+                    let m = missed.get_or_insert_with(|| (rkey.to_vec(), 0));
+                    m.1 += 1;
+                }
+            }
+        }
+        if let Err(e) = filter.check_table_len(keys) {
+            problems.push(bad(*p, e.to_string()));
+        }
+        if let Some((rkey, n)) = missed {
+            problems.push(bad(
+                *p,
+                format!(
+                    "its key filter says \"absent\" for {n} of its records (the first: {})",
+                    crate::verify::shown(&hex(&rkey))
+                ),
+            ));
+        }
+    }
+    Ok(problems)
 }
 
 /// Every dead letter decodes and passes its checksum under its seq (a
@@ -151,13 +319,31 @@ fn dead_letter_damage(txn: &redb::ReadTransaction, problems: &mut Vec<Damage>) -
 
 /// Every effect step and log entry decodes and passes its checksum under
 /// the key it is stored at (tables a format-2 file may not have yet).
-fn step_damage(txn: &redb::ReadTransaction, problems: &mut Vec<Damage>) -> Result<()> {
+fn step_damage(
+    txn: &redb::ReadTransaction,
+    partitioned: bool,
+    problems: &mut Vec<Damage>,
+) -> Result<()> {
+    // Format 3 keys steps and log entries by slot key: their checksums
+    // are keyed by the record key after the partition prefix.
+    let record_key = |stored: &[u8]| -> Vec<u8> {
+        match (partitioned, slot::split(stored)) {
+            (true, Some((_, rkey))) => rkey.to_vec(),
+            _ => stored.to_vec(),
+        }
+    };
     let what = "verifying the effect steps";
-    match txn.open_table(STEPS) {
+    let steps = if partitioned {
+        txn.open_table(catalog::STEPS)
+    } else {
+        txn.open_table(STEPS)
+    };
+    match steps {
         Ok(steps) => {
             for entry in steps.iter().context(what)? {
                 let (k, v) = entry.context(what)?;
-                let (rkey, name) = k.value();
+                let (stored, name) = k.value();
+                let rkey = &record_key(stored)[..];
                 if let Err(e) = codec::decode_step(rkey, name, v.value()) {
                     problems.push(Damage::UndecodableStep {
                         key_hex: hex(rkey),
@@ -171,11 +357,17 @@ fn step_damage(txn: &redb::ReadTransaction, problems: &mut Vec<Damage>) -> Resul
         Err(e) => return Err(e).context(what),
     }
     let what = "verifying the evidence log";
-    match txn.open_table(HISTORY) {
+    let history = if partitioned {
+        txn.open_table(catalog::HISTORY)
+    } else {
+        txn.open_table(HISTORY)
+    };
+    match history {
         Ok(history) => {
             for entry in history.iter().context(what)? {
                 let (k, v) = entry.context(what)?;
-                let (rkey, seq) = k.value();
+                let (stored, seq) = k.value();
+                let rkey = &record_key(stored)[..];
                 if let Err(e) = codec::decode_history(rkey, seq, v.value()) {
                     problems.push(Damage::UndecodableHistory {
                         key_hex: hex(rkey),
