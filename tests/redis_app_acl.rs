@@ -5,7 +5,8 @@
 //! claims, completes and replays, refuses a changed request, records an
 //! in-doubt failure and has it resolved, runs effect steps, fills and
 //! drains the outbox and the dead letters, moves an entity, sweeps expired
-//! records and verifies, with no permission error anywhere.
+//! records and verifies, with no permission error anywhere. The rules are
+//! read from README.md's `ACL SETUSER` block, so the two cannot drift.
 //!
 //! Starts its own durable `redis-server`; skipped without the binary (a
 //! failure under `CI=true`).
@@ -27,43 +28,75 @@ const PREFIX: &str = "aclapp:";
 const USER: &str = "idem-app";
 const PW: &str = "acl-app-pw-3c7";
 
-/// The ACL rules of the README's "On Redis / Valkey" section, after the
-/// user name and password, for keys under [`PREFIX`].
-const RULES: &[&str] = &[
-    "-@all",
-    "+get",
-    "+set",
-    "+mget",
-    "+del",
-    "+exists",
-    "+incr",
-    "+incrby",
-    "+scan",
-    "+zadd",
-    "+zrem",
-    "+zrange",
-    "+zcount",
-    "+zcard",
-    "+hset",
-    "+hget",
-    "+hmget",
-    "+hgetall",
-    "+hdel",
-    "+hlen",
-    "+hexists",
-    "+eval",
-    "+evalsha",
-    "+script|load",
-    "+multi",
-    "+exec",
-    "+ping",
-    "+info",
-    "+config|get",
-    "+client|id",
-    "+client|kill",
-    "+wait",
-    "+hkeys",
-];
+/// The README's section that documents the app user's ACL.
+const ACL_SECTION: &str = "## On Redis / Valkey";
+/// The key pattern of the README's ACL: the default `redis_key_prefix`.
+const README_KEYS: &str = "~idempotency:*";
+
+/// The ACL rules (`+command`, `-@category`, ...) of the `ACL SETUSER`
+/// block in the README's "On Redis / Valkey" section, read from README.md
+/// so the test runs what the README documents. The user name, `on`, the
+/// password and the key pattern are checked and left out (the test gives
+/// its own); any other token is an error, so a rule of a kind this parser
+/// does not know cannot be dropped silently.
+fn documented_rules() -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let section = readme
+        .split_once(ACL_SECTION)
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| format!("{path} has no \"{ACL_SECTION}\" section"))?;
+    // The section ends at the next `## ` heading.
+    let section = section.split("\n## ").next().unwrap_or(section);
+    // Every other piece of the split is a fenced block: its first line is
+    // the info string (`text`), the rest its body.
+    let mut tokens = section
+        .split("```")
+        .skip(1)
+        .step_by(2)
+        .map(|b| b.split_once('\n').map_or("", |(_, body)| body))
+        .map(str::split_whitespace)
+        .find(|t| t.clone().take(2).eq(["ACL", "SETUSER"]))
+        .ok_or_else(|| {
+            format!(
+                "{path}: no fenced block starting with `ACL SETUSER` in its \"{ACL_SECTION}\" \
+                 section: the app user's ACL this test runs is documented there"
+            )
+        })?
+        .skip(2);
+    let user = tokens
+        .next()
+        .ok_or("the README's ACL SETUSER names no user")?;
+    let mut rules = Vec::new();
+    let mut keys = None;
+    for token in tokens {
+        match token.chars().next() {
+            Some('+' | '-') => rules.push(token.to_owned()),
+            Some('~') => keys = Some(token),
+            Some('>') => {}
+            _ if token == "on" => {}
+            _ => {
+                return Err(format!(
+                    "the README's ACL for {user} has a token this test cannot place: {token:?}"
+                )
+                .into())
+            }
+        }
+    }
+    if keys != Some(README_KEYS) {
+        return Err(format!(
+            "the README's ACL for {user} grants keys {keys:?}, not {README_KEYS:?}"
+        )
+        .into());
+    }
+    if rules.first().map(String::as_str) != Some("-@all") {
+        return Err(format!(
+            "the README's ACL for {user} does not start its rules with -@all: {rules:?}"
+        )
+        .into());
+    }
+    Ok(rules)
+}
 
 fn key(k: &str) -> Result<IdempotencyKey, Box<dyn std::error::Error>> {
     Ok(IdempotencyKey::new("shop:pay", k)?)
@@ -75,13 +108,16 @@ fn fp(body: &str) -> Result<Fingerprint, Box<dyn std::error::Error>> {
 
 #[test]
 fn the_documented_app_acl_runs_every_path() -> TestResult {
+    // Read first: a README that lost its ACL block fails without Redis too.
+    let rules = documented_rules()?;
+    assert!(rules.len() > 20, "too few rules read: {rules:?}");
     let Some(server) = own_server(&[]).map_err(|e| e.to_string())? else {
         return Ok(());
     };
     let keys = format!("~{PREFIX}*");
     let pass = format!(">{PW}");
     let mut args = vec!["ACL", "SETUSER", USER, "on", pass.as_str(), keys.as_str()];
-    args.extend_from_slice(RULES);
+    args.extend(rules.iter().map(String::as_str));
     checked(server.port, &args).map_err(|e| e.to_string())?;
 
     let clock = ManualClock::new(1_900_000_000_000);

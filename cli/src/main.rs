@@ -469,25 +469,34 @@ fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, Engine
     let target = target::classify(db);
     let Opener { builder, prefix } = opener;
     let tls = matches!(target, Target::Redis(url) if target::has_scheme(url, "rediss"));
+    // What `db` is, for a usage error; `tls_flag` when the flag is a TLS
+    // one, whose mistake on Redis is a URL without TLS.
+    let what = |tls_flag: bool| match &target {
+        Target::File(path) => format!("the file {}", path.display()),
+        Target::Postgres(_) => "a PostgreSQL connection string".to_owned(),
+        Target::Redis(_) if tls_flag && !tls => {
+            "a redis:// URL (no TLS: use rediss://, or drop the flag)".to_owned()
+        }
+        Target::Redis(_) => "a Redis URL".to_owned(),
+    };
+    // A prefix flag given for a target it does not apply to.
     let misplaced = |flag: &str, applies: &str| -> CliResult<(Target<'d>, EngineBuilder)> {
-        let what = match &target {
-            Target::File(path) => format!("the file {}", path.display()),
-            Target::Postgres(_) => "a PostgreSQL connection string".to_owned(),
-            Target::Redis(_) if !tls && applies.starts_with("a rediss") => {
-                "a redis:// URL (no TLS: use rediss://, or drop the flag)".to_owned()
-            }
-            Target::Redis(_) => "a Redis URL".to_owned(),
-        };
+        let what = what(false);
         Err(UsageError(format!("{flag} applies to {applies}, not to {what}")).into())
+    };
+    // A TLS flag (`--redis-ca`, `--redis-client-cert`) without a rediss:// URL.
+    let misplaced_tls = |flag: &str| -> CliResult<(Target<'d>, EngineBuilder)> {
+        let what = what(true);
+        Err(UsageError(format!("{flag} applies to a rediss:// URL, not to {what}")).into())
     };
     let builder = match (&target, prefix.redis_ca) {
         (Target::Redis(_), Some(ca)) if tls => builder.redis_tls_ca(ca),
-        (_, Some(_)) => return misplaced("--redis-ca", "a rediss:// URL"),
+        (_, Some(_)) => return misplaced_tls("--redis-ca"),
         (_, None) => builder,
     };
     let builder = match (&target, prefix.redis_client) {
         (Target::Redis(_), Some((cert, key))) if tls => builder.redis_tls_client_cert(cert, key),
-        (_, Some(_)) => return misplaced("--redis-client-cert", "a rediss:// URL"),
+        (_, Some(_)) => return misplaced_tls("--redis-client-cert"),
         (_, None) => builder,
     };
     // redis-cli's variable: a password kept off the command line, used

@@ -1,6 +1,6 @@
 //! The prototype's key filter: a blocked Bloom filter over std's
 //! SipHash of the record key (the engine's is `src/store/redb/partition/
-//! filter.rs`, over BLAKE3 keyed).
+//! filter.rs`, over seeded rapidhash v3).
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::Hasher;

@@ -29,6 +29,8 @@ mod step_tables_tests;
 mod sweep;
 mod syncer;
 mod tables;
+#[cfg(test)]
+mod test_requests;
 mod verify;
 mod writer;
 

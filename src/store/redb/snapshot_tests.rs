@@ -8,19 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::clock::ManualClock;
-use crate::envelope::Envelope;
-use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
-use crate::store::record::{RecordState, StoredResponse};
-use crate::store::{
-    Backend, ClaimRequest, ClaimResult, CompleteRequest, Completion, TransitionRequest,
-};
+use crate::store::record::RecordState;
+use crate::store::{Backend, TransitionRequest};
 
+use super::test_requests::{claim, paid, R};
 use super::{prepare, Opened, RedbStore, Sizes};
-
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const T0: u64 = 1_796_000_000_000;
 
@@ -75,22 +70,8 @@ fn key(i: usize) -> R<IdempotencyKey> {
 
 /// Claims and completes `key`.
 fn done(store: &RedbStore, key: &IdempotencyKey) -> R<()> {
-    let claimed = match store.claim(ClaimRequest {
-        key: key.clone(),
-        fingerprint: Fingerprint::from_bytes([3; 32]),
-        lease_ms: 30_000,
-    })? {
-        ClaimResult::Claimed(c) => c,
-        ClaimResult::Held(found) => return Err(format!("{key} held: {:?}", found.held).into()),
-    };
-    store.complete(CompleteRequest {
-        key: key.clone(),
-        token: claimed.token,
-        completion: Completion::Success,
-        response: StoredResponse::new(Envelope::new(1, 200, b"paid".to_vec()), None),
-        messages: Vec::new(),
-        finished: Vec::new(),
-    })?;
+    let claimed = claim(store, key)?;
+    store.complete(paid(key, claimed.token))?;
     Ok(())
 }
 

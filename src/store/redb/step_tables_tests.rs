@@ -11,25 +11,18 @@ use std::sync::Arc;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::clock::ManualClock;
-use crate::envelope::Envelope;
 use crate::error::{Corrupted, Error};
-use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
-use crate::store::record::StoredResponse;
 use crate::store::step::StepStatus;
-use crate::store::{
-    Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Completion, FinishStepRequest,
-    HistoryRecord, StepRecord, StepRequest,
-};
+use crate::store::{Backend, FinishStepRequest, HistoryRecord, StepRecord, StepRequest};
 use crate::verify::Damage;
 
 use super::journal::JournalStorage;
 use super::tables::{HISTORY, STEPS};
+use super::test_requests::{claim, paid, R};
 use super::{prepare, Opened, RedbStore, Sizes};
-
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const T0: u64 = 1_796_000_000_000;
 const DAY_MS: u64 = 24 * 60 * 60 * 1000;
@@ -60,17 +53,6 @@ fn open(path: &Path, clock: &ManualClock) -> R<RedbStore> {
     )?)
 }
 
-fn claim(store: &RedbStore, key: &IdempotencyKey) -> R<Claimed> {
-    match store.claim(ClaimRequest {
-        key: key.clone(),
-        fingerprint: Fingerprint::from_bytes([3; 32]),
-        lease_ms: 30_000,
-    })? {
-        ClaimResult::Claimed(c) => Ok(c),
-        ClaimResult::Held(found) => Err(format!("{key} held: {:?}", found.held).into()),
-    }
-}
-
 /// A claim of `key` that charges and sends a receipt, then completes.
 fn two_calls(store: &RedbStore, key: &IdempotencyKey) -> R<()> {
     let c = claim(store, key)?;
@@ -89,14 +71,7 @@ fn two_calls(store: &RedbStore, key: &IdempotencyKey) -> R<()> {
             evidence: evidence.to_vec(),
         })?;
     }
-    store.complete(CompleteRequest {
-        key: key.clone(),
-        token: c.token,
-        completion: Completion::Success,
-        response: StoredResponse::new(Envelope::new(1, 200, b"paid".to_vec()), None),
-        messages: Vec::new(),
-        finished: Vec::new(),
-    })?;
+    store.complete(paid(key, c.token))?;
     Ok(())
 }
 

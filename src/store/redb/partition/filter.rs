@@ -15,32 +15,41 @@
 //! 512 bits (one 64-byte cache line), as the prototype
 //! (`bench/benches/partitions.rs`). A key sets [`PROBES`] (11) bits, all
 //! in one block, so a probe touches one cache line. About 3 MiB per
-//! million keys; at the designed load a false "maybe" for 37 of 500,000
+//! million keys; at the designed load a false "maybe" for 30 of 500,000
 //! absent keys (`false_maybe_rate_at_the_designed_load_is_small`).
 //!
 //! # Hash (part of the format)
 //!
-//! A key's hash is `blake3::keyed_hash(probe key, key bytes)`, where the
-//! probe key is `blake3::derive_key(PROBE_KEY_CONTEXT, filter_seed)` and
-//! `filter_seed` is the file's 16 random bytes (its meta row). Keyed, so a
-//! client cannot choose keys that all fall in one block; BLAKE3, so the
-//! bits are the same on every platform and build (never `std`'s
-//! `DefaultHasher`, whose output may change between Rust releases). Of
-//! the 32-byte hash:
+//! A key's hash is 64 bits, `h = rapidhash_v3_seeded(key bytes, S)`
+//! (`rapidhash::v3`, the C++ rapidhash V3 algorithm, whose output its
+//! crate promises not to change within a major version), with the secrets
+//! `S = RapidSecrets::seed(seed_lo ^ seed_hi)`, where `seed_lo` and
+//! `seed_hi` are bytes 0..8 and 8..16 of the file's 16 random
+//! `filter_seed` bytes (its meta row), each read as a u64 LE. Seeded, so a
+//! client cannot choose keys that all fall in one block without knowing the
+//! seed; portable, so the bits are the same on every platform and build
+//! (never `std`'s `DefaultHasher`, whose output may change between Rust
+//! releases). rapidhash is not a keyed PRF: a client that found an
+//! overloaded block only makes its own lookups read a table, since a
+//! filter never answers "present". From `h`:
 //!
 //! ```text
-//! bytes 0..8    u64 LE: the block, (h × block count) >> 64
-//! bytes 8..24   u128 LE: probe j (0..11) sets bit (h >> 9j) & 511 of the
-//!               block; bit b is bit b % 64 of the block's word b / 64
-//! bytes 24..32  unused
+//! block         (h × block count) >> 64, as u128
+//! probe bits    p = w0 | w1 << 64 (u128), where w0, w1 are the first two
+//!               outputs of SplitMix64 started at state h:
+//!               wi = fmix(h + (i + 1) × 0x9E3779B97F4A7C15) (wrapping),
+//!               fmix(z) = z ^= z >> 30; z ×= 0xBF58476D1CE5E9B9;
+//!                         z ^= z >> 27; z ×= 0x94D049BB133111EB;
+//!                         z ^ (z >> 31)
+//!               probe j (0..11) sets bit (p >> 9j) & 511 of the block;
+//!               bit b is bit b % 64 of the block's word b / 64
 //! ```
 //!
-//! The hash is the cost: measured here (2-core machine under load, a
-//! 41-byte record key, a throwaway timing loop) about 200 ns per key for
-//! the BLAKE3 keyed hash, against about 20 ns for a probe of an already
-//! hashed key in a 32k-key filter. So a lookup hashes its key once
-//! ([`FilterHasher::hash`]) and probes every partition with
-//! [`PartitionFilter::may_contain_hash`].
+//! The cost: a seeded rapidhash v3 of a 57-byte key took 4.3–8.1 ns in
+//! the bench, against 87–100 ns for the BLAKE3 keyed hash it replaced
+//! (docs/format3-plan.md, "Open questions for the format-3 session:
+//! measured"). A lookup still hashes its key once ([`FilterHasher::hash`])
+//! and probes every partition with [`PartitionFilter::may_contain_hash`].
 //!
 //! # Stored value (`idempotency.filters`, key: the partition number)
 //!
@@ -81,12 +90,14 @@ const PROBE_BITS: u32 = 9;
 /// Bytes of the stored header: version, key count, block count.
 const HEADER_BYTES: usize = 17;
 
-/// `blake3::derive_key` context of the probe key: part of the format.
-const PROBE_KEY_CONTEXT: &str = "idempotency 2026-12-02 partition filter probe key v1";
 /// `blake3::derive_key` context of the checksum key: part of the format.
 const CHECKSUM_KEY_CONTEXT: &str = "idempotency 2026-12-02 partition filter checksum key v1";
 /// `blake3::derive_key` context of a hasher's identity (in memory only).
 const IDENTITY_CONTEXT: &str = "idempotency 2026-12-02 partition filter hasher identity";
+
+/// SplitMix64's increment (the golden ratio in 64 bits): the probe bits'
+/// words are its first two outputs from state `h` (module docs).
+const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// One 512-bit block: 8 words, bit `b` is bit `b % 64` of word `b / 64`.
 type Block = [u64; 8];
@@ -100,12 +111,13 @@ pub(crate) type FilterSeed = [u8; 16];
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FilterChecksum(pub(crate) [u8; 32]);
 
-/// The keys derived from a file's `filter_seed`: every filter of the file
-/// hashes with the same one, so a key is hashed once per lookup however
-/// many partitions it probes ([`FilterHasher::hash`]).
+/// The secrets and key derived from a file's `filter_seed`: every filter
+/// of the file hashes with the same ones, so a key is hashed once per
+/// lookup however many partitions it probes ([`FilterHasher::hash`]).
 #[derive(Clone)]
 pub(crate) struct FilterHasher {
-    probe_key: [u8; 32],
+    /// The rapidhash v3 secrets of the key hash (module docs, "Hash").
+    secrets: rapidhash::v3::RapidSecrets,
     checksum_key: [u8; 32],
     /// Tells hashes of another seed apart (`KeyHash::hasher`).
     identity: u64,
@@ -113,7 +125,7 @@ pub(crate) struct FilterHasher {
 
 impl std::fmt::Debug for FilterHasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The keys stay out of logs: they are what keeps a client from
+        // The secrets stay out of logs: they are what keeps a client from
         // aiming keys at one block.
         f.debug_struct("FilterHasher")
             .field("identity", &self.identity)
@@ -125,10 +137,12 @@ impl FilterHasher {
     /// The hasher of a file whose `filter_seed` is `seed`.
     pub(crate) fn new(seed: &FilterSeed) -> FilterHasher {
         let identity = blake3::derive_key(IDENTITY_CONTEXT, seed);
+        let lo = u64::from_le_bytes(first_8(&seed[..]));
+        let hi = u64::from_le_bytes(first_8(&seed[8..]));
         FilterHasher {
-            probe_key: blake3::derive_key(PROBE_KEY_CONTEXT, seed),
+            secrets: rapidhash::v3::RapidSecrets::seed(lo ^ hi),
             checksum_key: blake3::derive_key(CHECKSUM_KEY_CONTEXT, seed),
-            identity: u64::from_le_bytes(first_8(&identity)),
+            identity: u64::from_le_bytes(first_8(&identity[..])),
         }
     }
 
@@ -136,13 +150,12 @@ impl FilterHasher {
     /// and [`PartitionFilter::may_contain_hash`] of any filter of this
     /// file.
     pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
-        let h = blake3::keyed_hash(&self.probe_key, key);
-        let b = h.as_bytes();
-        let mut bits = [0u8; 16];
-        bits.copy_from_slice(&b[8..24]);
+        let h = rapidhash::v3::rapidhash_v3_seeded(key, &self.secrets);
+        let w0 = splitmix_fmix(h.wrapping_add(SPLITMIX_GAMMA));
+        let w1 = splitmix_fmix(h.wrapping_add(SPLITMIX_GAMMA.wrapping_mul(2)));
         KeyHash {
-            block: u64::from_le_bytes(first_8(b)),
-            bits: u128::from_le_bytes(bits),
+            block: h,
+            bits: u128::from(w0) | (u128::from(w1) << 64),
             hasher: self.identity,
         }
     }
@@ -156,17 +169,30 @@ impl FilterHasher {
     }
 }
 
-/// The first 8 bytes of a 32-byte hash.
-fn first_8(b: &[u8; 32]) -> [u8; 8] {
+/// The first 8 bytes of `b`, which holds at least 8 (a seed or a hash).
+fn first_8(b: &[u8]) -> [u8; 8] {
     let mut out = [0u8; 8];
-    out.copy_from_slice(&b[..8]);
+    for (o, x) in out.iter_mut().zip(b) {
+        *o = *x;
+    }
     out
+}
+
+/// SplitMix64's output function, as in Vigna's reference `splitmix64.c`
+/// (Stafford's "Mix13" constants): a bijection that spreads every bit of
+/// `z` over the 64.
+fn splitmix_fmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE5_E9B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// A record key's hash under one file's [`FilterHasher`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyHash {
+    /// `h`: picks the block.
     block: u64,
+    /// The probe bits, 9 per probe (module docs).
     bits: u128,
     /// The identity of the hasher that made it: a filter of another seed
     /// answers "maybe" to it, never "absent".
