@@ -177,7 +177,9 @@ pub enum Damage {
     /// pages read and pass their own checksums.
     EntriesOnDamagedPage {
         /// The table: `"records"`, `"leases"`, `"recovery"`, `"expiry"`,
-        /// `"outbox"`, `"entities"`, `"meta"`, `"steps"` or `"history"`.
+        /// `"outbox"`, `"entities"`, `"meta"`, `"steps"` or `"history"`;
+        /// in a format-3 file also `"partitions"` or `"filters"` (its
+        /// records, steps and log entries shown as `p<partition> scope/key`).
         table: &'static str,
         /// The damaged page's offset in the file, in bytes.
         page_offset: u64,

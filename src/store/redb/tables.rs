@@ -135,6 +135,10 @@ struct Partitioned<'t> {
     catalog: &'t mut Catalog,
     /// Record key → the partition holding it (`None`: none does).
     last: Option<(Vec<u8>, Option<u64>)>,
+    /// Sealed partitions whose last record this transaction deleted, and
+    /// whose row and filter it deleted too: the writer forgets them once
+    /// the transaction is sure to stand ([`Tables::take_dropped`]).
+    dropped: Vec<u64>,
 }
 
 impl<'t> Tables<'t> {
@@ -194,6 +198,7 @@ impl<'t> Tables<'t> {
             partitioned: catalog.map(|catalog| Partitioned {
                 catalog,
                 last: None,
+                dropped: Vec::new(),
             }),
         })
     }
@@ -359,10 +364,54 @@ impl<'t> Tables<'t> {
         if let Some(part) = self.partitioned.as_mut() {
             part.last = Some((rkey.to_vec(), None));
         }
-        self.log(|| Change::DelRecord {
-            key: slot.into_owned(),
-        });
+        self.log(|| Change::DelRecord { key: slot.to_vec() });
+        self.drop_if_emptied(&slot)
+    }
+
+    /// Format 3: drops the sealed partition `slot` was in if that was its
+    /// last record (its row and filter deleted, logged; the catalog told
+    /// by the writer after the transaction, see [`Self::take_dropped`]).
+    /// Records expire in about the order they were claimed, so partitions
+    /// empty oldest first, one delete at a time: no scan is needed.
+    fn drop_if_emptied(&mut self, slot: &[u8]) -> std::result::Result<(), redb::StorageError> {
+        let Some(part) = self.partitioned.as_mut() else {
+            return Ok(());
+        };
+        let Some((p, _)) = slot::split(slot) else {
+            return Ok(());
+        };
+        if p == part.catalog.hot().partition || part.dropped.contains(&p) {
+            return Ok(());
+        }
+        if catalog::range(&self.records, p)?.next().is_some() {
+            return Ok(());
+        }
+        self.txn
+            .open_table(PARTITIONS)
+            .map_err(table_error)?
+            .remove(p)?;
+        self.txn
+            .open_table(FILTERS)
+            .map_err(table_error)?
+            .remove(p)?;
+        if let Some(part) = self.partitioned.as_mut() {
+            part.dropped.push(p);
+        }
+        self.log(|| Change::DelPartition { partition: p });
+        self.log(|| Change::DelFilter { partition: p });
         Ok(())
+    }
+
+    /// The partitions this transaction dropped (format 3): the writer
+    /// forgets them in its catalog once the transaction will stand (a
+    /// group's: at once, since a failed commit poisons the store and a
+    /// reopen loads the catalog again; an isolated job's: after its
+    /// commit, never after a rollback).
+    pub(super) fn take_dropped(&mut self) -> Vec<u64> {
+        self.partitioned
+            .as_mut()
+            .map(|part| std::mem::take(&mut part.dropped))
+            .unwrap_or_default()
     }
 
     pub(super) fn raw(
@@ -681,6 +730,14 @@ impl Txn for Tables<'_> {
             value,
         });
         Ok(())
+    }
+}
+
+/// A table that cannot be opened, as a storage error.
+fn table_error(e: redb::TableError) -> redb::StorageError {
+    match e {
+        redb::TableError::Storage(e) => e,
+        other => redb::StorageError::Corrupted(other.to_string()),
     }
 }
 
