@@ -5,6 +5,7 @@
 pub(crate) mod fixture;
 mod job;
 mod journal;
+mod layout;
 mod local;
 mod meta;
 mod open;
@@ -67,6 +68,7 @@ pub(crate) use self::salvage::salvage;
 
 use self::job::Call;
 use self::journal::JournalStorage;
+use self::layout::Layout;
 use self::overlay::Overlay;
 use self::reserve::Reserve;
 use self::snapshot::Snapshots;
@@ -505,7 +507,7 @@ impl RedbStore {
                 Ok(old) => close_database(old),
                 Err(old) => {
                     live.db = Some(old);
-                    live.reads = Arc::new(Snapshots::default());
+                    live.reads = Arc::new(Snapshots::new(live.reads.layout().clone()));
                     return poisoned();
                 }
             }
@@ -543,7 +545,7 @@ impl RedbStore {
                             // never goes stale.
                             live.db = Some(Arc::new(view));
                             live.overlay = Arc::new(Overlay::default());
-                            live.reads = Arc::new(Snapshots::default());
+                            live.reads = Arc::new(Snapshots::new(live.reads.layout().clone()));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "no read view either; reads fail until a reopen works");
@@ -661,7 +663,8 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
     let overlay = Arc::new(Overlay::default());
-    let reads = Arc::new(Snapshots::default());
+    // Format 3's layout comes with the open that creates format-3 files.
+    let reads = Arc::new(Snapshots::new(Layout::Single));
     let writer = Writer {
         db: db.clone(),
         rx,
@@ -747,17 +750,22 @@ impl Backend for RedbStore {
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         contained("reading the database", || {
-            read::in_doubt(&*self.db()?, limit, now_ms)
+            let (db, reads) = self.committed()?;
+            read::in_doubt(&*db, reads.layout(), limit, now_ms)
         })
     }
 
     fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
-        contained("reading the database", || read::scan(&*self.db()?, visit))
+        contained("reading the database", || {
+            let (db, reads) = self.committed()?;
+            read::scan(&*db, reads.layout(), visit)
+        })
     }
 
     fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         contained("reading the database", || {
-            read::scan_in_key_order(&*self.db()?, visit)
+            let (db, reads) = self.committed()?;
+            read::scan_in_key_order(&*db, reads.layout(), visit)
         })
     }
 
@@ -803,7 +811,10 @@ impl Backend for RedbStore {
     }
 
     fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
-        contained("reading the database", || read::history(&*self.db()?, key))
+        contained("reading the database", || {
+            let (db, reads) = self.committed()?;
+            read::history(&*db, reads.layout(), key)
+        })
     }
 
     fn reserve_step_pending(&self, req: StepRequest) -> Pending<StepRecord> {

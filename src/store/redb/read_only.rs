@@ -13,6 +13,7 @@ use crate::policy::ExpiryPolicy;
 use crate::store::record::{EntityState, Record};
 use crate::store::{Backend, Scanned};
 
+use super::layout::Layout;
 use super::meta::Format;
 use super::meta::{file_format, stored_expiry};
 use super::snapshot::Snapshots;
@@ -87,7 +88,8 @@ impl RedbReader {
             });
         }
         Ok(RedbReader {
-            reads: Snapshots::default(),
+            // Format 3's layout comes with the meta that names it.
+            reads: Snapshots::new(Layout::Single),
             db,
             format,
             path: path.to_path_buf(),
@@ -121,17 +123,19 @@ impl Backend for RedbReader {
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         contained("reading the database", || {
-            read::in_doubt(&self.db, limit, now_ms)
+            read::in_doubt(&self.db, self.reads.layout(), limit, now_ms)
         })
     }
 
     fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
-        contained("reading the database", || read::scan(&self.db, visit))
+        contained("reading the database", || {
+            read::scan(&self.db, self.reads.layout(), visit)
+        })
     }
 
     fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         contained("reading the database", || {
-            read::scan_in_key_order(&self.db, visit)
+            read::scan_in_key_order(&self.db, self.reads.layout(), visit)
         })
     }
 
@@ -177,7 +181,9 @@ impl Backend for RedbReader {
     }
 
     fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
-        contained("reading the database", || read::history(&self.db, key))
+        contained("reading the database", || {
+            read::history(&self.db, self.reads.layout(), key)
+        })
     }
 
     crate::store::refuse::refuse_writes!();
