@@ -6,6 +6,8 @@ pub(crate) mod fixture;
 mod job;
 mod journal;
 mod layout;
+#[cfg(test)]
+mod layout_reads_tests;
 mod local;
 mod meta;
 mod open;
