@@ -381,16 +381,12 @@ fn runs(
         };
         let k = k.value();
         if let Some(lo) = k.get(..run_bytes) {
-            match successor(lo) {
-                Some(hi) => {
-                    runs.push(table.range::<&[u8]>(lo..hi.as_slice()).context(what)?);
-                    from = hi;
-                }
-                None => {
-                    runs.push(table.range::<&[u8]>(lo..).context(what)?);
-                    return Ok(runs);
-                }
-            }
+            let Some(hi) = successor(lo) else {
+                runs.push(table.range::<&[u8]>(lo..).context(what)?);
+                return Ok(runs);
+            };
+            runs.push(table.range::<&[u8]>(lo..hi.as_slice()).context(what)?);
+            from = hi;
         } else {
             runs.push(table.range::<&[u8]>(k..=k).context(what)?);
             from = k.to_vec();
