@@ -135,6 +135,9 @@ struct Partitioned<'t> {
     catalog: &'t mut Catalog,
     /// Record key → the partition holding it (`None`: none does).
     last: Option<(Vec<u8>, Option<u64>)>,
+    /// The last record deleted, and the partition it was in: its steps
+    /// and log entries are still there, for the deletes that follow.
+    gone: Option<(Vec<u8>, u64)>,
     /// Sealed partitions whose last record this transaction deleted, and
     /// whose row and filter it deleted too: the writer forgets them once
     /// the transaction is sure to stand ([`Tables::take_dropped`]).
@@ -153,7 +156,6 @@ impl<'t> Tables<'t> {
     }
 
     /// The tables of a format-3 file, whose partitions `catalog` knows.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn open_partitioned(
         txn: &'t WriteTransaction,
         seq: Sequences,
@@ -198,6 +200,7 @@ impl<'t> Tables<'t> {
             partitioned: catalog.map(|catalog| Partitioned {
                 catalog,
                 last: None,
+                gone: None,
                 dropped: Vec::new(),
             }),
         })
@@ -206,7 +209,6 @@ impl<'t> Tables<'t> {
     /// Format 3: seals the hot partition if it is due (its interval ran
     /// out or it holds its most keys) and opens the next; the writer calls
     /// it before a group's jobs. Format 2: nothing.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn seal_if_due(&mut self) -> std::result::Result<(), redb::Error> {
         let now = self.now;
         let Some(part) = self.partitioned.as_mut() else {
@@ -363,6 +365,9 @@ impl<'t> Tables<'t> {
         self.records.remove(&*slot)?;
         if let Some(part) = self.partitioned.as_mut() {
             part.last = Some((rkey.to_vec(), None));
+            if let Some((p, _)) = slot::split(&slot) {
+                part.gone = Some((rkey.to_vec(), p));
+            }
         }
         self.log(|| Change::DelRecord { key: slot.to_vec() });
         self.drop_if_emptied(&slot)
@@ -412,6 +417,29 @@ impl<'t> Tables<'t> {
             .as_mut()
             .map(|part| std::mem::take(&mut part.dropped))
             .unwrap_or_default()
+    }
+
+    /// The key `rkey`'s steps and log entries are stored under: beside its
+    /// record ([`Self::slot_of`]), or, for a key whose record this
+    /// transaction just deleted, where that record was (the deletes of its
+    /// steps and log follow the record's).
+    fn steps_slot_of<'k>(
+        &mut self,
+        rkey: &'k [u8],
+    ) -> std::result::Result<std::borrow::Cow<'k, [u8]>, redb::StorageError> {
+        let (slot, new) = self.slot_of(rkey)?;
+        if new {
+            if let Some(Partitioned {
+                gone: Some((key, p)),
+                ..
+            }) = &self.partitioned
+            {
+                if key.as_slice() == rkey {
+                    return Ok(std::borrow::Cow::Owned(slot::slot_key(*p, rkey)));
+                }
+            }
+        }
+        Ok(slot)
     }
 
     pub(super) fn raw(
@@ -605,7 +633,7 @@ impl Txn for Tables<'_> {
         key: &IdempotencyKey,
     ) -> std::result::Result<Vec<LoadedStep>, redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let mut out = Vec::new();
         for entry in self.steps.range((&*slot, "")..)? {
             let (k, v) = entry?;
@@ -624,7 +652,7 @@ impl Txn for Tables<'_> {
         step: &StepRecord,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let value = codec::encode_step(rkey, step);
         self.steps
             .insert((&*slot, step.name.as_str()), value.as_slice())?;
@@ -638,7 +666,7 @@ impl Txn for Tables<'_> {
 
     fn remove_steps(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let mut names = Vec::new();
         for entry in self.steps.range((&*slot, "")..)? {
             let (k, _) = entry?;
@@ -662,7 +690,7 @@ impl Txn for Tables<'_> {
         &mut self,
         key: &IdempotencyKey,
     ) -> std::result::Result<Option<(u32, u32)>, redb::Error> {
-        let (slot, _) = self.slot_of(key.record_key())?;
+        let slot = self.steps_slot_of(key.record_key())?;
         let mut range = self.history.range((&*slot, 0)..=(&*slot, u32::MAX))?;
         let first = match range.next() {
             Some(entry) => entry?.0.value().1,
@@ -681,7 +709,7 @@ impl Txn for Tables<'_> {
         entry: &HistoryRecord,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let value = codec::encode_history(rkey, entry);
         self.history.insert((&*slot, entry.seq), value.as_slice())?;
         self.log(|| Change::PutHistory {
@@ -693,7 +721,7 @@ impl Txn for Tables<'_> {
     }
 
     fn remove_history(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
-        let (slot, _) = self.slot_of(key.record_key())?;
+        let slot = self.steps_slot_of(key.record_key())?;
         let mut seqs = Vec::new();
         for entry in self.history.range((&*slot, 0)..=(&*slot, u32::MAX))? {
             seqs.push(entry?.0.value().1);

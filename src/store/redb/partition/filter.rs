@@ -353,6 +353,7 @@ impl PartitionFilter {
     }
 
     /// The partition number.
+    #[cfg(test)]
     pub(crate) fn partition(&self) -> u64 {
         self.partition
     }
@@ -365,6 +366,7 @@ impl PartitionFilter {
     }
 
     /// Whether no key was inserted.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.keys == 0
     }
