@@ -90,6 +90,7 @@ mod prefixed;
 use std::borrow::Cow;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -97,7 +98,7 @@ use std::time::{Duration, Instant};
 use bloom::{key_hash, Bloom};
 use criterion::Criterion;
 use merge::{merge_sealed, merged_name};
-use prefixed::{empty_partition, prefixed, range_of, record_key, PREFIXED, PREFIXED_NAME};
+use prefixed::{bounds, empty_range, prefixed, range_of, record_key, PREFIXED, PREFIXED_NAME};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
@@ -309,6 +310,25 @@ fn preload_fill(db: &Database, layout: Layout, partitions: u64, records: u64) {
         pages as f64 * 4096.0 / records as f64,
         100.0 * used as f64 / (leaves as f64 * 4096.0).max(1.0)
     );
+}
+
+/// How `Store::expire` commits.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Expiry {
+    Durable,
+    Lazy,
+    Stepped,
+}
+
+impl Expiry {
+    fn parse(s: &str) -> Option<Expiry> {
+        match s {
+            "durable" => Some(Expiry::Durable),
+            "lazy" => Some(Expiry::Lazy),
+            "stepped" => Some(Expiry::Stepped),
+            _ => None,
+        }
+    }
 }
 
 /// A read transaction with every record table open, newest last: what an
@@ -647,11 +667,14 @@ impl Store {
     /// Expires the oldest interval (for `merged`, the oldest merged table:
     /// `group` intervals); returns (records, seconds, seconds of the first
     /// group commit after it, write transactions, seconds of the longest).
-    /// `durable`: every transaction a durable commit (the single table's
-    /// sweep of 512, the drop, the prefixed range's steps of 512); else
-    /// they commit with `Durability::None` and one durable commit follows
-    /// (counted in the time), the engine's journal regime.
-    fn expire(&mut self, durable: bool) -> (u64, f64, f64, u64, f64) {
+    /// `Durable`: every transaction a durable commit (the single table's
+    /// sweep of 512, the drop, the prefixed range's steps of 512); `Lazy`:
+    /// the same with `Durability::None` and one durable commit at the end
+    /// (counted in the time), the engine's journal regime; `Stepped`: as
+    /// `Lazy`, but a table is emptied in key order in steps of 512 before
+    /// its (then empty) drop, as format 3 plans to bound a drop's stall.
+    fn expire(&mut self, mode: Expiry) -> (u64, f64, f64, u64, f64) {
+        let durable = mode == Expiry::Durable;
         let durability = if durable {
             Durability::Immediate
         } else {
@@ -697,33 +720,42 @@ impl Store {
                     steps += 1;
                     longest = longest.max(t0.elapsed());
                 }
-                if !durable {
-                    self.db
-                        .begin_write()
-                        .expect("txn")
-                        .commit()
-                        .expect("commit");
-                }
             }
             Layout::Prefixed => {
-                let e = empty_partition(&self.db, self.ids[0], n, SWEEP_TXN, durable);
+                let (lo, hi) = range_of(self.ids[0]);
+                let e = empty_range(
+                    &self.db,
+                    PREFIXED_NAME,
+                    bounds(&lo, &hi),
+                    n,
+                    SWEEP_TXN,
+                    durable,
+                );
                 assert_eq!(e.records, n);
                 (steps, longest) = (e.transactions, e.longest);
             }
             Layout::Partitioned | Layout::Merged => {
+                if mode == Expiry::Stepped {
+                    let all = (Bound::Unbounded, Bound::Unbounded);
+                    let e = empty_range(&self.db, &self.parts[0], all, n, SWEEP_TXN, false);
+                    assert_eq!(e.records, n);
+                    (steps, longest) = (e.transactions, e.longest);
+                }
+                let t0 = Instant::now();
                 let mut txn = self.db.begin_write().expect("txn");
                 txn.set_durability(durability).expect("d");
                 assert!(txn.delete_table(def(&self.parts[0])).expect("delete"));
                 txn.commit().expect("commit");
-                (steps, longest) = (1, start.elapsed());
-                if !durable {
-                    self.db
-                        .begin_write()
-                        .expect("txn")
-                        .commit()
-                        .expect("commit");
-                }
+                steps += 1;
+                longest = longest.max(t0.elapsed());
             }
+        }
+        if !durable {
+            self.db
+                .begin_write()
+                .expect("txn")
+                .commit()
+                .expect("commit");
         }
         if self.layout != Layout::Single {
             self.parts.remove(0);
@@ -926,7 +958,8 @@ fn child(arg: &str) {
             }
             ["stats"] => s.stats(),
             ["expire", mode] => {
-                let (n, took, after, steps, longest) = s.expire(*mode == "durable");
+                let mode = Expiry::parse(mode).expect("expiry mode");
+                let (n, took, after, steps, longest) = s.expire(mode);
                 format!("{n} {took} {after} {steps} {longest}")
             }
             _ => break,
@@ -1011,6 +1044,12 @@ fn med(v: &[f64]) -> f64 {
         return f64::NAN;
     }
     common::quantile(&mut v.to_vec(), 0.5)
+}
+
+/// The indexes of `partitioned` and `prefixed` in `layouts`, if both run.
+fn pair(layouts: &[Layout]) -> Option<(usize, usize)> {
+    let at = |l| layouts.iter().position(|&x| x == l);
+    Some((at(Layout::Partitioned)?, at(Layout::Prefixed)?))
 }
 
 /// The layouts to run (`IDEMPOTENCY_BENCH_LAYOUTS`, comma-separated:
@@ -1129,6 +1168,25 @@ fn run() {
                 }
             }
         }
+        // The prefixed layout against the partitioned one, when both run.
+        if let Some((pi, xi)) = pair(&layouts) {
+            for (z, lab) in [(1, &ll), (0, &sl)] {
+                report(
+                    &format!("{what}: prefixed vs partitioned, {lab}"),
+                    "req/s",
+                    &rate[z][xi],
+                    &rate[z][pi],
+                );
+            }
+            report(
+                &format!(
+                    "bytes written per request ({mode}, wchar): prefixed vs partitioned, {ll}"
+                ),
+                "B/req",
+                &wchar[1][xi],
+                &wchar[1][pi],
+            );
+        }
         for z in 0..2 {
             for (i, s) in h[z].iter().enumerate() {
                 let Some(s) = s else { continue };
@@ -1190,18 +1248,18 @@ fn run() {
             v[4] / (1 << 20) as f64
         );
     }
-    // Twice: the oldest interval with durable transactions, then the next
-    // one with non-durable ones and a durable commit at the end.
-    for mode in ["durable", "lazy"] {
+    // Three times, an interval each (`Expiry`).
+    for mode in ["durable", "lazy", "stepped"] {
         for s in h.iter_mut().flatten().flatten() {
             let v = s.ask(&format!("expire {mode}"));
             let what = match s.layout {
                 Layout::Merged => format!("the oldest merged table ({group} intervals)"),
                 _ => "the oldest interval".to_string(),
             };
-            let how = match s.layout {
-                Layout::Single => "per record through the expiry index",
-                Layout::Prefixed => "its key range deleted in key order",
+            let how = match (s.layout, mode) {
+                (Layout::Single, _) => "per record through the expiry index",
+                (Layout::Prefixed, _) => "its key range deleted in key order",
+                (_, "stepped") => "its table emptied in key order, then dropped",
                 _ => "one table dropped",
             };
             println!(
@@ -1254,6 +1312,18 @@ fn lookups(
                 }
             }
             let size = label(sizes[z]);
+            if let Some((pi, xi)) = pair(layouts) {
+                for (c, open) in ["each", "cached"].iter().enumerate() {
+                    report(
+                        &format!(
+                            "point lookup ({mode} keys): prefixed vs partitioned {size}, both with tables opened {open}"
+                        ),
+                        "lookups/s",
+                        &got[xi][c],
+                        &got[pi][c],
+                    );
+                }
+            }
             for (i, l) in layouts.iter().enumerate() {
                 for (c, open) in ["each", "cached"].iter().enumerate() {
                     if i == b && c == 0 {

@@ -4,6 +4,7 @@
 //! ranges and its expiry: the oldest partition's range deleted in key
 //! order, in bounded write transactions.
 
+use std::ops::Bound;
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, TableDefinition};
@@ -27,6 +28,14 @@ pub(crate) fn range_of(p: u64) -> ([u8; 8], [u8; 8]) {
     (p.to_be_bytes(), (p + 1).to_be_bytes())
 }
 
+/// [`range_of`] as bounds.
+pub(crate) fn bounds<'a>(lo: &'a [u8; 8], hi: &'a [u8; 8]) -> (Bound<&'a [u8]>, Bound<&'a [u8]>) {
+    (
+        Bound::Included(lo.as_slice()),
+        Bound::Excluded(hi.as_slice()),
+    )
+}
+
 /// The record key of a stored key (the prefix stripped).
 pub(crate) fn record_key(stored: &[u8]) -> &[u8] {
     &stored[8..]
@@ -39,20 +48,23 @@ pub(crate) struct Emptied {
     pub(crate) longest: Duration,
 }
 
-/// Deletes partition `p`'s `records` keys in key order, at most `step` per
-/// write transaction (`extract_from_if` over the partition's range, closed
+/// Deletes the `records` keys of `table` in `range` in key order, at most
+/// `step` per write transaction (`extract_from_if` over the range, closed
 /// after `step` entries: unread entries stay), each a durable commit if
-/// `durable`. Else the steps commit with `Durability::None` and one
-/// durable commit follows (counted in the time, not as a step), as the
-/// engine's next checkpoint would make them durable.
-pub(crate) fn empty_partition(
+/// `durable`, else with `Durability::None` (the caller follows them with
+/// a durable commit, as the engine's next checkpoint would make them
+/// durable). The prefixed layout
+/// empties a partition's range of its one table so; the partitioned one,
+/// in `stepped` expiry, a whole table before dropping it.
+pub(crate) fn empty_range(
     db: &Database,
-    p: u64,
+    table: &str,
+    range: (Bound<&[u8]>, Bound<&[u8]>),
     records: u64,
     step: usize,
     durable: bool,
 ) -> Emptied {
-    let (lo, hi) = range_of(p);
+    let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(table);
     let mut out = Emptied {
         records: 0,
         transactions: 0,
@@ -65,9 +77,9 @@ pub(crate) fn empty_partition(
             txn.set_durability(Durability::None).expect("durability");
         }
         let n = {
-            let mut t = txn.open_table(PREFIXED).expect("t");
+            let mut t = txn.open_table(def).expect("t");
             let mut it = t
-                .extract_from_if(lo.as_slice()..hi.as_slice(), |_, _| true)
+                .extract_from_if::<&[u8], _>(range, |_, _| true)
                 .expect("extract");
             let mut n = 0u64;
             for e in it.by_ref().take(step) {
@@ -78,13 +90,10 @@ pub(crate) fn empty_partition(
             n
         };
         txn.commit().expect("commit");
-        assert!(n > 0, "partition {p} ran out after {} records", out.records);
+        assert!(n > 0, "{table} ran out after {} records", out.records);
         out.records += n;
         out.transactions += 1;
         out.longest = out.longest.max(t0.elapsed());
-    }
-    if !durable {
-        db.begin_write().expect("txn").commit().expect("commit");
     }
     out
 }
