@@ -55,9 +55,10 @@
 //!   fill (redb's table stats), and peak RSS;
 //! - expiring one interval's records: dropping the oldest table (prefixed:
 //!   deleting its key range, 512 keys a transaction) against a per-record
-//!   delete through the expiry index (transactions of 512); twice, the
-//!   oldest interval with durable transactions, the next with non-durable
-//!   ones and one durable commit at the end.
+//!   delete through the expiry index (transactions of 512); three times,
+//!   an interval each: durable transactions, non-durable ones with one
+//!   durable commit at the end, and the latter with the table emptied in
+//!   key order in steps before its drop (`Expiry`).
 //!
 //! `IDEMPOTENCY_BENCH_RECORDS` sets the large size (default 1M; test mode
 //! 2,000); `IDEMPOTENCY_BENCH_ROUNDS` the rounds (default 5, test mode 1);
@@ -69,8 +70,8 @@
 //! table (its 10M preload takes 12 minutes here) when only the partitioned
 //! layout's settings change between runs; `IDEMPOTENCY_BENCH_LAYOUTS`
 //! (comma-separated from `partitioned`, `merged`, `prefixed`; default all
-//! three) the layouts beside `single`; `IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1` runs the lookup slices
-//! before the commit slices (on the stores as preloaded, so the "10k"
+//! three) the layouts beside `single`; `IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1`
+//! runs the lookup slices before the commit slices (on the stores as preloaded, so the "10k"
 //! stores are still 10k records); `IDEMPOTENCY_BENCH_MERGE` and
 //! `IDEMPOTENCY_BENCH_MERGE_TXN` set the merge (partitions per merged
 //! table, records per merge transaction), `IDEMPOTENCY_BENCH_MERGE_DURABLE=0`
@@ -569,6 +570,7 @@ impl Store {
                                 rec.get(&*ck).expect("get").is_none()
                             } else {
                                 let t = txn.open_table(def(self.table_of(i))).expect("t");
+                                // Bound first: the guard must drop before `t`.
                                 let absent = t.get(&*ck).expect("get").is_none();
                                 absent
                             };
