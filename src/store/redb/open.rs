@@ -378,7 +378,7 @@ fn init_format(db: &Database, path: &Path, new_format: NewFormat) -> Result<Form
     Ok(format)
 }
 
-/// The writer's catalog of a format-3 file at `now_ms` (`None`: the file
+/// The writer's catalog of a format-3 file at `now_ms`, sealing by `rule` (`None`: the file
 /// is of format 2), after its journal was applied: its filters decoded
 /// and checked, damaged or missing ones rebuilt, the hot partition found
 /// or opened (`Catalog::load`); what that repairs is committed durably
@@ -393,6 +393,7 @@ pub(crate) fn open_catalog(
     db: &Database,
     path: &Path,
     now_ms: u64,
+    rule: SealRule,
 ) -> Result<Option<Catalog>, OpenError> {
     let what = "opening the partitions";
     if file_format(db, path)? != Some(Format::V3) {
@@ -421,7 +422,7 @@ pub(crate) fn open_catalog(
                 filters: &mut stored,
             },
             filters,
-            SealRule::DEFAULT,
+            rule,
             now_ms,
             &mut changes,
         )
