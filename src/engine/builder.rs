@@ -1015,6 +1015,7 @@ impl EngineBuilder {
                 queue_capacity: self.cfg.queue_capacity,
                 recovery_reserve: self.cfg.recovery_reserve,
                 seal_rule: self.seal_rule,
+                new_format: self.new_format,
             },
             reopen,
         )?;

@@ -282,6 +282,29 @@ pub(crate) fn prepare_new_as(
 #[path = "migrate.rs"]
 mod migrate;
 
+// And the migration from format 2 to format 3.
+#[path = "migrate3.rs"]
+mod migrate3;
+
+/// Migrates a format-2 file to format 3 (`migrate3.rs`) when `new_format`
+/// asks for format 3; a file of another format is left as it is. Run by
+/// the writer's start, after the journal was applied.
+///
+/// # Errors
+///
+/// As `migrate3::to_format_3`.
+pub(crate) fn migrate_if_asked(
+    db: &Database,
+    path: &Path,
+    new_format: NewFormat,
+    now_ms: u64,
+) -> Result<(), OpenError> {
+    if new_format != NewFormat::Format3 || file_format(db, path)? != Some(Format::V2) {
+        return Ok(());
+    }
+    migrate3::to_format_3(db, path, &filter_seed(path), now_ms).map(drop)
+}
+
 // Likewise the in-memory layer the check before a writable open reads a
 // crashed file through.
 #[path = "scratch_view.rs"]
