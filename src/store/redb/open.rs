@@ -422,14 +422,7 @@ pub(crate) fn open_catalog(
     if file_format(db, path)? != Some(Format::V3) {
         return Ok(None);
     }
-    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
-        OpenError::Corrupt {
-            path: path.to_path_buf(),
-            what: Corrupted::File,
-            reason: "a format-3 file without its meta table".into(),
-        }
-    })?;
-    let filters = Arc::new(Filters::new(FilterHasher::new(&seed)));
+    let filters = file_filters(db, path, what)?;
     let mut txn = db.begin_write().open_context(what)?;
     txn.set_durability(Durability::Immediate)
         .open_context(what)?;
@@ -465,6 +458,27 @@ pub(crate) fn open_catalog(
     Ok(Some(catalog))
 }
 
+/// No filter kept yet, hashing with the seed of the format-3 file `db`.
+///
+/// # Errors
+///
+/// [`OpenError::Corrupt`] naming `path` for a damaged or missing
+/// `filter_seed` (or meta table).
+fn file_filters(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    what: &'static str,
+) -> Result<Arc<Filters>, OpenError> {
+    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
+        OpenError::Corrupt {
+            path: path.to_path_buf(),
+            what: Corrupted::File,
+            reason: "a format-3 file without its meta table".into(),
+        }
+    })?;
+    Ok(Arc::new(Filters::new(FilterHasher::new(&seed))))
+}
+
 /// The read layout of a format-3 file opened read-only: its filters'
 /// hasher, and every stored filter that passes its checks (one that does
 /// not is left out: its partition is then read on every lookup, never
@@ -479,14 +493,7 @@ pub(crate) fn read_only_layout(
     path: &Path,
 ) -> Result<super::layout::Layout, OpenError> {
     let what = "reading the partitions' filters";
-    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
-        OpenError::Corrupt {
-            path: path.to_path_buf(),
-            what: Corrupted::File,
-            reason: "a format-3 file without its meta table".into(),
-        }
-    })?;
-    let filters = Arc::new(Filters::new(FilterHasher::new(&seed)));
+    let filters = file_filters(db, path, what)?;
     let txn = db.begin_read().open_context(what)?;
     // Without either table, no filter is kept: every partition is read.
     let (Ok(rows), Ok(stored)) = (txn.open_table(PARTITIONS), txn.open_table(FILTERS)) else {
