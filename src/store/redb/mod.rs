@@ -1,6 +1,7 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
+mod drain;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;
 mod job;

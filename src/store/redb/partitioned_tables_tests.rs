@@ -435,3 +435,45 @@ fn a_sealed_partition_is_dropped_with_its_last_record() -> R<()> {
 fn damage_of(db: &Database) -> R<Vec<crate::verify::Damage>> {
     Ok(super::verify::verify(db)?.0)
 }
+
+/// The slot keys of partition `p`, in order.
+fn range_keys(db: &Database, p: u64) -> R<Vec<Vec<u8>>> {
+    let txn = db.begin_read()?;
+    let records = txn.open_table(catalog::RECORDS)?;
+    let mut out = Vec::new();
+    for entry in catalog::range(&records, p)? {
+        out.push(entry?.0.value().to_vec());
+    }
+    Ok(out)
+}
+
+#[test]
+fn expired_partitions_are_drained_in_key_order_oldest_first() -> R<()> {
+    let mut w = twenty()?;
+    let p1 = range_keys(&w.db, 1)?;
+    assert_eq!(p1.len(), 8);
+    // Nothing is due before the TTL since the partition's last claim.
+    w.now += 60_000;
+    let mut counts = crate::report::SweepCounts::default();
+    w.group(|t| Ok(t.drain(4, &mut counts).map_err(|e| format!("{e:?}"))?))?;
+    assert_eq!(counts.deleted, 0);
+    w.now += 86_400_000;
+    w.group(|t| Ok(t.drain(5, &mut counts).map_err(|e| format!("{e:?}"))?))?;
+    assert_eq!((counts.deleted, counts.more), (5, true));
+    assert_eq!(
+        range_keys(&w.db, 1)?,
+        p1[5..],
+        "the first five in key order"
+    );
+    w.group(|t| Ok(t.drain(5, &mut counts).map_err(|e| format!("{e:?}"))?))?;
+    assert_eq!(counts.deleted, 8);
+    assert!(range_keys(&w.db, 1)?.is_empty());
+    let live: Vec<u64> = w.catalog.probes().iter().map(|p| p.partition).collect();
+    assert!(!live.contains(&1), "partition 1 dropped: {live:?}");
+    // Then the next oldest.
+    w.group(|t| Ok(t.drain(100, &mut counts).map_err(|e| format!("{e:?}"))?))?;
+    assert_eq!(counts.deleted, 16);
+    assert!(range_keys(&w.db, 2)?.is_empty());
+    assert_eq!(damage_of(&w.db)?, []);
+    Ok(())
+}

@@ -18,6 +18,9 @@ impl Tables<'_> {
     pub(super) fn sweep(&mut self, limit: usize) -> Result<SweepCounts, OpError> {
         let now = self.now;
         let mut counts = SweepCounts::default();
+        // Format 3: the oldest due partition in key order first
+        // (`drain.rs`); the index below catches the rest.
+        self.drain(limit, &mut counts)?;
         let upper = (now.saturating_add(1), &[][..]);
         // Stale PROCESSING → UNKNOWN. Lease ends are exclusive: a lease
         // ending at `now` has run out.

@@ -407,6 +407,16 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// The writer's catalog (format 3).
+    pub(super) fn partitioned_catalog(&self) -> Option<&Catalog> {
+        self.partitioned.as_ref().map(|part| &*part.catalog)
+    }
+
+    /// The writer's catalog, to note a drain step (format 3).
+    pub(super) fn partitioned_catalog_mut(&mut self) -> Option<&mut Catalog> {
+        self.partitioned.as_mut().map(|part| &mut *part.catalog)
+    }
+
     /// The partitions this transaction dropped (format 3): the writer
     /// forgets them in its catalog once the transaction will stand (a
     /// group's: at once, since a failed commit poisons the store and a

@@ -275,6 +275,15 @@ pub(crate) struct Catalog {
     probes: Probes,
     hot: Hot,
     rule: SealRule,
+    /// Sealed partitions → their last claim (ms): when they are due for
+    /// draining ([`Self::drain_next`]).
+    sealed_at: std::collections::BTreeMap<u64, u64>,
+    /// The drain under way: a partition and the last slot key drained
+    /// (`None`: from its start).
+    draining: Option<(u64, Option<Vec<u8>>)>,
+    /// Partitions drained once since the open: left to the per-record
+    /// sweep from then on.
+    drained: std::collections::BTreeSet<u64>,
 }
 
 /// The partition tables open in the writer's transaction.
@@ -332,6 +341,7 @@ impl Catalog {
         }
         let mut hot: Option<Hot> = None;
         let mut probes = Probes::default();
+        let mut sealed_at = std::collections::BTreeMap::new();
         for (partition, row) in &rows {
             let (partition, row) = (*partition, *row);
             match row.state {
@@ -351,6 +361,7 @@ impl Catalog {
                     });
                 }
                 PartitionState::Sealed | PartitionState::Dropping => {
+                    sealed_at.insert(partition, row.last_claim_ms);
                     let stored = stored_filter(t, &filters, partition, &row)?;
                     let filter = if let Some(filter) = stored {
                         filter
@@ -386,6 +397,9 @@ impl Catalog {
             probes,
             hot,
             rule,
+            sealed_at,
+            draining: None,
+            drained: std::collections::BTreeSet::new(),
         })
     }
 
@@ -439,6 +453,7 @@ impl Catalog {
             partition,
             filter: Some(filter),
         });
+        self.sealed_at.insert(partition, row.last_claim_ms);
         let next = partition
             .checked_add(1)
             .filter(|p| *p < BUILT_PARTITIONS)
@@ -458,6 +473,44 @@ impl Catalog {
     pub(crate) fn dropped(&mut self, partition: u64) {
         self.probes.remove(partition);
         self.filters.forget(partition);
+        self.sealed_at.remove(&partition);
+        self.drained.remove(&partition);
+        if self.draining.as_ref().is_some_and(|(p, _)| *p == partition) {
+            self.draining = None;
+        }
+    }
+
+    /// The sealed partition to drain at `now_ms` and where to go on from
+    /// (`None`: its start): the one under way, else the oldest whose last
+    /// claim is `ttl_ms` or more ago (all its records that completed soon
+    /// after their claim have expired) and that was not drained since the
+    /// open. `None`: nothing is due.
+    pub(crate) fn drain_next(&self, now_ms: u64, ttl_ms: u64) -> Option<(u64, Option<Vec<u8>>)> {
+        if let Some(under_way) = &self.draining {
+            return Some(under_way.clone());
+        }
+        self.sealed_at
+            .iter()
+            .filter(|(p, _)| !self.drained.contains(p))
+            .filter(|(_, last)| last.saturating_add(ttl_ms) <= now_ms)
+            .min_by_key(|(p, last)| (**last, **p))
+            .map(|(p, _)| (*p, None))
+    }
+
+    /// Notes a drain step of `partition`: done (`after` is `None`) or to go
+    /// on after slot key `after`.
+    pub(crate) fn drain_step(&mut self, partition: u64, after: Option<Vec<u8>>) {
+        if !self.sealed_at.contains_key(&partition) {
+            // Dropped by the step itself.
+            self.draining = None;
+            return;
+        }
+        if let Some(key) = after {
+            self.draining = Some((partition, Some(key)));
+        } else {
+            self.draining = None;
+            self.drained.insert(partition);
+        }
     }
 }
 
