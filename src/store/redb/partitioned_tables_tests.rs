@@ -347,10 +347,8 @@ fn verify_names_a_key_in_two_partitions_and_partitions_without_rows_or_filters()
     let text: Vec<String> = damage(&w.db)?.iter().map(ToString::to_string).collect();
     let has = |needle: &str| text.iter().any(|t| t.contains(needle));
     assert!(has("is stored in partitions [1, 3]"), "{text:?}");
-    assert!(
-        has("partition 1 is damaged") && has("counts 8 keys where its table holds 7"),
-        "{text:?}"
-    );
+    // A record gone from a sealed partition is expiry at work, not damage.
+    assert!(!has("partition 1 is damaged"), "{text:?}");
     assert!(
         has("partition 2 is damaged: its key filter is missing"),
         "{text:?}"

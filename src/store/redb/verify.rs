@@ -17,7 +17,7 @@ use crate::verify::Damage;
 
 use super::meta::{self, Format, Found, MetaError};
 use super::partition::catalog;
-use super::partition::filter::{FilterHasher, PartitionFilter};
+use super::partition::filter::{FilterChecksum, FilterHasher, PartitionFilter};
 use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
 use super::partition::slot;
 use super::tables::{
@@ -225,8 +225,8 @@ fn walk_records(
 /// What is wrong with a format-3 file's partitions: rows that do not
 /// decode, key ranges without a row, more than one hot partition, and
 /// each sealed partition's filter checked against its records (decoded
-/// with the checksum its row names, its key count, and a "maybe" for
-/// every key it holds). Without `seed` the filters are not checked.
+/// with the checksum its row names, no more records than it counts, and
+/// a "maybe" for every key it holds). Without `seed` the filters are not checked.
 fn partition_damage(
     txn: &redb::ReadTransaction,
     records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
@@ -291,41 +291,13 @@ fn partition_damage(
             Some(table) => table.get(*p).context(what)?.map(|v| v.value().to_vec()),
             None => None,
         };
-        let Some(stored) = stored else {
-            problems.push(bad(*p, "its key filter is missing".into()));
-            continue;
-        };
-        let filter = match PartitionFilter::decode(*p, &stored, &sum, &hasher) {
-            Ok(filter) => filter,
-            Err(e) => {
-                problems.push(bad(*p, e.to_string()));
-                continue;
-            }
-        };
-        let mut keys = 0u64;
-        let mut missed: Option<(Vec<u8>, u64)> = None;
-        for entry in catalog::range(records, *p).context(what)? {
-            let (k, _) = entry.context(what)?;
-            keys += 1;
-            if let Some((_, rkey)) = slot::split(k.value()) {
-                if !filter.may_contain(rkey) {
-                    let m = missed.get_or_insert_with(|| (rkey.to_vec(), 0));
-                    m.1 += 1;
-                }
-            }
-        }
-        if let Err(e) = filter.check_table_len(keys) {
-            problems.push(bad(*p, e.to_string()));
-        }
-        if let Some((rkey, n)) = missed {
-            problems.push(bad(
-                *p,
-                format!(
-                    "its key filter says \"absent\" for {n} of its records (the first: {})",
-                    crate::verify::shown(&hex(&rkey))
-                ),
-            ));
-        }
+        problems.extend(filter_damage(
+            records,
+            &hasher,
+            *p,
+            &sum,
+            stored.as_deref(),
+        )?);
     }
     Ok(problems)
 }
@@ -450,4 +422,55 @@ fn meta_damage(txn: &redb::ReadTransaction) -> Result<Vec<Damage>> {
         .into_iter()
         .map(|p| bad(&p.name, p.reason))
         .collect())
+}
+
+/// What is wrong with sealed partition `p`'s filter `stored` (checksum
+/// `sum` in its row) against its records.
+fn filter_damage(
+    records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    hasher: &FilterHasher,
+    p: u64,
+    sum: &FilterChecksum,
+    stored: Option<&[u8]>,
+) -> Result<Vec<Damage>> {
+    let what = "verifying the partitions";
+    let bad = |reason: String| Damage::BadPartition {
+        partition: p,
+        reason,
+    };
+    let Some(stored) = stored else {
+        return Ok(vec![bad("its key filter is missing".into())]);
+    };
+    let filter = match PartitionFilter::decode(p, stored, sum, hasher) {
+        Ok(filter) => filter,
+        Err(e) => return Ok(vec![bad(e.to_string())]),
+    };
+    let mut problems = Vec::new();
+    let mut keys = 0u64;
+    let mut missed: Option<(Vec<u8>, u64)> = None;
+    for entry in catalog::range(records, p).context(what)? {
+        let (k, _) = entry.context(what)?;
+        keys += 1;
+        if let Some((_, rkey)) = slot::split(k.value()) {
+            if !filter.may_contain(rkey) {
+                let m = missed.get_or_insert_with(|| (rkey.to_vec(), 0));
+                m.1 += 1;
+            }
+        }
+    }
+    // Fewer keys than the filter counts is expiry at work (records leave a
+    // sealed partition one by one); more is keys added behind its back.
+    if keys > filter.len() {
+        problems.push(bad(format!(
+            "its key filter counts {} keys where its records are {keys}: keys were added after it was sealed",
+            filter.len()
+        )));
+    }
+    if let Some((rkey, n)) = missed {
+        problems.push(bad(format!(
+            "its key filter says \"absent\" for {n} of its records (the first: {})",
+            crate::verify::shown(&hex(&rkey))
+        )));
+    }
+    Ok(problems)
 }

@@ -258,14 +258,6 @@ pub(crate) enum FilterProblem {
     /// The checksum does not match the one in the partition's row.
     #[error("its checksum does not match its partition row's: damaged, or written for another partition or file")]
     ChecksumMismatch,
-    /// The filter's key count is not its table's.
-    #[error("it counts {filter_keys} keys where its table holds {table_keys}")]
-    KeyCount {
-        /// Keys the filter counts.
-        filter_keys: u64,
-        /// Keys in the partition's record table.
-        table_keys: u64,
-    },
     /// An insert past what the blocks hold.
     #[error("it is full: its blocks hold {max_keys} keys at {BITS_PER_KEY} bits per key")]
     Full {
@@ -426,24 +418,6 @@ impl PartitionFilter {
         }
         let block = &self.blocks[h.block_index(self.blocks.len())];
         h.probes().all(|(word, mask)| block[word] & mask != 0)
-    }
-
-    /// Checks the key count against `table_keys`, the `len()` of the
-    /// partition's record table: a sealed partition's key set never
-    /// changes, so the two are equal unless one of them was damaged.
-    ///
-    /// # Errors
-    ///
-    /// [`FilterProblem::KeyCount`] when they differ.
-    pub(crate) fn check_table_len(&self, table_keys: u64) -> Result<(), FilterError> {
-        if self.keys == table_keys {
-            Ok(())
-        } else {
-            Err(self.error(FilterProblem::KeyCount {
-                filter_keys: self.keys,
-                table_keys,
-            }))
-        }
     }
 
     /// The stored value (module docs) and its checksum, for the

@@ -155,7 +155,6 @@ fn stored_form_round_trips() -> TestResult {
         let k = record_key(i);
         assert_eq!(back.may_contain(&k), f.may_contain(&k), "key {i}");
     }
-    back.check_table_len(700)?;
     Ok(())
 }
 
@@ -257,14 +256,11 @@ fn a_damaged_or_foreign_stored_filter_is_refused_naming_its_partition() -> TestR
 fn errors_name_the_partition_and_the_problem() {
     let e = FilterError {
         partition: 17,
-        problem: FilterProblem::KeyCount {
-            filter_keys: 3,
-            table_keys: 4,
-        },
+        problem: FilterProblem::Full { max_keys: 21 },
     };
     let text = e.to_string();
     assert!(text.contains("partition 17"), "{text}");
-    assert!(text.contains("3 keys where its table holds 4"), "{text}");
+    assert!(text.contains("hold 21 keys"), "{text}");
     let text = FilterError {
         partition: 5,
         problem: FilterProblem::ChecksumMismatch,
@@ -290,25 +286,6 @@ fn a_full_filter_refuses_the_next_key_and_still_decodes() -> TestResult {
     assert_eq!(f.len(), 21);
     let (bytes, sum) = f.encode();
     assert_eq!(PartitionFilter::decode(1, &bytes, &sum, &hasher)?.len(), 21);
-    Ok(())
-}
-
-#[test]
-fn table_length_must_match_the_key_count() -> TestResult {
-    let hasher = FilterHasher::new(&SEED);
-    let mut f = PartitionFilter::with_capacity(4, 10, &hasher)?;
-    f.insert(b"\x01ak")?;
-    f.check_table_len(1)?;
-    assert_eq!(
-        f.check_table_len(2).map_err(|e| (e.partition, e.problem)),
-        Err((
-            4,
-            FilterProblem::KeyCount {
-                filter_keys: 1,
-                table_keys: 2
-            }
-        ))
-    );
     Ok(())
 }
 
