@@ -177,7 +177,9 @@ pub enum Damage {
     /// pages read and pass their own checksums.
     EntriesOnDamagedPage {
         /// The table: `"records"`, `"leases"`, `"recovery"`, `"expiry"`,
-        /// `"outbox"`, `"entities"`, `"meta"`, `"steps"` or `"history"`.
+        /// `"outbox"`, `"entities"`, `"meta"`, `"steps"` or `"history"`;
+        /// in a format-3 file also `"partitions"` or `"filters"` (its
+        /// records, steps and log entries shown as `p<partition> scope/key`).
         table: &'static str,
         /// The damaged page's offset in the file, in bytes.
         page_offset: u64,
@@ -281,6 +283,24 @@ fn fmt_value_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     }
 }
 
+/// The `Display` of damage only a format-3 redb file can have.
+fn fmt_partition_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match d {
+        Damage::DuplicateRecord {
+            key_hex,
+            partitions,
+        } => write!(
+            f,
+            "record {} is stored in partitions {partitions:?}: a lookup sees only the newest",
+            shown(key_hex)
+        ),
+        Damage::BadPartition { partition, reason } => {
+            write!(f, "partition {partition} is damaged: {reason}")
+        }
+        _ => Ok(()),
+    }
+}
+
 impl fmt::Display for Damage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -313,16 +333,8 @@ impl fmt::Display for Damage {
                 "record {} is stored but a lookup of its key does not find it (a damaged page of the records table)",
                 shown(key_hex)
             ),
-            Damage::DuplicateRecord {
-                key_hex,
-                partitions,
-            } => write!(
-                f,
-                "record {} is stored in partitions {partitions:?}: a lookup sees only the newest",
-                shown(key_hex)
-            ),
-            Damage::BadPartition { partition, reason } => {
-                write!(f, "partition {partition} is damaged: {reason}")
+            Damage::DuplicateRecord { .. } | Damage::BadPartition { .. } => {
+                fmt_partition_damage(self, f)
             }
             Damage::UnreachableEntity { entity } => write!(
                 f,

@@ -22,6 +22,12 @@
 //!   one filter per merged table.
 //!   Besides, one combined filter over every cold table's keys is built
 //!   and its false "maybe"s for fresh keys counted (it gates nothing).
+//! - `prefixed`: the partitioned layout (same partitions, filters, hot
+//!   partition, commits and lookups) with every partition in ONE record
+//!   table keyed `[p: u64 big-endian][record key]`
+//!   (`partitions/prefixed.rs`): a partition is a key range, the hot one
+//!   rightmost. Expiry deletes the oldest partition's range in key order,
+//!   `SWEEP_TXN` keys per write transaction.
 //!
 //! Each store lives in its own child process (this binary, re-executed with
 //! `IDEMPOTENCY_PARTITIONS_CHILD` set), so peak RSS (`VmHWM`) and
@@ -47,19 +53,25 @@
 //!   read per lookup;
 //! - file bytes per record, the record tables' pages per record and leaf
 //!   fill (redb's table stats), and peak RSS;
-//! - expiring one interval's records: dropping the oldest table against a
-//!   per-record delete through the expiry index (transactions of 512).
+//! - expiring one interval's records: dropping the oldest table (prefixed:
+//!   deleting its key range, 512 keys a transaction) against a per-record
+//!   delete through the expiry index (transactions of 512); three times,
+//!   an interval each: durable transactions, non-durable ones with one
+//!   durable commit at the end, and the latter with the table emptied in
+//!   key order in steps before its drop (`Expiry`).
 //!
 //! `IDEMPOTENCY_BENCH_RECORDS` sets the large size (default 1M; test mode
 //! 2,000); `IDEMPOTENCY_BENCH_ROUNDS` the rounds (default 5, test mode 1);
 //! `IDEMPOTENCY_BENCH_PRELOAD_CACHE_MIB` the preload process's redb cache
 //! (default 2048: the preload is a fixture, its memory is not measured);
+//! `IDEMPOTENCY_BENCH_PRELOAD_KEY_ORDER=1` writes every partition but the
+//! hot one in key order (the single table keeps claim order);
 //! `IDEMPOTENCY_BENCH_SKIP_SINGLE_LARGE=1` leaves out the large single
 //! table (its 10M preload takes 12 minutes here) when only the partitioned
 //! layout's settings change between runs; `IDEMPOTENCY_BENCH_LAYOUTS`
-//! (comma-separated, default `partitioned,merged`) the layouts beside
-//! `single`; `IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1` runs the lookup slices
-//! before the commit slices (on the stores as preloaded, so the "10k"
+//! (comma-separated from `partitioned`, `merged`, `prefixed`; default all
+//! three) the layouts beside `single`; `IDEMPOTENCY_BENCH_LOOKUPS_FIRST=1`
+//! runs the lookup slices before the commit slices (on the stores as preloaded, so the "10k"
 //! stores are still 10k records); `IDEMPOTENCY_BENCH_MERGE` and
 //! `IDEMPOTENCY_BENCH_MERGE_TXN` set the merge (partitions per merged
 //! table, records per merge transaction), `IDEMPOTENCY_BENCH_MERGE_DURABLE=0`
@@ -75,9 +87,13 @@ mod bloom;
 mod common;
 #[path = "partitions/merge.rs"]
 mod merge;
+#[path = "partitions/prefixed.rs"]
+mod prefixed;
 
+use std::borrow::Cow;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -85,6 +101,7 @@ use std::time::{Duration, Instant};
 use bloom::{key_hash, Bloom};
 use criterion::Criterion;
 use merge::{merge_sealed, merged_name};
+use prefixed::{bounds, empty_range, prefixed, range_of, record_key, PREFIXED, PREFIXED_NAME};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
@@ -128,6 +145,7 @@ enum Layout {
     Single,
     Partitioned,
     Merged,
+    Prefixed,
 }
 
 impl Layout {
@@ -136,6 +154,7 @@ impl Layout {
             Layout::Single => "single",
             Layout::Partitioned => "partitioned",
             Layout::Merged => "merged",
+            Layout::Prefixed => "prefixed",
         }
     }
 
@@ -144,6 +163,7 @@ impl Layout {
             "single" => Some(Layout::Single),
             "partitioned" => Some(Layout::Partitioned),
             "merged" => Some(Layout::Merged),
+            "prefixed" => Some(Layout::Prefixed),
             _ => None,
         }
     }
@@ -173,13 +193,16 @@ fn def(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
 
 /// The record tables a layout serves from, oldest first, the last one hot,
 /// with their record counts: `records` alone (single); one per partition
-/// (partitioned); the sealed partitions merged `group` at a time, oldest
-/// first, then the hot partition (merged).
+/// (partitioned; prefixed, where they name the key ranges of one table);
+/// the sealed partitions merged `group` at a time, oldest first, then the
+/// hot partition (merged).
 fn tables(layout: Layout, plan: &[u64], group: usize) -> (Vec<String>, Vec<u64>) {
     let hot = plan.len() - 1;
     match layout {
         Layout::Single => (vec!["records".to_string()], vec![plan.iter().sum()]),
-        Layout::Partitioned => ((0..=hot as u64).map(part_name).collect(), plan.to_vec()),
+        Layout::Partitioned | Layout::Prefixed => {
+            ((0..=hot as u64).map(part_name).collect(), plan.to_vec())
+        }
         Layout::Merged => {
             let counts: Vec<u64> = plan[..hot].chunks(group).map(|c| c.iter().sum()).collect();
             let mut names: Vec<String> = (0..counts.len()).map(merged_name).collect();
@@ -192,7 +215,12 @@ fn tables(layout: Layout, plan: &[u64], group: usize) -> (Vec<String>, Vec<u64>)
 }
 
 /// Builds the file: records `0..records` in creation order, in one write
-/// transaction per table (per partition, or one for the single table). The
+/// transaction per table (per partition, or one for the single table; the
+/// prefixed layout one per partition too, in ascending `p`, so each
+/// partition's range is appended right of the last). Inside a partition
+/// the keys come in creation order, which is random key order
+/// (`IDEMPOTENCY_BENCH_PRELOAD_KEY_ORDER=1`: key order in every partition
+/// but the hot one, except in the single table). The
 /// merged layout is preloaded as the partitioned one, then merged
 /// (`merge_sealed`) and compacted, so its file holds no pages the merge
 /// freed (in service the next partitions would reuse them).
@@ -205,6 +233,9 @@ fn preload(layout: Layout, path: &Path, records: u64, partitions: u64, group: us
     let done = vec![1u8; COMPLETED_BYTES];
     let mut first = 0;
     let plan = plan(records, partitions);
+    // Sealed partitions written in key order, as a rewrite at sealing
+    // would leave them (the hot one stays in claim order).
+    let key_order = std::env::var("IDEMPOTENCY_BENCH_PRELOAD_KEY_ORDER").is_ok_and(|v| v == "1");
     for (p, &n) in plan.iter().enumerate() {
         let txn = db.begin_write().expect("txn");
         {
@@ -219,11 +250,22 @@ fn preload(layout: Layout, path: &Path, records: u64, partitions: u64, group: us
                     exp.insert((expires, k.as_slice()), ()).expect("i");
                 }
             } else {
-                let name = part_name(p as u64);
-                let mut rec = txn.open_table(def(&name)).expect("t");
-                for i in first..first + n {
-                    rec.insert(key_of(i).as_slice(), done.as_slice())
-                        .expect("i");
+                let mut keys: Vec<Vec<u8>> = (first..first + n).map(key_of).collect();
+                if key_order && p + 1 < plan.len() {
+                    keys.sort_unstable();
+                }
+                if layout == Layout::Prefixed {
+                    let mut rec = txn.open_table(PREFIXED).expect("t");
+                    for k in &keys {
+                        rec.insert(prefixed(p as u64, k).as_slice(), done.as_slice())
+                            .expect("i");
+                    }
+                } else {
+                    let name = part_name(p as u64);
+                    let mut rec = txn.open_table(def(&name)).expect("t");
+                    for k in &keys {
+                        rec.insert(k.as_slice(), done.as_slice()).expect("i");
+                    }
                 }
             }
         }
@@ -237,6 +279,7 @@ fn preload(layout: Layout, path: &Path, records: u64, partitions: u64, group: us
         std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / (1 << 20) as f64,
         std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / records as f64
     );
+    preload_fill(&db, layout, plan.len() as u64, records);
     if layout == Layout::Merged {
         merge_sealed(&db, &plan, group);
         let before = std::fs::metadata(path).map_or(0, |m| m.len());
@@ -249,6 +292,55 @@ fn preload(layout: Layout, path: &Path, records: u64, partitions: u64, group: us
             std::fs::metadata(path).map_or(0, |m| m.len()) as f64 / records as f64,
             t0.elapsed().as_secs_f64()
         );
+    }
+}
+
+/// Prints the record tables' pages per record and leaf fill right after
+/// the preload (before any merge), from redb's table stats.
+fn preload_fill(db: &Database, layout: Layout, partitions: u64, records: u64) {
+    let txn = db.begin_read().expect("txn");
+    let names: Vec<String> = match layout {
+        Layout::Single => vec!["records".to_string()],
+        Layout::Prefixed => vec![PREFIXED_NAME.to_string()],
+        Layout::Partitioned | Layout::Merged => (0..partitions).map(part_name).collect(),
+    };
+    let (mut pages, mut leaves, mut used, mut height) = (0, 0, 0, 0);
+    for name in &names {
+        let st = txn
+            .open_table(def(name))
+            .expect("t")
+            .stats()
+            .expect("stats");
+        pages += st.leaf_pages() + st.branch_pages();
+        leaves += st.leaf_pages();
+        used += st.stored_bytes();
+        height = height.max(st.tree_height());
+    }
+    println!(
+        "PRELOAD_FILL {} {records}: {} record tables, pages {:.0} B per record, leaves {:.1}% full ({leaves} leaf pages), tree height ≤ {height}",
+        layout.name(),
+        names.len(),
+        pages as f64 * 4096.0 / records as f64,
+        100.0 * used as f64 / (leaves as f64 * 4096.0).max(1.0)
+    );
+}
+
+/// How `Store::expire` commits.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Expiry {
+    Durable,
+    Lazy,
+    Stepped,
+}
+
+impl Expiry {
+    fn parse(s: &str) -> Option<Expiry> {
+        match s {
+            "durable" => Some(Expiry::Durable),
+            "lazy" => Some(Expiry::Lazy),
+            "stepped" => Some(Expiry::Stepped),
+            _ => None,
+        }
     }
 }
 
@@ -274,6 +366,11 @@ struct Store {
     parts: Vec<String>,
     /// Their record counts at open.
     counts: Vec<u64>,
+    /// The partition number of each (`prefixed`: its key prefix).
+    ids: Vec<u64>,
+    /// Intervals expired so far (`single`: where the next expiry's cutoff
+    /// lies).
+    expired: usize,
     /// Filters of the cold tables, same order as `parts` minus the hot.
     filters: Vec<Bloom>,
     /// One filter over every cold table's keys (`merged` only): how often a
@@ -308,6 +405,8 @@ impl Store {
             layout: spec.layout,
             db,
             path: spec.path.clone(),
+            ids: (0..parts.len() as u64).collect(),
+            expired: 0,
             parts,
             counts,
             filters: Vec::new(),
@@ -327,21 +426,19 @@ impl Store {
         if s.layout != Layout::Single {
             let start = Instant::now();
             let txn = s.db.begin_read().expect("txn");
-            let cold = &s.parts[..s.parts.len() - 1];
-            let all: u64 = s.counts[..cold.len()].iter().sum();
+            let cold = s.parts.len() - 1;
+            let all: u64 = s.counts[..cold].iter().sum();
             let mut combined =
                 (s.layout == Layout::Merged).then(|| Bloom::with_capacity(all as usize));
-            for (name, &n) in cold.iter().zip(&s.counts) {
-                let t = txn.open_table(def(name)).expect("t");
-                let mut f = Bloom::with_capacity(n as usize);
-                for e in t.iter().expect("iter") {
-                    let (k, _) = e.expect("entry");
-                    let h = key_hash(k.value());
+            for i in 0..cold {
+                let mut f = Bloom::with_capacity(s.counts[i] as usize);
+                s.scan_keys(&txn, i, |k| {
+                    let h = key_hash(k);
                     f.insert(h);
                     if let Some(c) = &mut combined {
                         c.insert(h);
                     }
-                }
+                });
                 s.filters.push(f);
             }
             s.combined = combined;
@@ -371,19 +468,57 @@ impl Store {
     /// every older key and each replay reads the hot table first.
     fn rebuild_hot_filter(&mut self, capacity: u64) {
         let txn = self.db.begin_read().expect("txn");
-        let t = txn.open_table(def(self.hot_name())).expect("t");
         let mut f = Bloom::with_capacity(capacity as usize);
         let mut n = 0;
-        for e in t.iter().expect("iter") {
-            let (k, _) = e.expect("entry");
-            f.insert(key_hash(k.value()));
+        self.scan_keys(&txn, self.parts.len() - 1, |k| {
+            f.insert(key_hash(k));
             n += 1;
-        }
+        });
         (self.hot_filter, self.hot_keys, self.hot_capacity) = (f, n, capacity);
     }
 
-    fn hot_name(&self) -> &str {
-        &self.parts[self.parts.len() - 1]
+    /// Calls `f` with every record key of partition (or table) `parts[i]`,
+    /// in key order: a table's keys, or (`prefixed`) its key range's keys
+    /// with the prefix stripped.
+    fn scan_keys(&self, txn: &redb::ReadTransaction, i: usize, mut f: impl FnMut(&[u8])) {
+        let t = txn.open_table(def(self.table_of(i))).expect("t");
+        let iter = if self.layout == Layout::Prefixed {
+            let (lo, hi) = range_of(self.ids[i]);
+            t.range(lo.as_slice()..hi.as_slice()).expect("range")
+        } else {
+            t.iter().expect("iter")
+        };
+        for e in iter {
+            let (k, _) = e.expect("entry");
+            f(self.record_key_of(k.value()));
+        }
+    }
+
+    /// The table that holds partition (or table) `parts[i]`.
+    fn table_of(&self, i: usize) -> &str {
+        if self.layout == Layout::Prefixed {
+            PREFIXED_NAME
+        } else {
+            &self.parts[i]
+        }
+    }
+
+    /// The key record key `k` is stored under in `parts[i]`'s table.
+    fn stored_key<'k>(&self, i: usize, k: &'k [u8]) -> Cow<'k, [u8]> {
+        if self.layout == Layout::Prefixed {
+            Cow::Owned(prefixed(self.ids[i], k))
+        } else {
+            Cow::Borrowed(k)
+        }
+    }
+
+    /// The record key of a key stored in a record table.
+    fn record_key_of<'k>(&self, stored: &'k [u8]) -> &'k [u8] {
+        if self.layout == Layout::Prefixed {
+            record_key(stored)
+        } else {
+            stored
+        }
     }
 
     /// One group commit: BATCH begins and the previous BATCH completes.
@@ -415,32 +550,43 @@ impl Store {
                     rec.insert(k.as_slice(), done_v.as_slice()).expect("i");
                 }
             } else {
-                let hot = self.hot_name().to_string();
-                let mut rec = txn.open_table(def(&hot)).expect("t");
+                let hot = self.parts.len() - 1;
+                let hot_table = self.table_of(hot).to_string();
+                let mut rec = txn.open_table(def(&hot_table)).expect("t");
                 for k in &begins {
-                    assert!(rec.get(k.as_slice()).expect("get").is_none());
+                    let hk = self.stored_key(hot, k);
+                    assert!(rec.get(&*hk).expect("get").is_none());
                     let h = key_hash(k);
                     self.fresh_begins += 1;
                     if self.combined.as_ref().is_some_and(|c| c.maybe(h)) {
                         self.combined_maybes += 1;
                     }
-                    let cold = &self.parts[..self.parts.len() - 1];
-                    for (name, f) in cold.iter().zip(&self.filters).rev() {
+                    for (i, f) in self.filters.iter().enumerate().rev() {
                         if f.maybe(h) {
                             self.cold_reads += 1;
-                            let t = txn.open_table(def(name)).expect("t");
-                            assert!(t.get(k.as_slice()).expect("get").is_none());
+                            let ck = self.stored_key(i, k);
+                            // Prefixed: the same table, already open.
+                            let absent = if self.layout == Layout::Prefixed {
+                                rec.get(&*ck).expect("get").is_none()
+                            } else {
+                                let t = txn.open_table(def(self.table_of(i))).expect("t");
+                                // Bound first: the guard must drop before `t`.
+                                let absent = t.get(&*ck).expect("get").is_none();
+                                absent
+                            };
+                            assert!(absent);
                         }
                     }
                     self.hot_filter.insert(h);
                     self.hot_keys += 1;
                     leases.insert((NOW + 30_000, k.as_slice()), ()).expect("i");
-                    rec.insert(k.as_slice(), proc_v.as_slice()).expect("i");
+                    rec.insert(&*hk, proc_v.as_slice()).expect("i");
                 }
                 for k in &self.pending {
-                    assert!(rec.get(k.as_slice()).expect("get").is_some());
+                    let hk = self.stored_key(hot, k);
+                    assert!(rec.get(&*hk).expect("get").is_some());
                     leases.remove((NOW + 30_000, k.as_slice())).expect("r");
-                    rec.insert(k.as_slice(), done_v.as_slice()).expect("i");
+                    rec.insert(&*hk, done_v.as_slice()).expect("i");
                 }
             }
         }
@@ -478,8 +624,17 @@ impl Store {
 
     /// A replay's read, as the prototype did it: a read transaction and a
     /// table opened by name per table read.
+    /// (Prefixed: its one table opened once per lookup, before the
+    /// first read.)
     fn lookup(&self, k: &[u8]) -> (Vec<u8>, u32) {
         let txn = self.db.begin_read().expect("txn");
+        if self.layout == Layout::Prefixed {
+            let t = txn.open_table(PREFIXED).expect("t");
+            return self.find(k, |i| {
+                let sk = self.stored_key(i, k);
+                t.get(&*sk).expect("get").map(|v| v.value().to_vec())
+            });
+        }
         self.find(k, |i| {
             let t = txn.open_table(def(&self.parts[i])).expect("t");
             t.get(k).expect("get").map(|v| v.value().to_vec())
@@ -488,18 +643,26 @@ impl Store {
 
     fn reader(&self) -> Reader {
         let txn = self.db.begin_read().expect("txn");
-        let tables = self
-            .parts
-            .iter()
-            .map(|p| txn.open_table(def(p)).expect("t"))
-            .collect();
+        let tables = if self.layout == Layout::Prefixed {
+            vec![txn.open_table(PREFIXED).expect("t")]
+        } else {
+            self.parts
+                .iter()
+                .map(|p| txn.open_table(def(p)).expect("t"))
+                .collect()
+        };
         Reader { _txn: txn, tables }
     }
 
     /// A replay's read through tables already open (`reader`).
     fn lookup_in(&self, r: &Reader, k: &[u8]) -> (Vec<u8>, u32) {
+        let one = self.layout == Layout::Prefixed;
         self.find(k, |i| {
-            r.tables[i].get(k).expect("get").map(|v| v.value().to_vec())
+            let sk = self.stored_key(i, k);
+            r.tables[if one { 0 } else { i }]
+                .get(&*sk)
+                .expect("get")
+                .map(|v| v.value().to_vec())
         })
     }
 
@@ -517,55 +680,114 @@ impl Store {
 
     /// Expires the oldest interval (for `merged`, the oldest merged table:
     /// `group` intervals); returns (records, seconds, seconds of the first
-    /// group commit after it).
-    fn expire(&mut self) -> (u64, f64, f64) {
+    /// group commit after it, write transactions, seconds of the longest).
+    /// `Durable`: every transaction a durable commit (the single table's
+    /// sweep of 512, the drop, the prefixed range's steps of 512); `Lazy`:
+    /// the same with `Durability::None` and one durable commit at the end
+    /// (counted in the time), the engine's journal regime; `Stepped`: as
+    /// `Lazy`, but a table is emptied in key order in steps of 512 before
+    /// its (then empty) drop, as format 3 plans to bound a drop's stall.
+    fn expire(&mut self, mode: Expiry) -> (u64, f64, f64, u64, f64) {
+        let durable = mode == Expiry::Durable;
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
         let start = Instant::now();
         let n = if self.layout == Layout::Single {
-            self.plan[0]
+            self.plan[self.expired]
         } else {
             self.counts[0]
         };
-        if self.layout == Layout::Single {
-            let cutoff = NOW + TTL_MS;
-            let mut left = n;
-            while left > 0 {
-                let mut txn = self.db.begin_write().expect("txn");
-                txn.set_durability(Durability::Immediate).expect("d");
-                {
-                    let mut exp = txn.open_table(EXPIRY).expect("t");
-                    let mut rec = txn.open_table(RECORDS).expect("t");
-                    let keys: Vec<(u64, Vec<u8>)> = exp
-                        .range(..=(cutoff, &[0xffu8; 64][..]))
-                        .expect("range")
-                        .take(SWEEP_TXN)
-                        .map(|e| {
-                            let (k, _) = e.expect("entry");
-                            let (t, rk) = k.value();
-                            (t, rk.to_vec())
-                        })
-                        .collect();
-                    assert!(!keys.is_empty(), "expiry index ran out");
-                    for (t, rk) in &keys {
-                        exp.remove((*t, rk.as_slice())).expect("r");
-                        rec.remove(rk.as_slice()).expect("r");
+        let (mut steps, mut longest) = (0u64, Duration::ZERO);
+        match self.layout {
+            Layout::Single => {
+                let interval = TTL_MS / self.plan.len() as u64;
+                let cutoff = NOW + self.expired as u64 * interval + TTL_MS;
+                let mut left = n;
+                while left > 0 {
+                    let t0 = Instant::now();
+                    let mut txn = self.db.begin_write().expect("txn");
+                    txn.set_durability(durability).expect("d");
+                    {
+                        let mut exp = txn.open_table(EXPIRY).expect("t");
+                        let mut rec = txn.open_table(RECORDS).expect("t");
+                        let keys: Vec<(u64, Vec<u8>)> = exp
+                            .range(..=(cutoff, &[0xffu8; 64][..]))
+                            .expect("range")
+                            .take(SWEEP_TXN.min(left as usize))
+                            .map(|e| {
+                                let (k, _) = e.expect("entry");
+                                let (t, rk) = k.value();
+                                (t, rk.to_vec())
+                            })
+                            .collect();
+                        assert!(!keys.is_empty(), "expiry index ran out");
+                        for (t, rk) in &keys {
+                            exp.remove((*t, rk.as_slice())).expect("r");
+                            rec.remove(rk.as_slice()).expect("r");
+                        }
+                        left -= keys.len() as u64;
                     }
-                    left -= keys.len() as u64;
+                    txn.commit().expect("commit");
+                    steps += 1;
+                    longest = longest.max(t0.elapsed());
                 }
-                txn.commit().expect("commit");
             }
-        } else {
-            let mut txn = self.db.begin_write().expect("txn");
-            txn.set_durability(Durability::Immediate).expect("d");
-            assert!(txn.delete_table(def(&self.parts[0])).expect("delete"));
-            txn.commit().expect("commit");
+            Layout::Prefixed => {
+                let (lo, hi) = range_of(self.ids[0]);
+                let e = empty_range(
+                    &self.db,
+                    PREFIXED_NAME,
+                    bounds(&lo, &hi),
+                    n,
+                    SWEEP_TXN,
+                    durable,
+                );
+                assert_eq!(e.records, n);
+                (steps, longest) = (e.transactions, e.longest);
+            }
+            Layout::Partitioned | Layout::Merged => {
+                if mode == Expiry::Stepped {
+                    let all = (Bound::Unbounded, Bound::Unbounded);
+                    let e = empty_range(&self.db, &self.parts[0], all, n, SWEEP_TXN, false);
+                    assert_eq!(e.records, n);
+                    (steps, longest) = (e.transactions, e.longest);
+                }
+                let t0 = Instant::now();
+                let mut txn = self.db.begin_write().expect("txn");
+                txn.set_durability(durability).expect("d");
+                assert!(txn.delete_table(def(&self.parts[0])).expect("delete"));
+                txn.commit().expect("commit");
+                steps += 1;
+                longest = longest.max(t0.elapsed());
+            }
+        }
+        if !durable {
+            self.db
+                .begin_write()
+                .expect("txn")
+                .commit()
+                .expect("commit");
+        }
+        if self.layout != Layout::Single {
             self.parts.remove(0);
             self.counts.remove(0);
             self.filters.remove(0);
+            self.ids.remove(0);
         }
+        self.expired += 1;
         let took = start.elapsed().as_secs_f64();
         let t = Instant::now();
         self.group_commit(Durability::Immediate);
-        (n, took, t.elapsed().as_secs_f64())
+        (
+            n,
+            took,
+            t.elapsed().as_secs_f64(),
+            steps,
+            longest.as_secs_f64(),
+        )
     }
 
     /// File size, records, stored count, peak RSS MiB, filter bytes, and
@@ -576,12 +798,22 @@ impl Store {
         let stored = self.next + self.pending.len() as u64;
         // [all tables, cold tables only]: records, pages, leaf pages, bytes
         // stored in leaves.
+        // Prefixed: one table, whose sealed ranges redb's stats cannot
+        // tell apart, so its "cold" columns are the whole table (as single).
         let mut acc = [[0u64; 4]; 2];
+        let mut height = 0;
         let txn = self.db.begin_read().expect("txn");
-        let hot = self.parts.len() - 1;
-        for (i, p) in self.parts.iter().enumerate() {
+        let one = [PREFIXED_NAME.to_string()];
+        let names = if self.layout == Layout::Prefixed {
+            &one[..]
+        } else {
+            &self.parts[..]
+        };
+        let hot = names.len() - 1;
+        for (i, p) in names.iter().enumerate() {
             let t = txn.open_table(def(p)).expect("t");
             let st = t.stats().expect("stats");
+            height = height.max(st.tree_height());
             let row = [
                 t.len().expect("len"),
                 st.leaf_pages() + st.branch_pages(),
@@ -589,7 +821,7 @@ impl Store {
                 st.stored_bytes(),
             ];
             for (w, a) in acc.iter_mut().enumerate() {
-                if w == 0 || i < hot || self.layout == Layout::Single {
+                if w == 0 || i < hot || matches!(self.layout, Layout::Single | Layout::Prefixed) {
                     a.iter_mut().zip(row).for_each(|(a, r)| *a += r);
                 }
             }
@@ -597,7 +829,7 @@ impl Store {
         let filters: usize = self.filters.iter().map(Bloom::bytes).sum();
         let [[rec, pages, leaf_pages, used], [crec, cpages, cleaf, cused]] = acc;
         format!(
-            "{size} {rec} {stored} {} {filters} {pages} {leaf_pages} {used} {crec} {cpages} {cleaf} {cused}",
+            "{size} {rec} {stored} {} {filters} {pages} {leaf_pages} {used} {crec} {cpages} {cleaf} {cused} {height}",
             vm_hwm_mib()
         )
     }
@@ -739,9 +971,10 @@ fn child(arg: &str) {
                 )
             }
             ["stats"] => s.stats(),
-            ["expire"] => {
-                let (n, took, after) = s.expire();
-                format!("{n} {took} {after}")
+            ["expire", mode] => {
+                let mode = Expiry::parse(mode).expect("expiry mode");
+                let (n, took, after, steps, longest) = s.expire(mode);
+                format!("{n} {took} {after} {steps} {longest}")
             }
             _ => break,
         };
@@ -827,8 +1060,15 @@ fn med(v: &[f64]) -> f64 {
     common::quantile(&mut v.to_vec(), 0.5)
 }
 
-/// The layouts to run (`IDEMPOTENCY_BENCH_LAYOUTS`, comma-separated; all
-/// three by default). `single` is always kept: it is every ratio's base.
+/// The indexes of `partitioned` and `prefixed` in `layouts`, if both run.
+fn pair(layouts: &[Layout]) -> Option<(usize, usize)> {
+    let at = |l| layouts.iter().position(|&x| x == l);
+    Some((at(Layout::Partitioned)?, at(Layout::Prefixed)?))
+}
+
+/// The layouts to run (`IDEMPOTENCY_BENCH_LAYOUTS`, comma-separated:
+/// `partitioned`, `merged`, `prefixed`; all three by default). `single` is
+/// always kept: it is every ratio's base.
 fn layouts() -> Vec<Layout> {
     let mut v = vec![Layout::Single];
     match std::env::var("IDEMPOTENCY_BENCH_LAYOUTS") {
@@ -837,7 +1077,7 @@ fn layouts() -> Vec<Layout> {
                 .filter_map(Layout::parse)
                 .filter(|&l| l != Layout::Single),
         ),
-        Err(_) => v.extend([Layout::Partitioned, Layout::Merged]),
+        Err(_) => v.extend([Layout::Partitioned, Layout::Merged, Layout::Prefixed]),
     }
     v
 }
@@ -942,6 +1182,25 @@ fn run() {
                 }
             }
         }
+        // The prefixed layout against the partitioned one, when both run.
+        if let Some((pi, xi)) = pair(&layouts) {
+            for (z, lab) in [(1, &ll), (0, &sl)] {
+                report(
+                    &format!("{what}: prefixed vs partitioned, {lab}"),
+                    "req/s",
+                    &rate[z][xi],
+                    &rate[z][pi],
+                );
+            }
+            report(
+                &format!(
+                    "bytes written per request ({mode}, wchar): prefixed vs partitioned, {ll}"
+                ),
+                "B/req",
+                &wchar[1][xi],
+                &wchar[1][pi],
+            );
+        }
         for z in 0..2 {
             for (i, s) in h[z].iter().enumerate() {
                 let Some(s) = s else { continue };
@@ -987,13 +1246,14 @@ fn run() {
     for s in h.iter_mut().flatten().flatten() {
         let v = s.ask("stats");
         println!(
-            "LAYOUT {}: file {:.0} MiB, {:.0} bytes per record ({} records, encoded value {COMPLETED_BYTES} B + 57 B key); record tables' pages {:.0} B per record, leaves {:.0}% full; of which cold tables (sealed, not written since the preload; single: the whole table) {:.0} B per record, leaves {:.0}% full ({} records); peak RSS {:.0} MiB (VmHWM; redb cache {} MiB), filters {:.1} MiB",
+            "LAYOUT {}: file {:.0} MiB, {:.0} bytes per record ({} records, encoded value {COMPLETED_BYTES} B + 57 B key); record tables' pages {:.0} B per record, leaves {:.0}% full, tree height ≤ {}; of which cold tables (sealed, not written since the preload; single and prefixed: the whole table) {:.0} B per record, leaves {:.0}% full ({} records); peak RSS {:.0} MiB (VmHWM; redb cache {} MiB), filters {:.1} MiB",
             s.name,
             v[0] / (1 << 20) as f64,
             v[0] / v[1],
             v[1],
             v[5] * 4096.0 / v[1],
             100.0 * v[7] / (v[6] * 4096.0).max(1.0),
+            v[12],
             v[9] * 4096.0 / v[8].max(1.0),
             100.0 * v[11] / (v[10] * 4096.0).max(1.0),
             v[8],
@@ -1002,20 +1262,31 @@ fn run() {
             v[4] / (1 << 20) as f64
         );
     }
-    for s in h.iter_mut().flatten().flatten() {
-        let v = s.ask("expire");
-        let what = match s.layout {
-            Layout::Merged => format!("the oldest merged table ({group} intervals)"),
-            _ => "the oldest interval".to_string(),
-        };
-        println!(
-            "EXPIRE {}: {} records of {what} in {:.3}s ({:.1} µs per record), next group commit {:.1} ms",
-            s.name,
-            v[0],
-            v[1],
-            v[1] * 1e6 / v[0].max(1.0),
-            v[2] * 1e3
-        );
+    // Three times, an interval each (`Expiry`).
+    for mode in ["durable", "lazy", "stepped"] {
+        for s in h.iter_mut().flatten().flatten() {
+            let v = s.ask(&format!("expire {mode}"));
+            let what = match s.layout {
+                Layout::Merged => format!("the oldest merged table ({group} intervals)"),
+                _ => "the oldest interval".to_string(),
+            };
+            let how = match (s.layout, mode) {
+                (Layout::Single, _) => "per record through the expiry index",
+                (Layout::Prefixed, _) => "its key range deleted in key order",
+                (_, "stepped") => "its table emptied in key order, then dropped",
+                _ => "one table dropped",
+            };
+            println!(
+                "EXPIRE {mode} {}: {} records of {what}, {how}, in {:.3}s ({:.1} µs per record), {} write transactions, longest {:.1} ms; next group commit {:.1} ms",
+                s.name,
+                v[0],
+                v[1],
+                v[1] * 1e6 / v[0].max(1.0),
+                v[3],
+                v[4] * 1e3,
+                v[2] * 1e3
+            );
+        }
     }
     for mut s in h.into_iter().flatten().flatten() {
         drop(s.stdin);
@@ -1055,6 +1326,18 @@ fn lookups(
                 }
             }
             let size = label(sizes[z]);
+            if let Some((pi, xi)) = pair(layouts) {
+                for (c, open) in ["each", "cached"].iter().enumerate() {
+                    report(
+                        &format!(
+                            "point lookup ({mode} keys): prefixed vs partitioned {size}, both with tables opened {open}"
+                        ),
+                        "lookups/s",
+                        &got[xi][c],
+                        &got[pi][c],
+                    );
+                }
+            }
             for (i, l) in layouts.iter().enumerate() {
                 for (c, open) in ["each", "cached"].iter().enumerate() {
                     if i == b && c == 0 {

@@ -90,6 +90,8 @@ enum Store {
         // Kept for its Drop: the directory goes with the harness.
         _dir: tempfile::TempDir,
         path: PathBuf,
+        /// Created in format 3 (`EngineBuilder::unstable_format_3`).
+        format3: bool,
     },
     Postgres {
         url: String,
@@ -131,7 +133,11 @@ impl Harness {
             Backend::Redb => {
                 let dir = tempfile::tempdir().expect("a temp dir for the redb file");
                 let path = dir.path().join("idem.redb");
-                Store::Redb { _dir: dir, path }
+                Store::Redb {
+                    _dir: dir,
+                    path,
+                    format3: false,
+                }
             }
             Backend::Postgres => Store::Postgres {
                 url: pg_url()?,
@@ -149,9 +155,22 @@ impl Harness {
         })
     }
 
-    /// Another fresh store on the same backend.
+    /// A fresh redb store created in format 3 (time-partitioned records,
+    /// issue 26), which the suite runs as `<name>::redb_format3`.
+    pub fn format3() -> Harness {
+        let mut h = Harness::new(Backend::Redb).expect("redb is always there");
+        if let Store::Redb { format3, .. } = &mut h.store {
+            *format3 = true;
+        }
+        h
+    }
+
+    /// Another fresh store on the same backend (and format).
     pub fn another(&self) -> Harness {
-        let mut h = Harness::new(self.backend).expect("the backend was available a moment ago");
+        let mut h = match &self.store {
+            Store::Redb { format3: true, .. } => Harness::format3(),
+            _ => Harness::new(self.backend).expect("the backend was available a moment ago"),
+        };
         h.database_clock = self.database_clock;
         h
     }
@@ -218,6 +237,11 @@ impl Harness {
     /// redb, drop the previous engine first (the file is locked).
     pub fn open(&self, builder: EngineBuilder) -> Result<Engine, OpenError> {
         match &self.store {
+            Store::Redb {
+                path,
+                format3: true,
+                ..
+            } => builder.unstable_format_3().open(path),
             Store::Redb { path, .. } => builder.open(path),
             Store::Postgres { url, prefix } => builder
                 .table_prefix(prefix.as_str())
@@ -364,6 +388,11 @@ impl Ledger {
     }
 }
 
+/// Runs `body` on a fresh redb store in format 3.
+pub fn run_format3(body: fn(&Harness) -> TestResult) -> TestResult {
+    body(&Harness::format3())
+}
+
 /// Runs `body` on a fresh store of `backend`; a skipped PostgreSQL run
 /// passes.
 pub fn run(backend: Backend, body: fn(&Harness) -> TestResult) -> TestResult {
@@ -374,8 +403,9 @@ pub fn run(backend: Backend, body: fn(&Harness) -> TestResult) -> TestResult {
 }
 
 /// `fn name(h: &Harness) -> TestResult { .. }` becomes a module `name` with
-/// the tests `name::redb`, `name::postgres` and `name::redis`, all running
-/// the same body.
+/// the tests `name::redb`, `name::redb_format3` (a redb file created in
+/// format 3, while it is built), `name::postgres` and `name::redis`, all
+/// running the same body.
 macro_rules! both_backends {
     ($(#[$meta:meta])* fn $name:ident($h:ident: &Harness) -> TestResult $body:block) => {
         $(#[$meta])*
@@ -388,6 +418,11 @@ macro_rules! both_backends {
             #[test]
             fn redb() -> TestResult {
                 run(Backend::Redb, body)
+            }
+
+            #[test]
+            fn redb_format3() -> TestResult {
+                run_format3(body)
             }
 
             #[test]

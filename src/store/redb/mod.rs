@@ -5,14 +5,14 @@
 pub(crate) mod fixture;
 mod job;
 mod journal;
+mod layout;
+#[cfg(test)]
+mod layout_reads_tests;
 mod local;
 mod meta;
 mod open;
 mod orphans;
 mod overlay;
-// Format 3 (issue 26) is built in steps: until an open creates format-3
-// files, only the tests reach all of it (docs/format3-plan.md).
-#[cfg_attr(not(test), allow(dead_code))]
 mod partition;
 #[cfg(test)]
 mod partitioned_tables_tests;
@@ -69,6 +69,7 @@ pub(crate) use self::salvage::salvage;
 
 use self::job::Call;
 use self::journal::JournalStorage;
+use self::layout::Layout;
 use self::overlay::Overlay;
 use self::reserve::Reserve;
 use self::snapshot::Snapshots;
@@ -507,7 +508,7 @@ impl RedbStore {
                 Ok(old) => close_database(old),
                 Err(old) => {
                     live.db = Some(old);
-                    live.reads = Arc::new(Snapshots::default());
+                    live.reads = Arc::new(Snapshots::new(live.reads.layout().clone()));
                     return poisoned();
                 }
             }
@@ -545,7 +546,7 @@ impl RedbStore {
                             // never goes stale.
                             live.db = Some(Arc::new(view));
                             live.overlay = Arc::new(Overlay::default());
-                            live.reads = Arc::new(Snapshots::default());
+                            live.reads = Arc::new(Snapshots::new(live.reads.layout().clone()));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "no read view either; reads fail until a reopen works");
@@ -663,12 +664,15 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
-    let overlay = Arc::new(if catalog.is_some() {
-        Overlay::partitioned()
-    } else {
-        Overlay::default()
-    });
-    let reads = Arc::new(Snapshots::default());
+    let (overlay, layout) = match &catalog {
+        Some(catalog) => (
+            Overlay::partitioned(),
+            Layout::Partitioned(catalog.filters().clone()),
+        ),
+        None => (Overlay::default(), Layout::Single),
+    };
+    let overlay = Arc::new(overlay);
+    let reads = Arc::new(Snapshots::new(layout));
     let writer = Writer {
         db: db.clone(),
         rx,
@@ -755,17 +759,22 @@ impl Backend for RedbStore {
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         contained("reading the database", || {
-            read::in_doubt(&*self.db()?, limit, now_ms)
+            let (db, reads) = self.committed()?;
+            read::in_doubt(&*db, reads.layout(), limit, now_ms)
         })
     }
 
     fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
-        contained("reading the database", || read::scan(&*self.db()?, visit))
+        contained("reading the database", || {
+            let (db, reads) = self.committed()?;
+            read::scan(&*db, reads.layout(), visit)
+        })
     }
 
     fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         contained("reading the database", || {
-            read::scan_in_key_order(&*self.db()?, visit)
+            let (db, reads) = self.committed()?;
+            read::scan_in_key_order(&*db, reads.layout(), visit)
         })
     }
 
@@ -811,7 +820,10 @@ impl Backend for RedbStore {
     }
 
     fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
-        contained("reading the database", || read::history(&*self.db()?, key))
+        contained("reading the database", || {
+            let (db, reads) = self.committed()?;
+            read::history(&*db, reads.layout(), key)
+        })
     }
 
     fn reserve_step_pending(&self, req: StepRequest) -> Pending<StepRecord> {

@@ -441,6 +441,37 @@ pub(crate) fn open_catalog(
     Ok(Some(catalog))
 }
 
+/// The read layout of a format-3 file opened read-only: its filters'
+/// hasher, and every stored filter that passes its checks (one that does
+/// not is left out: its partition is then read on every lookup, never
+/// skipped; nothing is rebuilt or written).
+///
+/// # Errors
+///
+/// [`OpenError::Corrupt`] naming `path` for a damaged `filter_seed`;
+/// [`OpenError::Storage`] when redb fails.
+pub(crate) fn read_only_layout(
+    db: &impl ReadableDatabase,
+    path: &Path,
+) -> Result<super::layout::Layout, OpenError> {
+    let what = "reading the partitions' filters";
+    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
+        OpenError::Corrupt {
+            path: path.to_path_buf(),
+            what: Corrupted::File,
+            reason: "a format-3 file without its meta table".into(),
+        }
+    })?;
+    let filters = Arc::new(Filters::new(FilterHasher::new(&seed)));
+    let txn = db.begin_read().open_context(what)?;
+    // Without either table, no filter is kept: every partition is read.
+    let (Ok(rows), Ok(stored)) = (txn.open_table(PARTITIONS), txn.open_table(FILTERS)) else {
+        return Ok(super::layout::Layout::Partitioned(filters));
+    };
+    catalog::keep_stored_filters(&rows, &stored, &filters).open_context(what)?;
+    Ok(super::layout::Layout::Partitioned(filters))
+}
+
 /// 16 bytes for a new format-3 file's `filter_seed`: from the operating
 /// system's random source, or (without one) hashed from the time, the
 /// process and `path`. The seed keeps a client from choosing keys that

@@ -65,7 +65,6 @@ impl From<Option<&Value>> for Seen {
 
 impl Overlay {
     /// The overlay of a format-3 file (module docs of `partition/slot.rs`).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn partitioned() -> Overlay {
         Overlay {
             partitioned: true,

@@ -34,6 +34,9 @@ use crate::key::IdempotencyKey;
 use crate::store::record::hex;
 use crate::verify::Damage;
 
+use super::super::partition::catalog;
+use super::super::partition::row::{FILTERS, PARTITIONS};
+use super::super::partition::slot;
 use super::super::tables::{
     ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
 };
@@ -199,7 +202,12 @@ fn locate(path: &Path, offset: u64) -> Result<Vec<OnPage>, redb::Error> {
     let txn = db.begin_read()?;
     let show_index = |k: &(u64, &[u8])| format!("{} {}", k.0, shown(k.1));
     let mut found = Vec::new();
-    let walks: [Option<OnPage>; 9] = [
+    // A slot key (format 3) as `p<partition> scope/key`.
+    let show_slot = |k: &[u8]| match slot::split(k) {
+        Some((p, rkey)) => format!("p{p} {}", shown(rkey)),
+        None => shown(k),
+    };
+    let walks: [Option<OnPage>; 14] = [
         walk(&txn, RECORDS, "records", offset, &reads, |k: &&[u8]| {
             shown(k)
         }),
@@ -226,6 +234,37 @@ fn locate(path: &Path, offset: u64) -> Result<Vec<OnPage>, redb::Error> {
             &reads,
             |k: &(&[u8], u32)| format!("{} #{}", shown(k.0), k.1),
         ),
+        // Format 3's tables (absent from a format-2 file: no walk).
+        walk(
+            &txn,
+            catalog::RECORDS,
+            "records",
+            offset,
+            &reads,
+            |k: &&[u8]| show_slot(k),
+        ),
+        walk(
+            &txn,
+            catalog::STEPS,
+            "steps",
+            offset,
+            &reads,
+            |k: &(&[u8], &str)| format!("{} {:?}", show_slot(k.0), k.1),
+        ),
+        walk(
+            &txn,
+            catalog::HISTORY,
+            "history",
+            offset,
+            &reads,
+            |k: &(&[u8], u32)| format!("{} #{}", show_slot(k.0), k.1),
+        ),
+        walk(&txn, PARTITIONS, "partitions", offset, &reads, |k: &u64| {
+            format!("partition {k}")
+        }),
+        walk(&txn, FILTERS, "filters", offset, &reads, |k: &u64| {
+            format!("partition {k}")
+        }),
     ];
     found.extend(walks.into_iter().flatten());
     drop(txn);

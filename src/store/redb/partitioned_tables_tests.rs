@@ -109,18 +109,23 @@ impl Writer {
         })
     }
 
-    /// One group: seal if due, then `ops`, committed, its frame kept.
+    /// One group as the writer runs it: seal if due, then `ops`,
+    /// committed, the partitions it dropped forgotten, its frame kept.
     fn group<T>(&mut self, ops: impl FnOnce(&mut Tables<'_>) -> R<T>) -> R<T> {
         let txn = self.db.begin_write()?;
-        let (out, seq, changes) = {
+        let (out, seq, changes, dropped) = {
             let mut t =
                 Tables::open_partitioned(&txn, self.seq, self.now, cfg(), &mut self.catalog)?;
             t.keep_changes();
             t.seal_if_due()?;
             let out = ops(&mut t)?;
-            (out, t.seq, t.changes.take().unwrap_or_default())
+            let dropped = t.take_dropped();
+            (out, t.seq, t.changes.take().unwrap_or_default(), dropped)
         };
         txn.commit()?;
+        for p in dropped {
+            self.catalog.dropped(p);
+        }
         self.seq = seq;
         self.frames.push(Frame {
             next_token: seq.token,
@@ -407,4 +412,47 @@ fn verify_names_a_filter_that_passes_its_checks_but_misses_a_key() -> R<()> {
         "{text:?}"
     );
     Ok(())
+}
+
+#[test]
+fn a_sealed_partition_is_dropped_with_its_last_record() -> R<()> {
+    let mut w = twenty()?;
+    w.now += 86_400_000 + 1;
+    let swept = w.group(|t| Ok(t.sweep(100).map_err(|e| format!("{e:?}"))?))?;
+    assert_eq!(swept.deleted, 20);
+    // The hot partition (3) was sealed before the sweep, as it was due;
+    // every sealed partition lost its last record: only the new hot one
+    // is left, in the file, the catalog and the journal's replay.
+    let txn = w.db.begin_read()?;
+    let rows: Vec<u64> = txn
+        .open_table(PARTITIONS)?
+        .iter()?
+        .map(|e| e.map(|(k, _)| k.value()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(rows, [4]);
+    assert_eq!(txn.open_table(FILTERS)?.iter()?.count(), 0);
+    drop(txn);
+    let live: Vec<u64> = w.catalog.probes().iter().map(|p| p.partition).collect();
+    assert_eq!(live, [4]);
+    assert_eq!(damage_of(&w.db)?, []);
+    let replayed = mem()?;
+    let txn = replayed.begin_write()?;
+    {
+        let mut meta = txn.open_table(super::tables::META)?;
+        super::meta::create_format_3(&mut meta, SEED)?;
+    }
+    for frame in &w.frames {
+        apply(&txn, frame, true).map_err(|e| format!("{e:?}"))?;
+    }
+    txn.commit()?;
+    assert_eq!(dump(&replayed, PARTITIONS)?, dump(&w.db, PARTITIONS)?);
+    assert_eq!(
+        dump(&replayed, catalog::RECORDS)?,
+        dump(&w.db, catalog::RECORDS)?
+    );
+    Ok(())
+}
+
+fn damage_of(db: &Database) -> R<Vec<crate::verify::Damage>> {
+    Ok(super::verify::verify(db)?.0)
 }

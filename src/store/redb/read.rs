@@ -1,6 +1,9 @@
 //! Snapshot reads: each sees the last commit and never waits for the
-//! writer. They work on a writable database and on a read-only one alike.
+//! writer. They work on a writable database and on a read-only one alike,
+//! and on both layouts (`layout.rs`): a read that needs a record's key in
+//! its table finds it through the `layout::Lookup` of its own transaction.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -16,7 +19,10 @@ use crate::store::codec;
 use crate::store::record::{EntityState, Record};
 use crate::store::Scanned;
 
+use super::layout::Layout;
 use super::overlay::{Overlay, Seen};
+use super::partition::catalog;
+use super::partition::row::{FILTERS, PARTITIONS};
 use super::snapshot::{Snapshot, Snapshots};
 use super::tables::{
     Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
@@ -67,7 +73,13 @@ pub(super) fn probe_tables(db: &impl ReadableDatabase) -> std::result::Result<()
     probe(&txn, ENTITIES)?;
     probe(&txn, STEPS)?;
     probe(&txn, HISTORY)?;
-    probe(&txn, DEAD_LETTERS)
+    probe(&txn, DEAD_LETTERS)?;
+    // Format 3's.
+    probe(&txn, catalog::RECORDS)?;
+    probe(&txn, catalog::STEPS)?;
+    probe(&txn, catalog::HISTORY)?;
+    probe(&txn, PARTITIONS)?;
+    probe(&txn, FILTERS)
 }
 
 /// `key`'s record as of the last commit, unless an acknowledged write not
@@ -106,7 +118,8 @@ pub(super) fn entity_seen(
 /// `key`'s effect steps in name order, as seen at `now_ms` (a step
 /// Reserved under a claim that no longer runs reads as Unknown), from one
 /// snapshot with its record. A file without the steps table (format 2
-/// before any step) has none.
+/// before any step) has none. In format 3 steps are under the slot key of
+/// their record's partition: a key without a record has none.
 pub(super) fn steps(
     snapshot: &Snapshot,
     key: &IdempotencyKey,
@@ -117,22 +130,26 @@ pub(super) fn steps(
     let Some(table) = snapshot.steps(what)? else {
         return Ok(Vec::new());
     };
-    let record = snapshot
-        .records()
-        .get(rkey)
-        .context(what)?
-        .map(|v| decode_record(key, rkey, v.value()))
-        .transpose()?;
+    let (slot, record) = match snapshot.find(rkey, what)? {
+        Some(found) => (
+            found.slot,
+            Some(decode_record(key, rkey, found.value.value())?),
+        ),
+        None => match snapshot.slot_without_record(rkey) {
+            Some(slot) => (slot, None),
+            None => return Ok(Vec::new()),
+        },
+    };
     let claim = record.map(|r| {
         let live =
             r.state == crate::store::record::RecordState::Processing && r.lease_until_ms > now_ms;
         (r.token, live)
     });
     let mut out = Vec::new();
-    for entry in table.range((rkey, "")..).context(what)? {
+    for entry in table.range((&*slot, "")..).context(what)? {
         let (k, v) = entry.context(what)?;
         let (at, name) = k.value();
-        if at != rkey {
+        if at != &*slot {
             break;
         }
         let step = codec::decode_step(rkey, name, v.value()).map_err(|e| Error::Corrupt {
@@ -148,21 +165,27 @@ pub(super) fn steps(
 }
 
 /// `key`'s evidence log, oldest first (empty in a file without the
-/// history table).
+/// history table). In format 3 the log is under the slot key of its
+/// record's partition: a key without a record has none.
 pub(super) fn history(
     db: &impl ReadableDatabase,
+    layout: &Layout,
     key: &IdempotencyKey,
 ) -> Result<Vec<HistoryRecord>> {
     let what = "reading the evidence log";
     let rkey = key.record_key();
     let txn = db.begin_read().context(what)?;
-    let table = match txn.open_table(HISTORY) {
+    let table = match txn.open_table(layout.history()) {
         Ok(table) => table,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
         Err(e) => return Err(e).context(what),
     };
+    let Some(slot) = slot_in(&txn, layout, rkey, what)? else {
+        return Ok(Vec::new());
+    };
+    let slot = &*slot;
     let mut out = Vec::new();
-    for entry in table.range((rkey, 0)..=(rkey, u32::MAX)).context(what)? {
+    for entry in table.range((slot, 0)..=(slot, u32::MAX)).context(what)? {
         let (k, v) = entry.context(what)?;
         let seq = k.value().1;
         let e = codec::decode_history(rkey, seq, v.value()).map_err(|e| Error::Corrupt {
@@ -175,6 +198,30 @@ pub(super) fn history(
         out.push(e);
     }
     Ok(out)
+}
+
+/// The key `rkey`'s record, steps and log are stored under in `txn`: the
+/// record key itself in format 2 (record or not); in format 3 the slot key
+/// of the partition holding its record, `None` without one.
+fn slot_in<'k>(
+    txn: &redb::ReadTransaction,
+    layout: &Layout,
+    rkey: &'k [u8],
+    what: &'static str,
+) -> Result<Option<Cow<'k, [u8]>>> {
+    let lookup = layout.lookup(txn).context(what)?;
+    if let Some(slot) = lookup.slot_without_record(rkey) {
+        return Ok(Some(slot));
+    }
+    let records = match txn.open_table(layout.records()) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e).context(what),
+    };
+    Ok(lookup
+        .find(&records, rkey)
+        .context(what)?
+        .map(|found| found.slot))
 }
 
 /// `key`'s record in `snapshot` (no overlay: a read-only database has
@@ -190,9 +237,9 @@ pub(super) const READING_AN_ENTITY: &str = "reading an entity";
 
 /// `key`'s record, stored under `rkey` (its record key).
 fn record_at(snapshot: &Snapshot, key: &IdempotencyKey, rkey: &[u8]) -> Result<Option<Record>> {
-    let value = snapshot.records().get(rkey).context(READING_A_RECORD)?;
-    value
-        .map(|v| decode_record(key, rkey, v.value()))
+    snapshot
+        .find(rkey, READING_A_RECORD)?
+        .map(|found| decode_record(key, rkey, found.value.value()))
         .transpose()
 }
 
@@ -201,15 +248,19 @@ fn record_at(snapshot: &Snapshot, key: &IdempotencyKey, rkey: &[u8]) -> Result<O
 /// them yet), oldest first by the instant they came into doubt.
 pub(super) fn in_doubt(
     db: &impl ReadableDatabase,
+    layout: &Layout,
     limit: usize,
     now_ms: u64,
 ) -> Result<Vec<(IdempotencyKey, Record)>> {
     let what = "reading the recovery queue";
-    // One snapshot for all tables, so every queue entry has its record.
+    // One snapshot for all tables, so every queue entry has its record
+    // (index entries hold record keys: found through this snapshot's
+    // partitions in format 3).
     let txn = db.begin_read().context(what)?;
     let queue = txn.open_table(RECOVERY).context(what)?;
     let leases = txn.open_table(LEASES).context(what)?;
-    let records = txn.open_table(RECORDS).context(what)?;
+    let records = txn.open_table(layout.records()).context(what)?;
+    let lookup = layout.lookup(&txn).context(what)?;
     let mut found: Vec<(u64, IdempotencyKey, Record)> = Vec::new();
     let stale = leases
         .range(..(now_ms.saturating_add(1), &[][..]))
@@ -225,12 +276,12 @@ pub(super) fn in_doubt(
             let Some(key) = IdempotencyKey::from_record_key(rkey) else {
                 continue;
             };
-            let Some(v) = records.get(rkey).context(what)? else {
+            let Some(stored) = lookup.find(&records, rkey).context(what)? else {
                 continue;
             };
             // One corrupt record must not hide the rest of the queue;
             // listings show it with its error.
-            match decode_record(&key, rkey, v.value()) {
+            match decode_record(&key, rkey, stored.value.value()) {
                 Ok(rec) if in_doubt || rec.lease_until_ms <= now_ms => {
                     taken += 1;
                     found.push((since, key, rec));
@@ -245,78 +296,136 @@ pub(super) fn in_doubt(
     Ok(found.into_iter().map(|(_, key, rec)| (key, rec)).collect())
 }
 
-/// Every record in (scope, key) byte order, the order PostgreSQL's
-/// primary key lists them in, so a listing is the same on every backend.
-/// A record key starts with its scope's length (`key::record_key`), so the
-/// table holds one run per scope length, each in (scope, key) order: the
-/// runs are merged. Stops when `visit` returns false.
-/// Every record in the table's order, (scope length, scope, key), until
-/// `visit` returns false.
+/// Every record in the table's order ((scope length, scope, key) in
+/// format 2; by partition, then that, in format 3), until `visit` returns
+/// false. A key of the table that is not a record key (format 3: shorter
+/// than its partition prefix) is damage: it is passed on as raw bytes.
 pub(super) fn scan(
     db: &impl ReadableDatabase,
+    layout: &Layout,
     visit: &mut dyn FnMut(Scanned) -> bool,
 ) -> Result<()> {
     let what = "listing records";
-    let table = table(db, RECORDS, what)?;
+    let table = table(db, layout.records(), what)?;
+    let prefix = layout.prefix_bytes();
     for entry in table.iter().context(what)? {
         let (k, v) = entry.context(what)?;
-        let key = IdempotencyKey::from_record_key(k.value()).ok_or_else(|| k.value().to_vec());
-        if !visit((key, codec::decode(k.value(), v.value()))) {
+        if !visit(scanned(prefix, k.value(), v.value())) {
             break;
         }
     }
     Ok(())
+}
+
+/// A key and value of a records table whose keys carry `prefix` bytes
+/// before the record key, as a scan hands them on.
+fn scanned(prefix: usize, k: &[u8], v: &[u8]) -> Scanned {
+    match k.get(prefix..) {
+        Some(rkey) => (
+            IdempotencyKey::from_record_key(rkey).ok_or_else(|| rkey.to_vec()),
+            codec::decode(rkey, v),
+        ),
+        None => (Err(k.to_vec()), codec::decode(k, v)),
+    }
 }
 
 /// Every record in (scope, key) byte order, the order PostgreSQL's
-/// primary key lists them in, so a listing is the same on every backend.
-/// A record key starts with its scope's length (`key::record_key`), so the
-/// table holds one run per scope length, each in (scope, key) order: the
-/// runs are merged. Stops when `visit` returns false.
+/// primary key lists them in, so a listing is the same on every backend
+/// and in both layouts. A record key starts with its scope's length
+/// (`key::record_key`), so the table holds one run per scope length (per
+/// partition and scope length in format 3), each in (scope, key) order:
+/// the runs that hold keys are found with one seek each, and merged.
+/// Stops when `visit` returns false.
 pub(super) fn scan_in_key_order(
     db: &impl ReadableDatabase,
+    layout: &Layout,
     visit: &mut dyn FnMut(Scanned) -> bool,
 ) -> Result<()> {
     let what = "listing records";
-    let table = table(db, RECORDS, what)?;
-    let mut runs = Vec::new();
-    for len in 0..=u8::MAX {
-        let lo = [len];
-        let run = match len.checked_add(1) {
-            Some(next) => table.range::<&[u8]>(&lo[..]..&[next][..]),
-            None => table.range::<&[u8]>(&lo[..]..),
-        };
-        runs.push(run.context(what)?);
-    }
+    let table = table(db, layout.records(), what)?;
+    let prefix = layout.prefix_bytes();
+    let mut runs = runs(&table, prefix + 1)?;
     let mut heads = BinaryHeap::new();
     for run in 0..runs.len() {
-        push_head(&mut runs, run, &mut heads)?;
+        push_head(&mut runs, run, prefix, &mut heads)?;
     }
-    while let Some((_, run, rkey, value)) = heads.pop() {
-        let key = IdempotencyKey::from_record_key(&rkey).ok_or_else(|| rkey.clone());
-        if !visit((key, codec::decode(&rkey, &value))) {
+    while let Some((_, run, k, value)) = heads.pop() {
+        if !visit(scanned(prefix, &k, &value)) {
             break;
         }
-        push_head(&mut runs, run, &mut heads)?;
+        push_head(&mut runs, run, prefix, &mut heads)?;
     }
     Ok(())
 }
 
-/// The head of a run of [`scan`]: ((scope, key), run, record key, value).
+/// The runs of `table` that hold keys: one per distinct first `run_bytes`
+/// bytes of its keys (the partition prefix, if any, and the scope length),
+/// in key order; a key shorter than that (damage, or format 2's empty key)
+/// is a run of its own.
+fn runs(
+    table: &ReadOnlyTable<&'static [u8], &'static [u8]>,
+    run_bytes: usize,
+) -> Result<Vec<redb::Range<'static, &'static [u8], &'static [u8]>>> {
+    let what = "listing records";
+    let mut runs = Vec::new();
+    let mut from: Vec<u8> = Vec::new();
+    loop {
+        let next = table
+            .range::<&[u8]>(from.as_slice()..)
+            .context(what)?
+            .next()
+            .transpose()
+            .context(what)?;
+        let Some((k, _)) = next else {
+            return Ok(runs);
+        };
+        let k = k.value();
+        if let Some(lo) = k.get(..run_bytes) {
+            let Some(hi) = successor(lo) else {
+                runs.push(table.range::<&[u8]>(lo..).context(what)?);
+                return Ok(runs);
+            };
+            runs.push(table.range::<&[u8]>(lo..hi.as_slice()).context(what)?);
+            from = hi;
+        } else {
+            runs.push(table.range::<&[u8]>(k..=k).context(what)?);
+            from = k.to_vec();
+            from.push(0);
+        }
+    }
+}
+
+/// The smallest byte string above every string that starts with
+/// `prefix`; `None` when there is none (`prefix` is all 0xff).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut out = prefix.to_vec();
+    while let Some(last) = out.pop() {
+        if let Some(next) = last.checked_add(1) {
+            out.push(next);
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// The head of a run of [`scan_in_key_order`]: ((scope, key), run, the
+/// table's key, value).
 type Head = (Reverse<(Vec<u8>, Vec<u8>)>, usize, Vec<u8>, Vec<u8>);
 
-/// Takes the next record of `runs[run]`, if any, into `heads`.
+/// Takes the next record of `runs[run]`, if any, into `heads`; the
+/// table's keys carry `prefix` bytes before the record key.
 fn push_head(
-    runs: &mut [redb::Range<'_, &'static [u8], &'static [u8]>],
+    runs: &mut [redb::Range<'static, &'static [u8], &'static [u8]>],
     run: usize,
+    prefix: usize,
     heads: &mut BinaryHeap<Head>,
 ) -> Result<()> {
     let what = "listing records";
     if let Some(entry) = runs.get_mut(run).and_then(Iterator::next) {
         let (k, v) = entry.context(what)?;
-        let rkey = k.value().to_vec();
-        let order = scope_and_key(&rkey);
-        heads.push((Reverse(order), run, rkey, v.value().to_vec()));
+        let k = k.value();
+        let order = scope_and_key(k.get(prefix..).unwrap_or(k));
+        heads.push((Reverse(order), run, k.to_vec(), v.value().to_vec()));
     }
     Ok(())
 }

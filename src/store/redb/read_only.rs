@@ -13,6 +13,7 @@ use crate::policy::ExpiryPolicy;
 use crate::store::record::{EntityState, Record};
 use crate::store::{Backend, Scanned};
 
+use super::layout::Layout;
 use super::meta::Format;
 use super::meta::{file_format, stored_expiry};
 use super::snapshot::Snapshots;
@@ -86,8 +87,13 @@ impl RedbReader {
                 path: path.to_path_buf(),
             });
         }
+        let layout = if format == super::meta::Format::V3 {
+            super::open::read_only_layout(&db, path)?
+        } else {
+            Layout::Single
+        };
         Ok(RedbReader {
-            reads: Snapshots::default(),
+            reads: Snapshots::new(layout),
             db,
             format,
             path: path.to_path_buf(),
@@ -121,17 +127,19 @@ impl Backend for RedbReader {
 
     fn in_doubt(&self, limit: usize, now_ms: u64) -> Result<Vec<(IdempotencyKey, Record)>> {
         contained("reading the database", || {
-            read::in_doubt(&self.db, limit, now_ms)
+            read::in_doubt(&self.db, self.reads.layout(), limit, now_ms)
         })
     }
 
     fn scan(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
-        contained("reading the database", || read::scan(&self.db, visit))
+        contained("reading the database", || {
+            read::scan(&self.db, self.reads.layout(), visit)
+        })
     }
 
     fn scan_in_key_order(&self, visit: &mut (dyn FnMut(Scanned) -> bool + Send)) -> Result<()> {
         contained("reading the database", || {
-            read::scan_in_key_order(&self.db, visit)
+            read::scan_in_key_order(&self.db, self.reads.layout(), visit)
         })
     }
 
@@ -177,7 +185,9 @@ impl Backend for RedbReader {
     }
 
     fn history(&self, key: &IdempotencyKey) -> Result<Vec<crate::store::HistoryRecord>> {
-        contained("reading the database", || read::history(&self.db, key))
+        contained("reading the database", || {
+            read::history(&self.db, self.reads.layout(), key)
+        })
     }
 
     crate::store::refuse::refuse_writes!();

@@ -24,7 +24,14 @@
 //! Damage: redb panics opening a damaged table definition. Snapshots are
 //! taken on the reader's thread only (inside `contained`), never on the
 //! writer, and not under the lock.
+//!
+//! Layout: a snapshot reads the records of its [`Layout`]. In format 3 it
+//! builds the probes of its partitions once, when it is taken, from the
+//! partition rows of its own read transaction (`partition/catalog.rs`:
+//! never from the writer's list), so a partition sealed or opened by a
+//! later commit does not change what it finds.
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
@@ -32,19 +39,22 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableDatabase};
 
 use crate::error::Result;
 
-use super::tables::{Context, ENTITIES, RECORDS, STEPS};
+use super::layout::{Found, Layout, Lookup, StepsDef};
+use super::tables::{Context, ENTITIES};
 
-/// Record key bytes → encoded record.
+/// Record (format 2) or slot (format 3) key bytes → encoded record.
 type Records = ReadOnlyTable<&'static [u8], &'static [u8]>;
 /// Entity id → encoded state.
 type Entities = ReadOnlyTable<&'static str, &'static [u8]>;
-/// (record key, step name) → encoded step.
+/// (record or slot key, step name) → encoded step.
 type Steps = ReadOnlyTable<(&'static [u8], &'static str), &'static [u8]>;
 
 /// The kept snapshot of one database, and the commit generation it is of.
+/// `Default`: a format-2 file's ([`Layout::Single`]).
 #[derive(Default)]
 pub(super) struct Snapshots {
     state: RwLock<State>,
+    layout: Layout,
 }
 
 #[derive(Default)]
@@ -59,14 +69,28 @@ struct State {
 }
 
 impl Snapshots {
+    /// No snapshot kept yet, of a file laid out as `layout`.
+    pub(super) fn new(layout: Layout) -> Snapshots {
+        Snapshots {
+            state: RwLock::default(),
+            layout,
+        }
+    }
+
+    /// How the file keeps its records (the whole-table reads of `read.rs`
+    /// take it from here).
+    pub(super) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     /// A snapshot that sees every commit announced (see
     /// [`Self::committed`]) before this call: the kept one, or a new one,
     /// kept if no commit was announced meanwhile.
     ///
     /// # Errors
     ///
-    /// `Error::Storage` with context `what` if redb cannot begin a read or
-    /// open the records table.
+    /// `Error::Storage` with context `what` if redb cannot begin a read,
+    /// open the records table or (format 3) read the partition rows.
     pub(super) fn current(
         &self,
         db: &impl ReadableDatabase,
@@ -78,7 +102,7 @@ impl Snapshots {
         };
         // Begun after `generation` was read: it holds every commit counted
         // in it.
-        let fresh = Arc::new(Snapshot::take(db, what)?);
+        let fresh = Arc::new(Snapshot::take(db, &self.layout, what)?);
         self.keep(generation, &fresh);
         Ok(fresh)
     }
@@ -144,32 +168,55 @@ fn release(stale: Option<Arc<Snapshot>>) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(stale)));
 }
 
-/// One read transaction with the records table open; the entities and
-/// steps tables are opened in it on first use.
+/// One read transaction with the records table open (and, in format 3,
+/// the probes of its partitions); the entities and steps tables are opened
+/// in it on first use.
 pub(super) struct Snapshot {
     // Declared first, dropped first: the tables before their transaction.
     records: Records,
+    lookup: Lookup,
     entities: OnceLock<Entities>,
     /// `None`: the file has no steps table (format 2 before any step).
     steps: OnceLock<Option<Steps>>,
+    steps_def: StepsDef,
     txn: ReadTransaction,
 }
 
 impl Snapshot {
-    fn take(db: &impl ReadableDatabase, what: &'static str) -> Result<Snapshot> {
+    fn take(db: &impl ReadableDatabase, layout: &Layout, what: &'static str) -> Result<Snapshot> {
         let txn = db.begin_read().context(what)?;
-        let records = txn.open_table(RECORDS).context(what)?;
+        let records = txn.open_table(layout.records()).context(what)?;
+        let lookup = layout.lookup(&txn).context(what)?;
         Ok(Snapshot {
             records,
+            lookup,
             entities: OnceLock::new(),
             steps: OnceLock::new(),
+            steps_def: layout.steps(),
             txn,
         })
     }
 
-    /// The records table.
-    pub(super) fn records(&self) -> &Records {
-        &self.records
+    /// Record key `rkey`'s stored record, and the key its steps are under,
+    /// in either layout; `None`: no record.
+    ///
+    /// # Errors
+    ///
+    /// `Error::Storage` with context `what` for a failed read.
+    pub(super) fn find<'k>(&self, rkey: &'k [u8], what: &'static str) -> Result<Option<Found<'k>>> {
+        self.lookup.find(&self.records, rkey).context(what)
+    }
+
+    /// Where `rkey`'s steps are while it has no record
+    /// ([`Lookup::slot_without_record`]).
+    pub(super) fn slot_without_record<'k>(&self, rkey: &'k [u8]) -> Option<Cow<'k, [u8]>> {
+        self.lookup.slot_without_record(rkey)
+    }
+
+    /// How this snapshot finds a record key (for tests).
+    #[cfg(test)]
+    pub(super) fn lookup(&self) -> &Lookup {
+        &self.lookup
     }
 
     /// The entities table.
@@ -179,9 +226,10 @@ impl Snapshot {
         })
     }
 
-    /// The steps table, `None` in a file that has none.
+    /// The steps table of the layout (keyed by the [`Found::slot`] of a
+    /// record), `None` in a file that has none.
     pub(super) fn steps(&self, what: &'static str) -> Result<Option<&Steps>> {
-        let steps = lazily(&self.steps, || match self.txn.open_table(STEPS) {
+        let steps = lazily(&self.steps, || match self.txn.open_table(self.steps_def) {
             Ok(table) => Ok(Some(table)),
             Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
             Err(e) => Err(e).context(what),
@@ -206,6 +254,7 @@ fn lazily<T>(cell: &OnceLock<T>, open: impl FnOnce() -> Result<T>) -> Result<&T>
 mod tests {
     use redb::Database;
 
+    use super::super::tables::RECORDS;
     use super::*;
 
     type R<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -224,7 +273,7 @@ mod tests {
     }
 
     fn value(snapshot: &Snapshot, k: &[u8]) -> R<Option<Vec<u8>>> {
-        Ok(snapshot.records().get(k)?.map(|v| v.value().to_vec()))
+        Ok(snapshot.find(k, "test")?.map(|f| f.value.value().to_vec()))
     }
 
     #[test]
@@ -250,7 +299,7 @@ mod tests {
         let Err(generation) = reads.kept_or_generation() else {
             return Err("nothing kept yet".into());
         };
-        let early = Arc::new(Snapshot::take(&db, "test")?);
+        let early = Arc::new(Snapshot::take(&db, &Layout::Single, "test")?);
         put(&db, b"k", b"2")?;
         reads.committed();
         reads.keep(generation, &early);

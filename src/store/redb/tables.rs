@@ -135,6 +135,13 @@ struct Partitioned<'t> {
     catalog: &'t mut Catalog,
     /// Record key → the partition holding it (`None`: none does).
     last: Option<(Vec<u8>, Option<u64>)>,
+    /// The last record deleted, and the partition it was in: its steps
+    /// and log entries are still there, for the deletes that follow.
+    gone: Option<(Vec<u8>, u64)>,
+    /// Sealed partitions whose last record this transaction deleted, and
+    /// whose row and filter it deleted too: the writer forgets them once
+    /// the transaction is sure to stand ([`Tables::take_dropped`]).
+    dropped: Vec<u64>,
 }
 
 impl<'t> Tables<'t> {
@@ -149,7 +156,6 @@ impl<'t> Tables<'t> {
     }
 
     /// The tables of a format-3 file, whose partitions `catalog` knows.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn open_partitioned(
         txn: &'t WriteTransaction,
         seq: Sequences,
@@ -194,6 +200,8 @@ impl<'t> Tables<'t> {
             partitioned: catalog.map(|catalog| Partitioned {
                 catalog,
                 last: None,
+                gone: None,
+                dropped: Vec::new(),
             }),
         })
     }
@@ -201,7 +209,6 @@ impl<'t> Tables<'t> {
     /// Format 3: seals the hot partition if it is due (its interval ran
     /// out or it holds its most keys) and opens the next; the writer calls
     /// it before a group's jobs. Format 2: nothing.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn seal_if_due(&mut self) -> std::result::Result<(), redb::Error> {
         let now = self.now;
         let Some(part) = self.partitioned.as_mut() else {
@@ -358,11 +365,81 @@ impl<'t> Tables<'t> {
         self.records.remove(&*slot)?;
         if let Some(part) = self.partitioned.as_mut() {
             part.last = Some((rkey.to_vec(), None));
+            if let Some((p, _)) = slot::split(&slot) {
+                part.gone = Some((rkey.to_vec(), p));
+            }
         }
-        self.log(|| Change::DelRecord {
-            key: slot.into_owned(),
-        });
+        self.log(|| Change::DelRecord { key: slot.to_vec() });
+        self.drop_if_emptied(&slot)
+    }
+
+    /// Format 3: drops the sealed partition `slot` was in if that was its
+    /// last record (its row and filter deleted, logged; the catalog told
+    /// by the writer after the transaction, see [`Self::take_dropped`]).
+    /// Records expire in about the order they were claimed, so partitions
+    /// empty oldest first, one delete at a time: no scan is needed.
+    fn drop_if_emptied(&mut self, slot: &[u8]) -> std::result::Result<(), redb::StorageError> {
+        let Some(part) = self.partitioned.as_mut() else {
+            return Ok(());
+        };
+        let Some((p, _)) = slot::split(slot) else {
+            return Ok(());
+        };
+        if p == part.catalog.hot().partition || part.dropped.contains(&p) {
+            return Ok(());
+        }
+        if catalog::range(&self.records, p)?.next().is_some() {
+            return Ok(());
+        }
+        self.txn
+            .open_table(PARTITIONS)
+            .map_err(table_error)?
+            .remove(p)?;
+        self.txn
+            .open_table(FILTERS)
+            .map_err(table_error)?
+            .remove(p)?;
+        if let Some(part) = self.partitioned.as_mut() {
+            part.dropped.push(p);
+        }
+        self.log(|| Change::DelPartition { partition: p });
+        self.log(|| Change::DelFilter { partition: p });
         Ok(())
+    }
+
+    /// The partitions this transaction dropped (format 3): the writer
+    /// forgets them in its catalog once the transaction will stand (a
+    /// group's: at once, since a failed commit poisons the store and a
+    /// reopen loads the catalog again; an isolated job's: after its
+    /// commit, never after a rollback).
+    pub(super) fn take_dropped(&mut self) -> Vec<u64> {
+        self.partitioned
+            .as_mut()
+            .map(|part| std::mem::take(&mut part.dropped))
+            .unwrap_or_default()
+    }
+
+    /// The key `rkey`'s steps and log entries are stored under: beside its
+    /// record ([`Self::slot_of`]), or, for a key whose record this
+    /// transaction just deleted, where that record was (the deletes of its
+    /// steps and log follow the record's).
+    fn steps_slot_of<'k>(
+        &mut self,
+        rkey: &'k [u8],
+    ) -> std::result::Result<std::borrow::Cow<'k, [u8]>, redb::StorageError> {
+        let (slot, new) = self.slot_of(rkey)?;
+        if new {
+            if let Some(Partitioned {
+                gone: Some((key, p)),
+                ..
+            }) = &self.partitioned
+            {
+                if key.as_slice() == rkey {
+                    return Ok(std::borrow::Cow::Owned(slot::slot_key(*p, rkey)));
+                }
+            }
+        }
+        Ok(slot)
     }
 
     pub(super) fn raw(
@@ -556,7 +633,7 @@ impl Txn for Tables<'_> {
         key: &IdempotencyKey,
     ) -> std::result::Result<Vec<LoadedStep>, redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let mut out = Vec::new();
         for entry in self.steps.range((&*slot, "")..)? {
             let (k, v) = entry?;
@@ -575,7 +652,7 @@ impl Txn for Tables<'_> {
         step: &StepRecord,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let value = codec::encode_step(rkey, step);
         self.steps
             .insert((&*slot, step.name.as_str()), value.as_slice())?;
@@ -589,7 +666,7 @@ impl Txn for Tables<'_> {
 
     fn remove_steps(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let mut names = Vec::new();
         for entry in self.steps.range((&*slot, "")..)? {
             let (k, _) = entry?;
@@ -613,7 +690,7 @@ impl Txn for Tables<'_> {
         &mut self,
         key: &IdempotencyKey,
     ) -> std::result::Result<Option<(u32, u32)>, redb::Error> {
-        let (slot, _) = self.slot_of(key.record_key())?;
+        let slot = self.steps_slot_of(key.record_key())?;
         let mut range = self.history.range((&*slot, 0)..=(&*slot, u32::MAX))?;
         let first = match range.next() {
             Some(entry) => entry?.0.value().1,
@@ -632,7 +709,7 @@ impl Txn for Tables<'_> {
         entry: &HistoryRecord,
     ) -> std::result::Result<(), redb::Error> {
         let rkey = key.record_key();
-        let (slot, _) = self.slot_of(rkey)?;
+        let slot = self.steps_slot_of(rkey)?;
         let value = codec::encode_history(rkey, entry);
         self.history.insert((&*slot, entry.seq), value.as_slice())?;
         self.log(|| Change::PutHistory {
@@ -644,7 +721,7 @@ impl Txn for Tables<'_> {
     }
 
     fn remove_history(&mut self, key: &IdempotencyKey) -> std::result::Result<(), redb::Error> {
-        let (slot, _) = self.slot_of(key.record_key())?;
+        let slot = self.steps_slot_of(key.record_key())?;
         let mut seqs = Vec::new();
         for entry in self.history.range((&*slot, 0)..=(&*slot, u32::MAX))? {
             seqs.push(entry?.0.value().1);
@@ -681,6 +758,14 @@ impl Txn for Tables<'_> {
             value,
         });
         Ok(())
+    }
+}
+
+/// A table that cannot be opened, as a storage error.
+fn table_error(e: redb::TableError) -> redb::StorageError {
+    match e {
+        redb::TableError::Storage(e) => e,
+        other => redb::StorageError::Corrupted(other.to_string()),
     }
 }
 

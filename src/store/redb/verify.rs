@@ -32,75 +32,18 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
     let what = "verifying the database";
     let txn = db.begin_read().context(what)?;
     let mut problems = meta_damage(&txn)?;
-    // Format 3: records under slot keys in partitions, and the seed their
-    // filters hash with (`None` when the meta table cannot say: then the
-    // filters are not checked, the damage already reported).
-    let format3 = partitioned(&txn)?;
-    let records = match format3 {
-        Some(_) => txn.open_table(catalog::RECORDS),
-        None => txn.open_table(RECORDS),
+    let layout = layout_of(&txn)?;
+    let records = match layout {
+        Layout::Partitioned { .. } => txn.open_table(catalog::RECORDS),
+        Layout::Single => txn.open_table(RECORDS),
     }
     .context(what)?;
-    // (index, instant, record key) every sound record expects.
-    let mut expected = BTreeSet::new();
-    // Keys of records that do not decode.
-    let mut undecodable = BTreeSet::new();
-    // Format 3: the partition each record key was met in, and keys met
-    // in more than one.
-    let mut met: HashMap<Vec<u8>, u64> = HashMap::new();
-    let mut duplicates: BTreeMap<Vec<u8>, BTreeSet<u64>> = BTreeMap::new();
-    let mut checked = 0;
-    for entry in records.iter().context(what)? {
-        let (k, v) = entry.context(what)?;
-        checked += 1;
-        let stored = k.value().to_vec();
-        let rkey = match format3 {
-            None => stored.clone(),
-            Some(_) => match slot::split(&stored) {
-                Some((p, rkey)) => {
-                    if let Some(first) = met.insert(rkey.to_vec(), p) {
-                        duplicates
-                            .entry(rkey.to_vec())
-                            .or_default()
-                            .extend([first, p]);
-                    }
-                    rkey.to_vec()
-                }
-                None => {
-                    problems.push(Damage::BadKey {
-                        key_hex: hex(&stored),
-                    });
-                    continue;
-                }
-            },
-        };
-        if crate::key::IdempotencyKey::from_record_key(&rkey).is_none() {
-            problems.push(Damage::BadKey {
-                key_hex: hex(&rkey),
-            });
-        }
-        // A lookup must find what the walk met: a request only ever looks
-        // its key up.
-        let found = records.get(stored.as_slice()).context(what)?;
-        if found.is_none_or(|f| f.value() != v.value()) {
-            problems.push(Damage::UnreachableRecord {
-                key_hex: hex(&rkey),
-            });
-        }
-        match codec::decode(&rkey, v.value()) {
-            Ok(rec) => {
-                let (index, at) = rec.index();
-                expected.insert((index, at, rkey));
-            }
-            Err(e) => {
-                problems.push(Damage::Undecodable {
-                    key_hex: hex(&rkey),
-                    reason: e.to_string(),
-                });
-                undecodable.insert(rkey);
-            }
-        }
-    }
+    let Walked {
+        expected,
+        undecodable,
+        duplicates,
+        checked,
+    } = walk_records(&records, layout, &mut problems)?;
     let mut found = BTreeSet::new();
     for (name, table) in [
         ("leases", LEASES),
@@ -158,7 +101,8 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
             });
         }
     }
-    step_damage(&txn, format3.is_some(), &mut problems)?;
+    let partitioned = matches!(layout, Layout::Partitioned { .. });
+    step_damage(&txn, partitioned, &mut problems)?;
     dead_letter_damage(&txn, &mut problems)?;
     for (rkey, partitions) in duplicates {
         problems.push(Damage::DuplicateRecord {
@@ -166,25 +110,116 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
             partitions: partitions.into_iter().collect(),
         });
     }
-    if let Some(seed) = format3 {
+    if let Layout::Partitioned { seed } = layout {
         problems.extend(partition_damage(&txn, &records, seed.as_ref())?);
     }
     Ok((problems, checked))
 }
 
-/// Whether the file in `txn` is of format 3, and its filters' seed if
-/// the meta table gives it (`Some(None)`: format 3, seed unreadable).
-fn partitioned(txn: &redb::ReadTransaction) -> Result<Option<Option<[u8; 16]>>> {
+/// How a file keeps its records, as its meta table says.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// Format 1 or 2 (or a meta table that cannot say): one table keyed
+    /// by record key.
+    Single,
+    /// Format 3: slot keys in partitions, and the seed the filters hash
+    /// with (`None`: unreadable, reported with the meta damage; the filters
+    /// are then not checked).
+    Partitioned { seed: Option<[u8; 16]> },
+}
+
+/// The layout of the file in `txn`.
+fn layout_of(txn: &redb::ReadTransaction) -> Result<Layout> {
     let what = "verifying the database";
     let table = match txn.open_table(META) {
         Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(TableError::TableDoesNotExist(_)) => return Ok(Layout::Single),
         Err(e) => return Err(e).context(what),
     };
-    match meta::read_format(&table) {
-        Ok(Some(Found::Format(Format::V3))) => Ok(Some(meta::read_filter_seed(&table).ok())),
-        _ => Ok(None),
+    Ok(match meta::read_format(&table) {
+        Ok(Some(Found::Format(Format::V3))) => Layout::Partitioned {
+            seed: meta::read_filter_seed(&table).ok(),
+        },
+        _ => Layout::Single,
+    })
+}
+
+/// What a walk of the records table gathered.
+struct Walked {
+    /// (index, instant, record key) every sound record expects.
+    expected: BTreeSet<(&'static str, u64, Vec<u8>)>,
+    /// Keys of records that do not decode.
+    undecodable: BTreeSet<Vec<u8>>,
+    /// Format 3: record keys met in more than one partition.
+    duplicates: BTreeMap<Vec<u8>, BTreeSet<u64>>,
+    /// Records walked.
+    checked: u64,
+}
+
+/// Walks every record: its key, a lookup of it, its value; what it found
+/// wrong goes to `problems`.
+fn walk_records(
+    records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    layout: Layout,
+    problems: &mut Vec<Damage>,
+) -> Result<Walked> {
+    let what = "verifying the database";
+    let mut w = Walked {
+        expected: BTreeSet::new(),
+        undecodable: BTreeSet::new(),
+        duplicates: BTreeMap::new(),
+        checked: 0,
+    };
+    // Format 3: the partition each record key was met in.
+    let mut met: HashMap<Vec<u8>, u64> = HashMap::new();
+    for entry in records.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        w.checked += 1;
+        let stored = k.value().to_vec();
+        let rkey = if let Layout::Single = layout {
+            stored.clone()
+        } else if let Some((p, rkey)) = slot::split(&stored) {
+            if let Some(first) = met.insert(rkey.to_vec(), p) {
+                w.duplicates
+                    .entry(rkey.to_vec())
+                    .or_default()
+                    .extend([first, p]);
+            }
+            rkey.to_vec()
+        } else {
+            problems.push(Damage::BadKey {
+                key_hex: hex(&stored),
+            });
+            continue;
+        };
+        if crate::key::IdempotencyKey::from_record_key(&rkey).is_none() {
+            problems.push(Damage::BadKey {
+                key_hex: hex(&rkey),
+            });
+        }
+        // A lookup must find what the walk met: a request only ever looks
+        // its key up.
+        let found = records.get(stored.as_slice()).context(what)?;
+        if found.is_none_or(|f| f.value() != v.value()) {
+            problems.push(Damage::UnreachableRecord {
+                key_hex: hex(&rkey),
+            });
+        }
+        match codec::decode(&rkey, v.value()) {
+            Ok(rec) => {
+                let (index, at) = rec.index();
+                w.expected.insert((index, at, rkey));
+            }
+            Err(e) => {
+                problems.push(Damage::Undecodable {
+                    key_hex: hex(&rkey),
+                    reason: e.to_string(),
+                });
+                w.undecodable.insert(rkey);
+            }
+        }
     }
+    Ok(w)
 }
 
 /// What is wrong with a format-3 file's partitions: rows that do not

@@ -419,7 +419,7 @@ impl Writer {
         let Some(open) = state.open.as_mut() else {
             return Err(CommitError::Panic("no open transaction".into()));
         };
-        let (after, changes, bytes, jobs) = {
+        let (after, changes, bytes, jobs, dropped) = {
             let now = self.clock.now_ms();
             let mut tables = tables(&open.txn, self.seq, now, self.cfg, &mut self.catalog)?;
             tables.keep_changes();
@@ -435,8 +435,10 @@ impl Writer {
                 jobs += 1;
             }
             let changes = tables.changes.take().unwrap_or_default();
-            (tables.seq, changes, tables.changes_bytes, jobs)
+            let dropped = tables.take_dropped();
+            (tables.seq, changes, tables.changes_bytes, jobs, dropped)
         };
+        self.forget_dropped(dropped);
         if changes.is_empty() && after == self.seq {
             return Ok(Applied {
                 lsn: None,
@@ -606,8 +608,9 @@ impl Writer {
                     return Err(e.into());
                 }
             }
-            tables.seq
+            (tables.seq, tables.take_dropped())
         };
+        let (after, dropped) = after;
         if isolated && group.iter().any(|job| job.refused()) {
             txn.abort()?;
             return Ok(self.seq);
@@ -626,10 +629,20 @@ impl Writer {
         // Before the group is answered: a read after its answer sees it.
         self.reads.committed();
         committed?;
+        self.forget_dropped(dropped);
         if let Some(journal) = &mut self.journal {
             journal.checkpointed().map_err(CommitError::Journal)?;
         }
         Ok(after)
+    }
+
+    /// Format 3: forgets partitions a transaction that will stand dropped.
+    fn forget_dropped(&mut self, dropped: Vec<u64>) {
+        if let Some(catalog) = self.catalog.as_mut() {
+            for p in dropped {
+                catalog.dropped(p);
+            }
+        }
     }
 
     /// Makes every commit so far durable in redb, so the journal can start

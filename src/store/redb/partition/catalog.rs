@@ -165,19 +165,15 @@ impl Probes {
     }
 
     /// The probes, in probing order.
+    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Probe> {
         self.list.iter()
     }
 
     /// How many partitions there are.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.list.len()
-    }
-
-    /// Whether there is none (a format-3 file always has its hot
-    /// partition once open).
-    pub(crate) fn is_empty(&self) -> bool {
-        self.list.is_empty()
     }
 
     fn insert(&mut self, probe: Probe) {
@@ -410,8 +406,7 @@ impl Catalog {
 
     /// Counts a key new to every partition inserted into the hot one.
     pub(crate) fn inserted_new_key(&mut self, now_ms: u64) {
-        self.hot.row.keys = self.hot.row.keys.saturating_add(1);
-        self.hot.row.last_claim_ms = self.hot.row.last_claim_ms.max(now_ms);
+        self.hot.row.claimed(now_ms, now_ms);
     }
 
     /// Whether the hot partition is due to be sealed at `now_ms`: it holds
@@ -494,8 +489,12 @@ fn seal_row(
     let filter = Arc::new(build_filter(t.records, filters.hasher(), partition)?);
     let (bytes, sum) = filter.encode();
     row.keys = filter.len();
-    row.state = PartitionState::Sealed;
-    row.filter_checksum = Some(sum);
+    if row.state == PartitionState::Hot {
+        row.seal(partition, sum)?;
+    } else {
+        // A sealed (or dropping) row whose filter is rebuilt.
+        row.filter_checksum = Some(sum);
+    }
     let value = row.encode(partition);
     t.filters.insert(partition, bytes.as_slice())?;
     t.rows.insert(partition, value.as_slice())?;
@@ -538,6 +537,37 @@ fn stored_filter(
             Ok(None)
         }
     }
+}
+
+/// Keeps in `filters` every stored filter of a sealed row of `rows` that
+/// decodes and passes its checksum (a read-only open: nothing is rebuilt;
+/// a partition whose filter fails is read on every lookup).
+///
+/// # Errors
+///
+/// The storage error of reading the tables.
+pub(crate) fn keep_stored_filters(
+    rows: &impl ReadableTable<u64, &'static [u8]>,
+    stored: &impl ReadableTable<u64, &'static [u8]>,
+    filters: &Filters,
+) -> Result<(), redb::StorageError> {
+    for entry in rows.iter()? {
+        let (k, v) = entry?;
+        let partition = k.value();
+        let Ok(row) = PartitionRow::decode(partition, v.value()) else {
+            continue;
+        };
+        let Some(sum) = row.filter_checksum else {
+            continue;
+        };
+        if let Some(bytes) = stored.get(partition)? {
+            match PartitionFilter::decode(partition, bytes.value(), &sum, filters.hasher()) {
+                Ok(filter) => filters.keep(partition, sum, Arc::new(filter)),
+                Err(e) => tracing::warn!(error = %e, "reading a partition without its filter"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The filter of `partition`'s key range in `records`.

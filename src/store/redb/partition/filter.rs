@@ -95,7 +95,7 @@ const CHECKSUM_KEY_CONTEXT: &str = "idempotency 2026-12-02 partition filter chec
 /// `blake3::derive_key` context of a hasher's identity (in memory only).
 const IDENTITY_CONTEXT: &str = "idempotency 2026-12-02 partition filter hasher identity";
 
-/// SplitMix64's increment (the golden ratio in 64 bits): the probe bits'
+/// `SplitMix64`'s increment (the golden ratio in 64 bits): the probe bits'
 /// words are its first two outputs from state `h` (module docs).
 const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -178,7 +178,7 @@ fn first_8(b: &[u8]) -> [u8; 8] {
     out
 }
 
-/// SplitMix64's output function, as in Vigna's reference `splitmix64.c`
+/// `SplitMix64`'s output function, as in Vigna's reference `splitmix64.c`
 /// (Stafford's "Mix13" constants): a bijection that spreads every bit of
 /// `z` over the 64.
 fn splitmix_fmix(mut z: u64) -> u64 {
@@ -353,6 +353,7 @@ impl PartitionFilter {
     }
 
     /// The partition number.
+    #[cfg(test)]
     pub(crate) fn partition(&self) -> u64 {
         self.partition
     }
@@ -365,6 +366,7 @@ impl PartitionFilter {
     }
 
     /// Whether no key was inserted.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.keys == 0
     }

@@ -1,5 +1,5 @@
-//! Format 3's `idempotency.partitions` rows and the names of the
-//! per-partition tables (docs/format3-plan.md, "Tables").
+//! Format 3's `idempotency.partitions` rows (docs/format3-plan.md,
+//! "Tables"), one per partition of the slot-keyed tables (`slot.rs`).
 //!
 //! # The row (`idempotency.partitions`, key: the partition number, u64)
 //!
@@ -15,23 +15,18 @@
 //! bytes 1..9    keys, u64 LE: record keys that entered the partition
 //! bytes 9..17   first_claim_ms, u64 LE: the earliest claim among them
 //! bytes 17..25  last_claim_ms, u64 LE: the latest (>= first_claim_ms)
-//! bytes 25..33  max_expires_at_ms, u64 LE: when every record not pinned
-//!               has expired
+//! bytes 25..33  max_expires_at_ms, u64 LE: the latest claim's instant
+//!               (the engine drops a partition when its last record is
+//!               deleted, not by this; kept for a bulk expiry)
 //! bytes 33..65  the checksum of the partition's stored filter
 //!               (`filter.rs`); 32 zero bytes: no stored filter
 //! ```
 //!
-//! A hot partition has no stored filter (it is rebuilt at open from its
-//! small table); a sealed one has one; a dropping one keeps what it had
-//! (lookups skip it). A row that breaks those rules is damage.
-//!
-//! # Table names
-//!
-//! `idempotency.records.<p>`, `idempotency.steps.<p>` and
-//! `idempotency.history.<p>`, where `<p>` is the partition number in
-//! decimal, zero-padded to 20 digits (all of u64), so the names sort as
-//! the partitions' ages do. [`PartitionTable::parse`] reads exactly those
-//! names back and nothing else.
+//! A hot partition has no stored filter (lookups always read its small
+//! key range); a sealed one has one; a dropping one (not written by this
+//! build: kept for a bulk expiry) keeps what it had and is still read. A
+//! row that breaks those rules is damage. The hot row's `keys` and
+//! `last_claim_ms` are as of its opening: the seal writes them.
 
 use redb::TableDefinition;
 use thiserror::Error;
@@ -49,8 +44,6 @@ pub(crate) const FILTERS_TABLE: &str = "idempotency.filters";
 const ROW_TAG: &[u8] = b"idempotency.partition\0";
 /// Bytes of a row's payload.
 pub(crate) const ROW_PAYLOAD_BYTES: usize = 65;
-/// Digits of a partition number in a table name: every u64 fits.
-const NUMBER_DIGITS: usize = 20;
 
 /// Partition number → encoded row.
 pub(crate) const PARTITIONS: TableDefinition<u64, &[u8]> = TableDefinition::new(PARTITIONS_TABLE);
@@ -178,7 +171,7 @@ impl PartitionRow {
 
     /// Notes a record of the partition now expiring at `expires_at_ms` (a
     /// completion or a tombstone moves it later).
-    pub(crate) fn expires_by(&mut self, expires_at_ms: u64) {
+    fn expires_by(&mut self, expires_at_ms: u64) {
         self.max_expires_at_ms = self.max_expires_at_ms.max(expires_at_ms);
     }
 
@@ -193,21 +186,6 @@ impl PartitionRow {
         }
         self.state = PartitionState::Sealed;
         self.filter_checksum = Some(filter);
-        Ok(())
-    }
-
-    /// Marks a sealed partition as being dropped.
-    ///
-    /// # Errors
-    ///
-    /// [`RowProblem::Transition`] (naming `partition`) unless it is
-    /// sealed (the hot partition is sealed first; marking a dropping one
-    /// again is the caller's no-op, not a transition).
-    pub(crate) fn start_dropping(&mut self, partition: u64) -> Result<(), RowError> {
-        if self.state != PartitionState::Sealed {
-            return Err(self.transition(partition, "drop"));
-        }
-        self.state = PartitionState::Dropping;
         Ok(())
     }
 
@@ -278,135 +256,6 @@ impl PartitionRow {
             _ => Ok(row),
         }
     }
-}
-
-/// Which of a partition's tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum TableKind {
-    /// `idempotency.records.<p>`: record key → encoded record.
-    Records,
-    /// `idempotency.steps.<p>`: (record key, step name) → encoded step.
-    Steps,
-    /// `idempotency.history.<p>`: (record key, seq) → encoded log entry.
-    History,
-}
-
-impl TableKind {
-    const ALL: [TableKind; 3] = [TableKind::Records, TableKind::Steps, TableKind::History];
-
-    /// The name's prefix, dot included.
-    fn prefix(self) -> &'static str {
-        match self {
-            TableKind::Records => "idempotency.records.",
-            TableKind::Steps => "idempotency.steps.",
-            TableKind::History => "idempotency.history.",
-        }
-    }
-}
-
-/// A per-partition table: its kind and partition number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct PartitionTable {
-    /// Which table.
-    pub(crate) kind: TableKind,
-    /// The partition number.
-    pub(crate) partition: u64,
-}
-
-/// A table name that is not a per-partition table's.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub(crate) enum TableNameError {
-    /// Not a per-partition table's name at all (another engine table, or
-    /// an app's).
-    #[error("{0:?} is not a partition table's name")]
-    NotPartition(String),
-    /// A per-partition table's prefix without a partition number of
-    /// exactly 20 decimal digits that fits a u64 after it: a damaged or
-    /// foreign name, which the engine neither reads nor drops.
-    #[error("{0:?} names a partition table without a 20-digit partition number")]
-    BadNumber(String),
-}
-
-impl PartitionTable {
-    /// The records table of partition `partition`.
-    pub(crate) fn records(partition: u64) -> PartitionTable {
-        PartitionTable {
-            kind: TableKind::Records,
-            partition,
-        }
-    }
-
-    /// The steps table of partition `partition`.
-    pub(crate) fn steps(partition: u64) -> PartitionTable {
-        PartitionTable {
-            kind: TableKind::Steps,
-            partition,
-        }
-    }
-
-    /// The history table of partition `partition`.
-    pub(crate) fn history(partition: u64) -> PartitionTable {
-        PartitionTable {
-            kind: TableKind::History,
-            partition,
-        }
-    }
-
-    /// Its name, e.g. `idempotency.records.00000000000000000042`.
-    pub(crate) fn name(&self) -> String {
-        format!(
-            "{}{:0width$}",
-            self.kind.prefix(),
-            self.partition,
-            width = NUMBER_DIGITS
-        )
-    }
-
-    /// The table named `name`.
-    ///
-    /// # Errors
-    ///
-    /// [`TableNameError::NotPartition`] for a name without a partition
-    /// table's prefix (format 2's `idempotency.records` included);
-    /// [`TableNameError::BadNumber`] for one whose number is not exactly
-    /// 20 ASCII digits of a u64 (no sign, space or other digits).
-    pub(crate) fn parse(name: &str) -> Result<PartitionTable, TableNameError> {
-        let Some((kind, number)) = TableKind::ALL
-            .iter()
-            .find_map(|&k| name.strip_prefix(k.prefix()).map(|n| (k, n)))
-        else {
-            return Err(TableNameError::NotPartition(name.to_owned()));
-        };
-        let bad = || TableNameError::BadNumber(name.to_owned());
-        if number.len() != NUMBER_DIGITS || !number.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        // 20 ASCII digits: only a value past u64::MAX fails here.
-        let partition = number.parse::<u64>().map_err(|_| bad())?;
-        Ok(PartitionTable { kind, partition })
-    }
-}
-
-/// The definition of the records table named `name` (key and value types
-/// of format 2's `idempotency.records`).
-pub(crate) fn records_definition(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
-    TableDefinition::new(name)
-}
-
-/// The definition of the steps table named `name` (as format 2's
-/// `idempotency.steps`).
-pub(crate) fn steps_definition(
-    name: &str,
-) -> TableDefinition<'_, (&'static [u8], &'static str), &'static [u8]> {
-    TableDefinition::new(name)
-}
-
-/// The definition of the history table named `name` (as format 2's
-/// `idempotency.history`).
-pub(crate) fn history_definition(
-    name: &str,
-) -> TableDefinition<'_, (&'static [u8], u32), &'static [u8]> {
-    TableDefinition::new(name)
 }
 
 #[cfg(test)]

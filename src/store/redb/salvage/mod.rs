@@ -212,6 +212,15 @@ fn read_meta_values(
 ) -> Result<(Format, StoredCounter, StoredCounter), OpenError> {
     let lost = &mut g.report.lost;
     let format = match meta::file_format(db, path) {
+        // Salvage reads format 2's tables; a format-3 file (partitioned
+        // records, still being built) is refused, never read as empty.
+        Ok(Some(Format::V3)) => {
+            return Err(OpenError::UnsupportedFormat {
+                path: path.to_path_buf(),
+                found: crate::store::codec::FORMAT_VERSION_3,
+                supported: crate::store::codec::FORMAT_VERSION,
+            })
+        }
         Ok(Some(format)) => format,
         Ok(None) => {
             return Err(OpenError::NoEngineTables {
