@@ -357,7 +357,7 @@ mod tests {
 
     use super::*;
     use crate::bench_fixtures::{preload_completed, CompletedRecord, Order, Preload};
-    use crate::{Engine, Fingerprint, ManualClock};
+    use crate::{Begin, Engine, Fingerprint, ManualClock};
 
     type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -408,48 +408,72 @@ mod tests {
         format_3_file(&path)?;
         let shape = preload_completed(&path, plan(COUNT), record)?;
         assert_eq!(shape.records, COUNT);
+
+        {
+            let db = redb::Database::open(&path)?;
+            let txn = db.begin_read()?;
+            let rows = txn.open_table(PARTITIONS)?;
+            let filters = txn.open_table(FILTERS)?;
+            let records = txn.open_table(catalog::RECORDS)?;
+            let mut seen = Vec::new();
+            for entry in rows.iter()? {
+                let (p, v) = entry?;
+                let row = PartitionRow::decode(p.value(), v.value())?;
+                seen.push((p.value(), row.state, row.keys));
+                let lo = (p.value() - slot::FIRST_PARTITION) * 32_768;
+                let hi = (lo + 32_768).min(COUNT);
+                assert_eq!(row.first_claim_ms, T0 - 100_000 + lo);
+                assert_eq!(row.last_claim_ms, T0 - 100_000 + hi - 1);
+                assert_eq!(
+                    filters.get(p.value())?.is_some(),
+                    row.state == PartitionState::Sealed
+                );
+                // Claim order: record `i` is in the partition its turn gave it.
+                for i in [lo, hi - 1] {
+                    let slot = slot::slot_key(p.value(), record(i).key.record_key());
+                    assert!(records.get(slot.as_slice())?.is_some(), "record {i}");
+                }
+            }
+            let sealed = PartitionState::Sealed;
+            assert_eq!(
+                seen,
+                vec![
+                    (1, sealed, 32_768),
+                    (2, sealed, 32_768),
+                    (3, PartitionState::Hot, 4_464)
+                ]
+            );
+        }
+        let clock = ManualClock::new(T0);
         let engine = Engine::builder()
-            .clock(ManualClock::new(T0))
+            .clock(clock.clone())
+            .ttl(Duration::from_secs(3600))
             .sweep_interval(None)
             .open(&path)?;
         let report = engine.verify()?;
         assert!(report.is_sound(), "{:?}", report.damage);
         assert_eq!(report.records, COUNT);
-        drop(engine);
-
-        let db = redb::Database::open(&path)?;
-        let txn = db.begin_read()?;
-        let rows = txn.open_table(PARTITIONS)?;
-        let filters = txn.open_table(FILTERS)?;
-        let records = txn.open_table(catalog::RECORDS)?;
-        let mut seen = Vec::new();
-        for entry in rows.iter()? {
-            let (p, v) = entry?;
-            let row = PartitionRow::decode(p.value(), v.value())?;
-            seen.push((p.value(), row.state, row.keys));
-            let lo = (p.value() - slot::FIRST_PARTITION) * 32_768;
-            let hi = (lo + 32_768).min(COUNT);
-            assert_eq!(row.first_claim_ms, T0 - 100_000 + lo);
-            assert_eq!(row.last_claim_ms, T0 - 100_000 + hi - 1);
-            assert_eq!(
-                filters.get(p.value())?.is_some(),
-                row.state == PartitionState::Sealed
-            );
-            // Claim order: record `i` is in the partition its turn gave it.
-            for i in [lo, hi - 1] {
-                let slot = slot::slot_key(p.value(), record(i).key.record_key());
-                assert!(records.get(slot.as_slice())?.is_some(), "record {i}");
+        // Served as if `begin` + `complete` had stored them, from sealed
+        // partitions and the hot one alike.
+        for i in [0, 32_767, 32_768, 50_000, COUNT - 1] {
+            let r = record(i);
+            match engine.begin(&r.key, r.fingerprint)? {
+                Begin::Replay(replay) => assert_eq!(replay.envelope, r.response),
+                other => panic!("record {i} must replay, got {other:?}"),
             }
         }
-        let sealed = PartitionState::Sealed;
-        assert_eq!(
-            seen,
-            vec![
-                (1, sealed, 32_768),
-                (2, sealed, 32_768),
-                (3, PartitionState::Hot, 4_464)
-            ]
-        );
+        let fresh = IdempotencyKey::new("fixture", "fresh")?;
+        match engine.begin(&fresh, Fingerprint::from_bytes([0; 32]))? {
+            Begin::Claimed(claim) => assert!(claim.fencing_token() > COUNT),
+            other => panic!("a fresh key must be claimed, got {other:?}"),
+        }
+        // Partition 1 (records 0..32,768) expires whole.
+        clock.set(T0 - 100_000 + 32_767 + 3_600_000);
+        assert_eq!(engine.sweep_now()?.deleted, 32_768);
+        let report = engine.verify()?;
+        assert!(report.is_sound(), "{:?}", report.damage);
+        assert_eq!(report.records, COUNT - 32_768 + 1);
+        drop(engine);
         Ok(())
     }
 
