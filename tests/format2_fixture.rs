@@ -540,3 +540,85 @@ fn a_crashed_format2_database_recovers_from_its_journal_and_answers_as_written()
     assert_answers_as_written(&engine)?;
     Ok(())
 }
+
+/// The `format_version` value of the file at `path` (closed), read with
+/// redb directly.
+fn format_version(path: &Path) -> Result<Vec<u8>, Box<dyn Error>> {
+    let db = redb::Builder::new().open_read_only(path)?;
+    let txn = db.begin_read()?;
+    let table = txn.open_table(meta_table::META)?;
+    let v = table.get("format_version")?.ok_or("no format_version")?;
+    Ok(v.value().to_vec())
+}
+
+/// Whether the closed file at `path` still has format 2's records table.
+fn has_format2_records(path: &Path) -> Result<bool, Box<dyn Error>> {
+    let db = redb::Builder::new().open_read_only(path)?;
+    let txn = db.begin_read()?;
+    match txn.open_table(RECORDS) {
+        Ok(_) => Ok(true),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An open that asks for format 3 (while it is built:
+/// `EngineBuilder::unstable_format_3`) migrates the format-2 file: it then
+/// answers exactly as written, `verify` finds it sound, writes go on, and
+/// later opens (writable without asking, read-only) read it as format 3.
+#[test]
+fn a_format2_database_migrated_to_format3_answers_as_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = copy_of_fixture(dir.path())?;
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let engine = builder(&clock).unstable_format_3().open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.damage);
+    assert_eq!(report.records, 8);
+    let fresh = claimed(engine.begin(&key("new")?, fp(60)?)?)?;
+    engine.complete(fresh, Envelope::new(1, 201, "ok"))?;
+    drop(engine);
+    assert_eq!(format_version(&path)?.first(), Some(&3));
+    assert!(
+        !has_format2_records(&path)?,
+        "format 2's records table is gone"
+    );
+
+    let engine = builder(&clock).open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let r = replay(engine.begin(&key("new")?, fp(60)?)?)?;
+    assert_eq!(r.envelope.body, b"ok");
+    assert!(engine.verify()?.is_sound());
+    drop(engine);
+    let engine = builder(&clock).open_read_only(&path)?;
+    assert_answers_as_written(&engine)?;
+    assert_eq!(engine.verify()?.records, 9);
+    Ok(())
+}
+
+/// A crashed format-2 file is recovered from its journal first, then
+/// migrated: nothing its journal held is lost.
+#[test]
+fn a_crashed_format2_database_is_recovered_then_migrated_to_format3() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("format2-crashed.redb");
+    std::fs::copy(crashed_fixture(), &path)?;
+    std::fs::copy(
+        crashed_fixture_journal(),
+        dir.path().join("format2-crashed.redb.journal"),
+    )?;
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let engine = builder(&clock).unstable_format_3().open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.damage);
+    assert_eq!(report.records, 8);
+    drop(engine);
+    assert_eq!(format_version(&path)?.first(), Some(&3));
+    let engine = builder(&clock).open_read_only(&path)?;
+    assert_answers_as_written(&engine)?;
+    Ok(())
+}

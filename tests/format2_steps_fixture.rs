@@ -371,3 +371,31 @@ fn write_format2_steps_fixture() -> TestResult {
     let _ = std::fs::remove_file(reserve);
     Ok(())
 }
+
+/// Migrated to format 3 (an open that asks for it, while it is built:
+/// `EngineBuilder::unstable_format_3`), the file's steps, evidence logs
+/// and dead letter answer as written, and work goes on from them.
+#[test]
+fn a_format2_file_with_steps_migrated_to_format3_answers_as_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = copy_of_fixture(dir.path())?;
+    let clock = ManualClock::new(T0);
+    clock.advance(DAY);
+    let engine = builder(&clock).unstable_format_3().open(&path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.damage);
+    let c = claimed(engine.begin(&key("by-hand")?, fp(40)?)?)?;
+    let charge = c.effect("charge")?;
+    assert!(
+        matches!(&charge, EffectStep::Confirmed { evidence, .. } if evidence == b"ch_hand"),
+        "{charge:?}"
+    );
+    engine.complete(c, Envelope::new(1, 201, "paid by hand"))?;
+    drop(engine);
+    let engine = builder(&clock).open_read_only(&path)?;
+    let r = replay(engine.begin(&key("by-hand")?, fp(40)?)?)?;
+    assert_eq!(r.envelope.body, b"paid by hand");
+    assert!(engine.verify()?.is_sound());
+    Ok(())
+}

@@ -40,6 +40,8 @@ const ROLE_VAR: &str = "IDEM_KILL_LOOP_ROLE";
 const DB_VAR: &str = "IDEM_KILL_LOOP_DB";
 const ROUND_VAR: &str = "IDEM_KILL_LOOP_ROUND";
 const LOG_VAR: &str = "IDEM_KILL_LOOP_LOG";
+/// Set in a child that creates its file in format 3 (partitioned records).
+const FORMAT3_VAR: &str = "IDEM_KILL_LOOP_FORMAT3";
 const ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_ROUNDS";
 const SEED_VAR: &str = "IDEMPOTENCY_KILL_SEED";
 
@@ -107,10 +109,14 @@ fn child_entry() -> TestResult {
 
 /// Opens the engine, says it is ready, and runs the workers until killed.
 fn child(db: &Path, round: u64, log: &Path) -> TestResult {
-    let engine = Engine::builder()
-        .lease(LEASE)
-        .sweep_interval(None)
-        .open(db)?;
+    let mut builder = Engine::builder().lease(LEASE).sweep_interval(None);
+    if std::env::var_os(FORMAT3_VAR).is_some() {
+        // Small partitions: kills land during seals too.
+        builder = builder
+            .unstable_format_3()
+            .unstable_format_3_partitions(64, Duration::from_secs(60));
+    }
+    let engine = builder.open(db)?;
     // O_APPEND: each event is one `write_all` of a whole line, so lines of
     // different threads never interleave and a kill tears at most the last.
     let log = OpenOptions::new().create(true).append(true).open(log)?;
@@ -157,8 +163,18 @@ fn worker(engine: &Engine, log: &File, round: u64, t: u64) -> TestResult {
 }
 
 /// Runs this test binary as a child for `round`; core dumps off.
-fn spawn_child(db: &Path, round: u64, log: &Path, stderr: &Path) -> std::io::Result<Child> {
-    Command::new("/bin/sh")
+fn spawn_child(
+    db: &Path,
+    round: u64,
+    log: &Path,
+    stderr: &Path,
+    format3: bool,
+) -> std::io::Result<Child> {
+    let mut command = Command::new("/bin/sh");
+    if format3 {
+        command.env(FORMAT3_VAR, "1");
+    }
+    command
         .arg("-c")
         .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
         .arg(std::env::current_exe()?)
@@ -318,6 +334,16 @@ fn env_u64(var: &str) -> Result<Option<u64>, Box<dyn Error + Send + Sync>> {
 
 #[test]
 fn sigkill_loop_keeps_every_acknowledged_claim_and_completion() -> TestResult {
+    kill_loop(false)
+}
+
+/// The same on a file created in format 3 with partitions of 64 keys.
+#[test]
+fn sigkill_loop_keeps_every_acknowledged_claim_and_completion_in_format_3() -> TestResult {
+    kill_loop(true)
+}
+
+fn kill_loop(format3: bool) -> TestResult {
     let rounds = env_u64(ROUNDS_VAR)?.unwrap_or(DEFAULT_ROUNDS);
     let seed = match env_u64(SEED_VAR)? {
         Some(s) => s,
@@ -338,7 +364,7 @@ fn sigkill_loop_keeps_every_acknowledged_claim_and_completion() -> TestResult {
     for round in 0..rounds {
         let log = dir.path().join(format!("acks-{round}.log"));
         let stderr = dir.path().join(format!("child-{round}.stderr"));
-        let mut child = spawn_child(&db, round, &log, &stderr)?;
+        let mut child = spawn_child(&db, round, &log, &stderr, format3)?;
         let ready = watch_ready(child.stdout.take().ok_or("no child stdout")?)
             .recv_timeout(READY_TIMEOUT)
             .unwrap_or(false);
@@ -384,8 +410,9 @@ fn sigkill_loop_keeps_every_acknowledged_claim_and_completion() -> TestResult {
     drop(engine);
 
     println!(
-        "kill loop summary: rounds {rounds}, kills {kills}, acknowledged claims {}, \
+        "kill loop summary (format {}): rounds {rounds}, kills {kills}, acknowledged claims {}, \
          acknowledged completions {}, replays checked {}, failures {} ({:.1} s, seed {seed})",
+        if format3 { 3 } else { 2 },
         acks.claimed.len(),
         acks.completed.len(),
         tally.replays,

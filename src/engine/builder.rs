@@ -45,6 +45,7 @@ pub struct EngineBuilder {
     sweep_interval: Option<Duration>,
     stored_expiry: bool,
     new_format: redb_store::NewFormat,
+    seal_rule: redb_store::PartitionSealRule,
     #[cfg(feature = "postgres")]
     postgres: PostgresSettings,
     #[cfg(feature = "redis")]
@@ -87,6 +88,7 @@ impl Default for EngineBuilder {
             sweep_interval: Some(Duration::from_secs(1)),
             stored_expiry: false,
             new_format: redb_store::NewFormat::default(),
+            seal_rule: redb_store::PartitionSealRule::DEFAULT,
             #[cfg(feature = "postgres")]
             postgres: PostgresSettings {
                 prefix: crate::store::postgres::DEFAULT_PREFIX.to_owned(),
@@ -133,6 +135,20 @@ impl EngineBuilder {
     #[doc(hidden)]
     pub fn unstable_format_3(mut self) -> Self {
         self.new_format = redb_store::NewFormat::Format3;
+        self
+    }
+
+    /// Format 3 only: seal the hot partition (and take new keys into a
+    /// new one) after `max_keys` keys (at least 1) or `interval`, whichever
+    /// comes first; defaults 32,768 keys and ten minutes. **Unstable, for
+    /// this crate's own tests** (small partitions exercise sealing, filters
+    /// and dropping), like [`Self::unstable_format_3`].
+    #[doc(hidden)]
+    pub fn unstable_format_3_partitions(mut self, max_keys: u64, interval: Duration) -> Self {
+        self.seal_rule = redb_store::PartitionSealRule {
+            interval_ms: duration_ms(interval),
+            max_keys: max_keys.max(1),
+        };
         self
     }
 
@@ -998,6 +1014,8 @@ impl EngineBuilder {
                 max_group_bytes: self.cfg.max_group_bytes,
                 queue_capacity: self.cfg.queue_capacity,
                 recovery_reserve: self.cfg.recovery_reserve,
+                seal_rule: self.seal_rule,
+                new_format: self.new_format,
             },
             reopen,
         )?;

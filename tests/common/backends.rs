@@ -241,7 +241,12 @@ impl Harness {
                 path,
                 format3: true,
                 ..
-            } => builder.unstable_format_3().open(path),
+            } => builder
+                .unstable_format_3()
+                // Small partitions: the suite seals, filters and drops
+                // partitions all through.
+                .unstable_format_3_partitions(4, std::time::Duration::from_secs(60))
+                .open(path),
             Store::Redb { path, .. } => builder.open(path),
             Store::Postgres { url, prefix } => builder
                 .table_prefix(prefix.as_str())

@@ -14,17 +14,12 @@ use std::sync::Arc;
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase};
 
-use crate::envelope::Envelope;
-use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
 use crate::store::ops::Ops;
-use crate::store::record::{Record, RecordState, StoredResponse};
-use crate::store::{
-    Abandon, ClaimRequest, ClaimResult, CompleteRequest, Completion, FinishStepRequest,
-    InDoubtRequest, Scanned, StepRequest,
-};
+use crate::store::record::{Record, RecordState};
+use crate::store::{Abandon, FinishStepRequest, InDoubtRequest, Scanned, StepRequest};
 
 use super::layout::Layout;
 use super::partition::catalog::{self, Catalog, CatalogTables, Filters, SealRule};
@@ -33,6 +28,7 @@ use super::partition::row::{FILTERS, PARTITIONS};
 use super::read;
 use super::snapshot::{Snapshot, Snapshots};
 use super::tables::{Sequences, Tables};
+use super::test_requests::{claim_in, complete_in};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -138,28 +134,11 @@ impl Writer {
 }
 
 fn claimed(t: &mut Tables<'_>, k: &IdempotencyKey) -> R<u64> {
-    let req = ClaimRequest {
-        key: k.clone(),
-        fingerprint: Fingerprint::from_bytes([7; 32]),
-        lease_ms: LEASE_MS,
-    };
-    match t.claim(&req).map_err(|e| format!("{e:?}"))? {
-        ClaimResult::Claimed(c) => Ok(c.token),
-        ClaimResult::Held(_) => Err(format!("{k} held").into()),
-    }
+    claim_in(t, k, LEASE_MS)
 }
 
 fn complete(t: &mut Tables<'_>, k: &IdempotencyKey, token: u64) -> R<()> {
-    t.complete(CompleteRequest {
-        key: k.clone(),
-        token,
-        completion: Completion::Success,
-        response: StoredResponse::new(Envelope::new(1, 200, b"paid".to_vec()), None),
-        messages: Vec::new(),
-        finished: Vec::new(),
-    })
-    .map_err(|e| format!("{e:?}"))?;
-    Ok(())
+    complete_in(t, k, token)
 }
 
 fn step(t: &mut Tables<'_>, k: &IdempotencyKey, token: u64, name: &str) -> R<()> {

@@ -354,6 +354,22 @@ pub(super) fn create_format_3(
     Ok(())
 }
 
+/// Turns a format-2 meta table into a format-3 one (the records were
+/// moved in the same transaction, `migrate3.rs`): the filters' seed, then
+/// `format_version`, last. Every other value stays as it is: format 3
+/// frames them as format 2 does.
+pub(super) fn migrate_to_format_3(
+    t: &mut Writable<'_>,
+    seed: &[u8; 16],
+) -> Result<(), redb::StorageError> {
+    put(t, Key::FilterSeed, seed)?;
+    t.insert(
+        Key::FormatVersion.name(),
+        codec::format_3_marker().as_slice(),
+    )?;
+    Ok(())
+}
+
 /// The filters' seed of a format-3 file.
 ///
 /// # Errors

@@ -63,6 +63,7 @@ use crate::store::{
 use crate::transition::Transition;
 
 pub(crate) use self::open::{open_backend, open_path, prepare, prepare_new_as, NewFormat};
+pub(crate) use self::partition::catalog::SealRule as PartitionSealRule;
 pub(crate) use self::read_only::RedbReader;
 pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;
 pub(crate) use self::salvage::salvage;
@@ -71,6 +72,7 @@ use self::job::Call;
 use self::journal::JournalStorage;
 use self::layout::Layout;
 use self::overlay::Overlay;
+use self::partition::catalog::SealRule;
 use self::reserve::Reserve;
 use self::snapshot::Snapshots;
 use self::tables::{OpError, Tables};
@@ -188,6 +190,10 @@ pub(crate) struct Sizes {
     pub(crate) queue_capacity: usize,
     /// Bytes of the recovery reserve (0: none; see `reserve.rs`).
     pub(crate) recovery_reserve: u64,
+    /// Format 3: when the writer seals the hot partition.
+    pub(crate) seal_rule: SealRule,
+    /// Format 3 asked for: a format-2 file is migrated at open.
+    pub(crate) new_format: NewFormat,
 }
 
 /// What a writer thread needs, kept to start another one after a reopen.
@@ -202,6 +208,10 @@ struct WriterSettings {
     reserve: Option<Reserve>,
     /// Journal bytes after which the writer checkpoints.
     checkpoint_bytes: u64,
+    /// Format 3: when the writer seals the hot partition.
+    seal_rule: SealRule,
+    /// Format 3 asked for: a format-2 file is migrated at open.
+    new_format: NewFormat,
 }
 
 /// The database and its writer thread, replaced as a whole when the
@@ -318,6 +328,8 @@ impl RedbStore {
             max_group_bytes,
             queue_capacity,
             recovery_reserve,
+            seal_rule,
+            new_format,
         } = sizes;
         let file = opened.file.clone();
         let reserve = file
@@ -335,6 +347,8 @@ impl RedbStore {
             queue_capacity: queue_capacity.max(1),
             reserve,
             checkpoint_bytes,
+            seal_rule,
+            new_format,
         };
         let live = spawn_writer(opened, &settings)?;
         take_reserve(&settings);
@@ -658,9 +672,10 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         }
         None => None,
     };
+    open::migrate_if_asked(&db, &name, s.new_format, s.clock.now_ms())?;
     let seq = writer::read_sequences(&db)
         .map_err(|e| e.open_error(&name, "reading the engine's counters"))?;
-    let catalog = open::open_catalog(&db, &name, s.clock.now_ms())?;
+    let catalog = open::open_catalog(&db, &name, s.clock.now_ms(), s.seal_rule)?;
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());

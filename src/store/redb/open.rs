@@ -282,6 +282,29 @@ pub(crate) fn prepare_new_as(
 #[path = "migrate.rs"]
 mod migrate;
 
+// And the migration from format 2 to format 3.
+#[path = "migrate3.rs"]
+mod migrate3;
+
+/// Migrates a format-2 file to format 3 (`migrate3.rs`) when `new_format`
+/// asks for format 3; a file of another format is left as it is. Run by
+/// the writer's start, after the journal was applied.
+///
+/// # Errors
+///
+/// As `migrate3::to_format_3`.
+pub(crate) fn migrate_if_asked(
+    db: &Database,
+    path: &Path,
+    new_format: NewFormat,
+    now_ms: u64,
+) -> Result<(), OpenError> {
+    if new_format != NewFormat::Format3 || file_format(db, path)? != Some(Format::V2) {
+        return Ok(());
+    }
+    migrate3::to_format_3(db, path, &filter_seed(path), now_ms).map(drop)
+}
+
 // Likewise the in-memory layer the check before a writable open reads a
 // crashed file through.
 #[path = "scratch_view.rs"]
@@ -378,7 +401,7 @@ fn init_format(db: &Database, path: &Path, new_format: NewFormat) -> Result<Form
     Ok(format)
 }
 
-/// The writer's catalog of a format-3 file at `now_ms` (`None`: the file
+/// The writer's catalog of a format-3 file at `now_ms`, sealing by `rule` (`None`: the file
 /// is of format 2), after its journal was applied: its filters decoded
 /// and checked, damaged or missing ones rebuilt, the hot partition found
 /// or opened (`Catalog::load`); what that repairs is committed durably
@@ -393,19 +416,13 @@ pub(crate) fn open_catalog(
     db: &Database,
     path: &Path,
     now_ms: u64,
+    rule: SealRule,
 ) -> Result<Option<Catalog>, OpenError> {
     let what = "opening the partitions";
     if file_format(db, path)? != Some(Format::V3) {
         return Ok(None);
     }
-    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
-        OpenError::Corrupt {
-            path: path.to_path_buf(),
-            what: Corrupted::File,
-            reason: "a format-3 file without its meta table".into(),
-        }
-    })?;
-    let filters = Arc::new(Filters::new(FilterHasher::new(&seed)));
+    let filters = file_filters(db, path, what)?;
     let mut txn = db.begin_write().open_context(what)?;
     txn.set_durability(Durability::Immediate)
         .open_context(what)?;
@@ -421,7 +438,7 @@ pub(crate) fn open_catalog(
                 filters: &mut stored,
             },
             filters,
-            SealRule::DEFAULT,
+            rule,
             now_ms,
             &mut changes,
         )
@@ -441,6 +458,27 @@ pub(crate) fn open_catalog(
     Ok(Some(catalog))
 }
 
+/// No filter kept yet, hashing with the seed of the format-3 file `db`.
+///
+/// # Errors
+///
+/// [`OpenError::Corrupt`] naming `path` for a damaged or missing
+/// `filter_seed` (or meta table).
+fn file_filters(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    what: &'static str,
+) -> Result<Arc<Filters>, OpenError> {
+    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
+        OpenError::Corrupt {
+            path: path.to_path_buf(),
+            what: Corrupted::File,
+            reason: "a format-3 file without its meta table".into(),
+        }
+    })?;
+    Ok(Arc::new(Filters::new(FilterHasher::new(&seed))))
+}
+
 /// The read layout of a format-3 file opened read-only: its filters'
 /// hasher, and every stored filter that passes its checks (one that does
 /// not is left out: its partition is then read on every lookup, never
@@ -455,14 +493,7 @@ pub(crate) fn read_only_layout(
     path: &Path,
 ) -> Result<super::layout::Layout, OpenError> {
     let what = "reading the partitions' filters";
-    let seed = meta::read_meta(db, path, what, meta::read_filter_seed)?.ok_or_else(|| {
-        OpenError::Corrupt {
-            path: path.to_path_buf(),
-            what: Corrupted::File,
-            reason: "a format-3 file without its meta table".into(),
-        }
-    })?;
-    let filters = Arc::new(Filters::new(FilterHasher::new(&seed)));
+    let filters = file_filters(db, path, what)?;
     let txn = db.begin_read().open_context(what)?;
     // Without either table, no filter is kept: every partition is read.
     let (Ok(rows), Ok(stored)) = (txn.open_table(PARTITIONS), txn.open_table(FILTERS)) else {

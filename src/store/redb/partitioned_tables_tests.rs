@@ -11,16 +11,11 @@ use std::sync::Arc;
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::envelope::Envelope;
-use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
 use crate::store::ops::{Ops, Txn};
-use crate::store::record::StoredResponse;
-use crate::store::{
-    ClaimRequest, ClaimResult, CompleteRequest, Completion, FinishStepRequest, StepRequest,
-};
+use crate::store::{FinishStepRequest, StepRequest};
 
 use super::journal::{Change, Frame};
 use super::overlay::{Overlay, Seen};
@@ -30,6 +25,7 @@ use super::partition::row::{FILTERS, PARTITIONS};
 use super::partition::slot;
 use super::recover::apply;
 use super::tables::{Sequences, Tables};
+use super::test_requests::{claim_in, complete_in};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -137,28 +133,11 @@ impl Writer {
 }
 
 fn claimed(t: &mut Tables<'_>, k: &IdempotencyKey) -> R<u64> {
-    let req = ClaimRequest {
-        key: k.clone(),
-        fingerprint: Fingerprint::from_bytes([7; 32]),
-        lease_ms: 30_000,
-    };
-    match t.claim(&req).map_err(|e| format!("{e:?}"))? {
-        ClaimResult::Claimed(c) => Ok(c.token),
-        ClaimResult::Held(_) => Err(format!("{k} held").into()),
-    }
+    claim_in(t, k, 30_000)
 }
 
 fn complete(t: &mut Tables<'_>, k: &IdempotencyKey, token: u64) -> R<()> {
-    t.complete(CompleteRequest {
-        key: k.clone(),
-        token,
-        completion: Completion::Success,
-        response: StoredResponse::new(Envelope::new(1, 200, b"paid".to_vec()), None),
-        messages: Vec::new(),
-        finished: Vec::new(),
-    })
-    .map_err(|e| format!("{e:?}"))?;
-    Ok(())
+    complete_in(t, k, token)
 }
 
 /// Every (key, value) of a table, as bytes.

@@ -33,6 +33,8 @@ fn sizes() -> Sizes {
         max_group_bytes: 1 << 20,
         queue_capacity: 64,
         recovery_reserve: 0,
+        seal_rule: crate::store::redb::PartitionSealRule::DEFAULT,
+        new_format: crate::store::redb::NewFormat::Format2,
     }
 }
 

@@ -48,6 +48,8 @@ fn open(path: &Path, clock: &ManualClock) -> R<RedbStore> {
             max_group_bytes: 1 << 20,
             queue_capacity: 64,
             recovery_reserve: 0,
+            seal_rule: crate::store::redb::PartitionSealRule::DEFAULT,
+            new_format: crate::store::redb::NewFormat::Format2,
         },
         None,
     )?)

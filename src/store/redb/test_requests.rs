@@ -1,6 +1,8 @@
 //! The claim and completion the redb store's tests send
-//! (`snapshot_tests.rs`, `step_tables_tests.rs`): one copy, so the tests
-//! agree on what a plain "claimed, then paid" key looks like.
+//! (`snapshot_tests.rs`, `step_tables_tests.rs`, and straight through the
+//! writer's [`Tables`]: `partitioned_tables_tests.rs`,
+//! `layout_reads_tests.rs`): one copy, so the tests agree on what a plain
+//! "claimed, then paid" key looks like.
 
 use crate::envelope::Envelope;
 use crate::fingerprint::Fingerprint;
@@ -8,7 +10,9 @@ use crate::key::IdempotencyKey;
 use crate::store::record::StoredResponse;
 use crate::store::{Backend, ClaimRequest, ClaimResult, Claimed, CompleteRequest, Completion};
 
+use super::tables::Tables;
 use super::RedbStore;
+use crate::store::ops::Ops;
 
 /// A test's result: `?` on the store's errors and on strings.
 pub(super) type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -37,4 +41,24 @@ pub(super) fn paid(key: &IdempotencyKey, token: u64) -> CompleteRequest {
         messages: Vec::new(),
         finished: Vec::new(),
     }
+}
+
+/// Claims `key` in the writer's tables `t` (fingerprint `[7; 32]`,
+/// `lease_ms`): its fencing token, or an error if it is held.
+pub(super) fn claim_in(t: &mut Tables<'_>, key: &IdempotencyKey, lease_ms: u64) -> R<u64> {
+    let req = ClaimRequest {
+        key: key.clone(),
+        fingerprint: Fingerprint::from_bytes([7; 32]),
+        lease_ms,
+    };
+    match t.claim(&req).map_err(|e| format!("{e:?}"))? {
+        ClaimResult::Claimed(c) => Ok(c.token),
+        ClaimResult::Held(_) => Err(format!("{key} held").into()),
+    }
+}
+
+/// Completes `key`'s claim `token` in `t` as [`paid`].
+pub(super) fn complete_in(t: &mut Tables<'_>, key: &IdempotencyKey, token: u64) -> R<()> {
+    t.complete(paid(key, token)).map_err(|e| format!("{e:?}"))?;
+    Ok(())
 }
