@@ -3,11 +3,15 @@
 //! written in minutes, where filling it through the engine would take
 //! hours. Not part of the API: hidden from the docs, no stability promise.
 //!
-//! The file it writes is an ordinary format-2 store: created by
-//! [`Engine::builder`]'s `open`, then filled with the records `begin` +
-//! `complete` would have stored (the same record code and codec, a fencing
-//! token each, an expiry index entry each, `next_token` moved past them),
-//! so [`Engine::verify`] accepts it.
+//! The file it writes is an ordinary store: created by
+//! [`Engine::builder`]'s `open` (format 2, unless the file was created
+//! before in format 3: an existing file keeps its format), then filled
+//! with the records `begin` + `complete` would have stored (the same
+//! record code and codec, a fencing token each, an expiry index entry
+//! each, `next_token` moved past them), so [`Engine::verify`] accepts it.
+//! In format 3 the records are in partitions of at most 32,768 keys in
+//! the caller's (claim) order, every one sealed with its key filter but
+//! the last, which is hot, as traffic would have left them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -79,7 +83,10 @@ pub struct Shape {
 /// Creates the store at `path` (which must not hold records with these
 /// keys) with the engine, closes it, and writes `plan.count` COMPLETED
 /// records into it, record `i` given by `record(i)` (called several times
-/// per `i`: it must return the same record each time).
+/// per `i`: it must return the same record each time). A new file is of
+/// format 2; for format 3, create it first with
+/// `Engine::builder().unstable_format_3().open(path)` and drop the engine:
+/// the records are then laid out in partitions (module docs).
 ///
 /// # Errors
 ///

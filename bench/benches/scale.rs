@@ -1,4 +1,4 @@
-//! Scale and sweep: durable begin+complete throughput (64 client threads,
+//! Scale and sweep, per record format: durable begin+complete throughput (64 client threads,
 //! 300-byte responses, random UUID keys) with 10k vs 1M records already
 //! stored; peak RSS at 1M records; and `begin` latency while the sweeper
 //! deletes the 1M records once expired, vs idle.
@@ -13,6 +13,14 @@
 //! `IDEMPOTENCY_BENCH_RECORDS` overrides the 1M for a quick check;
 //! criterion's test mode (`cargo test --benches`) uses 2,000.
 //! `IDEMPOTENCY_BENCH_SWEEP_BATCH` sets the engine's `sweep_batch`.
+//!
+//! Each measure runs for each record format of `IDEMPOTENCY_BENCH_FORMATS`
+//! (`2,3` by default: today's format 2 and format 3, the time-partitioned
+//! records of issue 26, whose stores are created with the hidden
+//! `unstable_format_3`). The throughput rounds interleave every store of
+//! every format, and also give format 3 vs format 2 at each size; the
+//! sweep runs per format, one after the other. Peak RSS is the process's
+//! (every store's); `RSS` lines give what each store's preload added.
 
 mod common;
 
@@ -28,6 +36,48 @@ const TTL: Duration = Duration::from_secs(3600);
 const CHUNKS: u64 = 10;
 const CHUNK_STEP: Duration = Duration::from_secs(60);
 const T0: u64 = 1_800_000_000_000;
+
+/// A record format measured: 2 (one records table) or 3 (partitions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Two,
+    Three,
+}
+
+impl Format {
+    /// Its index in the stores' statics.
+    fn index(self) -> usize {
+        match self {
+            Format::Two => 0,
+            Format::Three => 1,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Format::Two => "format 2",
+            Format::Three => "format 3",
+        }
+    }
+}
+
+/// The formats of `IDEMPOTENCY_BENCH_FORMATS` (`2,3` by default).
+fn formats() -> Vec<Format> {
+    let spec = std::env::var("IDEMPOTENCY_BENCH_FORMATS").unwrap_or_else(|_| "2,3".into());
+    let formats: Vec<Format> = spec
+        .split(',')
+        .map(|f| match f.trim() {
+            "2" => Format::Two,
+            "3" => Format::Three,
+            other => panic!("IDEMPOTENCY_BENCH_FORMATS: {other:?} is not 2 or 3"),
+        })
+        .collect();
+    assert!(
+        !formats.is_empty(),
+        "IDEMPOTENCY_BENCH_FORMATS names no format"
+    );
+    formats
+}
 
 fn large() -> usize {
     let default = if common::measuring() {
@@ -50,25 +100,43 @@ struct Loaded {
     _dir: tempfile::TempDir,
 }
 
-static SMALL_DB: Mutex<Option<Loaded>> = Mutex::new(None);
-static LARGE_DB: Mutex<Option<Loaded>> = Mutex::new(None);
+/// The stores, per format ([`Format::index`]).
+static SMALL_DB: [Mutex<Option<Loaded>>; 2] = [Mutex::new(None), Mutex::new(None)];
+static LARGE_DB: [Mutex<Option<Loaded>>; 2] = [Mutex::new(None), Mutex::new(None)];
 
-/// Runs `f` on the database of `records`, preloading it on first use.
-fn with_db<R>(slot: &Mutex<Option<Loaded>>, records: usize, f: impl FnOnce(&Loaded) -> R) -> R {
-    let mut slot = slot.lock().expect("lock");
-    f(slot.get_or_insert_with(|| load(records)))
+/// Runs `f` on the database of `records` in `format`, preloading it on
+/// first use.
+fn with_db<R>(
+    slots: &[Mutex<Option<Loaded>>; 2],
+    format: Format,
+    records: usize,
+    f: impl FnOnce(&Loaded) -> R,
+) -> R {
+    let mut slot = slots[format.index()].lock().expect("lock");
+    f(slot.get_or_insert_with(|| load(format, records)))
 }
 
-fn load(records: usize) -> Loaded {
+/// Closes every store (statics are never dropped).
+fn drop_all(slots: &[Mutex<Option<Loaded>>; 2]) {
+    for slot in slots {
+        drop(slot.lock().expect("lock").take());
+    }
+}
+
+fn load(format: Format, records: usize) -> Loaded {
     let dir = common::bench_dir();
     let path = dir.path().join("engine.redb");
     let clock = ManualClock::new(T0);
+    let rss_before = rss_mib();
     let mut builder = Engine::builder()
         .clock(clock.clone())
         .ttl(TTL)
         .sweep_interval(None);
     if let Some(n) = env_usize("IDEMPOTENCY_BENCH_SWEEP_BATCH") {
         builder = builder.sweep_batch(n);
+    }
+    if format == Format::Three {
+        builder = builder.unstable_format_3();
     }
     let engine = builder.open(&path).expect("open engine");
     let start = Instant::now();
@@ -85,10 +153,19 @@ fn load(records: usize) -> Loaded {
         }
     }
     println!(
-        "PRELOAD {records} records in {:.1}s, file {:.0} MiB, peak RSS so far {:.0} MiB",
+        "PRELOAD {} {records} records in {:.1}s, file {:.0} MiB ({:.0} B per record), peak RSS so far {:.0} MiB",
+        format.name(),
         start.elapsed().as_secs_f64(),
         file_mib(&path),
+        file_mib(&path) * f64::from(1 << 20) / records.max(1) as f64,
         common::peak_rss_mib().unwrap_or(0.0)
+    );
+    println!(
+        "RSS {} {records} records: the preload added {:.0} MiB (VmRSS {:.0} -> {:.0} MiB)",
+        format.name(),
+        rss_mib() - rss_before,
+        rss_before,
+        rss_mib()
     );
     Loaded {
         engine,
@@ -97,6 +174,16 @@ fn load(records: usize) -> Loaded {
         records,
         _dir: dir,
     }
+}
+
+/// Resident set size now (`VmRSS`), in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn file_mib(path: &std::path::Path) -> f64 {
@@ -111,90 +198,127 @@ fn scale(c: &mut Criterion) {
     let mut g = c.benchmark_group("durable begin+complete, 64 threads, by records stored");
     g.sampling_mode(SamplingMode::Flat);
     g.throughput(Throughput::Elements(1));
-    g.bench_function(format!("{SMALL} records"), |b| {
-        with_db(&SMALL_DB, SMALL, |l| {
-            b.iter_custom(|iters| common::run_clients(64, iters, |_, _| request(&l.engine)));
-        });
-    });
     let n = large();
-    g.bench_function(format!("{n} records"), |b| {
-        with_db(&LARGE_DB, n, |l| {
-            b.iter_custom(|iters| common::run_clients(64, iters, |_, _| request(&l.engine)));
-        });
-    });
+    for format in formats() {
+        for (slots, records) in [(&SMALL_DB, SMALL), (&LARGE_DB, n)] {
+            g.bench_function(format!("{}, {records} records", format.name()), |b| {
+                with_db(slots, format, records, |l| {
+                    b.iter_custom(|iters| {
+                        common::run_clients(64, iters, |_, _| request(&l.engine))
+                    });
+                });
+            });
+        }
+    }
     g.finish();
 }
 
-/// Interleaved: 10k vs 1M throughput, then sweep vs idle `begin` latency.
+/// Interleaved: 10k vs 1M throughput per format (and format 3 vs format
+/// 2 at each size), then sweep vs idle `begin` latency per format.
 fn paired() {
     let r = common::rounds();
     let n = large();
-    let (mut small, mut big) = (vec![], vec![]);
+    let formats = formats();
+    // rates[format][0: small, 1: large]
+    let mut rates = vec![[Vec::new(), Vec::new()]; formats.len()];
     for _ in 0..r.rounds {
-        small.push(with_db(&SMALL_DB, SMALL, |l| {
-            common::rate_for(64, r.slice, |_| request(&l.engine))
-        }));
-        big.push(with_db(&LARGE_DB, n, |l| {
-            common::rate_for(64, r.slice, |_| request(&l.engine))
-        }));
-    }
-    common::report_paired(
-        &format!("durable req/s, 64 threads: {n} records vs {SMALL} records"),
-        "req/s",
-        &big,
-        &small,
-    );
-    drop(SMALL_DB.lock().expect("lock").take());
-
-    with_db(&LARGE_DB, n, |l| {
-        println!(
-            "PEAK_RSS with {} records stored: {:.0} MiB (VmHWM), file {:.0} MiB",
-            l.records,
-            common::peak_rss_mib().unwrap_or(0.0),
-            file_mib(&l.path)
-        );
-        let (mut busy, mut idle) = (vec![], vec![]);
-        let (mut deleted, mut sweep_time) = (0, Duration::ZERO);
-        for chunk in 0..CHUNKS {
-            // Expire chunk `chunk` (the earlier ones are gone already).
-            let expire_at = T0 + chunk * CHUNK_STEP.as_millis() as u64 + TTL.as_millis() as u64;
-            l.clock.set(expire_at.max(l.clock.now_ms()));
-            let active = AtomicBool::new(true);
-            let (p99, took, counts) = std::thread::scope(|s| {
-                let sweeper = s.spawn(|| {
-                    let start = Instant::now();
-                    let counts = l.engine.sweep_now().expect("sweep");
-                    active.store(false, Ordering::SeqCst);
-                    (start.elapsed(), counts)
-                });
-                let p99 = common::begin_p99_while(&l.engine, || active.load(Ordering::SeqCst));
-                let (took, counts) = sweeper.join().expect("sweeper");
-                (p99, took, counts)
-            });
-            deleted += counts.deleted;
-            sweep_time += took;
-            let end = Instant::now() + took.max(Duration::from_millis(200));
-            if let Some(p99) = p99 {
-                busy.push(p99);
-                idle.push(
-                    common::begin_p99_while(&l.engine, || Instant::now() < end).unwrap_or(p99),
-                );
+        for (f, &format) in formats.iter().enumerate() {
+            for (size, (slots, records)) in
+                [(&SMALL_DB, SMALL), (&LARGE_DB, n)].into_iter().enumerate()
+            {
+                rates[f][size].push(with_db(slots, format, records, |l| {
+                    common::rate_for(64, r.slice, |_| request(&l.engine))
+                }));
             }
         }
-        println!(
-            "SWEEP deleted {deleted} expired records in {CHUNKS} passes, {:.1}s of sweeping",
-            sweep_time.as_secs_f64()
+    }
+    for (f, format) in formats.iter().enumerate() {
+        common::report_paired(
+            &format!(
+                "{}: durable req/s, 64 threads: {n} records vs {SMALL} records",
+                format.name()
+            ),
+            "req/s",
+            &rates[f][1],
+            &rates[f][0],
         );
-        if !busy.is_empty() {
+    }
+    if let (Some(two), Some(three)) = (
+        formats.iter().position(|f| *f == Format::Two),
+        formats.iter().position(|f| *f == Format::Three),
+    ) {
+        for (size, records) in [SMALL, n].into_iter().enumerate() {
             common::report_paired(
-                &format!("begin p99, 64 threads: while sweeping {n} expired records vs idle"),
-                "us",
-                &busy,
-                &idle,
+                &format!("durable req/s, 64 threads, {records} records: format 3 vs format 2"),
+                "req/s",
+                &rates[three][size],
+                &rates[two][size],
             );
         }
-    });
-    drop(LARGE_DB.lock().expect("lock").take());
+    }
+    drop_all(&SMALL_DB);
+
+    for format in formats {
+        with_db(&LARGE_DB, format, n, |l| sweep(format, l));
+        drop(LARGE_DB[format.index()].lock().expect("lock").take());
+    }
+}
+
+/// Expires the large store of `format` chunk by chunk, `begin` p99 while
+/// each chunk is swept vs idle.
+fn sweep(format: Format, l: &Loaded) {
+    let n = l.records;
+    println!(
+        "PEAK_RSS with the {} store of {} records loaded: {:.0} MiB (VmHWM, the process), now {:.0} MiB, file {:.0} MiB",
+        format.name(),
+        l.records,
+        common::peak_rss_mib().unwrap_or(0.0),
+        rss_mib(),
+        file_mib(&l.path)
+    );
+    let (mut busy, mut idle) = (vec![], vec![]);
+    let (mut deleted, mut sweep_time) = (0, Duration::ZERO);
+    for chunk in 0..CHUNKS {
+        // Expire chunk `chunk` (the earlier ones are gone already).
+        let expire_at = T0 + chunk * CHUNK_STEP.as_millis() as u64 + TTL.as_millis() as u64;
+        l.clock.set(expire_at.max(l.clock.now_ms()));
+        let active = AtomicBool::new(true);
+        let (p99, took, counts) = std::thread::scope(|s| {
+            let sweeper = s.spawn(|| {
+                let start = Instant::now();
+                let counts = l.engine.sweep_now().expect("sweep");
+                active.store(false, Ordering::SeqCst);
+                (start.elapsed(), counts)
+            });
+            let p99 = common::begin_p99_while(&l.engine, || active.load(Ordering::SeqCst));
+            let (took, counts) = sweeper.join().expect("sweeper");
+            (p99, took, counts)
+        });
+        deleted += counts.deleted;
+        sweep_time += took;
+        let end = Instant::now() + took.max(Duration::from_millis(200));
+        if let Some(p99) = p99 {
+            busy.push(p99);
+            idle.push(common::begin_p99_while(&l.engine, || Instant::now() < end).unwrap_or(p99));
+        }
+    }
+    println!(
+        "SWEEP {} deleted {deleted} expired records in {CHUNKS} passes, {:.1}s of sweeping ({:.1} us each)",
+        format.name(),
+        sweep_time.as_secs_f64(),
+        sweep_time.as_secs_f64() * 1e6 / deleted.max(1) as f64
+    );
+    if !busy.is_empty() {
+        common::report_paired(
+            &format!(
+                "{}: begin p99, 64 threads: while sweeping {n} expired records vs idle",
+                format.name()
+            ),
+            "us",
+            &busy,
+            &idle,
+        );
+    }
 }
 
 criterion_group! {
@@ -209,7 +333,7 @@ fn main() {
         paired();
     }
     // Statics are never dropped: close the engines and delete their files.
-    drop(SMALL_DB.lock().expect("lock").take());
-    drop(LARGE_DB.lock().expect("lock").take());
+    drop_all(&SMALL_DB);
+    drop_all(&LARGE_DB);
     Criterion::default().configure_from_args().final_summary();
 }

@@ -1,7 +1,11 @@
-//! Scale at 10M records (issue 26): today's format 2 with 10k, 1M and 10M
-//! COMPLETED records stored, each store served by the engine in its own
-//! child process (so peak RSS and `/proc/self/io` are per store), the
-//! baseline the format-3 work is measured against.
+//! Scale at 10M records (issue 26): format 2 and format 3 (time-partitioned
+//! records) with 10k, 1M and 10M COMPLETED records stored, each store
+//! served by the engine in its own child process (so peak RSS and
+//! `/proc/self/io` are per store). `IDEMPOTENCY_BENCH_FORMATS` picks the
+//! formats (`2,3` by default; `2` alone is the baseline run of
+//! BENCHMARKS.md); a format-3 store is created with the hidden
+//! `unstable_format_3` before the preload fills it, in partitions of
+//! 32,768 keys in claim order, all sealed but the last.
 //!
 //! The stores are filled by `idempotency::bench_fixtures` (feature
 //! `bench-fixtures`): records written straight into the engine's tables
@@ -22,14 +26,16 @@
 //!   root, under `cargo bench` only): `read_bytes` of the server per
 //!   request (`begin` + `complete`), and the `begin` latency; at the end
 //!   the same at 10M with the engine's cache warm from the traffic;
-//! - req/s at 64 threads, interleaved: 10k, 1M, 10M each round (5 rounds of
-//!   1.5 s, `IDEMPOTENCY_BENCH_ROUNDS`), ratios 10M / 10k and 1M / 10k;
-//! - bytes written per request by the 10M store: the block device's sector
+//! - req/s at 64 threads, interleaved: 10k, 1M, 10M of every format each
+//!   round (5 rounds of 1.5 s, `IDEMPOTENCY_BENCH_ROUNDS`), ratios 10M / 10k
+//!   and 1M / 10k per format, and format 3 / format 2 at each size;
+//! - bytes written per request by each 10M store: the block device's sector
 //!   counter around each 10M slice (with `sync`), plus the store's closing
 //!   checkpoint, over the requests of all its slices; beside it the
 //!   server's `write_bytes` and `wchar`;
 //! - file bytes per record after the preload and after the traffic;
-//! - `begin` p99 while `sweep_now` deletes expired records vs idle, at 10M:
+//! - `begin` p99 while `sweep_now` deletes expired records vs idle, at 10M
+//!   (per format):
 //!   the oldest `IDEMPOTENCY_BENCH_SWEEP_MINUTES` (20) of the day's
 //!   records, in 3 passes (a day does not fit the budget: the line gives
 //!   the day's time at the measured rate);
@@ -135,27 +141,57 @@ fn mib(bytes: f64) -> f64 {
 
 // ---------------------------------------------------------------- child
 
-/// A child: `preload:<records>:<path>` writes the store and exits;
-/// `serve:<records>:<path>` opens it and answers commands on stdin, one
-/// line of numbers each on stdout.
+/// A child: `preload:<format>:<records>:<path>` writes the store in
+/// format 2 or 3 and exits; `serve:<format>:<records>:<path>` opens it (an
+/// existing file keeps its format) and answers commands on stdin, one line
+/// of numbers each on stdout.
 fn child(arg: &str) {
-    let mut f = arg.splitn(3, ':');
-    let (mode, n, path) = (
+    let mut f = arg.splitn(4, ':');
+    let (mode, format, n, path) = (
         f.next().expect("mode"),
+        f.next().and_then(|s| s.parse::<u8>().ok()).expect("format"),
         f.next()
             .and_then(|s| s.parse::<u64>().ok())
             .expect("records"),
         PathBuf::from(f.next().expect("path")),
     );
     if mode == "preload" {
-        preload(n, &path);
+        preload(format, n, path.as_path());
     } else {
         serve(n, &path);
     }
 }
 
-fn preload(n: u64, path: &Path) {
+/// The formats of `IDEMPOTENCY_BENCH_FORMATS` (`2,3` by default).
+fn formats() -> Vec<u8> {
+    let spec = std::env::var("IDEMPOTENCY_BENCH_FORMATS").unwrap_or_else(|_| "2,3".into());
+    let formats: Vec<u8> = spec
+        .split(',')
+        .map(|f| match f.trim() {
+            "2" => 2,
+            "3" => 3,
+            other => panic!("IDEMPOTENCY_BENCH_FORMATS: {other:?} is not 2 or 3"),
+        })
+        .collect();
+    assert!(
+        !formats.is_empty(),
+        "IDEMPOTENCY_BENCH_FORMATS names no format"
+    );
+    formats
+}
+
+fn preload(format: u8, n: u64, path: &Path) {
     let start = Instant::now();
+    if format == 3 {
+        // A new file in format 3; the preload keeps the file's format.
+        drop(
+            Engine::builder()
+                .unstable_format_3()
+                .ttl(TTL)
+                .open(path)
+                .expect("create a format-3 file"),
+        );
+    }
     let order = order();
     let plan = Preload {
         count: n,
@@ -170,7 +206,7 @@ fn preload(n: u64, path: &Path) {
     assert_eq!(shape.records, n, "records in the preloaded table");
     let size = file_bytes(path);
     println!(
-        "PRELOAD {n} records ({order:?}) in {:.1}s: file {:.0} MiB, {:.0} B per record; records table: leaves {:.0}% full, {:.0} B of pages per record, {} leaf + {} branch pages; preload peak RSS {:.0} MiB",
+        "PRELOAD format {format} {n} records ({order:?}) in {:.1}s: file {:.0} MiB, {:.0} B per record; records table: leaves {:.0}% full, {:.0} B of pages per record, {} leaf + {} branch pages; preload peak RSS {:.0} MiB",
         start.elapsed().as_secs_f64(),
         mib(size as f64),
         size as f64 / n as f64,
@@ -306,7 +342,9 @@ fn sweep_pair(engine: &Engine, cap: Duration) -> (u64, Duration, f64, f64) {
 // --------------------------------------------------------------- parent
 
 struct Server {
+    /// `format <f> <size>`.
     name: String,
+    format: u8,
     records: u64,
     path: PathBuf,
     child: Child,
@@ -358,23 +396,30 @@ fn label(n: u64) -> String {
     }
 }
 
-fn start(dir: &Path, records: u64) -> Server {
-    let path = dir.join(format!("engine-{records}.redb"));
+fn start(dir: &Path, format: u8, records: u64) -> Server {
+    let path = dir.join(format!("engine-f{format}-{records}.redb"));
+    let name = format!("format {format} {}", label(records));
     let t = Instant::now();
-    let status = spawn(&format!("preload:{records}:{}", path.display()), false)
-        .wait()
-        .expect("preload");
-    assert!(status.success(), "preload of {records} records failed");
+    let status = spawn(
+        &format!("preload:{format}:{records}:{}", path.display()),
+        false,
+    )
+    .wait()
+    .expect("preload");
+    assert!(status.success(), "preload of {name} failed");
     println!(
-        "PRELOAD {} took {:.1}s in all (engine create included)",
-        label(records),
+        "PRELOAD {name} took {:.1}s in all (engine create included)",
         t.elapsed().as_secs_f64()
     );
-    let mut child = spawn(&format!("serve:{records}:{}", path.display()), true);
+    let mut child = spawn(
+        &format!("serve:{format}:{records}:{}", path.display()),
+        true,
+    );
     let stdin = child.stdin.take().expect("stdin");
     let stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let mut s = Server {
-        name: label(records),
+        name,
+        format,
         records,
         path,
         child,
@@ -427,138 +472,157 @@ fn run() {
     println!("LOAD at start: {}", load_average());
     let dir = common::bench_dir();
     let device = common::device::Device::of(dir.path());
-    let mut servers: Vec<Server> = [small, mid, large]
+    // One set of stores per format: small, mid, large.
+    let mut sets: Vec<Vec<Server>> = formats()
         .into_iter()
-        .map(|n| start(dir.path(), n))
+        .map(|f| {
+            [small, mid, large]
+                .into_iter()
+                .map(|n| start(dir.path(), f, n))
+                .collect()
+        })
         .collect();
-    let preloaded: Vec<u64> = servers.iter().map(|s| file_bytes(&s.path)).collect();
-    for (s, bytes) in servers.iter().zip(&preloaded) {
+    for s in sets.iter().flatten() {
+        let bytes = file_bytes(&s.path);
         println!(
             "FILE {} after the preload: {:.0} MiB, {:.0} B per record",
             s.name,
-            mib(*bytes as f64),
-            *bytes as f64 / s.records as f64
+            mib(bytes as f64),
+            bytes as f64 / s.records as f64
         );
     }
 
-    rss_after(&mut servers[2], "the open");
+    for set in &mut sets {
+        rss_after(&mut set[2], "the open");
+    }
     // A fresh key with a cold OS page cache, largest store first.
     let fresh = if measuring { 2_000 } else { 20 };
-    for s in servers.iter_mut().rev() {
-        if measuring && !drop_page_cache() {
-            println!("COLD not measured: cannot drop the page cache (needs root)");
-            break;
+    'cold: for set in &mut sets {
+        for s in set.iter_mut().rev() {
+            if measuring && !drop_page_cache() {
+                println!("COLD not measured: cannot drop the page cache (needs root)");
+                break 'cold;
+            }
+            let v = s.ask(&format!("fresh {fresh}"));
+            s.requests += fresh;
+            println!(
+                "COLD {}: {fresh} fresh-key requests one at a time (page cache dropped first: {measuring}): {:.0} B read from the device per request, begin p50 {:.0} us, p99 {:.0} us",
+                s.name, v[0], v[1], v[2]
+            );
         }
-        let v = s.ask(&format!("fresh {fresh}"));
-        s.requests += fresh;
-        println!(
-            "COLD {}: {fresh} fresh-key requests one at a time (page cache dropped first: {measuring}): {:.0} B read from the device per request, begin p50 {:.0} us, p99 {:.0} us",
-            s.name, v[0], v[1], v[2]
-        );
     }
 
-    rss_after(&mut servers[2], "the cold requests");
-    // Throughput, interleaved.
+    for set in &mut sets {
+        rss_after(&mut set[2], "the cold requests");
+    }
+    // Throughput, interleaved over every store of every format.
     let r = common::rounds();
     let ms = r.slice.as_millis();
-    let mut rates = vec![Vec::new(); 3];
-    let (mut dev_bytes, mut dev_ok) = (0u64, device.is_some());
-    let (mut wb, mut wc, mut rb, mut reqs) = (0i64, 0i64, 0i64, 0u64);
+    // Per set: rates per size, and the large store's writes.
+    let mut rates = vec![vec![Vec::new(); 3]; sets.len()];
+    let mut writes = vec![Writes::new(device.is_some()); sets.len()];
     for _ in 0..r.rounds {
-        for (i, s) in servers.iter_mut().enumerate() {
-            let is_large = i == 2;
-            let before = device
-                .as_ref()
-                .filter(|_| is_large && measuring)
-                .and_then(|d| d.written_after_sync());
-            let v = s.ask(&format!("rate {ms}"));
-            let after = device
-                .as_ref()
-                .filter(|_| is_large && measuring)
-                .and_then(|d| d.written_after_sync());
-            rates[i].push(v[0]);
-            s.requests += v[1] as u64;
-            if is_large {
-                reqs += v[1] as u64;
-                wb += v[2] as i64;
-                wc += v[3] as i64;
-                rb += v[4] as i64;
-                match (before, after) {
-                    (Some(b), Some(a)) => dev_bytes += a - b,
-                    _ => dev_ok = false,
+        for (k, set) in sets.iter_mut().enumerate() {
+            for (i, s) in set.iter_mut().enumerate() {
+                let is_large = i == 2;
+                let before = device
+                    .as_ref()
+                    .filter(|_| is_large && measuring)
+                    .and_then(|d| d.written_after_sync());
+                let v = s.ask(&format!("rate {ms}"));
+                let after = device
+                    .as_ref()
+                    .filter(|_| is_large && measuring)
+                    .and_then(|d| d.written_after_sync());
+                rates[k][i].push(v[0]);
+                s.requests += v[1] as u64;
+                if is_large {
+                    let w = &mut writes[k];
+                    w.reqs += v[1] as u64;
+                    w.wb += v[2] as i64;
+                    w.wc += v[3] as i64;
+                    w.rb += v[4] as i64;
+                    w.device(before, after);
                 }
             }
         }
     }
-    common::report_paired(
-        &format!(
-            "durable req/s, {THREADS} threads: {} records vs {} records",
-            label(large),
-            label(small)
-        ),
-        "req/s",
-        &rates[2],
-        &rates[0],
-    );
-    common::report_paired(
-        &format!(
-            "durable req/s, {THREADS} threads: {} records vs {} records",
-            label(mid),
-            label(small)
-        ),
-        "req/s",
-        &rates[1],
-        &rates[0],
-    );
-    common::report_rounds(
-        &format!("{} vs {}", label(large), label(small)),
-        &rates[2],
-        &rates[0],
-    );
-    common::report_rounds(
-        &format!("{} vs {}", label(mid), label(small)),
-        &rates[1],
-        &rates[0],
-    );
-
-    rss_after(&mut servers[2], "the rounds");
-    // The large store's closing checkpoint belongs to its traffic.
-    let large_s = &mut servers[2];
-    let before = device
-        .as_ref()
-        .filter(|_| measuring)
-        .and_then(|d| d.written_after_sync());
-    let close = large_s.ask("close");
-    let after = device
-        .as_ref()
-        .filter(|_| measuring)
-        .and_then(|d| d.written_after_sync());
-    match (before, after) {
-        (Some(b), Some(a)) => dev_bytes += a - b,
-        _ => dev_ok = false,
+    for (k, set) in sets.iter().enumerate() {
+        let f = set[0].format;
+        for i in [2, 1] {
+            common::report_paired(
+                &format!(
+                    "format {f}: durable req/s, {THREADS} threads: {} records vs {} records",
+                    label(set[i].records),
+                    label(small)
+                ),
+                "req/s",
+                &rates[k][i],
+                &rates[k][0],
+            );
+        }
+        for i in [2, 1] {
+            common::report_rounds(
+                &format!("{} vs {}", set[i].name, set[0].name),
+                &rates[k][i],
+                &rates[k][0],
+            );
+        }
     }
-    wb += close[1] as i64;
-    wc += close[2] as i64;
-    let per = |b: f64| b / reqs.max(1) as f64;
-    println!(
-        "WRITES {}: {reqs} requests over {} slices, closing checkpoint {:.1}s: block device {} B per request; server write_bytes {:.0} B, wchar {:.0} B, read_bytes {:.0} B per request",
-        large_s.name,
-        r.rounds,
-        close[0],
-        if dev_ok && measuring {
-            format!("{:.0}", per(dev_bytes as f64))
-        } else {
-            "not measured".to_string()
-        },
-        per(wb as f64),
-        per(wc as f64),
-        per(rb as f64)
-    );
-    let reopen = large_s.ask("open")[0];
-    println!("OPEN {} again: {reopen:.1}s", large_s.name);
-    rss_after(large_s, "its close and reopen");
+    let of = |f: u8| sets.iter().position(|set| set[0].format == f);
+    if let (Some(two), Some(three)) = (of(2), of(3)) {
+        for i in 0..3 {
+            common::report_paired(
+                &format!(
+                    "durable req/s, {THREADS} threads, {} records: format 3 vs format 2",
+                    label(sets[two][i].records)
+                ),
+                "req/s",
+                &rates[three][i],
+                &rates[two][i],
+            );
+        }
+    }
 
-    for s in &mut servers {
+    for (k, set) in sets.iter_mut().enumerate() {
+        rss_after(&mut set[2], "the rounds");
+        // The large store's closing checkpoint belongs to its traffic.
+        let large_s = &mut set[2];
+        let before = device
+            .as_ref()
+            .filter(|_| measuring)
+            .and_then(|d| d.written_after_sync());
+        let close = large_s.ask("close");
+        let after = device
+            .as_ref()
+            .filter(|_| measuring)
+            .and_then(|d| d.written_after_sync());
+        let w = &mut writes[k];
+        w.device(before, after);
+        w.wb += close[1] as i64;
+        w.wc += close[2] as i64;
+        let per = |b: f64| b / w.reqs.max(1) as f64;
+        println!(
+            "WRITES {}: {} requests over {} slices, closing checkpoint {:.1}s: block device {} B per request; server write_bytes {:.0} B, wchar {:.0} B, read_bytes {:.0} B per request",
+            large_s.name,
+            w.reqs,
+            r.rounds,
+            close[0],
+            if w.dev_ok && measuring {
+                format!("{:.0}", per(w.dev_bytes as f64))
+            } else {
+                "not measured".to_string()
+            },
+            per(w.wb as f64),
+            per(w.wc as f64),
+            per(w.rb as f64)
+        );
+        let reopen = large_s.ask("open")[0];
+        println!("OPEN {} again: {reopen:.1}s", large_s.name);
+        rss_after(large_s, "its close and reopen");
+    }
+
+    for s in sets.iter_mut().flatten() {
         let v = s.ask("stats");
         let stored = s.records + s.requests;
         println!(
@@ -570,11 +634,90 @@ fn run() {
         );
     }
 
-    // Expiry at the large size: the oldest minutes of the day, in passes.
+    for set in &mut sets {
+        sweep(&mut set[2], measuring);
+    }
+
+    // Again at the large size, now that traffic and the sweep have warmed
+    // the engine's own cache (redb's, in the server): the steady state of
+    // a store larger than that cache, whose file left the OS page cache.
+    for set in &mut sets {
+        let large_s = &mut set[2];
+        if !measuring || drop_page_cache() {
+            let v = large_s.ask(&format!("fresh {fresh}"));
+            large_s.requests += fresh;
+            println!(
+                "COLD {} after the traffic (engine cache warm, page cache dropped first: {measuring}): {fresh} fresh-key requests one at a time: {:.0} B read from the device per request, begin p50 {:.0} us, p99 {:.0} us",
+                large_s.name, v[0], v[1], v[2]
+            );
+        }
+    }
+
+    for s in sets.iter_mut().flatten() {
+        let v = s.ask("stats");
+        println!(
+            "RSS {}: peak {:.0} MiB, now {:.0} MiB (VmHWM and VmRSS of its server; redb cache: the default 1 GiB), file {:.0} MiB",
+            s.name,
+            v[1],
+            v[2],
+            mib(v[0])
+        );
+    }
+    for s in sets.into_iter().flatten() {
+        drop(s.stdin);
+        let mut child = s.child;
+        child.wait().expect("server exit");
+    }
+    println!(
+        "LOAD at end: {}; whole run {:.0}s",
+        load_average(),
+        begun.elapsed().as_secs_f64()
+    );
+}
+
+/// What a large store wrote over its traffic.
+#[derive(Clone)]
+struct Writes {
+    /// Block-device bytes around its slices and its close.
+    dev_bytes: u64,
+    /// Whether every device reading was taken.
+    dev_ok: bool,
+    /// Server `write_bytes`, `wchar`, `read_bytes`.
+    wb: i64,
+    wc: i64,
+    rb: i64,
+    /// Requests served in the slices.
+    reqs: u64,
+}
+
+impl Writes {
+    fn new(device: bool) -> Writes {
+        Writes {
+            dev_bytes: 0,
+            dev_ok: device,
+            wb: 0,
+            wc: 0,
+            rb: 0,
+            reqs: 0,
+        }
+    }
+
+    /// Adds the device bytes between two readings (either missing: not
+    /// measured).
+    fn device(&mut self, before: Option<u64>, after: Option<u64>) {
+        match (before, after) {
+            (Some(b), Some(a)) => self.dev_bytes += a - b,
+            _ => self.dev_ok = false,
+        }
+    }
+}
+
+/// Expiry at the large size: the oldest minutes of the day, in passes.
+fn sweep(large_s: &mut Server, measuring: bool) {
+    let large = large_s.records;
     let minutes = env_usize("IDEMPOTENCY_BENCH_SWEEP_MINUTES").unwrap_or(20) as u64;
     let passes = 3u64;
     let cap_ms = if measuring { 20_000 } else { 200 };
-    let large_s = &mut servers[2];
     let (mut busy, mut idle) = (vec![], vec![]);
     let (mut deleted, mut took) = (0u64, 0.0);
     for p in 1..=passes {
@@ -587,7 +730,8 @@ fn run() {
             idle.push(v[3]);
         }
         println!(
-            "SWEEP pass {p}: {} records in {:.2}s ({:.1} us each), begin p99 {:.0} us sweeping vs {:.0} us idle",
+            "SWEEP {} pass {p}: {} records in {:.2}s ({:.1} us each), begin p99 {:.0} us sweeping vs {:.0} us idle",
+            large_s.name,
             v[0],
             v[1],
             v[1] * 1e6 / v[0].max(1.0),
@@ -604,7 +748,8 @@ fn run() {
     if !busy.is_empty() {
         common::report_paired(
             &format!(
-                "begin p99, {THREADS} threads: while sweeping {} expired records at {} vs idle",
+                "format {}: begin p99, {THREADS} threads: while sweeping {} expired records at {} vs idle",
+                large_s.format,
                 label(deleted),
                 label(large)
             ),
@@ -613,39 +758,6 @@ fn run() {
             &idle,
         );
     }
-
-    // Again at the large size, now that traffic and the sweep have warmed
-    // the engine's own cache (redb's, in the server): the steady state of
-    // a store larger than that cache, whose file left the OS page cache.
-    let large_s = &mut servers[2];
-    if !measuring || drop_page_cache() {
-        let v = large_s.ask(&format!("fresh {fresh}"));
-        large_s.requests += fresh;
-        println!(
-            "COLD {} after the traffic (engine cache warm, page cache dropped first: {measuring}): {fresh} fresh-key requests one at a time: {:.0} B read from the device per request, begin p50 {:.0} us, p99 {:.0} us",
-            large_s.name, v[0], v[1], v[2]
-        );
-    }
-
-    for s in &mut servers {
-        let v = s.ask("stats");
-        println!(
-            "RSS {}: peak {:.0} MiB, now {:.0} MiB (VmHWM and VmRSS of its server; redb cache: the default 1 GiB), file {:.0} MiB",
-            s.name,
-            v[1],
-            v[2],
-            mib(v[0])
-        );
-    }
-    for mut s in servers {
-        drop(s.stdin);
-        s.child.wait().expect("server exit");
-    }
-    println!(
-        "LOAD at end: {}; whole run {:.0}s",
-        load_average(),
-        begun.elapsed().as_secs_f64()
-    );
 }
 
 fn main() {
