@@ -23,9 +23,11 @@
 //!    record must live, and counts the partitions dropped (rows of
 //!    `idempotency.partitions` read with redb before and after).
 //!
-//! Rounds: `IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS` (default 10),
+//! Rounds: `IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS` (default 10, half of them
+//! aimed at the end of the open, where the migration runs),
 //! `IDEMPOTENCY_KILL_F3_DROP_ROUNDS` (default 8); `IDEMPOTENCY_KILL_SEED`
-//! replays an earlier run's delays (thread scheduling is not replayed).
+//! replays an earlier run's delays (the migration test's also follow the
+//! opens its children measure; thread scheduling is not replayed).
 //! Unix only (the kill is observed as SIGKILL).
 #![cfg(unix)]
 
@@ -77,8 +79,8 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Records of the format-2 file the migration test starts from.
 const BASE_RECORDS: u64 = 10_000;
 const BASE_THREADS: u64 = 16;
-const MIGRATE_CHILD_THREADS: u64 = 4;
-const DEFAULT_MIGRATE_ROUNDS: u64 = 8;
+const MIGRATE_CHILD_THREADS: u64 = 2;
+const DEFAULT_MIGRATE_ROUNDS: u64 = 10;
 
 const DROP_TTL: Duration = Duration::from_millis(400);
 const DROP_PARTITION_KEYS: u64 = 16;
@@ -154,6 +156,7 @@ fn seed() -> AnyResult<u64> {
 /// What a child opens its file with.
 fn migrating_builder() -> EngineBuilder {
     Engine::builder()
+        .recovery_reserve(0)
         .lease(LEASE)
         .sweep_interval(None)
         .unstable_format_3()
@@ -445,6 +448,12 @@ fn partition_rows(db: &Path) -> AnyResult<BTreeSet<u64>> {
     Ok(rows)
 }
 
+fn median(values: &[u64]) -> Option<u64> {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
+}
+
 fn copy_database(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::copy(from, to)?;
     let journal = |p: &Path| {
@@ -555,7 +564,12 @@ fn sigkill_during_the_migration_loses_nothing() -> TestResult {
     let plain = dir.path().join("plain.redb");
     copy_database(&base, &plain)?;
     let t = Instant::now();
-    drop(Engine::builder().sweep_interval(None).open(&plain)?);
+    drop(
+        Engine::builder()
+            .recovery_reserve(0)
+            .sweep_interval(None)
+            .open(&plain)?,
+    );
     let plain_open = t.elapsed();
     let measured = dir.path().join("measured.redb");
     copy_database(&base, &measured)?;
@@ -565,17 +579,26 @@ fn sigkill_during_the_migration_loses_nothing() -> TestResult {
     if format_of(&measured)? != 3 {
         return Err("the measured open did not migrate the file".into());
     }
+    // The same open of the migrated file: what is not the migration.
+    let t = Instant::now();
+    drop(migrating_builder().open(&measured)?);
+    let migrated_open = t.elapsed();
     println!(
-        "base: {BASE_RECORDS} records, {} MiB, written in {:.1} s; open {:.0} ms, open with migration {:.0} ms",
+        "base: {BASE_RECORDS} records, {} MiB, written in {:.1} s; open {:.0} ms, open with \
+         migration {:.0} ms, open of the migrated file {:.0} ms",
         base_bytes >> 20,
         built.as_secs_f64(),
         plain_open.as_secs_f64() * 1e3,
         migrating_open.as_secs_f64() * 1e3,
+        migrated_open.as_secs_f64() * 1e3,
     );
-    // Stratified over 0..1.5x the migrating open: each round draws from
+    // Even rounds: stratified over 0..1.5x the migrating open, each from
     // its own slice, so both sides of the commit are hit in every run.
-    let span_ms = (migrating_open.as_millis() as u64 * 3 / 2).max(20);
-
+    // Odd rounds: stratified over its last 30%, where the migration's
+    // transaction runs (the open's fixed work comes first). The open's
+    // length is the median of the children's opens so far (the measure
+    // above until one is ready): one open timed under load can be far off.
+    let (wide, late) = (rounds.div_ceil(2), rounds / 2);
     let mut failures = Vec::new();
     let (mut before_commit, mut before_ready, mut after_ready) = (0u64, 0u64, 0u64);
     let mut acked = 0usize;
@@ -585,7 +608,18 @@ fn sigkill_during_the_migration_loses_nothing() -> TestResult {
         copy_database(&base, &db)?;
         let log = dir.path().join(format!("acks-{round}.log"));
         let stderr = dir.path().join(format!("child-{round}.stderr"));
-        let slice = span_ms * round / rounds..span_ms * (round + 1) / rounds;
+        let open_ms = median(&child_open_ms).unwrap_or(migrating_open.as_millis() as u64);
+        let (from, span, i, n) = if round % 2 == 0 {
+            (0, (open_ms * 3 / 2).max(20), round / 2, wide)
+        } else {
+            (
+                open_ms * 7 / 10,
+                (open_ms * 35 / 100).max(10),
+                round / 2,
+                late,
+            )
+        };
+        let slice = from + span * i / n..from + span * (i + 1) / n;
         let delay = slice.start + rng.below((slice.end - slice.start).max(1));
         let child = spawn_child("migrate", &db, round, &log, &stderr)?;
         let ended = kill_after(child, round, Duration::from_millis(delay), false, &stderr)?;
