@@ -1,0 +1,854 @@
+//! Guards format 3 (issue 26) against the two crashes its plan names: a
+//! SIGKILL during the migration of a format-2 file, and a SIGKILL while the
+//! sweeper empties sealed partitions and drops them. Children are this test
+//! binary re-invoked with `IDEM_KILL_F3_ROLE` set (only `child_entry` runs).
+//!
+//! 1. `sigkill_during_the_migration_loses_nothing`: the parent writes a
+//!    format-2 file of completed records, measures how long an open that
+//!    migrates it takes, and in each round lets a child open a fresh copy
+//!    with `unstable_format_3` (the migration runs inside the open), then
+//!    do a little traffic; the kill comes a stratified random delay after
+//!    the child said it was about to open, from 0 to past the open, so it
+//!    lands before and after the migration's commit. The parent reopens
+//!    the copy in whatever format it has and checks every record written
+//!    before, and every write the child acknowledged, replays byte for
+//!    byte, and that `verify` finds the file sound.
+//! 2. `sigkill_during_partition_drops_loses_nothing`: a child with
+//!    partitions of 16 keys or one second, a 400 ms TTL that forgets, and
+//!    the sweeper every 50 ms, claims and completes fresh keys on the
+//!    system clock, so sealed partitions empty and are dropped all the
+//!    time; the kill comes at random. The parent reopens and checks that
+//!    `verify` is sound, that every acknowledged completion whose TTL has
+//!    not run out replays, that no acknowledged key is claimable while its
+//!    record must live, and counts the partitions dropped (rows of
+//!    `idempotency.partitions` read with redb before and after).
+//!
+//! Rounds: `IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS` (default 10, half of them
+//! aimed at the end of the open, where the migration runs),
+//! `IDEMPOTENCY_KILL_F3_DROP_ROUNDS` (default 8); `IDEMPOTENCY_KILL_SEED`
+//! replays an earlier run's delays (the migration test's also follow the
+//! opens its children measure; thread scheduling is not replayed).
+//! Unix only (the kill is observed as SIGKILL).
+#![cfg(unix)]
+
+#[path = "common/kill_child.rs"]
+mod kill_child;
+#[path = "common/meta_table.rs"]
+mod meta_table;
+#[path = "common/split_mix.rs"]
+mod split_mix;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::error::Error;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idempotency::{
+    Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, State,
+};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use split_mix::SplitMix64;
+
+type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
+type AnyResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+const ROLE_VAR: &str = "IDEM_KILL_F3_ROLE";
+const DB_VAR: &str = "IDEM_KILL_F3_DB";
+const ROUND_VAR: &str = "IDEM_KILL_F3_ROUND";
+const LOG_VAR: &str = "IDEM_KILL_F3_LOG";
+const MIGRATE_ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS";
+const DROP_ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_F3_DROP_ROUNDS";
+const SEED_VAR: &str = "IDEMPOTENCY_KILL_SEED";
+
+const SCOPE: &str = "tenant-1:kill-format3";
+/// Printed by a child just before its open; the kill delay counts from it.
+const OPENING: &str = "KILL-F3 CHILD OPENING";
+/// Printed by a child once its engine is open, with the open's ms.
+const READY: &str = "KILL-F3 CHILD READY";
+const SIGKILL: i32 = 9;
+/// Long enough that no claim's lease runs out during the test.
+const LEASE: Duration = Duration::from_secs(3600);
+const CHILD_LIMIT: Duration = Duration::from_secs(120);
+const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Records of the format-2 file the migration test starts from.
+const BASE_RECORDS: u64 = 10_000;
+const BASE_THREADS: u64 = 16;
+const MIGRATE_CHILD_THREADS: u64 = 2;
+const DEFAULT_MIGRATE_ROUNDS: u64 = 10;
+
+const DROP_TTL: Duration = Duration::from_millis(400);
+const DROP_PARTITION_KEYS: u64 = 16;
+const DROP_PARTITION_INTERVAL: Duration = Duration::from_secs(1);
+const DROP_SWEEP: Duration = Duration::from_millis(50);
+const DROP_CHILD_THREADS: u64 = 8;
+const DEFAULT_DROP_ROUNDS: u64 = 8;
+/// A completion is replayed by the parent only if its TTL runs this much
+/// past the check's start (a later expiry would make the check claim it).
+const TTL_MARGIN_MS: u64 = 20;
+
+const PARTITIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.partitions");
+
+/// The two tests measure timings: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// FNV-1a, 64 bits: the body hash written to the ack log.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
+fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
+    IdempotencyKey::new(SCOPE, name)
+}
+
+fn request_fp(name: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
+    Fingerprint::of_json(
+        format!(r#"{{"op":"kill-format3","key":"{name}"}}"#).as_bytes(),
+        &[],
+    )
+}
+
+/// The response stored for `name`: deterministic from the key, 50-800
+/// body bytes.
+fn response(name: &str) -> Envelope {
+    let mut rng = SplitMix64(fnv1a(name.as_bytes()));
+    let status = [200, 201, 202][rng.below(3) as usize];
+    let len = 50 + rng.below(751) as usize;
+    let body: Vec<u8> = (0..len).map(|_| b' ' + rng.below(95) as u8).collect();
+    Envelope::new(1, status, body).with_header("x-key", name)
+}
+
+fn base_name(i: u64) -> String {
+    format!("base-{i}")
+}
+
+fn env_u64(var: &str) -> AnyResult<Option<u64>> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Some(
+            v.trim().parse().map_err(|e| format!("{var}={v:?}: {e}"))?,
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
+fn seed() -> AnyResult<u64> {
+    match env_u64(SEED_VAR)? {
+        Some(s) => Ok(s),
+        None => Ok(SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64),
+    }
+}
+
+// ---------------------------------------------------------------- child
+
+/// What a child opens its file with.
+fn migrating_builder() -> EngineBuilder {
+    Engine::builder()
+        .recovery_reserve(0)
+        .lease(LEASE)
+        .sweep_interval(None)
+        .unstable_format_3()
+}
+
+fn dropping_builder() -> EngineBuilder {
+    Engine::builder()
+        .lease(LEASE)
+        .ttl(DROP_TTL)
+        .expiry_policy(ExpiryPolicy::Forget)
+        .unstable_format_3()
+        .unstable_format_3_partitions(DROP_PARTITION_KEYS, DROP_PARTITION_INTERVAL)
+}
+
+/// Entry point of the child process; a no-op in the normal test run.
+#[test]
+fn child_entry() -> TestResult {
+    let Ok(role) = std::env::var(ROLE_VAR) else {
+        return Ok(());
+    };
+    let db = PathBuf::from(std::env::var(DB_VAR)?);
+    let round: u64 = std::env::var(ROUND_VAR)?.parse()?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(std::env::var(LOG_VAR)?)?;
+    let (builder, threads) = match role.as_str() {
+        "migrate" => (migrating_builder(), MIGRATE_CHILD_THREADS),
+        "drops" => (
+            dropping_builder().sweep_interval(Some(DROP_SWEEP)),
+            DROP_CHILD_THREADS,
+        ),
+        other => return Err(format!("unknown child role {other:?}").into()),
+    };
+    say(OPENING)?;
+    let started = Instant::now();
+    let engine = builder.open(&db)?;
+    let open_ms = started.elapsed().as_millis();
+    kill_child::announce_ready(&format!("{READY} {open_ms}"), CHILD_LIMIT)?;
+    let migrating = role == "migrate";
+    kill_child::run_workers(round, threads, |t| {
+        traffic(&engine, &log, round, t, migrating)
+    })
+}
+
+fn say(line: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()
+}
+
+fn append(mut log: &File, line: &str) -> std::io::Result<()> {
+    log.write_all(line.as_bytes())
+}
+
+/// Claims and completes fresh keys until killed, logging each `Claimed`
+/// (with the time after it) and each completion (with the time before
+/// the `complete` call, a lower bound of its record's TTL start). With
+/// `replay_base`, every fourth step also replays a record of the
+/// migrated file and checks its bytes.
+fn traffic(engine: &Engine, log: &File, round: u64, t: u64, replay_base: bool) -> TestResult {
+    let mut rng = SplitMix64(round << 8 | t);
+    for n in 0.. {
+        let name = format!("r{round}-t{t}-{n}");
+        let claim = match engine.begin(&key(&name)?, request_fp(&name)?)? {
+            Begin::Claimed(c) => c,
+            other => return Err(format!("fresh key {name} was not claimed: {other:?}").into()),
+        };
+        let claimed_ms = now_ms();
+        append(
+            log,
+            &format!("claimed {name} {} {claimed_ms}\n", claim.fencing_token()),
+        )?;
+        let envelope = response(&name);
+        let hash = fnv1a(&envelope.body);
+        let before_ms = now_ms();
+        engine.complete(claim, envelope)?;
+        append(log, &format!("completed {name} {hash:016x} {before_ms}\n"))?;
+        if replay_base && n % 4 == 3 {
+            let old = base_name(rng.below(BASE_RECORDS));
+            match engine.begin(&key(&old)?, request_fp(&old)?)? {
+                Begin::Replay(r) if r.envelope == response(&old) => {}
+                other => return Err(format!("replay of {old} differs: {other:?}").into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+// --------------------------------------------------------------- parent
+
+/// What the parent hears from a child's stdout.
+enum Event {
+    Opening,
+    /// Ready, with the open's ms.
+    Ready(u64),
+    /// End of its stdout: the child is gone.
+    Gone,
+}
+
+fn spawn_child(role: &str, db: &Path, round: u64, log: &Path, stderr: &Path) -> AnyResult<Child> {
+    Ok(Command::new("/bin/sh")
+        .arg("-c")
+        .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
+        .arg(std::env::current_exe()?)
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env(ROLE_VAR, role)
+        .env(DB_VAR, db)
+        .env(ROUND_VAR, round.to_string())
+        .env(LOG_VAR, log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(File::create(stderr)?)
+        .spawn()?)
+}
+
+/// Reads the child's stdout on a thread of its own (libtest may print
+/// `test child_entry ... ` before a line on the same line).
+fn watch(out: ChildStdout) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = BufReader::new(out);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match out.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = line.trim_end();
+                    if line.ends_with(OPENING) {
+                        let _ = tx.send(Event::Opening);
+                    } else if let Some((_, ms)) = line.rsplit_once(READY) {
+                        let _ = tx.send(Event::Ready(ms.trim().parse().unwrap_or(0)));
+                    }
+                }
+            }
+        }
+        let _ = tx.send(Event::Gone);
+    });
+    rx
+}
+
+/// How a round's child ended.
+struct Ended {
+    /// Its open's ms, if it said it was ready before it died.
+    ready_ms: Option<u64>,
+    /// The failure to report, if it was not killed by us.
+    failure: Option<String>,
+}
+
+/// Waits for the child's opening line, lets it run `delay` from there
+/// (or from its ready line when `after_ready`), SIGKILLs it, and reports
+/// whether it had said it was ready.
+fn kill_after(
+    mut child: Child,
+    round: u64,
+    delay: Duration,
+    after_ready: bool,
+    stderr: &Path,
+) -> AnyResult<Ended> {
+    let events = watch(child.stdout.take().ok_or("no child stdout")?);
+    let mut ready_ms = None;
+    let mut opened = false;
+    let mut gone = false;
+    while !opened && !gone {
+        match events.recv_timeout(EVENT_TIMEOUT) {
+            Ok(Event::Opening) => opened = true,
+            Ok(Event::Ready(ms)) => ready_ms = Some(ms),
+            Ok(Event::Gone) | Err(_) => gone = true,
+        }
+    }
+    if after_ready {
+        while ready_ms.is_none() && !gone {
+            match events.recv_timeout(EVENT_TIMEOUT) {
+                Ok(Event::Ready(ms)) => ready_ms = Some(ms),
+                Ok(Event::Opening) => {}
+                Ok(Event::Gone) | Err(_) => gone = true,
+            }
+        }
+    }
+    let deadline = Instant::now() + delay;
+    while !gone {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match events.recv_timeout(left) {
+            Ok(Event::Ready(ms)) => ready_ms = Some(ms),
+            Ok(Event::Opening) => {}
+            Ok(Event::Gone) => gone = true,
+            Err(_) => break,
+        }
+    }
+    let early = child.try_wait()?;
+    child.kill()?;
+    let status = child.wait()?;
+    // A ready line printed before the kill may still be in the pipe.
+    while !gone {
+        match events.recv_timeout(EVENT_TIMEOUT) {
+            Ok(Event::Ready(ms)) => ready_ms = Some(ms),
+            Ok(Event::Opening) => {}
+            Ok(Event::Gone) | Err(_) => gone = true,
+        }
+    }
+    let failure = (early.is_some() || status.signal() != Some(SIGKILL)).then(|| {
+        format!(
+            "round {round}: the child ended by itself ({status:?}): {}",
+            std::fs::read_to_string(stderr).unwrap_or_default().trim()
+        )
+    });
+    Ok(Ended { ready_ms, failure })
+}
+
+/// What one round's child acknowledged.
+#[derive(Default)]
+struct Acks {
+    /// Key name -> (fencing token, ms after `begin` answered).
+    claimed: BTreeMap<String, (u64, u64)>,
+    /// Key name -> (body hash, ms before `complete` was called).
+    completed: BTreeMap<String, (u64, u64)>,
+}
+
+impl Acks {
+    fn read_log(&mut self, path: &Path, round: u64) -> AnyResult<Vec<String>> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e.into()),
+        };
+        // A last line without its newline is a torn write of the log: the
+        // event it reports was never acknowledged.
+        let whole = text.rsplit_once('\n').map_or("", |(done, _)| done);
+        let mut names = Vec::new();
+        for line in whole.lines() {
+            let bad = || format!("round {round}: bad ack line {line:?}");
+            let f: Vec<&str> = line.split(' ').collect();
+            let [event, name, value, ms] = f[..] else {
+                return Err(bad().into());
+            };
+            let ms: u64 = ms.parse().map_err(|_| bad())?;
+            match event {
+                "claimed" => {
+                    let token = value.parse().map_err(|_| bad())?;
+                    if self.claimed.insert(name.into(), (token, ms)).is_some() {
+                        return Err(format!("round {round}: {name} claimed twice").into());
+                    }
+                    names.push(name.to_string());
+                }
+                "completed" => {
+                    let hash = u64::from_str_radix(value, 16).map_err(|_| bad())?;
+                    if !self.claimed.contains_key(name) {
+                        return Err(format!("round {round}: {name} completed, unclaimed").into());
+                    }
+                    self.completed.insert(name.into(), (hash, ms));
+                }
+                _ => return Err(bad().into()),
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// The first byte of the file's `format_version` (2 or 3).
+fn format_of(db: &Path) -> AnyResult<u8> {
+    let meta = meta_table::meta_values(db).map_err(|e| e.to_string())?;
+    meta.iter()
+        .find(|(k, _)| k == "format_version")
+        .and_then(|(_, v)| v.first().copied())
+        .ok_or_else(|| format!("{}: no format_version", db.display()).into())
+}
+
+/// The partitions with a row in `idempotency.partitions` (none for a
+/// missing file or table).
+fn partition_rows(db: &Path) -> AnyResult<BTreeSet<u64>> {
+    if !db.exists() {
+        return Ok(BTreeSet::new());
+    }
+    let file = redb::Builder::new().open_read_only(db)?;
+    let txn = file.begin_read()?;
+    let table = match txn.open_table(PARTITIONS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(BTreeSet::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut rows = BTreeSet::new();
+    for entry in table.iter()? {
+        rows.insert(entry?.0.value());
+    }
+    Ok(rows)
+}
+
+fn median(values: &[u64]) -> Option<u64> {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
+}
+
+fn copy_database(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    let journal = |p: &Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(".journal");
+        PathBuf::from(s)
+    };
+    if journal(from).exists() {
+        std::fs::copy(journal(from), journal(to))?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------ test 1: migration
+
+/// Writes `BASE_RECORDS` completed records on `BASE_THREADS` threads into
+/// a new format-2 file, closed cleanly.
+fn write_base(db: &Path) -> TestResult {
+    let engine = Engine::builder()
+        .lease(LEASE)
+        .sweep_interval(None)
+        .open(db)?;
+    std::thread::scope(|s| -> TestResult {
+        let workers: Vec<_> = (0..BASE_THREADS)
+            .map(|t| {
+                let engine = &engine;
+                s.spawn(move || -> TestResult {
+                    for i in (t..BASE_RECORDS).step_by(BASE_THREADS as usize) {
+                        let name = base_name(i);
+                        let claim = match engine.begin(&key(&name)?, request_fp(&name)?)? {
+                            Begin::Claimed(c) => c,
+                            other => return Err(format!("{name}: {other:?}").into()),
+                        };
+                        engine.complete(claim, response(&name))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| "a writer thread panicked")??;
+        }
+        Ok(())
+    })
+}
+
+/// Checks every base record and every write the round's child
+/// acknowledged on the reopened file.
+fn check_migrated(
+    engine: &Engine,
+    acks: &Acks,
+    round: u64,
+    failures: &mut Vec<String>,
+) -> TestResult {
+    for i in 0..BASE_RECORDS {
+        let name = base_name(i);
+        match engine.begin(&key(&name)?, request_fp(&name)?)? {
+            Begin::Replay(r) if r.envelope == response(&name) => {}
+            other => failures.push(format!("round {round}: base record {name}: {other:?}")),
+        }
+    }
+    for (name, &(token, _)) in &acks.claimed {
+        let mut fail = |what: String| failures.push(format!("round {round}: {name}: {what}"));
+        match engine.record(&key(name)?)? {
+            None => fail("acknowledged claim has no record".into()),
+            Some(r) if r.fencing_token != token => {
+                fail(format!("token {}, the claim had {token}", r.fencing_token))
+            }
+            Some(_) => {}
+        }
+        let want = response(name);
+        match (
+            acks.completed.get(name),
+            engine.begin(&key(name)?, request_fp(name)?)?,
+        ) {
+            (Some(&(hash, _)), Begin::Replay(r)) if fnv1a(&r.envelope.body) == hash => {
+                if r.envelope != want {
+                    fail(format!("replay differs: {:?}", r.envelope));
+                }
+            }
+            (Some(_), other) => fail(format!("acknowledged completion answers {other:?}")),
+            (None, Begin::Replay(r)) if r.envelope == want => {}
+            (None, Begin::Processing { .. } | Begin::InDoubt(_)) => {}
+            (None, other) => fail(format!("acknowledged claim answers {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn sigkill_during_the_migration_loses_nothing() -> TestResult {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rounds = env_u64(MIGRATE_ROUNDS_VAR)?.unwrap_or(DEFAULT_MIGRATE_ROUNDS);
+    let seed = seed()?;
+    println!(
+        "migration kills: {rounds} rounds, seed {seed} ({SEED_VAR}={seed} replays the delays)"
+    );
+    let mut rng = SplitMix64(seed);
+    let dir = tempfile::tempdir()?;
+    let base = dir.path().join("base.redb");
+    let started = Instant::now();
+    write_base(&base)?;
+    let built = started.elapsed();
+    let base_bytes = std::fs::metadata(&base)?.len();
+
+    // How long an open takes with and without the migration, measured on
+    // copies here; the kill delays are drawn from the migrating one.
+    let plain = dir.path().join("plain.redb");
+    copy_database(&base, &plain)?;
+    let t = Instant::now();
+    drop(
+        Engine::builder()
+            .recovery_reserve(0)
+            .sweep_interval(None)
+            .open(&plain)?,
+    );
+    let plain_open = t.elapsed();
+    let measured = dir.path().join("measured.redb");
+    copy_database(&base, &measured)?;
+    let t = Instant::now();
+    drop(migrating_builder().open(&measured)?);
+    let migrating_open = t.elapsed();
+    if format_of(&measured)? != 3 {
+        return Err("the measured open did not migrate the file".into());
+    }
+    // The same open of the migrated file: what is not the migration.
+    let t = Instant::now();
+    drop(migrating_builder().open(&measured)?);
+    let migrated_open = t.elapsed();
+    println!(
+        "base: {BASE_RECORDS} records, {} MiB, written in {:.1} s; open {:.0} ms, open with \
+         migration {:.0} ms, open of the migrated file {:.0} ms",
+        base_bytes >> 20,
+        built.as_secs_f64(),
+        plain_open.as_secs_f64() * 1e3,
+        migrating_open.as_secs_f64() * 1e3,
+        migrated_open.as_secs_f64() * 1e3,
+    );
+    // Even rounds: stratified over 0..1.5x the migrating open, each from
+    // its own slice, so both sides of the commit are hit in every run.
+    // Odd rounds: stratified over its last 30%, where the migration's
+    // transaction runs (the open's fixed work comes first). The open's
+    // length is the median of the children's opens so far (the measure
+    // above until one is ready): one open timed under load can be far off.
+    let (wide, late) = (rounds.div_ceil(2), rounds / 2);
+    let mut failures = Vec::new();
+    let (mut before_commit, mut before_ready, mut after_ready) = (0u64, 0u64, 0u64);
+    let mut acked = 0usize;
+    let mut child_open_ms = Vec::new();
+    for round in 0..rounds {
+        let db = dir.path().join(format!("r{round}.redb"));
+        copy_database(&base, &db)?;
+        let log = dir.path().join(format!("acks-{round}.log"));
+        let stderr = dir.path().join(format!("child-{round}.stderr"));
+        let open_ms = median(&child_open_ms).unwrap_or(migrating_open.as_millis() as u64);
+        let (from, span, i, n) = if round % 2 == 0 {
+            (0, (open_ms * 3 / 2).max(20), round / 2, wide)
+        } else {
+            (
+                open_ms * 7 / 10,
+                (open_ms * 35 / 100).max(10),
+                round / 2,
+                late,
+            )
+        };
+        let slice = from + span * i / n..from + span * (i + 1) / n;
+        let delay = slice.start + rng.below((slice.end - slice.start).max(1));
+        let child = spawn_child("migrate", &db, round, &log, &stderr)?;
+        let ended = kill_after(child, round, Duration::from_millis(delay), false, &stderr)?;
+        failures.extend(ended.failure);
+        child_open_ms.extend(ended.ready_ms);
+
+        let mut acks = Acks::default();
+        acks.read_log(&log, round)?;
+        acked += acks.claimed.len();
+        let engine = Engine::builder().sweep_interval(None).open_existing(&db)?;
+        check_migrated(&engine, &acks, round, &mut failures)?;
+        let report = engine.verify()?;
+        if !report.is_sound() {
+            failures.push(format!("round {round}: verify: {:?}", report.damage));
+        }
+        drop(engine);
+        let format = format_of(&db)?;
+        match (format, ended.ready_ms.is_some()) {
+            (2, false) => before_commit += 1,
+            (3, false) => before_ready += 1,
+            (3, true) => after_ready += 1,
+            (f, ready) => failures.push(format!(
+                "round {round}: format {f} after a kill at {delay} ms (child ready: {ready})"
+            )),
+        }
+        println!(
+            "round {round}: kill {delay} ms after the opening line, file in format {format}, \
+             child ready: {:?} ms, {} acknowledged claims",
+            ended.ready_ms,
+            acks.claimed.len()
+        );
+        std::fs::remove_file(&db)?;
+    }
+    println!(
+        "migration kills summary: rounds {rounds}; kills before the migration committed (format 2) \
+         {before_commit}, after it but before the open returned {before_ready}, during the traffic \
+         after {after_ready}; child opens {child_open_ms:?} ms; acknowledged claims {acked}; \
+         failures {} ({:.1} s, seed {seed})",
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if before_commit == 0 {
+        println!("NOTE: no kill landed before the migration committed in this run");
+    }
+    if before_ready + after_ready == 0 {
+        println!("NOTE: no kill landed after the migration committed in this run");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures (seed {seed}), first: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    Ok(())
+}
+
+// -------------------------------------------------- test 2: partition drops
+
+/// Totals of the drop test's checks.
+#[derive(Default)]
+struct DropTally {
+    /// Completions inside their TTL that replayed.
+    live_replays: u64,
+    /// Completions checked past their TTL (present or not).
+    past_ttl: u64,
+    /// Claims checked still PROCESSING and unclaimable.
+    processing: u64,
+    /// Checks whose TTL ran out during the check itself.
+    raced: u64,
+    failures: Vec<String>,
+}
+
+/// Checks one acknowledged key of the drop test; keys a raced check
+/// claimed go to `reclaimed` and are not checked again.
+fn check_drop_key(
+    engine: &Engine,
+    acks: &Acks,
+    name: &str,
+    when: &str,
+    tally: &mut DropTally,
+    reclaimed: &mut BTreeSet<String>,
+) -> TestResult {
+    if reclaimed.contains(name) {
+        return Ok(());
+    }
+    let ttl = DROP_TTL.as_millis() as u64;
+    let (token, claimed_ms) = acks.claimed[name];
+    let want = response(name);
+    let mut fail = |what: String| tally.failures.push(format!("{when}: {name}: {what}"));
+    if let Some(&(hash, before_ms)) = acks.completed.get(name) {
+        if now_ms() + TTL_MARGIN_MS < before_ms + ttl {
+            match engine.begin(&key(name)?, request_fp(name)?)? {
+                Begin::Replay(r) if fnv1a(&r.envelope.body) == hash && r.envelope == want => {
+                    tally.live_replays += 1;
+                }
+                other => {
+                    let at = now_ms();
+                    if at < before_ms + ttl {
+                        fail(format!(
+                            "acknowledged completion (TTL from {before_ms} ms at the earliest) \
+                             answers {other:?} at {at} ms"
+                        ));
+                    } else {
+                        tally.raced += 1;
+                    }
+                    if matches!(other, Begin::Claimed(_)) {
+                        reclaimed.insert(name.to_string());
+                    }
+                }
+            }
+        } else {
+            tally.past_ttl += 1;
+            match engine.record(&key(name)?)? {
+                Some(r) if r.fencing_token != token => {
+                    fail(format!("token {}, the claim had {token}", r.fencing_token))
+                }
+                Some(r) if r.response.as_ref().is_some_and(|e| *e != want) => {
+                    fail(format!("stored response differs: {:?}", r.response))
+                }
+                _ => {}
+            }
+        }
+        return Ok(());
+    }
+    // Claimed only: the complete may have committed with its ack lost,
+    // and then expired (no sooner than a TTL after the claim's ack).
+    match engine.record(&key(name)?)? {
+        None if now_ms() < claimed_ms + ttl => fail("acknowledged claim has no record".into()),
+        None => tally.past_ttl += 1,
+        Some(r) if r.fencing_token != token => {
+            fail(format!("token {}, the claim had {token}", r.fencing_token))
+        }
+        Some(r) if r.state == State::Completed => {
+            if r.response.as_ref() != Some(&want) {
+                fail(format!("stored response differs: {:?}", r.response));
+            }
+        }
+        Some(r) => match engine.begin(&key(name)?, request_fp(name)?)? {
+            Begin::Processing { .. } | Begin::InDoubt(_) => tally.processing += 1,
+            other => fail(format!("claim in state {:?} answers {other:?}", r.state)),
+        },
+    }
+    Ok(())
+}
+
+#[test]
+fn sigkill_during_partition_drops_loses_nothing() -> TestResult {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rounds = env_u64(DROP_ROUNDS_VAR)?.unwrap_or(DEFAULT_DROP_ROUNDS);
+    let seed = seed()?;
+    println!("drop kills: {rounds} rounds, seed {seed} ({SEED_VAR}={seed} replays the delays)");
+    let mut rng = SplitMix64(seed);
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("drops.redb");
+    let started = Instant::now();
+    let mut acks = Acks::default();
+    let mut earlier: Vec<String> = Vec::new();
+    let mut reclaimed = BTreeSet::new();
+    let mut tally = DropTally::default();
+    let (mut dropped, mut created) = (0usize, 0usize);
+    let mut kills = 0u64;
+    for round in 0..rounds {
+        let before = partition_rows(&db)?;
+        let log = dir.path().join(format!("drops-{round}.log"));
+        let stderr = dir.path().join(format!("drops-{round}.stderr"));
+        // Past a few TTLs and sweeps, so partitions seal, empty and drop.
+        let delay = 500 + rng.below(1500);
+        let child = spawn_child("drops", &db, round, &log, &stderr)?;
+        let ended = kill_after(child, round, Duration::from_millis(delay), true, &stderr)?;
+        match ended.failure {
+            Some(f) => tally.failures.push(f),
+            None => kills += 1,
+        }
+        let names = acks.read_log(&log, round)?;
+        let when = format!("after round {round}'s kill");
+        let engine = dropping_builder().sweep_interval(None).open_existing(&db)?;
+        for name in names.iter().rev() {
+            check_drop_key(&engine, &acks, name, &when, &mut tally, &mut reclaimed)?;
+        }
+        for name in &earlier {
+            // Earlier rounds' completions are long past their TTL: only
+            // their claims left PROCESSING by a kill must still be there.
+            if !acks.completed.contains_key(name) {
+                check_drop_key(&engine, &acks, name, &when, &mut tally, &mut reclaimed)?;
+            }
+        }
+        let report = engine.verify()?;
+        if !report.is_sound() {
+            tally
+                .failures
+                .push(format!("{when}: verify: {:?}", report.damage));
+        }
+        drop(engine);
+        let after = partition_rows(&db)?;
+        let first_new = before.last().map_or(1, |p| p + 1);
+        let last = after.last().copied().unwrap_or(0).max(first_new - 1);
+        let new: BTreeSet<u64> = (first_new..=last).collect();
+        let round_dropped = before.difference(&after).count() + new.difference(&after).count();
+        dropped += round_dropped;
+        created += new.len();
+        println!(
+            "round {round}: kill {delay} ms after ready, {} acknowledged claims, partitions: \
+             {} rows before, {} opened, {round_dropped} dropped, {} rows after",
+            names.len(),
+            before.len(),
+            new.len(),
+            after.len()
+        );
+        earlier.extend(names);
+    }
+    println!(
+        "drop kills summary: rounds {rounds}, kills {kills}, acknowledged claims {}, completions {}; \
+         partitions opened {created}, dropped {dropped}; live completions replayed {}, checked \
+         past their TTL {}, claims still PROCESSING {}, checks that raced expiry {}; failures {} \
+         ({:.1} s, seed {seed})",
+        acks.claimed.len(),
+        acks.completed.len(),
+        tally.live_replays,
+        tally.past_ttl,
+        tally.processing,
+        tally.raced,
+        tally.failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        tally.failures.is_empty(),
+        "{} failures (seed {seed}), first: {:#?}",
+        tally.failures.len(),
+        &tally.failures[..tally.failures.len().min(5)]
+    );
+    Ok(())
+}
