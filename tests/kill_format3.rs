@@ -33,6 +33,8 @@
 
 #[path = "common/kill_child.rs"]
 mod kill_child;
+#[path = "common/kill_model.rs"]
+mod kill_model;
 #[path = "common/meta_table.rs"]
 mod meta_table;
 #[path = "common/split_mix.rs"]
@@ -51,6 +53,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use idempotency::{
     Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, State,
 };
+use kill_model::fnv1a;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use split_mix::SplitMix64;
 
@@ -103,32 +106,18 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// FNV-1a, 64 bits: the body hash written to the ack log.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
-    })
-}
-
 fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
     IdempotencyKey::new(SCOPE, name)
 }
 
 fn request_fp(name: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
-    Fingerprint::of_json(
-        format!(r#"{{"op":"kill-format3","key":"{name}"}}"#).as_bytes(),
-        &[],
-    )
+    kill_model::request_fp("kill-format3", name)
 }
 
-/// The response stored for `name`: deterministic from the key, 50-800
+/// The response stored for `name` (`kill_model::response`): 50-800
 /// body bytes.
 fn response(name: &str) -> Envelope {
-    let mut rng = SplitMix64(fnv1a(name.as_bytes()));
-    let status = [200, 201, 202][rng.below(3) as usize];
-    let len = 50 + rng.below(751) as usize;
-    let body: Vec<u8> = (0..len).map(|_| b' ' + rng.below(95) as u8).collect();
-    Envelope::new(1, status, body).with_header("x-key", name)
+    kill_model::response(name, 800)
 }
 
 fn base_name(i: u64) -> String {

@@ -30,8 +30,11 @@ use std::time::{Duration, Instant};
 
 use idempotency::{Begin, Engine, Envelope, Fingerprint, IdempotencyKey};
 
+#[path = "common/kill_model.rs"]
+mod kill_model;
 #[path = "common/split_mix.rs"]
 mod split_mix;
+use kill_model::fnv1a;
 use split_mix::SplitMix64;
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
@@ -63,13 +66,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// fill the disk.
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
 
-/// FNV-1a, 64 bits: the body hash written to the ack log.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
-    })
-}
-
 fn key_name(round: u64, thread: u64, n: u64) -> String {
     format!("r{round}-t{thread}-{n}")
 }
@@ -79,20 +75,13 @@ fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
 }
 
 fn request_fp(name: &str) -> Result<Fingerprint, idempotency::FingerprintError> {
-    Fingerprint::of_json(
-        format!(r#"{{"op":"kill-loop","key":"{name}"}}"#).as_bytes(),
-        &[],
-    )
+    kill_model::request_fp("kill-loop", name)
 }
 
-/// The response stored for `name`: deterministic from the key, 50-2000
-/// body bytes, so some group commits carry large batches.
+/// The response stored for `name` (`kill_model::response`): 50-2000
+/// body bytes.
 fn response(name: &str) -> Envelope {
-    let mut rng = SplitMix64(fnv1a(name.as_bytes()));
-    let status = [200, 201, 202][(rng.next() % 3) as usize];
-    let len = 50 + (rng.next() % 1951) as usize;
-    let body: Vec<u8> = (0..len).map(|_| b' ' + (rng.next() % 95) as u8).collect();
-    Envelope::new(1, status, body).with_header("x-key", name)
+    kill_model::response(name, 2000)
 }
 
 /// Entry point of the child process; a no-op in the normal test run.

@@ -22,9 +22,8 @@ use crate::store::record::{Record, RecordState};
 use crate::store::{Abandon, FinishStepRequest, InDoubtRequest, Scanned, StepRequest};
 
 use super::layout::Layout;
-use super::partition::catalog::{self, Catalog, CatalogTables, Filters, SealRule};
+use super::partition::catalog::{self, Catalog, Filters, SealRule};
 use super::partition::filter::FilterHasher;
-use super::partition::row::{FILTERS, PARTITIONS};
 use super::read;
 use super::snapshot::{Snapshot, Snapshots};
 use super::tables::{Sequences, Tables};
@@ -83,22 +82,13 @@ impl Writer {
     fn partitioned() -> R<Writer> {
         let mut w = Writer::single()?;
         let txn = w.db.begin_write()?;
-        let catalog = {
-            let records = txn.open_table(catalog::RECORDS)?;
-            let mut rows = txn.open_table(PARTITIONS)?;
-            let mut filters = txn.open_table(FILTERS)?;
-            Catalog::load(
-                &mut CatalogTables {
-                    records: &records,
-                    rows: &mut rows,
-                    filters: &mut filters,
-                },
-                Arc::new(Filters::new(FilterHasher::new(SEED))),
-                RULE,
-                T0,
-                &mut Vec::new(),
-            )?
-        };
+        let catalog = Catalog::load_in(
+            &txn,
+            Arc::new(Filters::new(FilterHasher::new(SEED))),
+            RULE,
+            T0,
+            &mut Vec::new(),
+        )?;
         txn.commit()?;
         w.catalog = Some(catalog);
         Ok(w)

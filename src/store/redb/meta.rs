@@ -735,6 +735,14 @@ mod tests {
         Key::JournalClean,
     ];
 
+    /// The value stored under `key` in `db`'s meta table.
+    fn stored(db: &Database, key: Key) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let txn = db.begin_read()?;
+        let t = txn.open_table(META)?;
+        let v = t.get(key.name())?.ok_or("missing")?;
+        Ok(v.value().to_vec())
+    }
+
     fn format_3() -> Result<Database, Box<dyn std::error::Error>> {
         let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
         let txn = db.begin_write()?;
@@ -774,12 +782,7 @@ mod tests {
             Ok::<_, Box<dyn std::error::Error>>(result)
         };
         for key in [Key::FormatVersion, Key::FilterSeed] {
-            let good = {
-                let txn = db.begin_read()?;
-                let t = txn.open_table(META)?;
-                let v = t.get(key.name())?.ok_or("missing")?;
-                v.value().to_vec()
-            };
+            let good = stored(&db, key)?;
             for i in 0..good.len() {
                 for bit in 0..8 {
                     let mut bad = good.clone();
@@ -901,12 +904,7 @@ mod tests {
     fn every_bit_flip_of_every_value_names_its_key() -> TestResult {
         let db = full()?;
         for key in FORMAT_2_KEYS {
-            let good = {
-                let txn = db.begin_read()?;
-                let t = txn.open_table(META)?;
-                let v = t.get(key.name())?.ok_or("missing")?;
-                v.value().to_vec()
-            };
+            let good = stored(&db, key)?;
             for i in 0..good.len() {
                 for bit in 0..8 {
                     let mut bad = good.clone();

@@ -12,7 +12,7 @@ use crate::store::config::StoreConfig;
 use crate::verify::Damage;
 
 use super::meta::{self, check_meta, file_format, stored_expiry, Format, OpenContext};
-use super::partition::catalog::{self, Catalog, CatalogError, CatalogTables, Filters, SealRule};
+use super::partition::catalog::{self, Catalog, CatalogError, Filters, SealRule};
 use super::partition::filter::FilterHasher;
 use super::partition::row::{FILTERS, PARTITIONS};
 use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
@@ -427,22 +427,7 @@ pub(crate) fn open_catalog(
     txn.set_durability(Durability::Immediate)
         .open_context(what)?;
     let mut changes = Vec::new();
-    let loaded = {
-        let records = txn.open_table(catalog::RECORDS).open_context(what)?;
-        let mut rows = txn.open_table(PARTITIONS).open_context(what)?;
-        let mut stored = txn.open_table(FILTERS).open_context(what)?;
-        Catalog::load(
-            &mut CatalogTables {
-                records: &records,
-                rows: &mut rows,
-                filters: &mut stored,
-            },
-            filters,
-            rule,
-            now_ms,
-            &mut changes,
-        )
-    };
+    let loaded = Catalog::load_in(&txn, filters, rule, now_ms, &mut changes);
     let catalog = loaded.map_err(|e| match e {
         CatalogError::Storage(source) => OpenError::Storage {
             context: what,

@@ -19,7 +19,7 @@ use crate::store::{FinishStepRequest, StepRequest};
 
 use super::journal::{Change, Frame};
 use super::overlay::{Overlay, Seen};
-use super::partition::catalog::{self, Catalog, CatalogTables, Filters, SealRule};
+use super::partition::catalog::{self, Catalog, Filters, SealRule};
 use super::partition::filter::FilterHasher;
 use super::partition::row::{FILTERS, PARTITIONS};
 use super::partition::slot;
@@ -71,22 +71,13 @@ impl Writer {
             super::meta::create_format_3(&mut meta, SEED)?;
         }
         let mut changes = Vec::new();
-        let catalog = {
-            let records = txn.open_table(catalog::RECORDS)?;
-            let mut rows = txn.open_table(PARTITIONS)?;
-            let mut filters = txn.open_table(FILTERS)?;
-            Catalog::load(
-                &mut CatalogTables {
-                    records: &records,
-                    rows: &mut rows,
-                    filters: &mut filters,
-                },
-                Arc::new(Filters::new(FilterHasher::new(SEED))),
-                RULE,
-                T0,
-                &mut changes,
-            )?
-        };
+        let catalog = Catalog::load_in(
+            &txn,
+            Arc::new(Filters::new(FilterHasher::new(SEED))),
+            RULE,
+            T0,
+            &mut changes,
+        )?;
         txn.commit()?;
         let first = Frame {
             next_token: 1,

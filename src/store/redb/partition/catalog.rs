@@ -27,7 +27,7 @@ use parking_lot::RwLock;
 use redb::{ReadableTable, Table, TableDefinition};
 
 use super::filter::{FilterChecksum, FilterError, FilterHasher, KeyHash, PartitionFilter};
-use super::row::{PartitionRow, PartitionState, RowError};
+use super::row::{PartitionRow, PartitionState, RowError, FILTERS, PARTITIONS};
 use super::slot::{self, BUILT_PARTITIONS, FIRST_PARTITION};
 
 /// Format 3's records: slot key (`slot.rs`) → encoded record.
@@ -401,6 +401,35 @@ impl Catalog {
             draining: None,
             drained: std::collections::BTreeSet::new(),
         })
+    }
+
+    /// [`Self::load`] with the partition tables opened in `txn`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::load`], and a table that cannot be opened.
+    pub(crate) fn load_in(
+        txn: &redb::WriteTransaction,
+        filters: Arc<Filters>,
+        rule: SealRule,
+        now_ms: u64,
+        changes: &mut Vec<CatalogChange>,
+    ) -> Result<Catalog, CatalogError> {
+        let opened = |e: redb::TableError| CatalogError::Storage(e.into());
+        let records = txn.open_table(RECORDS).map_err(opened)?;
+        let mut rows = txn.open_table(PARTITIONS).map_err(opened)?;
+        let mut stored = txn.open_table(FILTERS).map_err(opened)?;
+        Catalog::load(
+            &mut CatalogTables {
+                records: &records,
+                rows: &mut rows,
+                filters: &mut stored,
+            },
+            filters,
+            rule,
+            now_ms,
+            changes,
+        )
     }
 
     /// The probes of the writer's transaction.
