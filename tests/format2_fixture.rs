@@ -562,6 +562,17 @@ fn has_format2_records(path: &Path) -> Result<bool, Box<dyn Error>> {
     }
 }
 
+/// Opens the format-2 file at `path` asking for format 3, which migrates
+/// it, and checks it answers as written and verifies sound.
+fn migrated(path: &Path, clock: &ManualClock) -> Result<Engine, Box<dyn Error>> {
+    let engine = builder(clock).unstable_format_3().open(path)?;
+    assert_answers_as_written(&engine)?;
+    let report = engine.verify()?;
+    assert!(report.is_sound(), "{:?}", report.damage);
+    assert_eq!(report.records, 8);
+    Ok(engine)
+}
+
 /// An open that asks for format 3 (while it is built:
 /// `EngineBuilder::unstable_format_3`) migrates the format-2 file: it then
 /// answers exactly as written, `verify` finds it sound, writes go on, and
@@ -572,11 +583,7 @@ fn a_format2_database_migrated_to_format3_answers_as_written() -> TestResult {
     let path = copy_of_fixture(dir.path())?;
     let clock = ManualClock::new(T0);
     clock.advance(DAY);
-    let engine = builder(&clock).unstable_format_3().open(&path)?;
-    assert_answers_as_written(&engine)?;
-    let report = engine.verify()?;
-    assert!(report.is_sound(), "{:?}", report.damage);
-    assert_eq!(report.records, 8);
+    let engine = migrated(&path, &clock)?;
     let fresh = claimed(engine.begin(&key("new")?, fp(60)?)?)?;
     engine.complete(fresh, Envelope::new(1, 201, "ok"))?;
     drop(engine);
@@ -611,11 +618,7 @@ fn a_crashed_format2_database_is_recovered_then_migrated_to_format3() -> TestRes
     )?;
     let clock = ManualClock::new(T0);
     clock.advance(DAY);
-    let engine = builder(&clock).unstable_format_3().open(&path)?;
-    assert_answers_as_written(&engine)?;
-    let report = engine.verify()?;
-    assert!(report.is_sound(), "{:?}", report.damage);
-    assert_eq!(report.records, 8);
+    let engine = migrated(&path, &clock)?;
     drop(engine);
     assert_eq!(format_version(&path)?.first(), Some(&3));
     let engine = builder(&clock).open_read_only(&path)?;
