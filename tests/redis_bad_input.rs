@@ -44,6 +44,23 @@ fn free_port() -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A free port whose cluster bus port (the port + 10000, which a server in
+/// cluster mode also binds, or exits) is free and below 65536 too: an
+/// ephemeral port above 55535 made the cluster-mode server exit right
+/// after it accepted the test's connection.
+fn free_cluster_port() -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
+    for _ in 0..1_000 {
+        let port = free_port()?;
+        let Some(bus) = port.checked_add(10_000) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port pair for a cluster-mode redis-server".into())
+}
+
 /// Starts `redis-server` with `args`; `None` (skip) without the binary.
 fn server(args: &[&str]) -> Result<Option<Server>, Box<dyn std::error::Error + Send + Sync>> {
     if Command::new("redis-server")
@@ -58,7 +75,11 @@ fn server(args: &[&str]) -> Result<Option<Server>, Box<dyn std::error::Error + S
         return Ok(None);
     }
     let dir = tempfile::tempdir()?;
-    let port = free_port()?;
+    let port = if args.contains(&"--cluster-enabled") {
+        free_cluster_port()?
+    } else {
+        free_port()?
+    };
     let child = Command::new("redis-server")
         .args([
             "--port",
