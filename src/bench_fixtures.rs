@@ -127,10 +127,37 @@ pub fn preload_completed(
     })
 }
 
+/// Checks that a preloaded store of `count` records serves them as
+/// `begin` + `complete` would have stored them: each record `samples`
+/// names (`record(i)`) replays its response, and a fresh key gets a
+/// fencing token past every preloaded one. For this module's tests and
+/// `store/redb/fixture.rs`'s.
+#[cfg(test)]
+pub(crate) fn assert_served(
+    engine: &Engine,
+    count: u64,
+    samples: &[u64],
+    record: impl Fn(u64) -> CompletedRecord,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    for &i in samples {
+        let r = record(i);
+        match engine.begin(&r.key, r.fingerprint)? {
+            crate::Begin::Replay(replay) => assert_eq!(replay.envelope, r.response),
+            other => panic!("record {i} must replay, got {other:?}"),
+        }
+    }
+    let fresh = IdempotencyKey::new("fixture", "fresh")?;
+    match engine.begin(&fresh, Fingerprint::from_bytes([0; 32]))? {
+        crate::Begin::Claimed(claim) => assert!(claim.fencing_token() > count),
+        other => panic!("a fresh key must be claimed, got {other:?}"),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Begin, ManualClock};
+    use crate::ManualClock;
 
     type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -175,18 +202,7 @@ mod tests {
             let report = engine.verify()?;
             assert!(report.is_sound(), "{:?}", report.damage);
             assert_eq!(report.records, 1000);
-            for i in [0, 499, 999] {
-                let r = record(i);
-                match engine.begin(&r.key, r.fingerprint)? {
-                    Begin::Replay(replay) => assert_eq!(replay.envelope, r.response),
-                    other => panic!("record {i} must replay, got {other:?}"),
-                }
-            }
-            let fresh = IdempotencyKey::new("fixture", "fresh")?;
-            match engine.begin(&fresh, Fingerprint::from_bytes([0; 32]))? {
-                Begin::Claimed(claim) => assert!(claim.fencing_token() > 1000),
-                other => panic!("a fresh key must be claimed, got {other:?}"),
-            }
+            assert_served(&engine, 1000, &[0, 499, 999], record)?;
             // Records 0..=499 completed by T0 - 501 and expire 60 s later.
             clock.set(T0 - 501 + 60_000);
             assert_eq!(engine.sweep_now()?.deleted, 500);

@@ -356,8 +356,10 @@ mod tests {
     use redb::{ReadableDatabase, ReadableTable};
 
     use super::*;
-    use crate::bench_fixtures::{preload_completed, CompletedRecord, Order, Preload};
-    use crate::{Begin, Engine, Fingerprint, ManualClock};
+    use crate::bench_fixtures::{
+        assert_served, preload_completed, CompletedRecord, Order, Preload,
+    };
+    use crate::{Engine, Fingerprint, ManualClock};
 
     type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -455,18 +457,12 @@ mod tests {
         assert_eq!(report.records, COUNT);
         // Served as if `begin` + `complete` had stored them, from sealed
         // partitions and the hot one alike.
-        for i in [0, 32_767, 32_768, 50_000, COUNT - 1] {
-            let r = record(i);
-            match engine.begin(&r.key, r.fingerprint)? {
-                Begin::Replay(replay) => assert_eq!(replay.envelope, r.response),
-                other => panic!("record {i} must replay, got {other:?}"),
-            }
-        }
-        let fresh = IdempotencyKey::new("fixture", "fresh")?;
-        match engine.begin(&fresh, Fingerprint::from_bytes([0; 32]))? {
-            Begin::Claimed(claim) => assert!(claim.fencing_token() > COUNT),
-            other => panic!("a fresh key must be claimed, got {other:?}"),
-        }
+        assert_served(
+            &engine,
+            COUNT,
+            &[0, 32_767, 32_768, 50_000, COUNT - 1],
+            record,
+        )?;
         // Partition 1 (records 0..32,768) expires whole.
         clock.set(T0 - 100_000 + 32_767 + 3_600_000);
         assert_eq!(engine.sweep_now()?.deleted, 32_768);
