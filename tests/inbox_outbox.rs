@@ -129,12 +129,15 @@ fn failed_local_write_rolls_back_and_redelivery_processes_once() -> TestResult {
         .err()
         .ok_or("a failing write must be an error")?;
     assert!(err.to_string().contains("ledger rule violated"), "{err}");
-    // The closure may not touch the engine's own tables.
+    // The closure may not touch the engine's own tables (format 3's
+    // records table: the engine creates format-3 files).
     let err = inbox
         .process_local("m1", |tx| {
             tx.redb()
                 .ok_or("not on redb")?
-                .open_table(TableDefinition::<&[u8], &[u8]>::new("idempotency.records"))?;
+                .open_table(TableDefinition::<&[u8], &[u8]>::new(
+                    "idempotency.partitioned.records",
+                ))?;
             Ok(())
         })
         .err()

@@ -36,7 +36,7 @@ use idempotency::{
     Corrupted, Damage, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey,
     OpenError, OutgoingMessage,
 };
-use meta_table::{meta_values, Meta, KEYS, META};
+use meta_table::{meta_values, Meta, KEYS, KEYS_FORMAT_3, META};
 use redb::{ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -46,8 +46,10 @@ const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.outbox");
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.entities");
 
-/// The keys a read-only open uses (without `expiry_settings_from_database`).
-const USED_READ_ONLY: [&str; 4] = [
+/// The keys a read-only open uses (without `expiry_settings_from_database`):
+/// format 3's `filter_seed` too (the stored filters are checked with it).
+const USED_READ_ONLY: [&str; 5] = [
+    "filter_seed",
     "format_version",
     "journal_clean",
     "journal_id",
@@ -71,12 +73,17 @@ fn fp(n: u32) -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(format!(r#"{{"n":{n}}}"#).as_bytes(), &[])
 }
 
-/// A sound database in `dir` (records, an outbox message, an entity),
-/// closed cleanly; its journal is removed (after a clean close the file
-/// alone is enough), so a refused open that created one would show.
+/// A sound format-2 database in `dir` (records, an outbox message, an
+/// entity), closed cleanly; its journal is removed (after a clean close the
+/// file alone is enough), so a refused open that created one would show.
 fn sound(dir: &Path) -> Result<PathBuf, Box<dyn Error>> {
+    sound_from(dir, builder().unstable_create_format_2())
+}
+
+/// [`sound`], created by `create` (format 3: the builder's default).
+fn sound_from(dir: &Path, create: EngineBuilder) -> Result<PathBuf, Box<dyn Error>> {
     let path = dir.join("sound.redb");
-    let engine = builder().open(&path)?;
+    let engine = create.open(&path)?;
     for i in 0..3 {
         let c = claimed(engine.begin(&key(&format!("k{i}"))?, fp(i)?)?)?;
         engine.complete_with_messages(
@@ -188,18 +195,32 @@ fn assert_refused_or_reported(path: &Path, key: &str) -> TestResult {
 #[test]
 fn a_flipped_bit_in_any_meta_value_is_refused_or_reported_naming_its_key() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let sound = sound(dir.path())?;
-    let values = meta_values(&sound)?;
+    flip_every_meta_bit(dir.path(), &sound(dir.path())?, &KEYS)
+}
+
+#[test]
+fn a_flipped_bit_in_any_format_3_meta_value_is_refused_or_reported_naming_its_key() -> TestResult
+{
+    let dir = tempfile::tempdir()?;
+    let sound = sound_from(dir.path(), builder())?;
+    flip_every_meta_bit(dir.path(), &sound, &KEYS_FORMAT_3)
+}
+
+/// Flips one bit of each byte of each meta value of `sound` (whose keys
+/// must be `expected`), in a copy in `dir` each time: each is refused or
+/// reported, naming its key.
+fn flip_every_meta_bit(dir: &Path, sound: &Path, expected: &[&str]) -> TestResult {
+    let values = meta_values(sound)?;
     let keys: Vec<&str> = values.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(keys, KEYS);
+    assert_eq!(keys, expected);
     // The sound file opens, verifies, and its meta values check.
-    let engine = builder().open_read_only(&sound)?;
+    let engine = builder().open_read_only(sound)?;
     assert!(engine.verify()?.is_sound());
     drop(engine);
     let mut trials = 0;
     for (key, good) in &values {
         for i in 0..good.len() {
-            let path = copy(&sound, dir.path(), "trial.redb")?;
+            let path = copy(sound, dir, "trial.redb")?;
             let mut bad = good.clone();
             bad[i] ^= 1 << (i % 8);
             set_meta(&path, key, Some(&bad))?;

@@ -14,7 +14,7 @@ mod harness;
 use std::time::Duration;
 
 use common::claimed;
-use harness::{run, run_format3, Backend, Harness, TestResult};
+use harness::{run, run_format2, run_format3, Backend, Harness, TestResult};
 use idempotency::{
     Actor, Engine, Error, Failure, Fingerprint, IdempotencyKey, ManualClock, Resolution,
     StepResolution,

@@ -18,7 +18,7 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use common::{claimed, CannotTell};
-use harness::{run, run_format3, Backend, Harness, TestResult};
+use harness::{run, run_format2, run_format3, Backend, Harness, TestResult};
 use idempotency::{
     Begin, EffectStep, Engine, EngineBuilder, Error, Failure, Fingerprint, IdempotencyKey,
     InDoubtStep, ManualClock, Resolution, StepResolution,

@@ -28,7 +28,7 @@ mod harness;
 use std::time::Duration;
 
 use common::{claimed, CannotTell};
-use harness::{run, run_format3, Backend, Harness, TestResult};
+use harness::{run, run_format2, run_format3, Backend, Harness, TestResult};
 use idempotency::{
     Begin, EffectStep, Engine, EngineBuilder, Envelope, Error, ExpiryPolicy, Failure, Fingerprint,
     IdempotencyKey, InDoubtStep, ManualClock, Resolution, StepResolution, MAX_EVIDENCE_BYTES,

@@ -1,41 +1,71 @@
 //! A record that does not decode: guards against one bad record hiding the
 //! rest of a listing, or crashing the CLI. It must show up as its own row,
-//! named by its key, while every other record is still listed.
+//! named by its key, while every other record is still listed. Each test
+//! runs on a file of each format (`<name>::format_3`, what the engine
+//! creates, and `<name>::format_2`, what earlier releases created).
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::raw_records::{Format, RawRecords};
 use common::*;
-use idempotency::{Corrupted, Envelope};
-use redb::{ReadableTable, TableDefinition};
+use idempotency::{Corrupted, Engine, Envelope};
 use serde_json::Value;
 
-/// The engine's records table (see `src/store/redb/tables.rs`): record key → encoding.
-const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
+/// Each `fn name(format: Format) -> TestResult` becomes the tests
+/// `name::format_3` and `name::format_2`.
+macro_rules! both_formats {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn format_3() -> super::TestResult {
+                super::$name(super::Format::Three)
+            }
+            #[test]
+            fn format_2() -> super::TestResult {
+                super::$name(super::Format::Two)
+            }
+        }
+    )*};
+}
+
+both_formats!(
+    inspect_shows_a_corrupt_record_as_its_own_row,
+    show_of_a_corrupt_record_is_one_error_line,
+    a_corrupt_record_is_purged_only_with_force,
+    verify_finds_undecodable_records_and_moved_keys,
+    a_flipped_byte_in_a_value_is_an_error_naming_the_key,
+);
+
+/// A new engine on `path`, creating the file in `format`.
+fn engine_in(path: &Path, format: Format) -> TestResult<Engine> {
+    Ok(format.builder().sweep_interval(None).open(path)?)
+}
 
 /// One good record in `shop`, and `shop/broken` holding bytes that are not a
 /// record.
-fn with_corrupt_record(dir: &std::path::Path) -> TestResult<std::path::PathBuf> {
+fn with_corrupt_record(dir: &Path, format: Format) -> TestResult<PathBuf> {
     let db = db_path(dir);
-    let engine = engine(&db)?;
+    let engine = engine_in(&db, format)?;
     let c = claim(&engine, &key("shop", "good")?, fp("{}")?)?;
     engine.complete(c, Envelope::new(1, 200, "ok"))?;
     drop(engine);
     let raw = redb::Database::open(&db)?;
     let txn = raw.begin_write()?;
     {
-        let mut records = txn.open_table(RECORDS)?;
+        let mut records = RawRecords::open(&txn)?;
         // `[scope length][scope][key]`, as the engine lays out record keys.
         let rkey = [&[4u8][..], b"shop", b"broken"].concat();
-        records.insert(rkey.as_slice(), [0xee_u8, 0xff, 0x00].as_slice())?;
+        records.insert(&rkey, &[0xee_u8, 0xff, 0x00])?;
     }
     txn.commit()?;
     Ok(db)
 }
 
-#[test]
-fn inspect_shows_a_corrupt_record_as_its_own_row() -> TestResult {
+fn inspect_shows_a_corrupt_record_as_its_own_row(format: Format) -> TestResult {
     let dir = tempfile::tempdir()?;
-    let db = with_corrupt_record(dir.path())?;
+    let db = with_corrupt_record(dir.path(), format)?;
     let out = idem_ok(["inspect".as_ref(), db.as_os_str()])?;
     assert_eq!(out.lines().count(), 3, "{out}");
     let broken = out
@@ -77,10 +107,9 @@ fn inspect_shows_a_corrupt_record_as_its_own_row() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn show_of_a_corrupt_record_is_one_error_line() -> TestResult {
+fn show_of_a_corrupt_record_is_one_error_line(format: Format) -> TestResult {
     let dir = tempfile::tempdir()?;
-    let db = with_corrupt_record(dir.path())?;
+    let db = with_corrupt_record(dir.path(), format)?;
     let err = idem_err([
         "show".as_ref(),
         db.as_os_str(),
@@ -94,10 +123,9 @@ fn show_of_a_corrupt_record_is_one_error_line() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_corrupt_record_is_purged_only_with_force() -> TestResult {
+fn a_corrupt_record_is_purged_only_with_force(format: Format) -> TestResult {
     let dir = tempfile::tempdir()?;
-    let db = with_corrupt_record(dir.path())?;
+    let db = with_corrupt_record(dir.path(), format)?;
     let args = |force: bool| {
         let mut a = vec![
             "purge".as_ref(),
@@ -135,12 +163,11 @@ fn a_corrupt_record_is_purged_only_with_force() -> TestResult {
 /// key bytes changed (its expiry index entry then names a record that is
 /// not there, and the moved record fails its checksum, which covers its key
 /// bytes).
-#[test]
-fn verify_finds_undecodable_records_and_moved_keys() -> TestResult {
+fn verify_finds_undecodable_records_and_moved_keys(format: Format) -> TestResult {
     let dir = tempfile::tempdir()?;
     let sound = db_path(dir.path());
     {
-        let engine = engine(&sound)?;
+        let engine = engine_in(&sound, format)?;
         let c = claim(&engine, &key("shop", "good")?, fp("{}")?)?;
         engine.complete(c, Envelope::new(1, 200, "ok"))?;
     }
@@ -148,20 +175,17 @@ fn verify_finds_undecodable_records_and_moved_keys() -> TestResult {
     assert!(out.contains("sound: 1 records checked"), "{out}");
 
     let other = tempfile::tempdir()?;
-    let db = with_corrupt_record(other.path())?;
+    let db = with_corrupt_record(other.path(), format)?;
     // Move the good record to other key bytes, as a flipped byte would.
     {
         let raw = redb::Database::open(&db)?;
         let txn = raw.begin_write()?;
         {
-            let mut records = txn.open_table(RECORDS)?;
+            let mut records = RawRecords::open(&txn)?;
             let old = [&[4u8][..], b"shop", b"good"].concat();
-            let value = records
-                .remove(old.as_slice())?
-                .map(|v| v.value().to_vec())
-                .ok_or("no good record")?;
+            let value = records.remove(&old)?.ok_or("no good record")?;
             let moved = [&[4u8][..], b"shop", b"goad"].concat();
-            records.insert(moved.as_slice(), value.as_slice())?;
+            records.insert(&moved, &value)?;
         }
         txn.commit()?;
     }
@@ -192,12 +216,11 @@ fn verify_finds_undecodable_records_and_moved_keys() -> TestResult {
 /// (never the altered body), a request for the key is an error (never a
 /// replay of the altered bytes, never a fresh claim), the other keys still
 /// answer, and `idem verify` lists it and exits 1.
-#[test]
-fn a_flipped_byte_in_a_value_is_an_error_naming_the_key() -> TestResult {
+fn a_flipped_byte_in_a_value_is_an_error_naming_the_key(format: Format) -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = db_path(dir.path());
     {
-        let engine = engine(&db)?;
+        let engine = engine_in(&db, format)?;
         for (k, body) in [("good", "amount=122"), ("flipped", "amount=122")] {
             let c = claim(&engine, &key("shop", k)?, fp("{}")?)?;
             engine.complete(c, Envelope::new(1, 201, body))?;
@@ -207,18 +230,15 @@ fn a_flipped_byte_in_a_value_is_an_error_naming_the_key() -> TestResult {
         let raw = redb::Database::open(&db)?;
         let txn = raw.begin_write()?;
         {
-            let mut records = txn.open_table(RECORDS)?;
+            let mut records = RawRecords::open(&txn)?;
             let rkey = [&[4u8][..], b"shop", b"flipped"].concat();
-            let mut value = records
-                .get(rkey.as_slice())?
-                .map(|v| v.value().to_vec())
-                .ok_or("no record")?;
+            let mut value = records.get(&rkey)?.ok_or("no record")?;
             let at = value
                 .windows(10)
                 .position(|w| w == b"amount=122")
                 .ok_or("body not found")?;
             value[at + 8] = b'0'; // 122 → 102
-            records.insert(rkey.as_slice(), value.as_slice())?;
+            records.insert(&rkey, &value)?;
         }
         txn.commit()?;
     }

@@ -34,6 +34,8 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`max_group_bytes`](Self::max_group_bytes) | 64 MiB (67,108,864 bytes) per group commit |
 /// | [`queue_capacity`](Self::queue_capacity) | 4,096 queued operations |
 /// | [`recovery_reserve`](Self::recovery_reserve) | 64 MiB, at most 1/8 of the file system |
+/// | format of a new redb file | 3 (time-partitioned records); an existing file keeps its format unless [`migrate_to_format_3`](Self::migrate_to_format_3) |
+/// | [`partition_limits`](Self::partition_limits) | 32,768 keys or 10 minutes a partition |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
 /// | [`resolver_interval`](Self::resolver_interval) | 1 s |
@@ -45,6 +47,7 @@ pub struct EngineBuilder {
     sweep_interval: Option<Duration>,
     stored_expiry: bool,
     new_format: redb_store::NewFormat,
+    migrate_format_2: bool,
     seal_rule: redb_store::PartitionSealRule,
     #[cfg(feature = "postgres")]
     postgres: PostgresSettings,
@@ -88,6 +91,7 @@ impl Default for EngineBuilder {
             sweep_interval: Some(Duration::from_secs(1)),
             stored_expiry: false,
             new_format: redb_store::NewFormat::default(),
+            migrate_format_2: false,
             seal_rule: redb_store::PartitionSealRule::DEFAULT,
             #[cfg(feature = "postgres")]
             postgres: PostgresSettings {
@@ -126,30 +130,66 @@ impl fmt::Debug for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// Creates a new database file in format 3 (time-partitioned records,
-    /// issue 26) instead of format 2. **Unstable, for this crate's own
-    /// tests while format 3 is built:** a file it creates may not open in
-    /// a later version, and format-3 files are not yet covered by
-    /// `verify`, salvage or the page map. An existing file keeps its
-    /// format. Only redb files opened from a path or in memory.
-    #[doc(hidden)]
-    pub fn unstable_format_3(mut self) -> Self {
-        self.new_format = redb_store::NewFormat::Format3;
+    /// Migrates an existing format-2 database file to format 3
+    /// (time-partitioned records: docs/design.md, docs/format.md) at a
+    /// writable open, after its journal is applied; a new file is format 3
+    /// without it, and a format-3 file is opened as it is. Without this
+    /// call a format-2 file stays format 2 and is served as before.
+    ///
+    /// The migration copies every record, effect step and evidence-log
+    /// entry into one sealed partition and switches the file's format in
+    /// one durable transaction: a crash or an error part way leaves the
+    /// file in format 2, and the next open with this call migrates it
+    /// again. It cannot be undone: a release before format 3 refuses the
+    /// file. Only redb files opened from a path.
+    ///
+    /// # Errors
+    ///
+    /// The open returns [`OpenError::Storage`] when the copy fails (the
+    /// file is then unchanged), or [`OpenError::Corrupt`] for a damaged
+    /// meta value.
+    pub fn migrate_to_format_3(mut self) -> Self {
+        self.migrate_format_2 = true;
         self
     }
 
-    /// Format 3 only: seal the hot partition (and take new keys into a
-    /// new one) after `max_keys` keys (at least 1) or `interval`, whichever
-    /// comes first; defaults 32,768 keys and ten minutes. **Unstable, for
-    /// this crate's own tests** (small partitions exercise sealing, filters
-    /// and dropping), like [`Self::unstable_format_3`].
+    /// The same as [`Self::migrate_to_format_3`], under its name from when
+    /// format 3 was built behind it. Kept for the crate's own tests.
     #[doc(hidden)]
-    pub fn unstable_format_3_partitions(mut self, max_keys: u64, interval: Duration) -> Self {
+    pub fn unstable_format_3(self) -> Self {
+        self.migrate_to_format_3()
+    }
+
+    /// Creates a new database file in format 2 (one records table, what
+    /// releases before format 3 wrote) instead of format 3. **For this
+    /// crate's own tests of format-2 files**, which users hold; an existing
+    /// file keeps its format.
+    #[doc(hidden)]
+    pub fn unstable_create_format_2(mut self) -> Self {
+        self.new_format = redb_store::NewFormat::Format2;
+        self
+    }
+
+    /// Format 3: seals the hot partition (new keys then go into a new one)
+    /// once it holds `max_keys` keys (at least 1) or `max_age` has passed
+    /// since it was opened, whichever comes first. Defaults: 32,768 keys
+    /// and ten minutes (stored in whole milliseconds). Smaller partitions
+    /// seal and expire in finer steps, at the price of more filters to
+    /// probe for a fresh key; a format-2 file ignores it. Not stored in the
+    /// file: each open applies its own.
+    pub fn partition_limits(mut self, max_keys: u64, max_age: Duration) -> Self {
         self.seal_rule = redb_store::PartitionSealRule {
-            interval_ms: duration_ms(interval),
+            interval_ms: duration_ms(max_age),
             max_keys: max_keys.max(1),
         };
         self
+    }
+
+    /// The same as [`Self::partition_limits`], under its name from when
+    /// format 3 was built. Kept for the crate's own tests.
+    #[doc(hidden)]
+    pub fn unstable_format_3_partitions(self, max_keys: u64, interval: Duration) -> Self {
+        self.partition_limits(max_keys, interval)
     }
 
     /// How long a COMPLETED or `FINAL_FAILURE` record is replayed, from the
@@ -1015,7 +1055,7 @@ impl EngineBuilder {
                 queue_capacity: self.cfg.queue_capacity,
                 recovery_reserve: self.cfg.recovery_reserve,
                 seal_rule: self.seal_rule,
-                new_format: self.new_format,
+                migrate_format_2: self.migrate_format_2,
             },
             reopen,
         )?;

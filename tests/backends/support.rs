@@ -2,7 +2,7 @@
 //! and fingerprints, the start instant of every `ManualClock`.
 
 pub(crate) use crate::common::{claimed, replay, unknown};
-pub(crate) use crate::harness::{run, run_format3, Backend, Harness, TestResult};
+pub(crate) use crate::harness::{run, run_format2, run_format3, Backend, Harness, TestResult};
 
 use idempotency::{Fingerprint, FingerprintError, IdempotencyKey};
 

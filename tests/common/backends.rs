@@ -85,13 +85,26 @@ fn unique_prefix() -> String {
     )
 }
 
+/// How a redb harness creates its file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RedbFormat {
+    /// The builder's default: format 3, default partition limits (the
+    /// suite's stores stay within one hot partition).
+    Default,
+    /// Format 3 with 4-key partitions: the suite seals, filters and drops
+    /// partitions all through (`<name>::redb_format3`).
+    SmallPartitions,
+    /// Format 2, as users' existing files are (`<name>::redb_format2`).
+    Format2,
+}
+
 enum Store {
     Redb {
         // Kept for its Drop: the directory goes with the harness.
         _dir: tempfile::TempDir,
         path: PathBuf,
-        /// Created in format 3 (`EngineBuilder::unstable_format_3`).
-        format3: bool,
+        /// The format the file is created in, and its partition limits.
+        format: RedbFormat,
     },
     Postgres {
         url: String,
@@ -136,7 +149,7 @@ impl Harness {
                 Store::Redb {
                     _dir: dir,
                     path,
-                    format3: false,
+                    format: RedbFormat::Default,
                 }
             }
             Backend::Postgres => Store::Postgres {
@@ -155,12 +168,22 @@ impl Harness {
         })
     }
 
-    /// A fresh redb store created in format 3 (time-partitioned records,
-    /// issue 26), which the suite runs as `<name>::redb_format3`.
+    /// A fresh redb store in format 3 with 4-key partitions, which the
+    /// suite runs as `<name>::redb_format3`.
     pub fn format3() -> Harness {
+        Harness::redb_in(RedbFormat::SmallPartitions)
+    }
+
+    /// A fresh redb store created in format 2 (what users' existing files
+    /// are), which the suite runs as `<name>::redb_format2`.
+    pub fn format2() -> Harness {
+        Harness::redb_in(RedbFormat::Format2)
+    }
+
+    fn redb_in(format: RedbFormat) -> Harness {
         let mut h = Harness::new(Backend::Redb).expect("redb is always there");
-        if let Store::Redb { format3, .. } = &mut h.store {
-            *format3 = true;
+        if let Store::Redb { format: f, .. } = &mut h.store {
+            *f = format;
         }
         h
     }
@@ -168,7 +191,7 @@ impl Harness {
     /// Another fresh store on the same backend (and format).
     pub fn another(&self) -> Harness {
         let mut h = match &self.store {
-            Store::Redb { format3: true, .. } => Harness::format3(),
+            Store::Redb { format, .. } => Harness::redb_in(*format),
             _ => Harness::new(self.backend).expect("the backend was available a moment ago"),
         };
         h.database_clock = self.database_clock;
@@ -237,17 +260,15 @@ impl Harness {
     /// redb, drop the previous engine first (the file is locked).
     pub fn open(&self, builder: EngineBuilder) -> Result<Engine, OpenError> {
         match &self.store {
-            Store::Redb {
-                path,
-                format3: true,
-                ..
-            } => builder
-                .unstable_format_3()
+            Store::Redb { path, format, .. } => match format {
+                RedbFormat::Default => builder.open(path),
                 // Small partitions: the suite seals, filters and drops
                 // partitions all through.
-                .unstable_format_3_partitions(4, std::time::Duration::from_secs(60))
-                .open(path),
-            Store::Redb { path, .. } => builder.open(path),
+                RedbFormat::SmallPartitions => builder
+                    .partition_limits(4, std::time::Duration::from_secs(60))
+                    .open(path),
+                RedbFormat::Format2 => builder.unstable_create_format_2().open(path),
+            },
             Store::Postgres { url, prefix } => builder
                 .table_prefix(prefix.as_str())
                 .database_clock(self.database_clock)
@@ -393,9 +414,14 @@ impl Ledger {
     }
 }
 
-/// Runs `body` on a fresh redb store in format 3.
+/// Runs `body` on a fresh redb store in format 3 with 4-key partitions.
 pub fn run_format3(body: fn(&Harness) -> TestResult) -> TestResult {
     body(&Harness::format3())
+}
+
+/// Runs `body` on a fresh redb store created in format 2.
+pub fn run_format2(body: fn(&Harness) -> TestResult) -> TestResult {
+    body(&Harness::format2())
 }
 
 /// Runs `body` on a fresh store of `backend`; a skipped PostgreSQL run
@@ -408,9 +434,10 @@ pub fn run(backend: Backend, body: fn(&Harness) -> TestResult) -> TestResult {
 }
 
 /// `fn name(h: &Harness) -> TestResult { .. }` becomes a module `name` with
-/// the tests `name::redb`, `name::redb_format3` (a redb file created in
-/// format 3, while it is built), `name::postgres` and `name::redis`, all
-/// running the same body.
+/// the tests `name::redb` (a new file: format 3), `name::redb_format3`
+/// (format 3 with 4-key partitions), `name::redb_format2` (a file created
+/// in format 2, as users' existing files are), `name::postgres` and
+/// `name::redis`, all running the same body.
 macro_rules! both_backends {
     ($(#[$meta:meta])* fn $name:ident($h:ident: &Harness) -> TestResult $body:block) => {
         $(#[$meta])*
@@ -428,6 +455,11 @@ macro_rules! both_backends {
             #[test]
             fn redb_format3() -> TestResult {
                 run_format3(body)
+            }
+
+            #[test]
+            fn redb_format2() -> TestResult {
+                run_format2(body)
             }
 
             #[test]

@@ -11,10 +11,24 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 /// The engine's meta table (`src/store/redb/meta.rs`).
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
 
-/// Every meta key a cleanly closed file of this build holds, in the
-/// table's (sorted) order.
+/// Every meta key a cleanly closed format-2 file holds, in the table's
+/// (sorted) order.
 pub const KEYS: [&str; 8] = [
     "expiry_policy",
+    "format_version",
+    "journal_clean",
+    "journal_id",
+    "journal_lsn",
+    "next_outbox_seq",
+    "next_token",
+    "ttl_ms",
+];
+
+/// Every meta key a cleanly closed format-3 file (what this build creates)
+/// holds, in the table's (sorted) order: format 2's and the filters' seed.
+pub const KEYS_FORMAT_3: [&str; 9] = [
+    "expiry_policy",
+    "filter_seed",
     "format_version",
     "journal_clean",
     "journal_id",

@@ -82,3 +82,4 @@ pub fn claim(engine: &Engine, key: &IdempotencyKey, fingerprint: Fingerprint) ->
 }
 
 pub mod pg;
+pub mod raw_records;

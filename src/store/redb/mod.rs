@@ -193,8 +193,9 @@ pub(crate) struct Sizes {
     pub(crate) recovery_reserve: u64,
     /// Format 3: when the writer seals the hot partition.
     pub(crate) seal_rule: SealRule,
-    /// Format 3 asked for: a format-2 file is migrated at open.
-    pub(crate) new_format: NewFormat,
+    /// A format-2 file is migrated to format 3 at open
+    /// (`EngineBuilder::migrate_to_format_3`).
+    pub(crate) migrate_format_2: bool,
 }
 
 /// What a writer thread needs, kept to start another one after a reopen.
@@ -211,8 +212,8 @@ struct WriterSettings {
     checkpoint_bytes: u64,
     /// Format 3: when the writer seals the hot partition.
     seal_rule: SealRule,
-    /// Format 3 asked for: a format-2 file is migrated at open.
-    new_format: NewFormat,
+    /// A format-2 file is migrated to format 3 at open.
+    migrate_format_2: bool,
 }
 
 /// The database and its writer thread, replaced as a whole when the
@@ -330,7 +331,7 @@ impl RedbStore {
             queue_capacity,
             recovery_reserve,
             seal_rule,
-            new_format,
+            migrate_format_2,
         } = sizes;
         let file = opened.file.clone();
         let reserve = file
@@ -349,7 +350,7 @@ impl RedbStore {
             reserve,
             checkpoint_bytes,
             seal_rule,
-            new_format,
+            migrate_format_2,
         };
         let live = spawn_writer(opened, &settings)?;
         take_reserve(&settings);
@@ -673,7 +674,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         }
         None => None,
     };
-    open::migrate_if_asked(&db, &name, s.new_format, s.clock.now_ms())?;
+    open::migrate_if_asked(&db, &name, s.migrate_format_2, s.clock.now_ms())?;
     let seq = writer::read_sequences(&db)
         .map_err(|e| e.open_error(&name, "reading the engine's counters"))?;
     let catalog = open::open_catalog(&db, &name, s.clock.now_ms(), s.seal_rule)?;

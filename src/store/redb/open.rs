@@ -231,7 +231,9 @@ fn open_error_as(
 }
 
 /// Checks the file's format and meta values, migrating a format-1 file;
-/// on a database without the engine's tables, creates them. Then applies
+/// on a database without the engine's tables, creates them in format 2
+/// (salvage writes format 2's tables into it; the engine's own opens use
+/// [`prepare_new_as`]). Then applies
 /// the expiry settings: with `from_database`, the ones stored by the last
 /// app (if any) replace `cfg`'s; otherwise `cfg`'s are stored for operator
 /// tools. Returns the settings in force. `path` names the file in errors.
@@ -245,14 +247,17 @@ pub(crate) fn prepare(
 }
 
 /// The format [`prepare_new_as`] creates a new file in (an existing file
-/// keeps its own).
+/// keeps its own unless it is migrated: [`migrate_if_asked`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum NewFormat {
-    /// One records table keyed by record key (what every release wrote).
-    #[default]
+    /// One records table keyed by record key (what releases before format
+    /// 3 wrote): kept for the crate's tests of format-2 files
+    /// (`EngineBuilder::unstable_create_format_2`) and for salvage, which
+    /// writes format 2's tables.
     Format2,
-    /// Partitioned records (docs/format3-plan.md), while it is built:
-    /// `EngineBuilder::unstable_format_3`.
+    /// Partitioned records (docs/format3-plan.md, docs/design.md): the
+    /// default.
+    #[default]
     Format3,
 }
 
@@ -286,9 +291,10 @@ mod migrate;
 #[path = "migrate3.rs"]
 mod migrate3;
 
-/// Migrates a format-2 file to format 3 (`migrate3.rs`) when `new_format`
-/// asks for format 3; a file of another format is left as it is. Run by
-/// the writer's start, after the journal was applied.
+/// Migrates a format-2 file to format 3 (`migrate3.rs`) when `migrate`
+/// asks for it (`EngineBuilder::migrate_to_format_3`); a file of another
+/// format, or any file without it, is left as it is. Run by the writer's
+/// start, after the journal was applied.
 ///
 /// # Errors
 ///
@@ -296,10 +302,10 @@ mod migrate3;
 pub(crate) fn migrate_if_asked(
     db: &Database,
     path: &Path,
-    new_format: NewFormat,
+    migrate: bool,
     now_ms: u64,
 ) -> Result<(), OpenError> {
-    if new_format != NewFormat::Format3 || file_format(db, path)? != Some(Format::V2) {
+    if !migrate || file_format(db, path)? != Some(Format::V2) {
         return Ok(());
     }
     migrate3::to_format_3(db, path, &filter_seed(path), now_ms).map(drop)

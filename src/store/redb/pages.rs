@@ -202,9 +202,11 @@ fn locate(path: &Path, offset: u64) -> Result<Vec<OnPage>, redb::Error> {
     let txn = db.begin_read()?;
     let show_index = |k: &(u64, &[u8])| format!("{} {}", k.0, shown(k.1));
     let mut found = Vec::new();
-    // A slot key (format 3) as `p<partition> scope/key`.
+    // A slot key (format 3) as its record key, `scope/key`: the name an
+    // operator knows the key by (and `keys_in_doubt` lists), whatever
+    // partition holds it.
     let show_slot = |k: &[u8]| match slot::split(k) {
-        Some((p, rkey)) => format!("p{p} {}", shown(rkey)),
+        Some((_, rkey)) => shown(rkey),
         None => shown(k),
     };
     let walks: [Option<OnPage>; 14] = [
