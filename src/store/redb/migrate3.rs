@@ -7,10 +7,14 @@
 //!
 //! The copy runs in steps, each one durable write transaction that copies
 //! at most [`MigrationSteps::records`] records ([`STEP_RECORDS`] unless a
-//! test asks for fewer), so its dirty pages, which redb keeps in memory
-//! until it commits, do not grow with the file (the last step's filter,
-//! about 3 bytes a key, and redb's list of the pages a deleted table
-//! frees, 8 bytes a page, do). Until the last
+//! test asks for fewer), so a crash loses one step's work at most and
+//! what a transaction tracks does not grow with the file (the last
+//! step's filter, about 3 bytes a key, and redb's list of the pages a
+//! deleted table frees, 8 bytes a page, do). (redb 4.6 writes a
+//! transaction's dirty pages beyond half its cache to the file before the
+//! commit, so one transaction's memory stayed near the cache size too:
+//! at 2M records the peak RSS was within 60 MiB of a plain open's either
+//! way, with redb's default 1 GiB cache.) Until the last
 //! step commits the file stays format 2: `format_version` is still 2 and
 //! format 2's tables are untouched and answer every read.
 //!
@@ -285,7 +289,7 @@ fn finish(txn: &WriteTransaction, seed: &[u8; 16], now_ms: u64) -> Result<(), Me
         // Built by reading the range (a filter holds bits, not keys).
         let filter = build_filter(&records, &hasher, p)
             .map_err(|e| damaged(format!("building the migrated partition's filter: {e}")))?;
-        if filter.len() > 0 {
+        if !filter.is_empty() {
             let (bytes, sum) = filter.encode();
             let mut row = PartitionRow::hot(now_ms, now_ms);
             row.keys = filter.len();
