@@ -52,7 +52,9 @@
 //! A half-migrated file is a format-2 file: an open that does not ask for
 //! format 3 reads and writes format 2's tables. Its writes would leave the
 //! partial copy stale (a record completed, a key expired or claimed
-//! again), and the copy is resumed, not checked. So a writable open that
+//! again), and the copy is resumed, not checked (a stamp cannot prove it
+//! current: the journal's LSN does not move for a local transaction,
+//! which commits without a frame). So a writable open that
 //! does not ask for format 3 deletes a partial copy before its writer
 //! starts ([`drop_partial_copy`]: one durable transaction, redb's table
 //! deletion, which holds a list of the freed pages, not the pages), and
