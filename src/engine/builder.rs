@@ -134,7 +134,28 @@ impl EngineBuilder {
     /// format. Only redb files opened from a path or in memory.
     #[doc(hidden)]
     pub fn unstable_format_3(mut self) -> Self {
-        self.new_format = redb_store::NewFormat::Format3;
+        if !matches!(self.new_format, redb_store::NewFormat::Format3(_)) {
+            self.new_format = redb_store::NewFormat::Format3(redb_store::MigrationSteps::DEFAULT);
+        }
+        self
+    }
+
+    /// [`Self::unstable_format_3`], migrating a format-2 file in steps of
+    /// `step_records` records (at least 1; default 50,000), each one
+    /// durable transaction; with `stop_after_steps`, the open fails with
+    /// `OpenError::Storage` once that many steps committed (before the
+    /// last), leaving the half-migrated file a crash between steps would
+    /// leave. **Unstable, for this crate's own tests.**
+    #[doc(hidden)]
+    pub fn unstable_format_3_migration(
+        mut self,
+        step_records: u64,
+        stop_after_steps: Option<u64>,
+    ) -> Self {
+        self.new_format = redb_store::NewFormat::Format3(redb_store::MigrationSteps {
+            records: step_records.max(1),
+            stop_after: stop_after_steps,
+        });
         self
     }
 

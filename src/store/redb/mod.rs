@@ -63,7 +63,9 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
-pub(crate) use self::open::{open_backend, open_path, prepare, prepare_new_as, NewFormat};
+pub(crate) use self::open::{
+    open_backend, open_path, prepare, prepare_new_as, MigrationSteps, NewFormat,
+};
 pub(crate) use self::partition::catalog::SealRule as PartitionSealRule;
 pub(crate) use self::read_only::RedbReader;
 pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;

@@ -245,15 +245,35 @@ pub(crate) fn prepare(
 }
 
 /// The format [`prepare_new_as`] creates a new file in (an existing file
-/// keeps its own).
+/// keeps its own, but for a format-2 file that format 3 migrates).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum NewFormat {
     /// One records table keyed by record key (what every release wrote).
     #[default]
     Format2,
     /// Partitioned records (docs/format3-plan.md), while it is built:
-    /// `EngineBuilder::unstable_format_3`.
-    Format3,
+    /// `EngineBuilder::unstable_format_3`. A format-2 file is migrated in
+    /// these steps.
+    Format3(MigrationSteps),
+}
+
+/// How a format-2 file is migrated to format 3 (`migrate3.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MigrationSteps {
+    /// Most records one step (one durable transaction) copies; at least 1.
+    pub(crate) records: u64,
+    /// A test hook: the open fails after this many steps committed, before
+    /// the last, leaving a half-migrated (format-2) file, as a crash
+    /// between steps would (`EngineBuilder::unstable_format_3_migration`).
+    pub(crate) stop_after: Option<u64>,
+}
+
+impl MigrationSteps {
+    /// Steps of [`migrate3::STEP_RECORDS`] records, to the end.
+    pub(crate) const DEFAULT: MigrationSteps = MigrationSteps {
+        records: migrate3::STEP_RECORDS,
+        stop_after: None,
+    };
 }
 
 /// [`prepare`], creating a new file in `new_format`.
@@ -286,23 +306,31 @@ mod migrate;
 #[path = "migrate3.rs"]
 mod migrate3;
 
-/// Migrates a format-2 file to format 3 (`migrate3.rs`) when `new_format`
-/// asks for format 3; a file of another format is left as it is. Run by
-/// the writer's start, after the journal was applied.
+/// Migrates a format-2 file to format 3 (`migrate3.rs`, in bounded
+/// steps, going on from a partial copy) when `new_format` asks for format
+/// 3; otherwise deletes a partial copy a format-2 file holds, which its
+/// format-2 writes would make stale (`migrate3::drop_partial_copy`). A
+/// file of another format is left as it is. Run by the writer's start,
+/// after the journal was applied.
 ///
 /// # Errors
 ///
-/// As `migrate3::to_format_3`.
+/// As `migrate3::to_format_3` and `migrate3::drop_partial_copy`.
 pub(crate) fn migrate_if_asked(
     db: &Database,
     path: &Path,
     new_format: NewFormat,
     now_ms: u64,
 ) -> Result<(), OpenError> {
-    if new_format != NewFormat::Format3 || file_format(db, path)? != Some(Format::V2) {
+    if file_format(db, path)? != Some(Format::V2) {
         return Ok(());
     }
-    migrate3::to_format_3(db, path, &filter_seed(path), now_ms).map(drop)
+    match new_format {
+        NewFormat::Format3(steps) => {
+            migrate3::to_format_3(db, path, &filter_seed(path), now_ms, steps).map(drop)
+        }
+        NewFormat::Format2 => migrate3::drop_partial_copy(db, path),
+    }
 }
 
 // Likewise the in-memory layer the check before a writable open reads a
@@ -382,7 +410,7 @@ fn init_format(db: &Database, path: &Path, new_format: NewFormat) -> Result<Form
                 txn.open_table(RECORDS).open_context(what)?;
                 Format::V2
             }
-            NewFormat::Format3 => {
+            NewFormat::Format3(_) => {
                 meta::create_format_3(&mut meta, &filter_seed(path)).open_context(what)?;
                 txn.open_table(catalog::RECORDS).open_context(what)?;
                 txn.open_table(PARTITIONS).open_context(what)?;
