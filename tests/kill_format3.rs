@@ -6,13 +6,18 @@
 //! 1. `sigkill_during_the_migration_loses_nothing`: the parent writes a
 //!    format-2 file of completed records, measures how long an open that
 //!    migrates it takes, and in each round lets a child open a fresh copy
-//!    with `unstable_format_3` (the migration runs inside the open), then
-//!    do a little traffic; the kill comes a stratified random delay after
-//!    the child said it was about to open, from 0 to past the open, so it
-//!    lands before and after the migration's commit. The parent reopens
-//!    the copy in whatever format it has and checks every record written
-//!    before, and every write the child acknowledged, replays byte for
-//!    byte, and that `verify` finds the file sound.
+//!    with `unstable_format_3` in steps of 500 records (the migration runs
+//!    inside the open, 21 durable transactions), then do a little
+//!    traffic; the kill comes a stratified random delay after the child
+//!    said it was about to open, from 0 to past the open, so it lands
+//!    before the first step, between steps, and after the switch. The
+//!    parent looks at a copy of the killed file (its format, the records
+//!    the partial copy holds), then reopens it asking for format 3 again,
+//!    which resumes a partial copy (in every third round with one, a
+//!    format-2 open comes first: it must answer everything and delete the
+//!    copy), and checks every record written before, and every write the
+//!    child acknowledged, replays byte for byte, and that `verify` finds
+//!    the file sound.
 //! 2. `sigkill_during_partition_drops_loses_nothing`: a child with
 //!    partitions of 16 keys or one second, a 400 ms TTL that forgets, and
 //!    the sweeper every 50 ms, claims and completes fresh keys on the
@@ -54,7 +59,7 @@ use idempotency::{
     Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, State,
 };
 use kill_model::fnv1a;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use split_mix::SplitMix64;
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
@@ -81,6 +86,8 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Records of the format-2 file the migration test starts from.
 const BASE_RECORDS: u64 = 10_000;
+/// Records per migration step: 20 steps and the switch for the base file.
+const MIGRATE_STEP_RECORDS: u64 = 500;
 const BASE_THREADS: u64 = 16;
 const MIGRATE_CHILD_THREADS: u64 = 2;
 const DEFAULT_MIGRATE_ROUNDS: u64 = 10;
@@ -96,6 +103,8 @@ const DEFAULT_DROP_ROUNDS: u64 = 8;
 const TTL_MARGIN_MS: u64 = 20;
 
 const PARTITIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.partitions");
+const PARTITIONED_RECORDS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idempotency.partitioned.records");
 
 /// The two tests measure timings: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -148,7 +157,7 @@ fn migrating_builder() -> EngineBuilder {
         .recovery_reserve(0)
         .lease(LEASE)
         .sweep_interval(None)
-        .unstable_format_3()
+        .unstable_format_3_migration(MIGRATE_STEP_RECORDS, None)
 }
 
 fn dropping_builder() -> EngineBuilder {
@@ -437,6 +446,31 @@ fn partition_rows(db: &Path) -> AnyResult<BTreeSet<u64>> {
     Ok(rows)
 }
 
+/// Where a kill left the file at `db`, read from a copy at `scratch`
+/// (redb recovers a file that was not closed cleanly, which writes): the
+/// first byte of its `format_version`, and the records format 3's records
+/// table holds (`None`: no such table).
+fn peek(db: &Path, scratch: &Path) -> AnyResult<(u8, Option<u64>)> {
+    std::fs::copy(db, scratch)?;
+    let (format, copied) = {
+        let file = redb::Database::open(scratch)?;
+        let txn = file.begin_read()?;
+        let format = txn
+            .open_table(meta_table::META)?
+            .get("format_version")?
+            .and_then(|v| v.value().first().copied())
+            .ok_or("no format_version")?;
+        let copied = match txn.open_table(PARTITIONED_RECORDS) {
+            Ok(t) => Some(t.len()?),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        (format, copied)
+    };
+    std::fs::remove_file(scratch)?;
+    Ok((format, copied))
+}
+
 fn median(values: &[u64]) -> Option<u64> {
     let mut v = values.to_vec();
     v.sort_unstable();
@@ -582,14 +616,17 @@ fn sigkill_during_the_migration_loses_nothing() -> TestResult {
         migrated_open.as_secs_f64() * 1e3,
     );
     // Even rounds: stratified over 0..1.5x the migrating open, each from
-    // its own slice, so both sides of the commit are hit in every run.
-    // Odd rounds: stratified over its last 30%, where the migration's
-    // transaction runs (the open's fixed work comes first). The open's
+    // its own slice, so both sides of the switch are hit in every run.
+    // Odd rounds: stratified over 40..105% of it, where the migration's
+    // steps run (the open's fixed work comes first). The open's
     // length is the median of the children's opens so far (the measure
     // above until one is ready): one open timed under load can be far off.
     let (wide, late) = (rounds.div_ceil(2), rounds / 2);
     let mut failures = Vec::new();
-    let (mut before_commit, mut before_ready, mut after_ready) = (0u64, 0u64, 0u64);
+    let (mut before_steps, mut before_ready, mut after_ready) = (0u64, 0u64, 0u64);
+    // Records the partial copy held, for each kill between steps.
+    let mut between_steps: Vec<u64> = Vec::new();
+    let mut format2_opens = 0u64;
     let mut acked = 0usize;
     let mut child_open_ms = Vec::new();
     for round in 0..rounds {
@@ -602,8 +639,8 @@ fn sigkill_during_the_migration_loses_nothing() -> TestResult {
             (0, (open_ms * 3 / 2).max(20), round / 2, wide)
         } else {
             (
-                open_ms * 7 / 10,
-                (open_ms * 35 / 100).max(10),
+                open_ms * 4 / 10,
+                (open_ms * 65 / 100).max(10),
                 round / 2,
                 late,
             )
@@ -618,40 +655,64 @@ fn sigkill_during_the_migration_loses_nothing() -> TestResult {
         let mut acks = Acks::default();
         acks.read_log(&log, round)?;
         acked += acks.claimed.len();
-        let engine = Engine::builder().sweep_interval(None).open_existing(&db)?;
+        let (format, copied) = peek(&db, &dir.path().join("peek.redb"))?;
+        match (format, copied, ended.ready_ms.is_some()) {
+            (2, None, false) => before_steps += 1,
+            (2, Some(n), false) => between_steps.push(n),
+            (3, _, false) => before_ready += 1,
+            (3, _, true) => after_ready += 1,
+            (f, n, ready) => failures.push(format!(
+                "round {round}: format {f}, partial copy {n:?}, after a kill at {delay} ms \
+                 (child ready: {ready})"
+            )),
+        }
+        if format == 2 && copied.is_some() && between_steps.len() % 3 == 1 {
+            // A format-2 open of the half-migrated file answers from format
+            // 2's tables and deletes the partial copy.
+            let engine = Engine::builder().sweep_interval(None).open_existing(&db)?;
+            check_migrated(&engine, &acks, round, &mut failures)?;
+            drop(engine);
+            format2_opens += 1;
+            let (f, left) = peek(&db, &dir.path().join("peek.redb"))?;
+            if (f, left) != (2, None) {
+                failures.push(format!(
+                    "round {round}: after a format-2 open: format {f}, partial copy {left:?}"
+                ));
+            }
+        }
+        // The migration resumes (or starts over, or is done).
+        let engine = migrating_builder().open_existing(&db)?;
         check_migrated(&engine, &acks, round, &mut failures)?;
         let report = engine.verify()?;
         if !report.is_sound() {
             failures.push(format!("round {round}: verify: {:?}", report.damage));
         }
         drop(engine);
-        let format = format_of(&db)?;
-        match (format, ended.ready_ms.is_some()) {
-            (2, false) => before_commit += 1,
-            (3, false) => before_ready += 1,
-            (3, true) => after_ready += 1,
-            (f, ready) => failures.push(format!(
-                "round {round}: format {f} after a kill at {delay} ms (child ready: {ready})"
-            )),
+        if format_of(&db)? != 3 {
+            failures.push(format!(
+                "round {round}: not format 3 after the migrating reopen"
+            ));
         }
         println!(
             "round {round}: kill {delay} ms after the opening line, file in format {format}, \
-             child ready: {:?} ms, {} acknowledged claims",
+             partial copy {copied:?} records, child ready: {:?} ms, {} acknowledged claims",
             ended.ready_ms,
             acks.claimed.len()
         );
         std::fs::remove_file(&db)?;
     }
     println!(
-        "migration kills summary: rounds {rounds}; kills before the migration committed (format 2) \
-         {before_commit}, after it but before the open returned {before_ready}, during the traffic \
-         after {after_ready}; child opens {child_open_ms:?} ms; acknowledged claims {acked}; \
-         failures {} ({:.1} s, seed {seed})",
+        "migration kills summary: rounds {rounds}; kills before the first step committed \
+         {before_steps}, between steps {} (records copied: {between_steps:?}; {format2_opens} \
+         of them opened in format 2 first), after the switch but before the open returned \
+         {before_ready}, during the traffic after {after_ready}; child opens {child_open_ms:?} ms; \
+         acknowledged claims {acked}; failures {} ({:.1} s, seed {seed})",
+        between_steps.len(),
         failures.len(),
         started.elapsed().as_secs_f64()
     );
-    if before_commit == 0 {
-        println!("NOTE: no kill landed before the migration committed in this run");
+    if between_steps.is_empty() {
+        println!("NOTE: no kill landed between migration steps in this run");
     }
     if before_ready + after_ready == 0 {
         println!("NOTE: no kill landed after the migration committed in this run");

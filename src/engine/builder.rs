@@ -47,7 +47,7 @@ pub struct EngineBuilder {
     sweep_interval: Option<Duration>,
     stored_expiry: bool,
     new_format: redb_store::NewFormat,
-    migrate_format_2: bool,
+    migration: Option<redb_store::MigrationSteps>,
     seal_rule: redb_store::PartitionSealRule,
     #[cfg(feature = "postgres")]
     postgres: PostgresSettings,
@@ -91,7 +91,7 @@ impl Default for EngineBuilder {
             sweep_interval: Some(Duration::from_secs(1)),
             stored_expiry: false,
             new_format: redb_store::NewFormat::default(),
-            migrate_format_2: false,
+            migration: None,
             seal_rule: redb_store::PartitionSealRule::DEFAULT,
             #[cfg(feature = "postgres")]
             postgres: PostgresSettings {
@@ -137,19 +137,43 @@ impl EngineBuilder {
     /// call a format-2 file stays format 2 and is served as before.
     ///
     /// The migration copies every record, effect step and evidence-log
-    /// entry into one sealed partition and switches the file's format in
-    /// one durable transaction: a crash or an error part way leaves the
-    /// file in format 2, and the next open with this call migrates it
-    /// again. It cannot be undone: a release before format 3 refuses the
-    /// file. Only redb files opened from a path.
+    /// entry, in key order, into one sealed partition, in steps of 50,000
+    /// records, each one durable transaction, while the file stays format
+    /// 2; the last step switches the file to format 3. A crash or an error
+    /// between steps leaves a format-2 file, and the next open with this
+    /// call goes on from the last step committed (an open without it
+    /// deletes the partial copy, which its writes would make stale). It
+    /// cannot be undone: a release before format 3 refuses the file. Only
+    /// redb files opened from a path.
     ///
     /// # Errors
     ///
-    /// The open returns [`OpenError::Storage`] when the copy fails (the
-    /// file is then unchanged), or [`OpenError::Corrupt`] for a damaged
-    /// meta value.
+    /// The open returns [`OpenError::Storage`] when a step fails (the file
+    /// is then format 2, as the last committed step left it), or
+    /// [`OpenError::Corrupt`] for a damaged meta value.
     pub fn migrate_to_format_3(mut self) -> Self {
-        self.migrate_format_2 = true;
+        if self.migration.is_none() {
+            self.migration = Some(redb_store::MigrationSteps::DEFAULT);
+        }
+        self
+    }
+
+    /// [`Self::migrate_to_format_3`], in steps of `step_records` records
+    /// (at least 1; default 50,000), each one durable transaction; with
+    /// `stop_after_steps`, the open fails with `OpenError::Storage` once
+    /// that many steps committed (before the last), leaving the
+    /// half-migrated file a crash between steps would leave. **Unstable,
+    /// for this crate's own tests.**
+    #[doc(hidden)]
+    pub fn unstable_format_3_migration(
+        mut self,
+        step_records: u64,
+        stop_after_steps: Option<u64>,
+    ) -> Self {
+        self.migration = Some(redb_store::MigrationSteps {
+            records: step_records.max(1),
+            stop_after: stop_after_steps,
+        });
         self
     }
 
@@ -1055,7 +1079,7 @@ impl EngineBuilder {
                 queue_capacity: self.cfg.queue_capacity,
                 recovery_reserve: self.cfg.recovery_reserve,
                 seal_rule: self.seal_rule,
-                migrate_format_2: self.migrate_format_2,
+                migration: self.migration,
             },
             reopen,
         )?;

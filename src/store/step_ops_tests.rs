@@ -207,7 +207,7 @@ fn fixture(expiry: ExpiryPolicy) -> R<Fixture> {
             queue_capacity: 64,
             recovery_reserve: 0,
             seal_rule: crate::store::redb::PartitionSealRule::DEFAULT,
-            migrate_format_2: false,
+            migration: None,
         },
         None,
     )?;

@@ -63,7 +63,9 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
-pub(crate) use self::open::{open_backend, open_path, prepare, prepare_new_as, NewFormat};
+pub(crate) use self::open::{
+    open_backend, open_path, prepare, prepare_new_as, MigrationSteps, NewFormat,
+};
 pub(crate) use self::partition::catalog::SealRule as PartitionSealRule;
 pub(crate) use self::read_only::RedbReader;
 pub(crate) use self::reserve::DEFAULT_BYTES as DEFAULT_RECOVERY_RESERVE;
@@ -193,9 +195,9 @@ pub(crate) struct Sizes {
     pub(crate) recovery_reserve: u64,
     /// Format 3: when the writer seals the hot partition.
     pub(crate) seal_rule: SealRule,
-    /// A format-2 file is migrated to format 3 at open
-    /// (`EngineBuilder::migrate_to_format_3`).
-    pub(crate) migrate_format_2: bool,
+    /// A format-2 file is migrated to format 3 at open, in these steps
+    /// (`EngineBuilder::migrate_to_format_3`); `None`: it stays format 2.
+    pub(crate) migration: Option<MigrationSteps>,
 }
 
 /// What a writer thread needs, kept to start another one after a reopen.
@@ -212,8 +214,8 @@ struct WriterSettings {
     checkpoint_bytes: u64,
     /// Format 3: when the writer seals the hot partition.
     seal_rule: SealRule,
-    /// A format-2 file is migrated to format 3 at open.
-    migrate_format_2: bool,
+    /// A format-2 file is migrated to format 3 at open, in these steps.
+    migration: Option<MigrationSteps>,
 }
 
 /// The database and its writer thread, replaced as a whole when the
@@ -331,7 +333,7 @@ impl RedbStore {
             queue_capacity,
             recovery_reserve,
             seal_rule,
-            migrate_format_2,
+            migration,
         } = sizes;
         let file = opened.file.clone();
         let reserve = file
@@ -350,7 +352,7 @@ impl RedbStore {
             reserve,
             checkpoint_bytes,
             seal_rule,
-            migrate_format_2,
+            migration,
         };
         let live = spawn_writer(opened, &settings)?;
         take_reserve(&settings);
@@ -674,7 +676,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         }
         None => None,
     };
-    open::migrate_if_asked(&db, &name, s.migrate_format_2, s.clock.now_ms())?;
+    open::migrate_if_asked(&db, &name, s.migration, s.clock.now_ms())?;
     let seq = writer::read_sequences(&db)
         .map_err(|e| e.open_error(&name, "reading the engine's counters"))?;
     let catalog = open::open_catalog(&db, &name, s.clock.now_ms(), s.seal_rule)?;

@@ -261,6 +261,26 @@ pub(crate) enum NewFormat {
     Format3,
 }
 
+/// How a format-2 file is migrated to format 3 (`migrate3.rs`), when it
+/// is (`EngineBuilder::migrate_to_format_3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MigrationSteps {
+    /// Most records one step (one durable transaction) copies; at least 1.
+    pub(crate) records: u64,
+    /// A test hook: the open fails after this many steps committed, before
+    /// the last, leaving a half-migrated (format-2) file, as a crash
+    /// between steps would (`EngineBuilder::unstable_format_3_migration`).
+    pub(crate) stop_after: Option<u64>,
+}
+
+impl MigrationSteps {
+    /// Steps of [`migrate3::STEP_RECORDS`] records, to the end.
+    pub(crate) const DEFAULT: MigrationSteps = MigrationSteps {
+        records: migrate3::STEP_RECORDS,
+        stop_after: None,
+    };
+}
+
 /// [`prepare`], creating a new file in `new_format`.
 pub(crate) fn prepare_new_as(
     db: &Database,
@@ -291,24 +311,31 @@ mod migrate;
 #[path = "migrate3.rs"]
 mod migrate3;
 
-/// Migrates a format-2 file to format 3 (`migrate3.rs`) when `migrate`
-/// asks for it (`EngineBuilder::migrate_to_format_3`); a file of another
-/// format, or any file without it, is left as it is. Run by the writer's
-/// start, after the journal was applied.
+/// Migrates a format-2 file to format 3 (`migrate3.rs`, in bounded
+/// steps, going on from a partial copy) when `migration` asks for it
+/// (`EngineBuilder::migrate_to_format_3`); otherwise deletes a partial
+/// copy a format-2 file holds, which its format-2 writes would make stale
+/// (`migrate3::drop_partial_copy`). A file of another format is left as it
+/// is. Run by the writer's start, after the journal was applied.
 ///
 /// # Errors
 ///
-/// As `migrate3::to_format_3`.
+/// As `migrate3::to_format_3` and `migrate3::drop_partial_copy`.
 pub(crate) fn migrate_if_asked(
     db: &Database,
     path: &Path,
-    migrate: bool,
+    migration: Option<MigrationSteps>,
     now_ms: u64,
 ) -> Result<(), OpenError> {
-    if !migrate || file_format(db, path)? != Some(Format::V2) {
+    if file_format(db, path)? != Some(Format::V2) {
         return Ok(());
     }
-    migrate3::to_format_3(db, path, &filter_seed(path), now_ms).map(drop)
+    match migration {
+        Some(steps) => {
+            migrate3::to_format_3(db, path, &filter_seed(path), now_ms, steps).map(drop)
+        }
+        None => migrate3::drop_partial_copy(db, path),
+    }
 }
 
 // Likewise the in-memory layer the check before a writable open reads a

@@ -115,7 +115,7 @@ mod tests {
                 queue_capacity: 64,
                 recovery_reserve: 0,
                 seal_rule: crate::store::redb::PartitionSealRule::DEFAULT,
-                migrate_format_2: false,
+                migration: None,
             },
             None,
         )?)

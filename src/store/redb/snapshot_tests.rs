@@ -34,7 +34,7 @@ fn sizes() -> Sizes {
         queue_capacity: 64,
         recovery_reserve: 0,
         seal_rule: crate::store::redb::PartitionSealRule::DEFAULT,
-        migrate_format_2: false,
+        migration: None,
     }
 }
 

@@ -49,7 +49,7 @@ fn open(path: &Path, clock: &ManualClock) -> R<RedbStore> {
             queue_capacity: 64,
             recovery_reserve: 0,
             seal_rule: crate::store::redb::PartitionSealRule::DEFAULT,
-            migrate_format_2: false,
+            migration: None,
         },
         None,
     )?)
