@@ -205,7 +205,8 @@ fn raw(path: &Path) -> Result<Raw, Box<dyn Error>> {
         for e in t.iter()? {
             let (k, v) = e?;
             let (slot, seq) = k.value();
-            out.history.insert((split(slot)?.1, seq), v.value().to_vec());
+            out.history
+                .insert((split(slot)?.1, seq), v.value().to_vec());
         }
     }
     for e in txn.open_table(OUTBOX)?.iter()? {
@@ -288,11 +289,18 @@ fn judge(old: &Raw, new: &Path, lost: &[Lost]) -> Result<Vec<Vec<u8>>, Box<dyn E
         .cloned()
         .collect();
     for k in &missing {
-        assert!(listed(lost, k), "record {} neither copied nor listed: {lost:?}", hex(k));
+        assert!(
+            listed(lost, k),
+            "record {} neither copied nor listed: {lost:?}",
+            hex(k)
+        );
     }
     for (k, v) in &copied.steps {
         assert_eq!(old.steps.get(k), Some(v), "step {k:?}");
-        assert!(copied.records.contains_key(&k.0), "a step without its record");
+        assert!(
+            copied.records.contains_key(&k.0),
+            "a step without its record"
+        );
     }
     for (k, v) in &copied.history {
         assert_eq!(old.history.get(k), Some(v), "log entry {k:?}");
@@ -305,9 +313,7 @@ fn judge(old: &Raw, new: &Path, lost: &[Lost]) -> Result<Vec<Vec<u8>>, Box<dyn E
         [BUILT].into()
     };
     assert_eq!(copied.rows, rows, "one sealed partition");
-    let engine = Engine::builder()
-        .sweep_interval(None)
-        .open_read_only(new)?;
+    let engine = Engine::builder().sweep_interval(None).open_read_only(new)?;
     let check = engine.verify()?;
     assert!(check.is_sound(), "{:?}", check.damage);
     Ok(missing)
@@ -325,7 +331,10 @@ fn answers_agree(a: &Path, b: &Path, keys: usize, skip: &[Vec<u8>]) -> TestResul
             continue;
         }
         let show = |e: &Engine| -> Result<String, Box<dyn Error>> {
-            Ok(format!("{:?}", e.begin(&k, fp(i)?).map(|b| format!("{b:?}"))))
+            Ok(format!(
+                "{:?}",
+                e.begin(&k, fp(i)?).map(|b| format!("{b:?}"))
+            ))
         };
         assert_eq!(show(&a)?, show(&b)?, "key {i}");
         compared += 1;
@@ -349,7 +358,11 @@ fn a_sound_format3_file_is_copied_whole_and_answers_the_same() -> TestResult {
     let report = idempotency::Engine::salvage(&path, &new)?;
     assert!(report.is_complete(), "{:?}", report.lost);
     assert_eq!(report.records as usize, old.records.len());
-    assert_eq!(std::fs::read(&path)?, bytes, "the damaged file is only read");
+    assert_eq!(
+        std::fs::read(&path)?,
+        bytes,
+        "the damaged file is only read"
+    );
     let missing = judge(&old, &new, &report.lost)?;
     assert!(missing.is_empty());
     let copied = raw(&new)?;
@@ -440,9 +453,10 @@ fn damage_in_one_partition_loses_only_what_it_hit_and_lists_it() -> TestResult {
     // The flipped value fails its checksum: listed by key, not copied.
     assert!(missing.contains(&flipped), "{report:?}");
     assert!(
-        report.lost.iter().any(
-            |l| matches!(l, Lost::Record { key_hex, .. } if *key_hex == hex(&flipped))
-        ),
+        report
+            .lost
+            .iter()
+            .any(|l| matches!(l, Lost::Record { key_hex, .. } if *key_hex == hex(&flipped))),
         "{:?}",
         report.lost
     );
@@ -456,7 +470,12 @@ fn damage_in_one_partition_loses_only_what_it_hit_and_lists_it() -> TestResult {
                 .any(|&(start, end)| at < end && at + v.len() > start)
         });
         if !on_page && *k != flipped && v.len() > 200 {
-            assert!(!missing.contains(k), "intact record {} lost: {:?}", hex(k), report.lost);
+            assert!(
+                !missing.contains(k),
+                "intact record {} lost: {:?}",
+                hex(k),
+                report.lost
+            );
         }
     }
     Ok(())
@@ -476,7 +495,10 @@ fn damaged_rows_and_filters_hide_no_record() -> TestResult {
         let txn = db.begin_write()?;
         {
             let mut filters = txn.open_table(FILTERS)?;
-            let sealed: Vec<u64> = filters.iter()?.map(|e| e.map(|(k, _)| k.value())).collect::<Result<_, _>>()?;
+            let sealed: Vec<u64> = filters
+                .iter()?
+                .map(|e| e.map(|(k, _)| k.value()))
+                .collect::<Result<_, _>>()?;
             assert!(sealed.len() >= 2, "{sealed:?}");
             filters.insert(sealed[0], b"not a filter".as_slice())?;
             filters.remove(sealed[1])?;
@@ -515,7 +537,11 @@ fn what_the_journal_of_a_crashed_format3_file_holds_is_salvaged() -> TestResult 
     let path = dir.path().join("crashed.redb");
     build(&path, 24)?;
     let status = Command::new(std::env::current_exe()?)
-        .args(["--exact", "write_then_crash_in_child_process", "--test-threads=1"])
+        .args([
+            "--exact",
+            "write_then_crash_in_child_process",
+            "--test-threads=1",
+        ])
         .env(CRASH_ENV, &path)
         .stdout(std::process::Stdio::null())
         .status()?;

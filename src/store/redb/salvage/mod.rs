@@ -116,11 +116,7 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     let (format, stored_token, stored_outbox) = read_meta_values(db, path, &mut g)?;
     let format3 = format == Format::V3;
     g.partitioned = format3;
-    let records_def = if format3 {
-        catalog::RECORDS
-    } else {
-        RECORDS
-    };
+    let records_def = if format3 { catalog::RECORDS } else { RECORDS };
     let (index, index_gaps) = walk_index(db);
     let outbox = walk_table(
         db,
@@ -202,13 +198,7 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
 /// The steps and history tables as far as they walk, keyed by record key
 /// (format 2) or slot key (format 3, `partitioned`). Created on first
 /// use: a file may not have them.
-fn walk_step_tables(
-    db: &impl ReadableDatabase,
-    partitioned: bool,
-) -> (
-    walk::Walked<(Vec<u8>, String), Vec<u8>>,
-    walk::Walked<(Vec<u8>, u32), Vec<u8>>,
-) {
+fn walk_step_tables(db: &impl ReadableDatabase, partitioned: bool) -> (StepsWalk, HistoryWalk) {
     let (steps_def, history_def) = if partitioned {
         (catalog::STEPS, catalog::HISTORY)
     } else {
@@ -278,6 +268,11 @@ fn named_keys(index: &BTreeSet<IndexEntry>, frames: &[(u64, Frame)], partitioned
     }
     named
 }
+
+/// The steps table's walk: (key, step name) → encoded step.
+type StepsWalk = walk::Walked<(Vec<u8>, String), Vec<u8>>;
+/// The history table's walk: (key, seq) → encoded log entry.
+type HistoryWalk = walk::Walked<(Vec<u8>, u32), Vec<u8>>;
 
 /// An entry of the steps table as a walk meets it.
 type StepEntry<'k, 'v> = (
@@ -403,7 +398,11 @@ fn read_frames(
 /// The records table `def` as far as it reads: walked, then from every
 /// key `seeds` names; with the stretch no walk passed, and the keys whose
 /// lookup failed.
-fn read_records(db: &impl ReadableDatabase, def: BytesTable, seeds: Seeds<'_>) -> (Entries, Option<Gap<Vec<u8>>>, Reasons) {
+fn read_records(
+    db: &impl ReadableDatabase,
+    def: BytesTable,
+    seeds: Seeds<'_>,
+) -> (Entries, Option<Gap<Vec<u8>>>, Reasons) {
     let (mut entries, gap, mut named) = match walk_records(db, def, seeds) {
         Ok((walked, named)) => (walked.entries, walked.gap, named),
         Err(reason) => {

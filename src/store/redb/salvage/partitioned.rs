@@ -43,7 +43,10 @@ pub(super) fn known_partitions(
     history: &BTreeMap<(Vec<u8>, u32), Vec<u8>>,
 ) -> BTreeSet<u64> {
     let own = |(k, _): (redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>)| (k.value(), ());
-    let mut known: BTreeSet<u64> = walk_table(db, PARTITIONS, own).entries.into_keys().collect();
+    let mut known: BTreeSet<u64> = walk_table(db, PARTITIONS, own)
+        .entries
+        .into_keys()
+        .collect();
     known.extend(walk_table(db, FILTERS, own).entries.into_keys());
     known.extend(prefixes(steps.keys().map(|(s, _)| s.as_slice())));
     known.extend(prefixes(history.keys().map(|(s, _)| s.as_slice())));
@@ -118,7 +121,11 @@ pub(super) fn seeds(
         .map_or(u64::MAX, |(p, _)| p);
     let run_lo = lo.max(FIRST_PARTITION);
     let run_hi = if hi == u64::MAX {
-        parts.range(..BUILT_PARTITIONS).next_back().copied().unwrap_or(0)
+        parts
+            .range(..BUILT_PARTITIONS)
+            .next_back()
+            .copied()
+            .unwrap_or(0)
     } else {
         hi
     };
@@ -242,33 +249,36 @@ pub(super) fn unslot(
                 }
             })
         };
-        match pick {
-            Some(i) => {
-                let (p, value) = found.swap_remove(i);
-                chosen.insert(rkey.clone(), p);
-                work.records.insert(rkey, value);
-            }
-            None => {
-                let parts: Vec<u64> = found.iter().map(|(p, _)| *p).collect();
-                reasons.insert(rkey, in_partitions(&parts));
-            }
+        if let Some(i) = pick {
+            let (p, value) = found.swap_remove(i);
+            chosen.insert(rkey.clone(), p);
+            work.records.insert(rkey, value);
+        } else {
+            let parts: Vec<u64> = found.iter().map(|(p, _)| *p).collect();
+            reasons.insert(rkey, in_partitions(&parts));
         }
     }
     work.unreadable = reasons;
-    work.steps = beside(std::mem::take(&mut work.steps), &chosen, |(rkey, name), why| {
-        Lost::Step {
+    work.steps = beside(
+        std::mem::take(&mut work.steps),
+        &chosen,
+        |(rkey, name), why| Lost::Step {
             key_hex: hex(&rkey),
             step: name,
             reason: why,
-        }
-    }, lost);
-    work.history = beside(std::mem::take(&mut work.history), &chosen, |(rkey, seq), why| {
-        Lost::HistoryEntry {
+        },
+        lost,
+    );
+    work.history = beside(
+        std::mem::take(&mut work.history),
+        &chosen,
+        |(rkey, seq), why| Lost::HistoryEntry {
             key_hex: hex(&rkey),
             seq,
             reason: why,
-        }
-    }, lost);
+        },
+        lost,
+    );
 }
 
 /// `entries` (keyed by slot key and a name or number) keyed by record
@@ -414,9 +424,17 @@ mod tests {
         let across = lost_range(&gap(Some((2, b"a")), Some((5, b"b"))));
         assert_eq!(
             ranges(&across),
-            vec![(Some(a.clone()), None), (None, None), (None, Some(b.clone()))]
+            vec![
+                (Some(a.clone()), None),
+                (None, None),
+                (None, Some(b.clone()))
+            ]
         );
-        assert!(across[1].to_string().contains("from 3 to 4"), "{}", across[1]);
+        assert!(
+            across[1].to_string().contains("from 3 to 4"),
+            "{}",
+            across[1]
+        );
         let next = lost_range(&gap(Some((2, b"a")), Some((3, b"b"))));
         assert_eq!(ranges(&next), vec![(Some(a), None), (None, Some(b))]);
         assert_eq!(ranges(&lost_range(&gap(None, None))), vec![(None, None)]);

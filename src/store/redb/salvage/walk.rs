@@ -129,6 +129,9 @@ where
 /// format 3's (slot key).
 pub(super) type BytesTable = redb::TableDefinition<'static, &'static [u8], &'static [u8]>;
 
+/// A records table's walk, by its byte keys.
+pub(super) type RecordsWalk = Walked<Vec<u8>, Vec<u8>>;
+
 /// The keys a records walk goes on from where damage stopped it, given
 /// its gap (`None`: the walks met every entry) and what the walks read.
 pub(super) type Seeds<'a> = &'a dyn Fn(Option<&Gap<Vec<u8>>>, &Entries) -> BTreeSet<Vec<u8>>;
@@ -141,7 +144,7 @@ pub(super) fn walk_records(
     db: &impl ReadableDatabase,
     def: BytesTable,
     seeds: Seeds<'_>,
-) -> std::result::Result<(Walked<Vec<u8>, Vec<u8>>, BTreeSet<Vec<u8>>), String> {
+) -> std::result::Result<(RecordsWalk, BTreeSet<Vec<u8>>), String> {
     let own = |(k, v): (redb::AccessGuard<'_, &[u8]>, redb::AccessGuard<'_, &[u8]>)| {
         (k.value().to_vec(), v.value().to_vec())
     };

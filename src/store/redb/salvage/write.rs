@@ -158,7 +158,10 @@ fn write_partitioned(txn: &WriteTransaction, g: &Gathered) -> Result<(), redb::E
     if !g.steps.is_empty() || !g.history.is_empty() {
         let mut steps = txn.open_table(catalog::STEPS)?;
         for ((rkey, name), value) in &g.steps {
-            steps.insert((slot_key(p, rkey).as_slice(), name.as_str()), value.as_slice())?;
+            steps.insert(
+                (slot_key(p, rkey).as_slice(), name.as_str()),
+                value.as_slice(),
+            )?;
         }
         let mut history = txn.open_table(catalog::HISTORY)?;
         for ((rkey, seq), value) in &g.history {
