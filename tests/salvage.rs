@@ -662,7 +662,24 @@ fn flips(format3: bool, default_trials: u64) -> TestResult {
             bytes,
             "salvage wrote to the damaged file"
         );
-        intact_lost += judge(&fx, dir.path(), &child, offset)?;
+        let here = judge(&fx, dir.path(), &child, offset)?;
+        if here > 0 {
+            let first: String = child
+                .lost
+                .first()
+                .map_or("", |l| l.as_str())
+                .chars()
+                .take(200)
+                .collect();
+            println!(
+                "(offset {offset}: {here} intact records lost, {} items listed, e.g. {first})",
+                child.lost.len()
+            );
+            for l in child.lost.iter().filter(|l| !l.starts_with("record ")) {
+                println!("    {}", l.chars().take(300).collect::<String>());
+            }
+        }
+        intact_lost += here;
         complete += usize::from(child.salvage_error.is_none() && child.lost.is_empty());
         refused += usize::from(child.salvage_error.is_some());
         in_values += usize::from(fx.value_at(offset).is_some());
