@@ -49,6 +49,9 @@ impl<K: Ord> Gap<K> {
 /// Each index table's name, and the stretch of it no walk passed.
 pub(super) type IndexGaps = Vec<(&'static str, Option<Gap<(u64, Vec<u8>)>>)>;
 
+/// Why a walk stopped at a key out of order.
+const OUT_OF_ORDER: &str = "keys out of order (a damaged page)";
+
 /// Walks entries from `iter` into `out` until it ends, fails, panics,
 /// meets a key out of order, or `stop` says so. Returns why it stopped
 /// early (`None`: it reached the end or `stop`).
@@ -74,7 +77,7 @@ where
                 .as_ref()
                 .is_some_and(|l| if ascending { &k <= l } else { &k >= l })
             {
-                return Err("keys out of order (a damaged page)".to_string());
+                return Err(OUT_OF_ORDER.to_string());
             }
             last = Some(k.clone());
             out.push((k, v));
@@ -97,7 +100,16 @@ where
 {
     let mut ahead = Vec::new();
     let stopped = walk_into(forward, own, true, |_| false, &mut ahead);
-    let after = ahead.last().map(|(k, _)| k.clone());
+    // A key out of order may be the damaged key or the one before it (a
+    // damaged key read as far ahead makes the next sound key look out of
+    // order): the backward walk then goes down to the key before both, so
+    // a damaged key cannot hide every key above it.
+    let suspect = usize::from(stopped.as_deref() == Some(OUT_OF_ORDER));
+    let after = ahead
+        .len()
+        .checked_sub(1 + suspect)
+        .and_then(|i| ahead.get(i))
+        .map(|(k, _)| k.clone());
     let mut entries: BTreeMap<K, V> = ahead.into_iter().collect();
     let Some(reason) = stopped else {
         return Walked { entries, gap: None };
