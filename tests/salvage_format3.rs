@@ -26,7 +26,7 @@ use std::time::Duration;
 use common::claimed;
 use idempotency::{
     Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, Lost,
-    ManualClock, OutgoingMessage, Receive,
+    ManualClock, OutgoingMessage, Receive, State,
 };
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -369,6 +369,22 @@ fn a_sound_format3_file_is_copied_whole_and_answers_the_same() -> TestResult {
     assert_eq!(copied.records, old.records);
     assert_eq!(copied.steps, old.steps);
     assert_eq!(copied.history, old.history);
+    // Every state came across: a tombstone, an UNKNOWN record, a
+    // PROCESSING one, and a key with its effect step and log.
+    {
+        let engine = Engine::builder()
+            .sweep_interval(None)
+            .open_read_only(&new)?;
+        let state = |i: usize| -> Result<State, Box<dyn Error>> {
+            Ok(engine.record(&key(i)?)?.ok_or("no record")?.state)
+        };
+        assert_eq!(state(3)?, State::Tombstone);
+        assert_eq!(state(11)?, State::Unknown);
+        assert_eq!(state(12)?, State::Processing);
+        assert_eq!(state(14)?, State::Completed);
+        assert_eq!(engine.steps(&key(14)?)?.len(), 1);
+        assert!(!engine.history(&key(14)?)?.is_empty());
+    }
     answers_agree(&copy_db(&path, dir.path(), "a.redb")?, &new, 80, &[])
 }
 

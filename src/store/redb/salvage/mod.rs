@@ -5,7 +5,9 @@
 //! skips redb's whole-file integrity check (`open::open_salvage_view`),
 //! each step in its own read transaction with panics inside redb
 //! contained. Each table is walked forward from its start; where damage
-//! stops the walk, it is walked backward from its end, and the records
+//! stops the walk, it is walked backward from its end (down to the last
+//! key read, or the one before it when the walk stopped at a key out of
+//! order: either may be the damaged one), and the records
 //! table again forward from every key an index entry or a journal frame
 //! names, with a lookup of each such key. A walk stops at an error, a
 //! panic, or a key out of order (a damaged page read as another); a walk
