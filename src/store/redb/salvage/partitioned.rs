@@ -457,4 +457,78 @@ mod tests {
         // Without a gap, only the frames' slots.
         assert_eq!(seeds(&named, &known, None, &walked), named.slots);
     }
+
+    fn work(records: Entries, steps: Vec<(Vec<u8>, &str)>) -> Work {
+        Work {
+            records,
+            index: BTreeSet::new(),
+            outbox: BTreeMap::new(),
+            entities: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
+            next_token: 0,
+            next_outbox: 0,
+            stale_entities: Vec::new(),
+            steps: steps
+                .into_iter()
+                .map(|(s, name)| ((s, name.to_owned()), b"step".to_vec()))
+                .collect(),
+            history: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_journal_says_which_copy_of_a_key_in_two_partitions_is_current() {
+        let (k, j) = (b"k".to_vec(), b"j".to_vec());
+        let records: Entries = [
+            (slot::slot_key(3, &k), b"old".to_vec()),
+            (slot::slot_key(5, &k), b"new".to_vec()),
+        ]
+        .into();
+        let mut w = work(
+            records.clone(),
+            vec![
+                (slot::slot_key(3, &k), "charge"),
+                (slot::slot_key(5, &k), "ship"),
+            ],
+        );
+        let frames = vec![(
+            7,
+            Frame {
+                next_token: 1,
+                next_outbox: 1,
+                changes: vec![Change::PutRecord {
+                    key: slot::slot_key(5, &k),
+                    value: b"new".to_vec(),
+                }],
+            },
+        )];
+        // A failed lookup of `k` elsewhere is no second copy; one of `j`,
+        // found nowhere, lists it.
+        let failed: Reasons = [
+            (slot::slot_key(9, &k), "its lookup failed".to_owned()),
+            (slot::slot_key(9, &j), "its lookup failed".to_owned()),
+        ]
+        .into();
+        let mut lost = Vec::new();
+        unslot(&mut w, &frames, failed, &mut lost);
+        assert_eq!(w.records, [(k.clone(), b"new".to_vec())].into());
+        assert_eq!(
+            w.steps.keys().cloned().collect::<Vec<_>>(),
+            vec![(k.clone(), "ship".to_owned())]
+        );
+        assert!(
+            matches!(&lost[..], [Lost::Step { step, reason, .. }]
+                if step == "charge" && reason.contains("partition 3") && reason.contains("partition 5")),
+            "{lost:?}"
+        );
+        assert_eq!(w.unreadable.keys().cloned().collect::<Vec<_>>(), vec![j]);
+        assert!(w.unreadable.values().all(|r| r.contains("partition 9")));
+        // Without the frame, nothing tells the copies apart (neither
+        // decodes, no index entry matches): the key is listed, naming both.
+        let mut w = work(records, Vec::new());
+        unslot(&mut w, &[], Reasons::new(), &mut Vec::new());
+        assert!(w.records.is_empty());
+        let reason = &w.unreadable[&k];
+        assert!(reason.contains("partitions 3 and 5"), "{reason}");
+    }
 }
