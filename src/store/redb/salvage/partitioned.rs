@@ -90,8 +90,8 @@ fn prefixes<'a>(slots: impl Iterator<Item = &'a [u8]>) -> BTreeSet<u64> {
 
 /// The slot keys the records walk goes on from and looks up, where damage
 /// left `gap` (`None`: the walks met every entry, nothing to look for):
-/// the frames' slot keys, and each named record key in every partition
-/// whose slot key for it lies in the gap. Partitions: `known`, the
+/// the frames' slot keys, and each named record key the walks did not
+/// meet, in every partition whose slot key for it lies in the gap. Partitions: `known`, the
 /// prefixes the walks met (`walked`), the first claim partition and the
 /// built one, and every number between the gap's two ends when that run
 /// is short ([`MAX_SPANNED`]).
@@ -132,8 +132,21 @@ pub(super) fn seeds(
     if run_lo <= run_hi && run_hi - run_lo <= MAX_SPANNED {
         parts.extend(run_lo..=run_hi);
     }
+    // A key the walks met is not looked for elsewhere: a second copy
+    // would be damage the writer never makes, and the lookups of every
+    // key in every partition would cost (keys × partitions) when the gap
+    // is the whole table.
+    let met: BTreeSet<&[u8]> = walked
+        .keys()
+        .filter_map(|s| slot::split(s).map(|(_, rkey)| rkey))
+        .collect();
+    let missing: Vec<&Vec<u8>> = named
+        .record_keys
+        .iter()
+        .filter(|k| !met.contains(k.as_slice()))
+        .collect();
     for p in parts.range(lo..=hi) {
-        for rkey in &named.record_keys {
+        for rkey in &missing {
             let s = slot::slot_key(*p, rkey);
             if gap.holds(&s) {
                 out.insert(s);
