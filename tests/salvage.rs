@@ -25,7 +25,9 @@
 //! and an existing new file is refused.
 //!
 //! `IDEMPOTENCY_SALVAGE_TRIALS` sets the number of trials (default 250)
-//! and `IDEMPOTENCY_SALVAGE_SEED` the seed. The byte-flip experiment of
+//! and `IDEMPOTENCY_SALVAGE_SEED` the seed; `IDEMPOTENCY_SALVAGE_FIXTURES`
+//! a directory that keeps the sound files, so that two builds flip the
+//! same bytes. The byte-flip experiment of
 //! issue 28 (100 flips of a ~270 KB file, 30 of its journal, with open and
 //! verify too) is `byte_flip_experiment`, ignored by default:
 //! `cargo test --release --test salvage -- --ignored --nocapture`.
@@ -488,7 +490,21 @@ impl Fixture {
     fn build_as(keys: usize, format3: bool) -> Result<Fixture, Box<dyn Error>> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("sound.redb");
-        build_as(&path, keys, format3)?;
+        // `IDEMPOTENCY_SALVAGE_FIXTURES=DIR`: the same file in every run
+        // (built there once), so runs of two builds compare flip by flip.
+        let kept = std::env::var_os("IDEMPOTENCY_SALVAGE_FIXTURES")
+            .map(|d| PathBuf::from(d).join(format!("format{}-{keys}.redb", 2 + u8::from(format3))));
+        match &kept {
+            Some(kept) if kept.exists() => {
+                std::fs::copy(kept, &path)?;
+            }
+            _ => {
+                build_as(&path, keys, format3)?;
+                if let Some(kept) = &kept {
+                    std::fs::copy(&path, kept)?;
+                }
+            }
+        }
         let bytes = std::fs::read(&path)?;
         let raw = raw(&path)?;
         let spans = raw
