@@ -302,9 +302,10 @@ pub(crate) fn prepare_new_as(
 #[path = "migrate.rs"]
 mod migrate;
 
-// And the migration from format 2 to format 3.
+// And the migration from format 2 to format 3 (whose sealing of a
+// partition built in key order salvage shares).
 #[path = "migrate3.rs"]
-mod migrate3;
+pub(super) mod migrate3;
 
 /// Migrates a format-2 file to format 3 (`migrate3.rs`, in bounded
 /// steps, going on from a partial copy) when `new_format` asks for format
