@@ -84,8 +84,8 @@ pub struct Shape {
 /// keys) with the engine, closes it, and writes `plan.count` COMPLETED
 /// records into it, record `i` given by `record(i)` (called several times
 /// per `i`: it must return the same record each time). A new file is of
-/// format 2; for format 3, create it first with
-/// `Engine::builder().unstable_format_3().open(path)` and drop the engine:
+/// format 2 (the fixture's baseline); for format 3, create it first with
+/// `Engine::builder().open(path)` (the default) and drop the engine:
 /// the records are then laid out in partitions (module docs).
 ///
 /// # Errors
@@ -97,7 +97,12 @@ pub fn preload_completed(
     plan: Preload,
     record: impl Fn(u64) -> CompletedRecord + Sync,
 ) -> Result<Shape> {
-    drop(Engine::builder().ttl(plan.ttl).open(path)?);
+    drop(
+        Engine::builder()
+            .unstable_create_format_2()
+            .ttl(plan.ttl)
+            .open(path)?,
+    );
     let inner = fixture::Plan {
         count: plan.count,
         runs: match plan.order {

@@ -565,7 +565,7 @@ fn has_format2_records(path: &Path) -> Result<bool, Box<dyn Error>> {
 /// Opens the format-2 file at `path` asking for format 3, which migrates
 /// it, and checks it answers as written and verifies sound.
 fn migrated(path: &Path, clock: &ManualClock) -> Result<Engine, Box<dyn Error>> {
-    let engine = builder(clock).unstable_format_3().open(path)?;
+    let engine = builder(clock).migrate_to_format_3().open(path)?;
     assert_answers_as_written(&engine)?;
     let report = engine.verify()?;
     assert!(report.is_sound(), "{:?}", report.damage);
@@ -573,8 +573,8 @@ fn migrated(path: &Path, clock: &ManualClock) -> Result<Engine, Box<dyn Error>> 
     Ok(engine)
 }
 
-/// An open that asks for format 3 (while it is built:
-/// `EngineBuilder::unstable_format_3`) migrates the format-2 file: it then
+/// An open that asks for format 3
+/// (`EngineBuilder::migrate_to_format_3`) migrates the format-2 file: it then
 /// answers exactly as written, `verify` finds it sound, writes go on, and
 /// later opens (writable without asking, read-only) read it as format 3.
 #[test]

@@ -372,8 +372,8 @@ fn write_format2_steps_fixture() -> TestResult {
     Ok(())
 }
 
-/// Migrated to format 3 (an open that asks for it, while it is built:
-/// `EngineBuilder::unstable_format_3`), the file's steps, evidence logs
+/// Migrated to format 3 (an open that asks for it:
+/// `EngineBuilder::migrate_to_format_3`), the file's steps, evidence logs
 /// and dead letter answer as written, and work goes on from them.
 #[test]
 fn a_format2_file_with_steps_migrated_to_format3_answers_as_written() -> TestResult {
@@ -381,7 +381,7 @@ fn a_format2_file_with_steps_migrated_to_format3_answers_as_written() -> TestRes
     let path = copy_of_fixture(dir.path())?;
     let clock = ManualClock::new(T0);
     clock.advance(DAY);
-    let engine = builder(&clock).unstable_format_3().open(&path)?;
+    let engine = builder(&clock).migrate_to_format_3().open(&path)?;
     assert_answers_as_written(&engine)?;
     let report = engine.verify()?;
     assert!(report.is_sound(), "{:?}", report.damage);

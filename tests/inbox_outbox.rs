@@ -131,17 +131,16 @@ fn failed_local_write_rolls_back_and_redelivery_processes_once() -> TestResult {
     assert!(err.to_string().contains("ledger rule violated"), "{err}");
     // The closure may not touch the engine's own tables (format 3's
     // records table: the engine creates format-3 files).
-    let err = inbox
-        .process_local("m1", |tx| {
-            tx.redb()
-                .ok_or("not on redb")?
-                .open_table(TableDefinition::<&[u8], &[u8]>::new(
-                    "idempotency.partitioned.records",
-                ))?;
-            Ok(())
-        })
-        .err()
-        .ok_or("opening an engine table must fail")?;
+    let err =
+        inbox
+            .process_local("m1", |tx| {
+                tx.redb().ok_or("not on redb")?.open_table(
+                    TableDefinition::<&[u8], &[u8]>::new("idempotency.partitioned.records"),
+                )?;
+                Ok(())
+            })
+            .err()
+            .ok_or("opening an engine table must fail")?;
     assert!(
         matches!(err, idempotency::Error::LocalWrite { .. }),
         "{err}"

@@ -6,7 +6,7 @@
 //! 1. `sigkill_during_the_migration_loses_nothing`: the parent writes a
 //!    format-2 file of completed records, measures how long an open that
 //!    migrates it takes, and in each round lets a child open a fresh copy
-//!    with `unstable_format_3` in steps of 500 records (the migration runs
+//!    with `migrate_to_format_3` in steps of 500 records (the migration runs
 //!    inside the open, 21 durable transactions), then do a little
 //!    traffic; the kill comes a stratified random delay after the child
 //!    said it was about to open, from 0 to past the open, so it lands
@@ -165,8 +165,8 @@ fn dropping_builder() -> EngineBuilder {
         .lease(LEASE)
         .ttl(DROP_TTL)
         .expiry_policy(ExpiryPolicy::Forget)
-        .unstable_format_3()
-        .unstable_format_3_partitions(DROP_PARTITION_KEYS, DROP_PARTITION_INTERVAL)
+        .migrate_to_format_3()
+        .partition_limits(DROP_PARTITION_KEYS, DROP_PARTITION_INTERVAL)
 }
 
 /// Entry point of the child process; a no-op in the normal test run.

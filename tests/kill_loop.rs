@@ -102,8 +102,8 @@ fn child(db: &Path, round: u64, log: &Path) -> TestResult {
     if std::env::var_os(FORMAT3_VAR).is_some() {
         // Small partitions: kills land during seals too.
         builder = builder
-            .unstable_format_3()
-            .unstable_format_3_partitions(64, Duration::from_secs(60));
+            .migrate_to_format_3()
+            .partition_limits(64, Duration::from_secs(60));
     }
     let engine = builder.open(db)?;
     // O_APPEND: each event is one `write_all` of a whole line, so lines of

@@ -199,8 +199,7 @@ fn a_flipped_bit_in_any_meta_value_is_refused_or_reported_naming_its_key() -> Te
 }
 
 #[test]
-fn a_flipped_bit_in_any_format_3_meta_value_is_refused_or_reported_naming_its_key() -> TestResult
-{
+fn a_flipped_bit_in_any_format_3_meta_value_is_refused_or_reported_naming_its_key() -> TestResult {
     let dir = tempfile::tempdir()?;
     let sound = sound_from(dir.path(), builder())?;
     flip_every_meta_bit(dir.path(), &sound, &KEYS_FORMAT_3)

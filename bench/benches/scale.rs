@@ -15,9 +15,9 @@
 //! `IDEMPOTENCY_BENCH_SWEEP_BATCH` sets the engine's `sweep_batch`.
 //!
 //! Each measure runs for each record format of `IDEMPOTENCY_BENCH_FORMATS`
-//! (`2,3` by default: today's format 2 and format 3, the time-partitioned
-//! records of issue 26, whose stores are created with the hidden
-//! `unstable_format_3`). The throughput rounds interleave every store of
+//! (`2,3` by default: format 2, what earlier releases created, with the
+//! hidden `unstable_create_format_2`, and format 3, the time-partitioned
+//! records the engine creates). The throughput rounds interleave every store of
 //! every format, and also give format 3 vs format 2 at each size; the
 //! sweep runs per format, one after the other. Peak RSS is the process's
 //! (every store's); `RSS` lines give what each store's preload added.
@@ -135,8 +135,8 @@ fn load(format: Format, records: usize) -> Loaded {
     if let Some(n) = env_usize("IDEMPOTENCY_BENCH_SWEEP_BATCH") {
         builder = builder.sweep_batch(n);
     }
-    if format == Format::Three {
-        builder = builder.unstable_format_3();
+    if format == Format::Two {
+        builder = builder.unstable_create_format_2();
     }
     let engine = builder.open(&path).expect("open engine");
     let start = Instant::now();

@@ -3,8 +3,8 @@
 //! served by the engine in its own child process (so peak RSS and
 //! `/proc/self/io` are per store). `IDEMPOTENCY_BENCH_FORMATS` picks the
 //! formats (`2,3` by default; `2` alone is the baseline run of
-//! BENCHMARKS.md); a format-3 store is created with the hidden
-//! `unstable_format_3` before the preload fills it, in partitions of
+//! BENCHMARKS.md); a format-3 store is created by the engine's default
+//! open before the preload fills it, in partitions of
 //! 32,768 keys in claim order, all sealed but the last.
 //!
 //! The stores are filled by `idempotency::bench_fixtures` (feature
@@ -186,7 +186,6 @@ fn preload(format: u8, n: u64, path: &Path) {
         // A new file in format 3; the preload keeps the file's format.
         drop(
             Engine::builder()
-                .unstable_format_3()
                 .ttl(TTL)
                 .open(path)
                 .expect("create a format-3 file"),

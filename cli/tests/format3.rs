@@ -1,10 +1,8 @@
 //! The operator's commands on a redb file of format 3 (time-partitioned
-//! records, created with the hidden `EngineBuilder::unstable_format_3`
-//! while it is built): `idem inspect`, `idem unknown`, `idem resolve`,
+//! records, what the engine creates): `idem inspect`, `idem unknown`, `idem resolve`,
 //! `idem show` and `idem verify` see and settle records in sealed
-//! partitions as in the hot one, and a format-3 file is never read as
-//! empty by a command that does not know it (`idem salvage` refuses it by
-//! name).
+//! partitions as in the hot one, and `idem salvage` copies a format-3
+//! file into a new format-3 file that verifies and answers as the old one.
 
 mod common;
 
@@ -30,8 +28,8 @@ fn args(parts: &[&str], db: &Path) -> Vec<OsString> {
 fn format3_file(path: &Path) -> TestResult {
     let engine = Engine::builder()
         .sweep_interval(None)
-        .unstable_format_3()
-        .unstable_format_3_partitions(4, Duration::from_secs(600))
+        .migrate_to_format_3()
+        .partition_limits(4, Duration::from_secs(600))
         .open(path)?;
     let stuck = claim(&engine, &key(SCOPE, "stuck")?, fp(BODY)?)?;
     engine.fail(
@@ -103,16 +101,27 @@ fn operators_list_resolve_and_verify_a_format3_file() -> TestResult {
 }
 
 #[test]
-fn salvage_refuses_a_format3_file_by_name() -> TestResult {
+fn salvage_copies_a_format3_file_into_a_format3_file() -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = db_path(dir.path());
     format3_file(&db)?;
     let to = dir.path().join("copy.redb");
-    let err = idem_err([OsString::from("salvage"), db.into(), to.clone().into()])?;
-    assert!(err.contains("3"), "{err}");
-    assert!(
-        !to.exists() || std::fs::metadata(&to)?.len() == 0,
-        "nothing written"
-    );
+    let out = idem_ok([OsString::from("salvage"), db.into(), to.clone().into()])?;
+    assert!(out.contains("11 records"), "{out}");
+    let verified = idem_ok(args(&["verify"], &to))?;
+    assert!(verified.contains("sound: 11 records checked"), "{verified}");
+    // The new file is of format 3: a format-3 open takes it as it is.
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .migrate_to_format_3()
+        .open(&to)?;
+    match engine.begin(&key(SCOPE, "paid-3")?, fp(BODY)?)? {
+        Begin::Replay(r) => assert_eq!(r.envelope.body, b"receipt 3"),
+        other => return Err(format!("not a replay: {other:?}").into()),
+    }
+    match engine.begin(&key(SCOPE, "stuck")?, fp(BODY)?)? {
+        Begin::InDoubt(_) => {}
+        other => return Err(format!("stuck is not in doubt: {other:?}").into()),
+    }
     Ok(())
 }

@@ -5,13 +5,10 @@
 
 mod common;
 
+use common::raw_records::RawRecords;
 use common::*;
 use idempotency::Envelope;
-use redb::TableDefinition;
 use serde_json::Value;
-
-/// The engine's records table (see `src/store/redb/tables.rs`).
-const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency.records");
 
 /// One completed record, `shop/good`.
 fn sound(dir: &std::path::Path) -> TestResult<std::path::PathBuf> {
@@ -50,9 +47,9 @@ fn lost_keys_are_listed_with_exit_3() -> TestResult {
     let raw = redb::Database::open(&db)?;
     let txn = raw.begin_write()?;
     {
-        let mut records = txn.open_table(RECORDS)?;
+        let mut records = RawRecords::open(&txn)?;
         let rkey = [&[4u8][..], b"shop", b"broken"].concat();
-        records.insert(rkey.as_slice(), [0xee_u8, 0xff, 0x00].as_slice())?;
+        records.insert(&rkey, &[0xee_u8, 0xff, 0x00])?;
     }
     txn.commit()?;
     drop(raw);

@@ -177,13 +177,6 @@ impl EngineBuilder {
         self
     }
 
-    /// The same as [`Self::migrate_to_format_3`], under its name from when
-    /// format 3 was built behind it. Kept for the crate's own tests.
-    #[doc(hidden)]
-    pub fn unstable_format_3(self) -> Self {
-        self.migrate_to_format_3()
-    }
-
     /// Creates a new database file in format 2 (one records table, what
     /// releases before format 3 wrote) instead of format 3. **For this
     /// crate's own tests of format-2 files**, which users hold; an existing
@@ -207,13 +200,6 @@ impl EngineBuilder {
             max_keys: max_keys.max(1),
         };
         self
-    }
-
-    /// The same as [`Self::partition_limits`], under its name from when
-    /// format 3 was built. Kept for the crate's own tests.
-    #[doc(hidden)]
-    pub fn unstable_format_3_partitions(self, max_keys: u64, interval: Duration) -> Self {
-        self.partition_limits(max_keys, interval)
     }
 
     /// How long a COMPLETED or `FINAL_FAILURE` record is replayed, from the

@@ -28,6 +28,12 @@ impl Engine {
     /// the new file, so its work would run again on a retry: resolve each
     /// with the provider first.
     ///
+    /// The new file has the damaged file's format: a file of format 3
+    /// (time-partitioned records) gives a format-3 file, its records in
+    /// one sealed partition with its key filter built anew; a record key
+    /// found in two partitions (damage) is copied only where its journal
+    /// or index entry says which copy is current, else listed.
+    ///
     /// `damaged` and its journal are only read (a file that needs recovery
     /// is recovered in memory). `new` must not exist or be empty, and so
     /// must its journal (`<new>.journal`); it is written through a

@@ -4,7 +4,7 @@
 //! traffic leaves them).
 //!
 //! `open PATH format2|format3 [STEP [STOP]]`: opens the store (with
-//! `unstable_format_3`: migrating a format-2 file; with STEP, in steps of
+//! `migrate_to_format_3`: migrating a format-2 file; with STEP, in steps of
 //! STEP records; with STOP, stopped by the test hook after STOP steps, so
 //! that a second open does only what is left: with STOP = the steps that
 //! copy every record, only the last transaction, the switch), closes it,
@@ -95,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .recovery_reserve(0);
             let builder = match (format.as_str(), steps) {
                 ("format2", []) => builder,
-                ("format3", []) => builder.unstable_format_3(),
+                ("format3", []) => builder.migrate_to_format_3(),
                 ("format3", [step]) => builder.unstable_format_3_migration(step.parse()?, None),
                 ("format3", [step, stop]) => {
                     builder.unstable_format_3_migration(step.parse()?, Some(stop.parse()?))

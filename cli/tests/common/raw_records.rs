@@ -56,7 +56,11 @@ impl<'t> RawRecords<'t> {
         }
         let table = txn.open_table(FORMAT_3)?;
         let partition = match table.first()? {
-            Some((k, _)) => k.value().get(..8).ok_or("a slot key under 8 bytes")?.to_vec(),
+            Some((k, _)) => k
+                .value()
+                .get(..8)
+                .ok_or("a slot key under 8 bytes")?
+                .to_vec(),
             None => return Err("a format-3 file without records".into()),
         };
         Ok(RawRecords { table, partition })
@@ -82,6 +86,9 @@ impl<'t> RawRecords<'t> {
     /// Removes the record `rkey`, returning its bytes.
     pub fn remove(&mut self, rkey: &[u8]) -> TestResult<Option<Vec<u8>>> {
         let slot = self.slot(rkey);
-        Ok(self.table.remove(slot.as_slice())?.map(|v| v.value().to_vec()))
+        Ok(self
+            .table
+            .remove(slot.as_slice())?
+            .map(|v| v.value().to_vec()))
     }
 }

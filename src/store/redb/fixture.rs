@@ -393,7 +393,6 @@ mod tests {
     fn format_3_file(path: &Path) -> Result<()> {
         drop(
             Engine::builder()
-                .unstable_format_3()
                 .ttl(Duration::from_secs(3600))
                 .open(path)?,
         );

@@ -1,6 +1,6 @@
 //! Migrating a format-2 redb file to format 3 (partitioned records,
-//! docs/format3-plan.md), on a writable open that asks for format 3
-//! (`EngineBuilder::unstable_format_3`, while format 3 is built), after
+//! docs/format3-plan.md), on a writable open that asks for it
+//! (`EngineBuilder::migrate_to_format_3`), after
 //! the journal's frames were applied and checkpointed.
 //!
 //! # Bounded steps
@@ -278,28 +278,7 @@ fn copy_step(
 /// (if it holds records), format 2's tables deleted, the seed and then
 /// `format_version` = 3 written.
 fn finish(txn: &WriteTransaction, seed: &[u8; 16], now_ms: u64) -> Result<(), MetaError> {
-    let p = BUILT_PARTITIONS;
-    let hasher = FilterHasher::new(seed);
-    {
-        let records = txn.open_table(catalog::RECORDS)?;
-        let mut rows = txn.open_table(PARTITIONS)?;
-        let mut filters = txn.open_table(FILTERS)?;
-        let damaged = |reason: String| MetaError::Damaged {
-            key: meta::Key::FormatVersion,
-            reason,
-        };
-        // Built by reading the range (a filter holds bits, not keys).
-        let filter = build_filter(&records, &hasher, p)
-            .map_err(|e| damaged(format!("building the migrated partition's filter: {e}")))?;
-        if !filter.is_empty() {
-            let (bytes, sum) = filter.encode();
-            let mut row = PartitionRow::hot(now_ms, now_ms);
-            row.keys = filter.len();
-            row.seal(p, sum).map_err(|e| damaged(e.to_string()))?;
-            filters.insert(p, bytes.as_slice())?;
-            rows.insert(p, row.encode(p).as_slice())?;
-        }
-    }
+    seal_built_partition(txn, seed, now_ms)?;
     txn.delete_table(RECORDS)?;
     txn.delete_table(STEPS)?;
     txn.delete_table(HISTORY)?;
@@ -382,6 +361,46 @@ fn exists<K: redb::Key + 'static, V: redb::Value + 'static>(
         Err(TableError::TableDoesNotExist(_)) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Seals partition [`BUILT_PARTITIONS`] of format 3's records in `txn`,
+/// once its records were inserted in key order: its filter built from its
+/// range (hashed with the file's filter seed `seed`) and stored, and its
+/// row written, sealed, with `now_ms` as its first and last claim time.
+/// Nothing is written for an empty partition. Shared by the migration
+/// from format 2 and by salvage of a format-3 file (`salvage/write.rs`).
+///
+/// # Errors
+///
+/// [`MetaError::Storage`] when redb fails; [`MetaError::Damaged`] (under
+/// `format_version`) when the filter cannot be built.
+pub(in crate::store::redb) fn seal_built_partition(
+    txn: &WriteTransaction,
+    seed: &[u8; 16],
+    now_ms: u64,
+) -> Result<(), MetaError> {
+    let p = BUILT_PARTITIONS;
+    let hasher = FilterHasher::new(seed);
+    let records = txn.open_table(catalog::RECORDS)?;
+    if catalog::range(&records, p)?.next().is_none() {
+        return Ok(());
+    }
+    let mut rows = txn.open_table(PARTITIONS)?;
+    let mut filters = txn.open_table(FILTERS)?;
+    let filter = build_filter(&records, &hasher, p).map_err(|e| MetaError::Damaged {
+        key: meta::Key::FormatVersion,
+        reason: format!("building the built partition's filter: {e}"),
+    })?;
+    let (bytes, sum) = filter.encode();
+    let mut row = PartitionRow::hot(now_ms, now_ms);
+    row.keys = filter.len();
+    row.seal(p, sum).map_err(|e| MetaError::Damaged {
+        key: meta::Key::FormatVersion,
+        reason: e.to_string(),
+    })?;
+    filters.insert(p, bytes.as_slice())?;
+    rows.insert(p, row.encode(p).as_slice())?;
+    Ok(())
 }
 
 #[cfg(test)]

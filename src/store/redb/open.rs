@@ -307,9 +307,10 @@ pub(crate) fn prepare_new_as(
 #[path = "migrate.rs"]
 mod migrate;
 
-// And the migration from format 2 to format 3.
+// And the migration from format 2 to format 3 (whose sealing of a
+// partition built in key order salvage shares).
 #[path = "migrate3.rs"]
-mod migrate3;
+pub(super) mod migrate3;
 
 /// Migrates a format-2 file to format 3 (`migrate3.rs`, in bounded
 /// steps, going on from a partial copy) when `migration` asks for it
@@ -331,9 +332,7 @@ pub(crate) fn migrate_if_asked(
         return Ok(());
     }
     match migration {
-        Some(steps) => {
-            migrate3::to_format_3(db, path, &filter_seed(path), now_ms, steps).map(drop)
-        }
+        Some(steps) => migrate3::to_format_3(db, path, &filter_seed(path), now_ms, steps).map(drop),
         None => migrate3::drop_partial_copy(db, path),
     }
 }

@@ -7,9 +7,8 @@
 //!
 //! The writer (`tables.rs`), the reads (`layout.rs`, `snapshot.rs`,
 //! `read.rs`), the open (`open.rs`), the journal's replay (`recover.rs`)
-//! and `verify.rs` use them for a file of format 3, which a new file gets
-//! only on request while format 3 is built
-//! (`EngineBuilder::unstable_format_3`).
+//! and `verify.rs` use them for a file of format 3, which every new file
+//! is (and a format-2 file after `EngineBuilder::migrate_to_format_3`).
 //!
 //! Store layer (layer 2): imports nothing above `store`.
 

@@ -358,6 +358,7 @@ impl PartitionFilter {
     }
 
     /// Whether no key was inserted.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.keys == 0
     }

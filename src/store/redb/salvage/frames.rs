@@ -103,7 +103,9 @@ impl Work {
                     }
                     // Salvage keeps what requests and relays need; dead
                     // letters (an operator's list) are not carried over.
-                    // Format 3's partition tables: salvage reads format 2 only.
+                    // Format 3: rows and filters are built anew for the new
+                    // file, never copied (`partitioned::known_partitions`
+                    // reads the partitions they name).
                     Change::PutDeadLetter { .. }
                     | Change::DelDeadLetter { .. }
                     | Change::PutPartition { .. }

@@ -33,5 +33,7 @@ pub(super) struct Gathered {
     pub(super) next_token: u64,
     pub(super) next_outbox: u64,
     pub(super) expiry: Option<(u64, ExpiryPolicy)>,
+    /// The damaged file is of format 3: so is the new one.
+    pub(super) partitioned: bool,
     pub(super) report: SalvageReport,
 }

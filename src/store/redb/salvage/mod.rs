@@ -5,7 +5,9 @@
 //! skips redb's whole-file integrity check (`open::open_salvage_view`),
 //! each step in its own read transaction with panics inside redb
 //! contained. Each table is walked forward from its start; where damage
-//! stops the walk, it is walked backward from its end, and the records
+//! stops the walk, it is walked backward from its end (down to the last
+//! key read, or the one before it when the walk stopped at a key out of
+//! order: either may be the damaged one), and the records
 //! table again forward from every key an index entry or a journal frame
 //! names, with a lookup of each such key. A walk stops at an error, a
 //! panic, or a key out of order (a damaged page read as another); a walk
@@ -25,9 +27,23 @@
 //! damaged; a key last written before a frame that could not be read is
 //! listed, not copied. The new file is written through a
 //! temporary file beside it, renamed into place once committed.
+//!
+//! A format-3 file (partitioned records, docs/format3-plan.md) is read
+//! with the same care, its records, steps and log under slot keys
+//! `[partition][record key]` (`partitioned.rs`): the record key an index
+//! entry or a frame names is looked for in every partition the file shows
+//! (its rows, its filters, its frames, and the prefixes every walk met, so
+//! a damaged rows table hides none), and frames are applied with the slot
+//! keys they carry. A record key found in two partitions is damage: the
+//! copy the journal or the index entries point to is taken, else the key
+//! is listed. The new file is of format 3 too, its records in one sealed
+//! partition built as a migration from format 2 builds it (`write.rs`);
+//! rows and filters are built anew, never copied. A format-2 file is
+//! salvaged into format 2.
 
 mod frames;
 mod gathered;
+mod partitioned;
 mod walk;
 mod write;
 
@@ -43,11 +59,12 @@ use crate::store::record::hex;
 use super::journal::{Change, Frame, JournalStorage};
 use super::meta::{self, Counter, Format};
 use super::open::{open_salvage_view, SalvageView};
-use super::tables::{ENTITIES, HISTORY, OUTBOX, STEPS};
+use super::partition::{catalog, slot};
+use super::tables::{ENTITIES, HISTORY, OUTBOX, RECORDS, STEPS};
 
 use self::frames::{frames_one_by_one, settle_counter, Work};
 use self::gathered::{Entries, Gathered, IndexEntry, Reasons, StoredCounter};
-use self::walk::{look_up, walk_index, walk_records, walk_table, Gap};
+use self::walk::{look_up, walk_index, walk_records, walk_table, BytesTable, Gap, Seeds};
 use self::write::{temporary, write_new};
 
 /// Copies what still reads of the database at `damaged` into a new file at
@@ -99,6 +116,9 @@ fn same_file(a: &Path, b: &Path) -> bool {
 fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError> {
     let mut g = Gathered::default();
     let (format, stored_token, stored_outbox) = read_meta_values(db, path, &mut g)?;
+    let format3 = format == Format::V3;
+    g.partitioned = format3;
+    let records_def = if format3 { catalog::RECORDS } else { RECORDS };
     let (index, index_gaps) = walk_index(db);
     let outbox = walk_table(
         db,
@@ -114,17 +134,31 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
             (k.value().to_string(), v.value().to_vec())
         },
     );
-    // Tables created on first use: a file may not have them.
-    let steps = walk_if_present(db, STEPS, |(k, v): StepEntry<'_, '_>| {
-        let (rkey, name) = k.value();
-        ((rkey.to_vec(), name.to_owned()), v.value().to_vec())
-    });
-    let history = walk_if_present(db, HISTORY, |(k, v): HistoryEntry<'_, '_>| {
-        let (rkey, seq) = k.value();
-        ((rkey.to_vec(), seq), v.value().to_vec())
-    });
+    let (steps, history) = walk_step_tables(db, format3);
     let (frames, stale_before) = read_frames(db, path, format, &mut g.report.lost);
-    let (records, record_gap, unreadable) = read_records(db, &index, &frames);
+    // Format 2: every key an index entry or a frame names is a record key.
+    // Format 3: frames name slot keys, and a record key an index entry
+    // names is looked for in every partition the file shows.
+    let named = named_keys(&index, &frames, format3);
+    let known = if format3 {
+        partitioned::known_partitions(db, &frames, &steps.entries, &history.entries)
+    } else {
+        BTreeSet::new()
+    };
+    let seeds = |gap: Option<&Gap<Vec<u8>>>, walked: &Entries| {
+        if format3 {
+            partitioned::seeds(&named, &known, gap, walked)
+        } else {
+            named.record_keys.clone()
+        }
+    };
+    let (records, record_gap, failed) = read_records(db, records_def, &seeds);
+    // Format 3's failed lookups are weighed per record key (`unslot`).
+    let (unreadable, failed) = if format3 {
+        (Reasons::new(), failed)
+    } else {
+        (failed, Reasons::new())
+    };
     let mut work = Work {
         records,
         index,
@@ -139,22 +173,21 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     };
     work.apply(&frames, stale_before);
     g.report.journal_frames = frames.len() as u64;
+    let (steps_gap, history_gap) = if format3 {
+        partitioned::unslot(&mut work, &frames, failed, &mut g.report.lost);
+        (
+            partitioned::unslot_gap(steps.gap),
+            partitioned::unslot_gap(history.gap),
+        )
+    } else {
+        (steps.gap, history.gap)
+    };
     work.check_records(&index_gaps, &mut g);
-    if let Some(Gap {
-        after,
-        before,
-        reason,
-    }) = record_gap
-    {
-        g.report.lost.push(Lost::Range {
-            table: "records",
-            after_hex: after.map(|k| hex(&k)),
-            before_hex: before.map(|k| hex(&k)),
-            reason,
-        });
+    if let Some(gap) = record_gap {
+        list_record_gap(gap, format3, &mut g.report.lost);
     }
     work.check_rest(outbox.gap, entities.gap, &mut g);
-    work.check_steps(steps.gap, history.gap, &mut g);
+    work.check_steps(steps_gap, history_gap, &mut g);
     let lost = &mut g.report.lost;
     g.next_token = settle_counter(lost, "next_token", stored_token, work.next_token);
     g.next_outbox = settle_counter(lost, "next_outbox_seq", stored_outbox, work.next_outbox);
@@ -163,6 +196,85 @@ fn gather(db: &impl ReadableDatabase, path: &Path) -> Result<Gathered, OpenError
     g.report.entities = g.entities.len() as u64;
     Ok(g)
 }
+
+/// The steps and history tables as far as they walk, keyed by record key
+/// (format 2) or slot key (format 3, `partitioned`). Created on first
+/// use: a file may not have them.
+fn walk_step_tables(db: &impl ReadableDatabase, partitioned: bool) -> (StepsWalk, HistoryWalk) {
+    let (steps_def, history_def) = if partitioned {
+        (catalog::STEPS, catalog::HISTORY)
+    } else {
+        (STEPS, HISTORY)
+    };
+    let steps = walk_if_present(db, steps_def, |(k, v): StepEntry<'_, '_>| {
+        let (rkey, name) = k.value();
+        ((rkey.to_vec(), name.to_owned()), v.value().to_vec())
+    });
+    let history = walk_if_present(db, history_def, |(k, v): HistoryEntry<'_, '_>| {
+        let (rkey, seq) = k.value();
+        ((rkey.to_vec(), seq), v.value().to_vec())
+    });
+    (steps, history)
+}
+
+/// Lists the records walks' `gap` in `lost` (format 3, `partitioned`:
+/// one range per partition it touches, by record key).
+fn list_record_gap(gap: Gap<Vec<u8>>, partitioned: bool, lost: &mut Vec<Lost>) {
+    if partitioned {
+        lost.extend(partitioned::lost_range(&gap));
+        return;
+    }
+    lost.push(Lost::Range {
+        table: "records",
+        after_hex: gap.after.map(|k| hex(&k)),
+        before_hex: gap.before.map(|k| hex(&k)),
+        reason: gap.reason,
+    });
+}
+
+/// The keys the index entries and the journal's frames name.
+#[derive(Default)]
+pub(super) struct Named {
+    /// Record keys: all of them in format 2; in format 3 those of index
+    /// entries and of frames' changes (a slot key's record key too).
+    pub(super) record_keys: BTreeSet<Vec<u8>>,
+    /// Format 3: the slot keys frames name.
+    pub(super) slots: BTreeSet<Vec<u8>>,
+}
+
+/// What `index` and `frames` name (`partitioned`: the file is of format
+/// 3, its frames' record changes carry slot keys).
+fn named_keys(index: &BTreeSet<IndexEntry>, frames: &[(u64, Frame)], partitioned: bool) -> Named {
+    let mut named = Named {
+        record_keys: index.iter().map(|(_, _, k)| k.clone()).collect(),
+        slots: BTreeSet::new(),
+    };
+    for (_, frame) in frames {
+        for change in &frame.changes {
+            match change {
+                Change::PutRecord { key, .. } | Change::DelRecord { key } if partitioned => {
+                    if let Some((_, rkey)) = slot::split(key) {
+                        named.record_keys.insert(rkey.to_vec());
+                    }
+                    named.slots.insert(key.clone());
+                }
+                Change::PutRecord { key, .. }
+                | Change::DelRecord { key }
+                | Change::PutIndex { key, .. }
+                | Change::DelIndex { key, .. } => {
+                    named.record_keys.insert(key.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    named
+}
+
+/// The steps table's walk: (key, step name) → encoded step.
+type StepsWalk = walk::Walked<(Vec<u8>, String), Vec<u8>>;
+/// The history table's walk: (key, seq) → encoded log entry.
+type HistoryWalk = walk::Walked<(Vec<u8>, u32), Vec<u8>>;
 
 /// An entry of the steps table as a walk meets it.
 type StepEntry<'k, 'v> = (
@@ -212,15 +324,6 @@ fn read_meta_values(
 ) -> Result<(Format, StoredCounter, StoredCounter), OpenError> {
     let lost = &mut g.report.lost;
     let format = match meta::file_format(db, path) {
-        // Salvage reads format 2's tables; a format-3 file (partitioned
-        // records, still being built) is refused, never read as empty.
-        Ok(Some(Format::V3)) => {
-            return Err(OpenError::UnsupportedFormat {
-                path: path.to_path_buf(),
-                found: crate::store::codec::FORMAT_VERSION_3,
-                supported: crate::store::codec::FORMAT_VERSION,
-            })
-        }
         Ok(Some(format)) => format,
         Ok(None) => {
             return Err(OpenError::NoEngineTables {
@@ -294,42 +397,31 @@ fn read_frames(
     }
 }
 
-/// The records table as far as it reads: walked, then from every key an
-/// index entry or a frame names; with the stretch no walk passed, and the
-/// keys whose lookup failed.
+/// The records table `def` as far as it reads: walked, then from every
+/// key `seeds` names; with the stretch no walk passed, and the keys whose
+/// lookup failed.
 fn read_records(
     db: &impl ReadableDatabase,
-    index: &BTreeSet<IndexEntry>,
-    frames: &[(u64, Frame)],
+    def: BytesTable,
+    seeds: Seeds<'_>,
 ) -> (Entries, Option<Gap<Vec<u8>>>, Reasons) {
-    let mut named: BTreeSet<Vec<u8>> = index.iter().map(|(_, _, k)| k.clone()).collect();
-    for (_, frame) in frames {
-        for change in &frame.changes {
-            if let Change::PutRecord { key, .. }
-            | Change::DelRecord { key }
-            | Change::PutIndex { key, .. }
-            | Change::DelIndex { key, .. } = change
-            {
-                named.insert(key.clone());
-            }
-        }
-    }
-    let (mut entries, gap) = match walk_records(db, &named) {
-        Ok(walked) => (walked.entries, walked.gap),
-        Err(reason) => (
-            BTreeMap::new(),
-            Some(Gap {
+    let (mut entries, gap, mut named) = match walk_records(db, def, seeds) {
+        Ok((walked, named)) => (walked.entries, walked.gap, named),
+        Err(reason) => {
+            let gap = Gap {
                 after: None,
                 before: None,
                 reason,
-            }),
-        ),
+            };
+            let named = seeds(Some(&gap), &BTreeMap::new());
+            (BTreeMap::new(), Some(gap), named)
+        }
     };
     let mut unreadable = BTreeMap::new();
     named.retain(|k| !entries.contains_key(k));
     if !named.is_empty() {
         let in_gap = |k: &Vec<u8>| gap.as_ref().is_some_and(|gap| gap.holds(k));
-        let (found, failed) = look_up(db, &named, &in_gap);
+        let (found, failed) = look_up(db, def, &named, &in_gap);
         entries.extend(found);
         unreadable.extend(failed);
     }

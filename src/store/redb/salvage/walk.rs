@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError};
 
-use super::super::tables::{EXPIRY, LEASES, RECORDS, RECOVERY};
+use super::super::tables::{EXPIRY, LEASES, RECOVERY};
 use super::gathered::{Entries, IndexEntry, Reasons};
 
 /// Runs `step`, turning a panic inside redb into an error message.
@@ -49,6 +49,9 @@ impl<K: Ord> Gap<K> {
 /// Each index table's name, and the stretch of it no walk passed.
 pub(super) type IndexGaps = Vec<(&'static str, Option<Gap<(u64, Vec<u8>)>>)>;
 
+/// Why a walk stopped at a key out of order.
+const OUT_OF_ORDER: &str = "keys out of order (a damaged page)";
+
 /// Walks entries from `iter` into `out` until it ends, fails, panics,
 /// meets a key out of order, or `stop` says so. Returns why it stopped
 /// early (`None`: it reached the end or `stop`).
@@ -74,7 +77,7 @@ where
                 .as_ref()
                 .is_some_and(|l| if ascending { &k <= l } else { &k >= l })
             {
-                return Err("keys out of order (a damaged page)".to_string());
+                return Err(OUT_OF_ORDER.to_string());
             }
             last = Some(k.clone());
             out.push((k, v));
@@ -97,7 +100,16 @@ where
 {
     let mut ahead = Vec::new();
     let stopped = walk_into(forward, own, true, |_| false, &mut ahead);
-    let after = ahead.last().map(|(k, _)| k.clone());
+    // A key out of order may be the damaged key or the one before it (a
+    // damaged key read as far ahead makes the next sound key look out of
+    // order): the backward walk then goes down to the key before both, so
+    // a damaged key cannot hide every key above it.
+    let suspect = usize::from(stopped.as_deref() == Some(OUT_OF_ORDER));
+    let after = ahead
+        .len()
+        .checked_sub(1 + suspect)
+        .and_then(|i| ahead.get(i))
+        .map(|(k, _)| k.clone());
     let mut entries: BTreeMap<K, V> = ahead.into_iter().collect();
     let Some(reason) = stopped else {
         return Walked { entries, gap: None };
@@ -125,28 +137,42 @@ where
     }
 }
 
-/// Walks the records table (`Err`: it could not be opened at all). Where
-/// damage stops the walk, it goes on from every key in `named` that lies
-/// in the stretch not yet walked, up to the backward walk's end.
+/// A table of byte keys and values: format 2's records (record key) or
+/// format 3's (slot key).
+pub(super) type BytesTable = redb::TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+/// A records table's walk, by its byte keys.
+pub(super) type RecordsWalk = Walked<Vec<u8>, Vec<u8>>;
+
+/// The keys a records walk goes on from where damage stopped it, given
+/// its gap (`None`: the walks met every entry) and what the walks read.
+pub(super) type Seeds<'a> = &'a dyn Fn(Option<&Gap<Vec<u8>>>, &Entries) -> BTreeSet<Vec<u8>>;
+
+/// Walks the records table `def` (`Err`: it could not be opened at all,
+/// with the reason). Where damage stops the walk, it goes on from every
+/// key `seeds` names that lies in the stretch not yet walked, up to the
+/// backward walk's end. Returns the walk and the keys `seeds` named.
 pub(super) fn walk_records(
     db: &impl ReadableDatabase,
-    named: &BTreeSet<Vec<u8>>,
-) -> std::result::Result<Walked<Vec<u8>, Vec<u8>>, String> {
+    def: BytesTable,
+    seeds: Seeds<'_>,
+) -> std::result::Result<(RecordsWalk, BTreeSet<Vec<u8>>), String> {
     let own = |(k, v): (redb::AccessGuard<'_, &[u8]>, redb::AccessGuard<'_, &[u8]>)| {
         (k.value().to_vec(), v.value().to_vec())
     };
     let table = guarded(|| {
         let txn = db.begin_read().map_err(|e| e.to_string())?;
-        txn.open_table(RECORDS).map_err(|e| e.to_string())
+        txn.open_table(def).map_err(|e| e.to_string())
     })?;
     let mut walked = walk_both(|| table.iter(), || table.iter().map(Iterator::rev), own);
     short_walk(
         &mut walked,
         guarded(|| table.len().map_err(|e| e.to_string())),
     );
+    let named = seeds(walked.gap.as_ref(), &walked.entries);
     if let Some(Gap { after, before, .. }) = walked.gap.clone() {
         let mut covered: Option<Vec<u8>> = after.clone();
-        for seed in named {
+        for seed in &named {
             let beyond = covered.as_ref().is_none_or(|c| seed > c);
             let inside =
                 after.as_ref().is_none_or(|a| seed > a) && before.as_ref().is_none_or(|b| seed < b);
@@ -171,14 +197,15 @@ pub(super) fn walk_records(
         }
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(table)));
-    Ok(walked)
+    Ok((walked, named))
 }
 
-/// Looks up each of `keys` in the records table: (found, why not).
+/// Looks up each of `keys` in the records table `def`: (found, why not).
 /// Keys outside the records walks' gap that were not met by a walk are
 /// missing (a lookup would only confirm it); those inside are looked up.
 pub(super) fn look_up(
     db: &impl ReadableDatabase,
+    def: BytesTable,
     keys: &BTreeSet<Vec<u8>>,
     in_gap: &dyn Fn(&Vec<u8>) -> bool,
 ) -> (Entries, Reasons) {
@@ -186,7 +213,7 @@ pub(super) fn look_up(
     let mut failed = BTreeMap::new();
     let table = match guarded(|| {
         let txn = db.begin_read().map_err(|e| e.to_string())?;
-        txn.open_table(RECORDS).map_err(|e| e.to_string())
+        txn.open_table(def).map_err(|e| e.to_string())
     }) {
         Ok(table) => table,
         Err(reason) => {

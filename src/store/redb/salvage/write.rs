@@ -1,16 +1,26 @@
 //! Writing what was gathered into the new database file, through a
 //! temporary file renamed into place once committed.
+//!
+//! The new file has the damaged one's format. In format 3 the records,
+//! steps and log go, in record-key order, into one partition numbered
+//! `BUILT_PARTITIONS`, sealed as a migration from format 2 seals its
+//! partition (`migrate3::seal_built_partition`: its filter built from its
+//! keys, its row written), under a fresh `filter_seed`: nothing of the
+//! damaged file's rows and filters is carried over.
 
 use std::path::{Path, PathBuf};
 
-use redb::Durability;
+use redb::{Durability, WriteTransaction};
 
 use crate::error::{OpenError, Result};
 use crate::policy::ExpiryPolicy;
 use crate::store::config::StoreConfig;
 
 use super::super::meta::{self, Counter, OpenContext};
-use super::super::open::{open_path, prepare};
+use super::super::open::migrate3::seal_built_partition;
+use super::super::open::{open_path, prepare_new_as, NewFormat};
+use super::super::partition::catalog;
+use super::super::partition::slot::{slot_key, BUILT_PARTITIONS};
 use super::super::tables::{
     ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
 };
@@ -61,18 +71,22 @@ pub(super) fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
         expiry: ExpiryPolicy::Forget,
         max_response_bytes: 0,
     };
-    prepare(&db, path, cfg, true)?;
+    let new_format = if g.partitioned {
+        NewFormat::Format3
+    } else {
+        NewFormat::Format2
+    };
+    prepare_new_as(&db, path, cfg, true, new_format)?;
     let what = "writing the salvaged database";
     let mut txn = db.begin_write().open_context(what)?;
     txn.set_durability(Durability::Immediate)
         .open_context(what)?;
+    if g.partitioned {
+        write_partitioned(&txn, g).open_context(what)?;
+    } else {
+        write_unpartitioned(&txn, g).open_context(what)?;
+    }
     {
-        let mut records = txn.open_table(RECORDS).open_context(what)?;
-        for (key, value) in &g.records {
-            records
-                .insert(key.as_slice(), value.as_slice())
-                .open_context(what)?;
-        }
         let mut leases = txn.open_table(LEASES).open_context(what)?;
         let mut recovery = txn.open_table(RECOVERY).open_context(what)?;
         let mut expiry = txn.open_table(EXPIRY).open_context(what)?;
@@ -94,20 +108,6 @@ pub(super) fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
                 .insert(id.as_str(), value.as_slice())
                 .open_context(what)?;
         }
-        if !g.steps.is_empty() || !g.history.is_empty() {
-            let mut steps = txn.open_table(STEPS).open_context(what)?;
-            for ((rkey, name), value) in &g.steps {
-                steps
-                    .insert((rkey.as_slice(), name.as_str()), value.as_slice())
-                    .open_context(what)?;
-            }
-            let mut history = txn.open_table(HISTORY).open_context(what)?;
-            for ((rkey, seq), value) in &g.history {
-                history
-                    .insert((rkey.as_slice(), *seq), value.as_slice())
-                    .open_context(what)?;
-            }
-        }
         let mut meta_table = txn.open_table(META).open_context(what)?;
         meta::write_counter(&mut meta_table, Counter::NextToken, g.next_token)
             .open_context(what)?;
@@ -117,7 +117,65 @@ pub(super) fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
             meta::write_expiry(&mut meta_table, ttl_ms, policy).open_context(what)?;
         }
     }
+    if g.partitioned {
+        let seed = meta::read_filter_seed(&txn.open_table(META).open_context(what)?)
+            .map_err(|e| e.open_error(path, what))?;
+        seal_built_partition(&txn, &seed, now_ms()).map_err(|e| e.open_error(path, what))?;
+    }
     txn.commit().open_context(what)?;
     drop(db);
     Ok(())
+}
+
+/// Format 2's records, steps and log, keyed by record key.
+fn write_unpartitioned(txn: &WriteTransaction, g: &Gathered) -> Result<(), redb::Error> {
+    let mut records = txn.open_table(RECORDS)?;
+    for (key, value) in &g.records {
+        records.insert(key.as_slice(), value.as_slice())?;
+    }
+    // Tables created on first use.
+    if !g.steps.is_empty() || !g.history.is_empty() {
+        let mut steps = txn.open_table(STEPS)?;
+        for ((rkey, name), value) in &g.steps {
+            steps.insert((rkey.as_slice(), name.as_str()), value.as_slice())?;
+        }
+        let mut history = txn.open_table(HISTORY)?;
+        for ((rkey, seq), value) in &g.history {
+            history.insert((rkey.as_slice(), *seq), value.as_slice())?;
+        }
+    }
+    Ok(())
+}
+
+/// Format 3's records, steps and log, under their slot keys in partition
+/// [`BUILT_PARTITIONS`], in key order (the partition is sealed after).
+fn write_partitioned(txn: &WriteTransaction, g: &Gathered) -> Result<(), redb::Error> {
+    let p = BUILT_PARTITIONS;
+    let mut records = txn.open_table(catalog::RECORDS)?;
+    for (key, value) in &g.records {
+        records.insert(slot_key(p, key).as_slice(), value.as_slice())?;
+    }
+    if !g.steps.is_empty() || !g.history.is_empty() {
+        let mut steps = txn.open_table(catalog::STEPS)?;
+        for ((rkey, name), value) in &g.steps {
+            steps.insert(
+                (slot_key(p, rkey).as_slice(), name.as_str()),
+                value.as_slice(),
+            )?;
+        }
+        let mut history = txn.open_table(catalog::HISTORY)?;
+        for ((rkey, seq), value) in &g.history {
+            history.insert((slot_key(p, rkey).as_slice(), *seq), value.as_slice())?;
+        }
+    }
+    Ok(())
+}
+
+/// The built partition's claim time in its row: the salvage's wall-clock
+/// time (the records' own expiry index entries expire them meanwhile; the
+/// partition is drained no sooner than a TTL after the salvage).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
