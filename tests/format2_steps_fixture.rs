@@ -27,6 +27,8 @@
 mod common;
 #[path = "common/fixture_engine.rs"]
 mod fixture_engine;
+#[path = "common/meta_table.rs"]
+mod meta_table;
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -400,29 +402,11 @@ fn a_format2_file_with_steps_migrated_to_format3_answers_as_written() -> TestRes
     Ok(())
 }
 
-/// Format 3's records table, which a half-migrated file holds beside
-/// format 2's.
-const PARTITIONED_RECORDS: TableDefinition<&[u8], &[u8]> =
-    TableDefinition::new("idempotency.partitioned.records");
-
 /// The first byte of `format_version` of the closed file at `path`, and
 /// the records format 3's records table holds (`None`: no such table).
 fn format_and_copy(path: &Path) -> Result<(u8, Option<u64>), Box<dyn Error>> {
-    use redb::ReadableTableMetadata;
     let db = redb::Builder::new().open_read_only(path)?;
-    let txn = db.begin_read()?;
-    let meta: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.meta");
-    let format = txn
-        .open_table(meta)?
-        .get("format_version")?
-        .and_then(|v| v.value().first().copied())
-        .ok_or("no format_version")?;
-    let copied = match txn.open_table(PARTITIONED_RECORDS) {
-        Ok(t) => Some(t.len()?),
-        Err(redb::TableError::TableDoesNotExist(_)) => None,
-        Err(e) => return Err(e.into()),
-    };
-    Ok((format, copied))
+    meta_table::migration_state(&db.begin_read()?).map_err(|e| e as Box<dyn Error>)
 }
 
 /// Whether format 3's records table of the closed file at `path` holds
@@ -431,7 +415,7 @@ fn format_and_copy(path: &Path) -> Result<(u8, Option<u64>), Box<dyn Error>> {
 fn copy_holds(path: &Path, k: &str) -> Result<bool, Box<dyn Error>> {
     let db = redb::Builder::new().open_read_only(path)?;
     let txn = db.begin_read()?;
-    for entry in txn.open_table(PARTITIONED_RECORDS)?.iter()? {
+    for entry in txn.open_table(meta_table::PARTITIONED_RECORDS)?.iter()? {
         if entry?.0.value().ends_with(k.as_bytes()) {
             return Ok(true);
         }

@@ -59,7 +59,7 @@ use idempotency::{
     Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey, State,
 };
 use kill_model::fnv1a;
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use split_mix::SplitMix64;
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
@@ -103,8 +103,6 @@ const DEFAULT_DROP_ROUNDS: u64 = 8;
 const TTL_MARGIN_MS: u64 = 20;
 
 const PARTITIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.partitions");
-const PARTITIONED_RECORDS: TableDefinition<&[u8], &[u8]> =
-    TableDefinition::new("idempotency.partitioned.records");
 
 /// The two tests measure timings: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -455,17 +453,7 @@ fn peek(db: &Path, scratch: &Path) -> AnyResult<(u8, Option<u64>)> {
     let (format, copied) = {
         let file = redb::Database::open(scratch)?;
         let txn = file.begin_read()?;
-        let format = txn
-            .open_table(meta_table::META)?
-            .get("format_version")?
-            .and_then(|v| v.value().first().copied())
-            .ok_or("no format_version")?;
-        let copied = match txn.open_table(PARTITIONED_RECORDS) {
-            Ok(t) => Some(t.len()?),
-            Err(redb::TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(e.into()),
-        };
-        (format, copied)
+        meta_table::migration_state(&txn)?
     };
     std::fs::remove_file(scratch)?;
     Ok((format, copied))

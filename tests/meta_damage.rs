@@ -36,7 +36,7 @@ use idempotency::{
     Corrupted, Damage, Engine, EngineBuilder, Envelope, ExpiryPolicy, Fingerprint, IdempotencyKey,
     OpenError, OutgoingMessage,
 };
-use meta_table::{meta_values, Meta, KEYS, KEYS_FORMAT_3, META};
+use meta_table::{keys_format_3, meta_values, Meta, KEYS, META};
 use redb::{ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -202,7 +202,7 @@ fn a_flipped_bit_in_any_meta_value_is_refused_or_reported_naming_its_key() -> Te
 fn a_flipped_bit_in_any_format_3_meta_value_is_refused_or_reported_naming_its_key() -> TestResult {
     let dir = tempfile::tempdir()?;
     let sound = sound_from(dir.path(), builder())?;
-    flip_every_meta_bit(dir.path(), &sound, &KEYS_FORMAT_3)
+    flip_every_meta_bit(dir.path(), &sound, &keys_format_3())
 }
 
 /// Flips one bit of each byte of each meta value of `sound` (whose keys

@@ -15,6 +15,8 @@
 //! `tests/salvage.rs` run on a format-3 file there too.
 
 mod common;
+#[path = "common/fixture_engine.rs"]
+mod fixture_engine;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
@@ -23,9 +25,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::claimed;
+use fixture_engine::DAY;
 use idempotency::{
-    Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, Lost,
-    ManualClock, OutgoingMessage, Receive, State,
+    Engine, EngineBuilder, Envelope, Failure, Fingerprint, IdempotencyKey, Lost, ManualClock,
+    OutgoingMessage, Receive, State,
 };
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -46,19 +49,12 @@ const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency
 const BUILT: u64 = 1 << 63;
 const PARTITION_KEYS: u64 = 8;
 const T0: u64 = 1_790_000_000_000;
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// Set for the child that writes and exits without closing the engine.
 const CRASH_ENV: &str = "IDEMPOTENCY_SALVAGE3_CRASH_FILE";
 
+/// The fixtures' builder, with small partitions.
 fn builder(clock: &ManualClock) -> EngineBuilder {
-    Engine::builder()
-        .clock(clock.clone())
-        .sweep_interval(None)
-        .ttl(30 * DAY)
-        .lease(Duration::from_secs(30))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep: 10 * DAY })
-        .migrate_to_format_3()
-        .partition_limits(PARTITION_KEYS, Duration::from_secs(600))
+    fixture_engine::builder(clock).partition_limits(PARTITION_KEYS, Duration::from_secs(600))
 }
 
 fn key(i: usize) -> Result<IdempotencyKey, idempotency::Error> {

@@ -26,17 +26,37 @@ pub const KEYS: [&str; 8] = [
 
 /// Every meta key a cleanly closed format-3 file (what this build creates)
 /// holds, in the table's (sorted) order: format 2's and the filters' seed.
-pub const KEYS_FORMAT_3: [&str; 9] = [
-    "expiry_policy",
-    "filter_seed",
-    "format_version",
-    "journal_clean",
-    "journal_id",
-    "journal_lsn",
-    "next_outbox_seq",
-    "next_token",
-    "ttl_ms",
-];
+pub fn keys_format_3() -> Vec<&'static str> {
+    let mut keys = KEYS.to_vec();
+    keys.push("filter_seed");
+    keys.sort_unstable();
+    keys
+}
+
+/// Format 3's records table, which a half-migrated format-2 file holds
+/// beside format 2's.
+pub const PARTITIONED_RECORDS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idempotency.partitioned.records");
+
+/// Where a migration to format 3 stands in the file `txn` reads: the first
+/// byte of `format_version`, and the records format 3's records table
+/// holds (`None`: no such table).
+pub fn migration_state(
+    txn: &redb::ReadTransaction,
+) -> Result<(u8, Option<u64>), Box<dyn Error + Send + Sync>> {
+    use redb::ReadableTableMetadata;
+    let format = txn
+        .open_table(META)?
+        .get("format_version")?
+        .and_then(|v| v.value().first().copied())
+        .ok_or("no format_version")?;
+    let copied = match txn.open_table(PARTITIONED_RECORDS) {
+        Ok(t) => Some(t.len()?),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    Ok((format, copied))
+}
 
 /// The meta table's values, by key.
 pub type Meta = Vec<(String, Vec<u8>)>;
