@@ -288,16 +288,14 @@ fn agree(redb: &Db, pg: &Db, args: &[&str]) -> TestResult<Option<i32>> {
 /// Overwrites the stored bytes of `shop:pay`/`b-done` with bytes that are
 /// not a record, in the redb file.
 fn damage_redb(path: &Path) -> TestResult {
-    const RECORDS: redb::TableDefinition<&[u8], &[u8]> =
-        redb::TableDefinition::new("idempotency.records");
     let raw = redb::Database::open(path)?;
     let txn = raw.begin_write()?;
     {
-        let mut records = txn.open_table(RECORDS)?;
+        let mut records = common::raw_records::RawRecords::open(&txn)?;
         // `[scope length][scope][key]`, as the engine lays out record keys.
         let rkey = [&[8u8][..], b"shop:pay", b"b-done"].concat();
-        let old = records.insert(rkey.as_slice(), [0xee_u8, 0xff, 0x00].as_slice())?;
-        assert!(old.is_some(), "b-done was not in the file");
+        assert!(records.get(&rkey)?.is_some(), "b-done was not in the file");
+        records.insert(&rkey, &[0xee_u8, 0xff, 0x00])?;
     }
     txn.commit()?;
     Ok(())
