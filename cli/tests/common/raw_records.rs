@@ -33,29 +33,38 @@ impl Format {
     }
 }
 
-/// The records table of a file, addressed by record key. In format 3 every
-/// key goes to the partition of the table's first record (a file the test
-/// wrote has one, hot, partition).
+/// The records table of a file, addressed by record key. In format 3 a
+/// key is found in whichever partition holds it; a key no partition holds
+/// goes into the newest one (the hot partition of a file the engine
+/// wrote: a sealed one's filter would not know it).
 pub struct RawRecords<'t> {
     table: redb::Table<'t, &'static [u8], &'static [u8]>,
-    /// The slot-key prefix (empty in format 2).
-    partition: Vec<u8>,
+    /// Format 3: slot keys are `[partition u64 BE][record key]`.
+    partitioned: bool,
 }
 
 impl<'t> RawRecords<'t> {
     /// The records table of the file `txn` writes, in its format.
     pub fn open(txn: &'t WriteTransaction) -> TestResult<RawRecords<'t>> {
-        let format_3 = txn
+        let partitioned = txn
             .list_tables()?
             .any(|t| t.name() == "idempotency.partitioned.records");
-        if !format_3 {
-            return Ok(RawRecords {
-                table: txn.open_table(FORMAT_2)?,
-                partition: Vec::new(),
-            });
+        let table = txn.open_table(if partitioned { FORMAT_3 } else { FORMAT_2 })?;
+        Ok(RawRecords { table, partitioned })
+    }
+
+    /// Where `rkey` is stored, or would be.
+    fn slot(&self, rkey: &[u8]) -> TestResult<Vec<u8>> {
+        if !self.partitioned {
+            return Ok(rkey.to_vec());
         }
-        let table = txn.open_table(FORMAT_3)?;
-        let partition = match table.first()? {
+        for entry in self.table.iter()? {
+            let (k, _) = entry?;
+            if k.value().get(8..) == Some(rkey) {
+                return Ok(k.value().to_vec());
+            }
+        }
+        let newest = match self.table.last()? {
             Some((k, _)) => k
                 .value()
                 .get(..8)
@@ -63,29 +72,25 @@ impl<'t> RawRecords<'t> {
                 .to_vec(),
             None => return Err("a format-3 file without records".into()),
         };
-        Ok(RawRecords { table, partition })
-    }
-
-    fn slot(&self, rkey: &[u8]) -> Vec<u8> {
-        [self.partition.as_slice(), rkey].concat()
+        Ok([newest.as_slice(), rkey].concat())
     }
 
     /// The stored bytes of the record `rkey`.
     pub fn get(&self, rkey: &[u8]) -> TestResult<Option<Vec<u8>>> {
-        let slot = self.slot(rkey);
+        let slot = self.slot(rkey)?;
         Ok(self.table.get(slot.as_slice())?.map(|v| v.value().to_vec()))
     }
 
     /// Stores `value` as the record `rkey`.
     pub fn insert(&mut self, rkey: &[u8], value: &[u8]) -> TestResult {
-        let slot = self.slot(rkey);
+        let slot = self.slot(rkey)?;
         self.table.insert(slot.as_slice(), value)?;
         Ok(())
     }
 
     /// Removes the record `rkey`, returning its bytes.
     pub fn remove(&mut self, rkey: &[u8]) -> TestResult<Option<Vec<u8>>> {
-        let slot = self.slot(rkey);
+        let slot = self.slot(rkey)?;
         Ok(self
             .table
             .remove(slot.as_slice())?
