@@ -232,7 +232,8 @@ fn open_error_as(
 
 /// Checks the file's format and meta values, migrating a format-1 file;
 /// on a database without the engine's tables, creates them in format 2
-/// (salvage writes format 2's tables into it; the engine's own opens use
+/// (its callers reopen an existing file after a storage failure, or are
+/// tests of format-2 files; the engine's own opens and salvage use
 /// [`prepare_new_as`]). Then applies
 /// the expiry settings: with `from_database`, the ones stored by the last
 /// app (if any) replace `cfg`'s; otherwise `cfg`'s are stored for operator
@@ -252,8 +253,8 @@ pub(crate) fn prepare(
 pub(crate) enum NewFormat {
     /// One records table keyed by record key (what releases before format
     /// 3 wrote): kept for the crate's tests of format-2 files
-    /// (`EngineBuilder::unstable_create_format_2`) and for salvage, which
-    /// writes format 2's tables.
+    /// (`EngineBuilder::unstable_create_format_2`) and for the salvage of
+    /// a format-2 file, which writes format 2's tables.
     Format2,
     /// Partitioned records (docs/format3-plan.md, docs/design.md): the
     /// default.
