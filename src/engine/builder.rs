@@ -36,6 +36,7 @@ use crate::store::redb::{self as redb_store, RedbReader, RedbStore};
 /// | [`recovery_reserve`](Self::recovery_reserve) | 64 MiB, at most 1/8 of the file system |
 /// | format of a new redb file | 3 (time-partitioned records); an existing file keeps its format unless [`migrate_to_format_3`](Self::migrate_to_format_3) |
 /// | [`partition_limits`](Self::partition_limits) | 32,768 keys or 10 minutes a partition |
+/// | [`cache_size`](Self::cache_size) | redb's default, 1 GiB (1,073,741,824 bytes) |
 /// | response schema version | none (replays are never checked) |
 /// | resolver | none (`begin` answers [`crate::Begin::InDoubt`]) |
 /// | [`resolver_interval`](Self::resolver_interval) | 1 s |
@@ -49,6 +50,8 @@ pub struct EngineBuilder {
     new_format: redb_store::NewFormat,
     migration: Option<redb_store::MigrationSteps>,
     seal_rule: redb_store::PartitionSealRule,
+    /// redb's page cache, bytes (`None`: redb's default).
+    cache_bytes: Option<usize>,
     #[cfg(feature = "postgres")]
     postgres: PostgresSettings,
     #[cfg(feature = "redis")]
@@ -93,6 +96,7 @@ impl Default for EngineBuilder {
             new_format: redb_store::NewFormat::default(),
             migration: None,
             seal_rule: redb_store::PartitionSealRule::DEFAULT,
+            cache_bytes: None,
             #[cfg(feature = "postgres")]
             postgres: PostgresSettings {
                 prefix: crate::store::postgres::DEFAULT_PREFIX.to_owned(),
@@ -199,6 +203,24 @@ impl EngineBuilder {
             interval_ms: duration_ms(max_age),
             max_keys: max_keys.max(1),
         };
+        self
+    }
+
+    /// The page cache of the redb file, in bytes: the largest share of an
+    /// embedded engine's memory. Default: redb's, 1 GiB. Pages past it
+    /// are read again from the file (through the OS page cache).
+    ///
+    /// The engine's resident memory is about this cache, plus format 3's
+    /// key filters (about 3.4 bytes per stored key: 34 MiB at 10 million
+    /// records), plus the allocator's own overhead. With glibc a server of
+    /// many threads keeps an arena per thread; `MALLOC_ARENA_MAX=2` in the
+    /// process's environment bounds that (docs/operations.md, "Memory").
+    /// Measured at 10 million records with the default: BENCHMARKS.md,
+    /// "Format 3 at 10M". Read at each writable open ([`Self::open`],
+    /// [`Self::open_existing`] and the reopen after a storage failure);
+    /// 0 is taken as redb's smallest. Ignored by the other backends.
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_bytes = Some(bytes);
         self
     }
 
@@ -441,9 +463,11 @@ impl EngineBuilder {
     pub fn open(self, path: impl AsRef<Path>) -> Result<Engine, OpenError> {
         let path = path.as_ref().to_path_buf();
         redb_store::open_contained(&path, || {
-            let opened = redb_store::Opened::path(&path)?;
+            let cache = self.cache_bytes;
+            let opened = redb_store::Opened::path(&path, cache)?;
             let again = path.clone();
-            let reopen: redb_store::Reopen = Arc::new(move || redb_store::Opened::path(&again));
+            let reopen: redb_store::Reopen =
+                Arc::new(move || redb_store::Opened::path(&again, cache));
             let mut probe_path = path.clone().into_os_string();
             probe_path.push(".write-probe");
             let probe_path = std::path::PathBuf::from(probe_path);

@@ -195,7 +195,7 @@ fn fixture(expiry: ExpiryPolicy) -> R<Fixture> {
         expiry,
         max_response_bytes: 1 << 20,
     };
-    let opened = Opened::path(&path)?;
+    let opened = Opened::path(&path, None)?;
     let cfg = prepare(&opened.db, &path, cfg, false)?;
     let store = RedbStore::start(
         opened,

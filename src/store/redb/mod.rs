@@ -158,9 +158,13 @@ impl Opened {
     }
 
     /// The database file at `path`, with its journal beside it (see
-    /// [`open_path`]; it gives back the recovery reserve).
-    pub(crate) fn path(path: &std::path::Path) -> Result<Opened, OpenError> {
-        let db = open_path(path)?;
+    /// [`open_path`]; it gives back the recovery reserve), with a page
+    /// cache of `cache_bytes` (`None`: redb's default).
+    pub(crate) fn path(
+        path: &std::path::Path,
+        cache_bytes: Option<usize>,
+    ) -> Result<Opened, OpenError> {
+        let db = open_path(path, cache_bytes)?;
         Ok(Opened {
             db,
             journal: Some(JournalStorage::path_of(path)),

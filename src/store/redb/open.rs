@@ -22,8 +22,16 @@ use super::tables::{ENTITIES, EXPIRY, LEASES, META, OUTBOX, RECORDS, RECOVERY};
 /// before [`check_before_writing`] has accepted it. Then its recovery
 /// reserve, if any, is given back: redb's recovery and the journal's replay
 /// may need its room (the engine takes it again once it runs, see
-/// `RedbStore::start`).
-pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
+/// `RedbStore::start`). Its page cache is `cache_bytes` (`None`: redb's
+/// default, 1 GiB).
+pub(crate) fn open_path(path: &Path, cache_bytes: Option<usize>) -> Result<Database, OpenError> {
+    let builder = || {
+        let mut b = redb::Builder::new();
+        if let Some(bytes) = cache_bytes {
+            b.set_cache_size(bytes);
+        }
+        b
+    };
     let found = std::fs::metadata(path).ok();
     let existing = found.as_ref().is_some_and(|m| m.len() > 0);
     let db = if existing {
@@ -34,11 +42,11 @@ pub(crate) fn open_path(path: &Path) -> Result<Database, OpenError> {
         // open can make redb panic later, sometimes twice and then abort
         // the process (docs/upstream/redb-panics.md). It reads the whole
         // file once per writable open.
-        let mut checked = redb::Builder::new();
+        let mut checked = builder();
         checked.set_check_integrity_on_open(true);
         checked.open(path)
     } else {
-        let created = redb::Builder::new().create(path);
+        let created = builder().create(path);
         if let Err(e) = &created {
             undo_create(path, found.is_some(), e);
         }

@@ -103,7 +103,7 @@ mod tests {
             expiry: ExpiryPolicy::Forget,
             max_response_bytes: 1 << 20,
         };
-        let opened = Opened::path(path)?;
+        let opened = Opened::path(path, None)?;
         let cfg = prepare(&opened.db, path, cfg, false)?;
         Ok(RedbStore::start(
             opened,

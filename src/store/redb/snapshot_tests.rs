@@ -41,7 +41,7 @@ fn sizes() -> Sizes {
 /// A store on `path` with its journal (group commits kept in an open redb
 /// transaction, the overlay in front).
 fn journaled(path: &Path) -> R<RedbStore> {
-    let opened = Opened::path(path)?;
+    let opened = Opened::path(path, None)?;
     let cfg = prepare(&opened.db, path, cfg(), true)?;
     Ok(RedbStore::start(
         opened,

@@ -37,7 +37,7 @@ fn open(path: &Path, clock: &ManualClock) -> R<RedbStore> {
         },
         max_response_bytes: 1 << 20,
     };
-    let opened = Opened::path(path)?;
+    let opened = Opened::path(path, None)?;
     let cfg = prepare(&opened.db, path, cfg, true)?;
     Ok(RedbStore::start(
         opened,

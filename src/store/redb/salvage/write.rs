@@ -63,7 +63,7 @@ pub(super) fn write_new(g: &Gathered, new: &Path) -> Result<(), OpenError> {
 }
 
 pub(super) fn write_tables(g: &Gathered, path: &Path) -> Result<(), OpenError> {
-    let db = open_path(path)?;
+    let db = open_path(path, None)?;
     // Settings are not taken from `cfg` (nothing is stored from it when
     // they are read from the database, and a new file has none).
     let cfg = StoreConfig {
