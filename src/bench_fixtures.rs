@@ -16,8 +16,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::redb::fixture;
+use crate::store::redb::fixture::SealedProbes;
 use crate::{Engine, Envelope, Fingerprint, IdempotencyKey};
 
 /// One record to preload: a claim of `key` with `fingerprint` at `at_ms`,
@@ -157,6 +158,36 @@ pub(crate) fn assert_served(
         other => panic!("a fresh key must be claimed, got {other:?}"),
     }
     Ok(())
+}
+
+/// The key filters of `partitions` sealed format-3 partitions of
+/// `keys_per_partition` keys each, as a fresh key's lookup probes them:
+/// kept in groups as the engine keeps them (`grouped`), or each in its own
+/// array as before grouping, for the probe micro-bench
+/// (`bench/benches/filter_probes.rs`). In memory only: no file.
+pub struct SealedFilters(SealedProbes);
+
+impl SealedFilters {
+    /// Builds them: about 3.4 bytes per key, `partitions ×
+    /// keys_per_partition` inserts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when a filter cannot be allocated.
+    pub fn new(partitions: u64, keys_per_partition: u64, grouped: bool) -> Result<SealedFilters> {
+        SealedProbes::new(partitions, keys_per_partition, grouped)
+            .map(SealedFilters)
+            .map_err(|e| Error::Storage {
+                context: "building bench filters",
+                source: Box::new(e),
+            })
+    }
+
+    /// How many partitions' filters answer "maybe" for record key `key`
+    /// (the tables its lookup would read); every filter is probed.
+    pub fn maybes(&self, key: &[u8]) -> usize {
+        self.0.maybes(key)
+    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,9 @@ use super::partition::catalog::{self, SealRule};
 use super::partition::filter::FilterHasher;
 use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
 use super::partition::slot;
+
+/// The filter-probe fixture (`partition/probe_fixture.rs`).
+pub(crate) use super::partition::probe_fixture::SealedProbes;
 use super::tables::{Context, EXPIRY, META, RECORDS};
 
 /// One record to preload, as a claim made at `at_ms` and completed at the
@@ -196,7 +199,9 @@ impl Fill<'_> {
                     filter_checksum: None,
                 };
                 if hi < count {
-                    let filter = catalog::build_filter(&records, hasher, partition)
+                    // Sized as the writer sizes a partition it seals.
+                    let room = |keys| SealRule::DEFAULT.filter_capacity(partition, keys);
+                    let filter = catalog::build_filter(&records, hasher, partition, room)
                         .map_err(|e| failed(format!("partition {partition}: {e}")))?;
                     let (bytes, sum) = filter.encode();
                     row.keys = filter.len();

@@ -387,10 +387,11 @@ pub(in crate::store::redb) fn seal_built_partition(
     }
     let mut rows = txn.open_table(PARTITIONS)?;
     let mut filters = txn.open_table(FILTERS)?;
-    let filter = build_filter(&records, &hasher, p).map_err(|e| MetaError::Damaged {
-        key: meta::Key::FormatVersion,
-        reason: format!("building the built partition's filter: {e}"),
-    })?;
+    let filter =
+        build_filter(&records, &hasher, p, |keys| keys).map_err(|e| MetaError::Damaged {
+            key: meta::Key::FormatVersion,
+            reason: format!("building the built partition's filter: {e}"),
+        })?;
     let (bytes, sum) = filter.encode();
     let mut row = PartitionRow::hot(now_ms, now_ms);
     row.keys = filter.len();

@@ -14,5 +14,8 @@
 
 pub(crate) mod catalog;
 pub(crate) mod filter;
+pub(crate) mod filter_group;
+#[cfg(feature = "bench-fixtures")]
+pub(crate) mod probe_fixture;
 pub(crate) mod row;
 pub(crate) mod slot;

@@ -20,13 +20,15 @@
 //!
 //! Store layer (layer 2).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 use redb::{ReadableTable, Table, TableDefinition};
 
-use super::filter::{FilterChecksum, FilterError, FilterHasher, KeyHash, PartitionFilter};
+use super::filter::{
+    FilterChecksum, FilterError, FilterHasher, GroupAnswers, KeyHash, PartitionFilter,
+};
+use super::filter_group::Kept;
 use super::row::{PartitionRow, PartitionState, RowError, FILTERS, PARTITIONS};
 use super::slot::{self, BUILT_PARTITIONS, FIRST_PARTITION};
 
@@ -51,6 +53,25 @@ pub(crate) struct SealRule {
 }
 
 impl SealRule {
+    /// The keys the filter of partition `partition`, holding `keys`, is
+    /// sized for when the writer seals (or rebuilds) it. A partition that
+    /// took claims and holds at least half of [`Self::max_keys`]: the
+    /// limit and an eighth more, since the writer seals before a group's
+    /// jobs and a partition may take a group's keys past the limit. So
+    /// the partitions of a busy API, sealed by their key count, share one
+    /// block count and their filters are grouped (`filter_group.rs`).
+    /// Otherwise exactly its keys: a quiet API's partitions, sealed by
+    /// time, keep small filters, and a partition the engine built in key
+    /// order holds what it holds.
+    pub(crate) fn filter_capacity(&self, partition: u64, keys: u64) -> u64 {
+        let busy = keys.saturating_mul(2) >= self.max_keys;
+        if partition < BUILT_PARTITIONS && busy {
+            keys.max(self.max_keys.saturating_add(self.max_keys / 8))
+        } else {
+            keys
+        }
+    }
+
     /// Ten-minute partitions of at most 32,768 keys: a hot table of that
     /// size kept commits at 1.00–1.04× a 10k store's rate in the
     /// prototype (BENCHMARKS.md, "Scale layouts (issue 26)").
@@ -61,11 +82,12 @@ impl SealRule {
 }
 
 /// Decoded filters of sealed partitions, shared by the writer (which adds
-/// one at each seal and at open) and the readers.
+/// one at each seal and at open) and the readers, grouped so that a
+/// key's probes read adjacent memory (`filter_group.rs`).
 #[derive(Debug)]
 pub(crate) struct Filters {
     hasher: FilterHasher,
-    kept: RwLock<HashMap<u64, (FilterChecksum, Arc<PartitionFilter>)>>,
+    kept: RwLock<Kept>,
 }
 
 impl Filters {
@@ -73,7 +95,7 @@ impl Filters {
     pub(crate) fn new(hasher: FilterHasher) -> Filters {
         Filters {
             hasher,
-            kept: RwLock::new(HashMap::new()),
+            kept: RwLock::new(Kept::default()),
         }
     }
 
@@ -88,24 +110,25 @@ impl Filters {
         partition: u64,
         checksum: &FilterChecksum,
     ) -> Option<Arc<PartitionFilter>> {
-        let kept = self.kept.read();
-        let (sum, filter) = kept.get(&partition)?;
-        (sum == checksum).then(|| filter.clone())
+        self.kept.read().get(partition, checksum)
     }
 
-    /// Keeps `filter` for `partition` under `checksum`.
+    /// Keeps `filter` for `partition` under `checksum`, and returns the
+    /// filter kept: the same answers, its blocks perhaps moved into a
+    /// group. Hold that one, not `filter`, so that `filter`'s own blocks
+    /// are freed.
     pub(crate) fn keep(
         &self,
         partition: u64,
         checksum: FilterChecksum,
         filter: Arc<PartitionFilter>,
-    ) {
-        self.kept.write().insert(partition, (checksum, filter));
+    ) -> Arc<PartitionFilter> {
+        self.kept.write().keep(partition, checksum, filter)
     }
 
     /// Forgets `partition`'s filter (it was dropped).
     pub(crate) fn forget(&self, partition: u64) {
-        self.kept.write().remove(&partition);
+        self.kept.write().forget(partition);
     }
 }
 
@@ -114,8 +137,11 @@ impl Filters {
 pub(crate) struct Probe {
     /// The partition number.
     pub(crate) partition: u64,
-    /// Its filter; `None`: the partition is read on every lookup.
+    /// Its filter and the checksum its row names; `None`: the partition
+    /// is read on every lookup.
     pub(crate) filter: Option<Arc<PartitionFilter>>,
+    /// The checksum `filter` is kept under in [`Filters`].
+    checksum: Option<FilterChecksum>,
 }
 
 /// Partitions in the order a lookup probes them: partitions that took
@@ -149,16 +175,21 @@ impl Probes {
         for entry in rows.iter()? {
             let (k, v) = entry?;
             let partition = k.value();
-            let filter = match PartitionRow::decode(partition, v.value()) {
-                Ok(row) => row
-                    .filter_checksum
-                    .and_then(|sum| filters.get(partition, &sum)),
+            let (filter, checksum) = match PartitionRow::decode(partition, v.value()) {
+                Ok(row) => match row.filter_checksum {
+                    Some(sum) => (filters.get(partition, &sum), Some(sum)),
+                    None => (None, None),
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "reading a damaged partition row as a partition without a filter");
-                    None
+                    (None, None)
                 }
             };
-            list.push(Probe { partition, filter });
+            list.push(Probe {
+                partition,
+                filter,
+                checksum,
+            });
         }
         list.sort_by_key(|p| probe_order(p.partition));
         Ok(Probes { list })
@@ -176,6 +207,21 @@ impl Probes {
         self.list.len()
     }
 
+    /// The probes of sealed partitions (partition, its filter's checksum,
+    /// its filter), for a bench fixture (`probe_fixture.rs`).
+    #[cfg(feature = "bench-fixtures")]
+    pub(crate) fn sealed(list: Vec<(u64, FilterChecksum, Arc<PartitionFilter>)>) -> Probes {
+        let mut probes = Probes::default();
+        for (partition, checksum, filter) in list {
+            probes.insert(Probe {
+                partition,
+                filter: Some(filter),
+                checksum: Some(checksum),
+            });
+        }
+        probes
+    }
+
     fn insert(&mut self, probe: Probe) {
         self.list.retain(|p| p.partition != probe.partition);
         let at = self
@@ -186,6 +232,20 @@ impl Probes {
 
     fn remove(&mut self, partition: u64) {
         self.list.retain(|p| p.partition != partition);
+    }
+
+    /// Takes for each probe with a filter the one `filters` keeps now
+    /// under the same checksum (a view into a group formed since), so
+    /// that the copy it held is freed.
+    fn refresh(&mut self, filters: &Filters) {
+        for probe in &mut self.list {
+            let (Some(filter), Some(sum)) = (probe.filter.as_mut(), probe.checksum.as_ref()) else {
+                continue;
+            };
+            if let Some(kept) = filters.get(probe.partition, sum) {
+                *filter = kept;
+            }
+        }
     }
 
     /// The partition holding record key `rkey`, and what `get` read there:
@@ -203,10 +263,11 @@ impl Probes {
         mut get: impl FnMut(u64) -> Result<Option<V>, E>,
     ) -> Result<Option<(u64, V)>, E> {
         let mut hash: Option<KeyHash> = None;
+        let mut seen = GroupAnswers::default();
         for probe in &self.list {
             if let Some(filter) = &probe.filter {
                 let h = *hash.get_or_insert_with(|| hasher.hash(rkey));
-                if !filter.may_contain_hash(&h) {
+                if !filter.may_contain_seen(&h, &mut seen) {
                     continue;
                 }
             }
@@ -335,7 +396,8 @@ impl Catalog {
                     "records in a partition without a row: giving it a sealed row and a rebuilt filter"
                 );
                 let mut row = PartitionRow::hot(now_ms, now_ms);
-                seal_row(t, &filters, partition, &mut row, changes)?;
+                let room = |keys| rule.filter_capacity(partition, keys);
+                seal_row(t, &filters, partition, room, &mut row, changes)?;
                 rows.push((partition, row));
             }
         }
@@ -358,20 +420,23 @@ impl Catalog {
                     probes.insert(Probe {
                         partition,
                         filter: None,
+                        checksum: None,
                     });
                 }
                 PartitionState::Sealed | PartitionState::Dropping => {
                     sealed_at.insert(partition, row.last_claim_ms);
                     let stored = stored_filter(t, &filters, partition, &row)?;
-                    let filter = if let Some(filter) = stored {
-                        filter
+                    let (checksum, filter) = if let Some(kept) = stored {
+                        kept
                     } else {
                         let mut row = row;
-                        seal_row(t, &filters, partition, &mut row, changes)?
+                        let room = |keys| rule.filter_capacity(partition, keys);
+                        seal_row(t, &filters, partition, room, &mut row, changes)?
                     };
                     probes.insert(Probe {
                         partition,
                         filter: Some(filter),
+                        checksum: Some(checksum),
                     });
                 }
             }
@@ -389,9 +454,12 @@ impl Catalog {
             probes.insert(Probe {
                 partition,
                 filter: None,
+                checksum: None,
             });
             hot
         };
+        // Filters kept early were grouped with later ones since.
+        probes.refresh(&filters);
         Ok(Catalog {
             filters,
             probes,
@@ -477,11 +545,16 @@ impl Catalog {
     ) -> Result<(), CatalogError> {
         let Hot { partition, mut row } = self.hot;
         row.last_claim_ms = row.last_claim_ms.max(now_ms).max(row.first_claim_ms);
-        let filter = seal_row(t, &self.filters, partition, &mut row, changes)?;
+        let rule = self.rule;
+        let room = |keys| rule.filter_capacity(partition, keys);
+        let (checksum, filter) = seal_row(t, &self.filters, partition, room, &mut row, changes)?;
         self.probes.insert(Probe {
             partition,
             filter: Some(filter),
+            checksum: Some(checksum),
         });
+        // The filters grouped with this one moved into a new group.
+        self.probes.refresh(&self.filters);
         self.sealed_at.insert(partition, row.last_claim_ms);
         let next = partition
             .checked_add(1)
@@ -494,6 +567,7 @@ impl Catalog {
         self.probes.insert(Probe {
             partition: next,
             filter: None,
+            checksum: None,
         });
         Ok(())
     }
@@ -558,17 +632,19 @@ fn open_hot(
     Ok(Hot { partition, row })
 }
 
-/// Builds `partition`'s filter from its key range, stores it and its
-/// sealed row (`row`, its key count set from the range), keeps the filter
-/// in `filters` and returns it.
+/// Builds `partition`'s filter from its key range, sized by `room` (key
+/// count → capacity), stores it and its sealed row (`row`, its key count set
+/// from the range), keeps the filter in `filters` and returns its checksum
+/// and the filter kept.
 fn seal_row(
     t: &mut CatalogTables<'_, '_>,
     filters: &Filters,
     partition: u64,
+    room: impl Fn(u64) -> u64,
     row: &mut PartitionRow,
     changes: &mut Vec<CatalogChange>,
-) -> Result<Arc<PartitionFilter>, CatalogError> {
-    let filter = Arc::new(build_filter(t.records, filters.hasher(), partition)?);
+) -> Result<(FilterChecksum, Arc<PartitionFilter>), CatalogError> {
+    let filter = Arc::new(build_filter(t.records, filters.hasher(), partition, room)?);
     let (bytes, sum) = filter.encode();
     row.keys = filter.len();
     if row.state == PartitionState::Hot {
@@ -582,24 +658,23 @@ fn seal_row(
     t.rows.insert(partition, value.as_slice())?;
     changes.push(CatalogChange::Filter(partition, Some(bytes)));
     changes.push(CatalogChange::Row(partition, Some(value)));
-    filters.keep(partition, sum, filter.clone());
-    Ok(filter)
+    Ok((sum, filters.keep(partition, sum, filter)))
 }
 
 /// `partition`'s stored filter checked against its row, kept in
-/// `filters`; `None` (with a warning naming it) when it is missing or
-/// fails a check: the caller rebuilds it.
+/// `filters`, with the checksum it is kept under; `None` (with a warning
+/// naming it) when it is missing or fails a check: the caller rebuilds it.
 fn stored_filter(
     t: &CatalogTables<'_, '_>,
     filters: &Filters,
     partition: u64,
     row: &PartitionRow,
-) -> Result<Option<Arc<PartitionFilter>>, CatalogError> {
+) -> Result<Option<(FilterChecksum, Arc<PartitionFilter>)>, CatalogError> {
     let Some(sum) = row.filter_checksum else {
         return Ok(None);
     };
     if let Some(kept) = filters.get(partition, &sum) {
-        return Ok(Some(kept));
+        return Ok(Some((sum, kept)));
     }
     let Some(bytes) = t.filters.get(partition)? else {
         tracing::warn!(
@@ -609,11 +684,7 @@ fn stored_filter(
         return Ok(None);
     };
     match PartitionFilter::decode(partition, bytes.value(), &sum, filters.hasher()) {
-        Ok(filter) => {
-            let filter = Arc::new(filter);
-            filters.keep(partition, sum, filter.clone());
-            Ok(Some(filter))
-        }
+        Ok(filter) => Ok(Some((sum, filters.keep(partition, sum, Arc::new(filter))))),
         Err(e) => {
             tracing::warn!(error = %e, "rebuilding a partition's filter from its records");
             Ok(None)
@@ -644,7 +715,9 @@ pub(crate) fn keep_stored_filters(
         };
         if let Some(bytes) = stored.get(partition)? {
             match PartitionFilter::decode(partition, bytes.value(), &sum, filters.hasher()) {
-                Ok(filter) => filters.keep(partition, sum, Arc::new(filter)),
+                Ok(filter) => {
+                    filters.keep(partition, sum, Arc::new(filter));
+                }
                 Err(e) => tracing::warn!(error = %e, "reading a partition without its filter"),
             }
         }
@@ -652,14 +725,18 @@ pub(crate) fn keep_stored_filters(
     Ok(())
 }
 
-/// The filter of `partition`'s key range in `records`.
+/// The filter of `partition`'s key range in `records`, sized for
+/// `room(keys)` keys, or its keys if that is more (`|keys| keys`: exactly
+/// its keys).
 pub(crate) fn build_filter(
     records: &impl ReadableTable<&'static [u8], &'static [u8]>,
     hasher: &FilterHasher,
     partition: u64,
+    room: impl Fn(u64) -> u64,
 ) -> Result<PartitionFilter, CatalogError> {
     let keys = count_keys(records, partition)?;
-    let mut filter = PartitionFilter::with_capacity(partition, keys.max(1), hasher)?;
+    let capacity = room(keys).max(keys).max(1);
+    let mut filter = PartitionFilter::with_capacity(partition, capacity, hasher)?;
     for entry in range(records, partition)? {
         let (k, _) = entry?;
         if let Some((_, rkey)) = slot::split(k.value()) {

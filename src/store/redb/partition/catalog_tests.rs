@@ -281,3 +281,49 @@ fn partitions_in_lists_each_range_once() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn partitions_sealed_by_their_key_count_share_one_group_of_filters() -> TestResult {
+    let db = db()?;
+    let shared = filters();
+    // Ten partitions sealed by count, one past the limit (the writer seals
+    // before a group's jobs), and one sealed by time with few keys.
+    let (writer, _) = with_catalog(&db, &shared, 0, |c, o, changes| {
+        let mut from = 0;
+        for n in 0..10 {
+            let keys = if n == 3 { 101 } else { 100 };
+            claim(c, &mut o.records, from..from + keys, 10)?;
+            from += keys;
+            c.seal(&mut o.tables(), 20, changes)?;
+        }
+        claim(c, &mut o.records, from..from + 5, 30)?;
+        c.seal(&mut o.tables(), 5_000, changes)?;
+        Ok(c.probes().clone())
+    })?;
+    let fresh = filters();
+    let (reopened, _) = with_catalog(&db, &fresh, 6_000, |c, _, _| Ok(c.probes().clone()))?;
+    for (what, probes) in [("the writer's", &writer), ("a reopen's", &reopened)] {
+        let sealed: Vec<&Arc<PartitionFilter>> =
+            probes.iter().filter_map(|p| p.filter.as_ref()).collect();
+        assert_eq!(sealed.len(), 11, "{what}");
+        let by_count: Vec<_> = sealed.iter().filter(|f| f.len() >= 100).collect();
+        assert_eq!(by_count.len(), 10);
+        let group = by_count[0].group_slot().ok_or("grouped")?.0.clone();
+        for f in &by_count {
+            let (g, _) = f.group_slot().ok_or("grouped")?;
+            assert!(
+                Arc::ptr_eq(g, &group),
+                "{what}: one group, each probe holds its view"
+            );
+            assert_eq!(f.block_count(), group.blocks());
+        }
+        assert_eq!(group.width(), 10, "{what}");
+        // Held by the probes' views and the kept ones, nothing older.
+        let small = sealed
+            .iter()
+            .find(|f| f.len() == 5)
+            .ok_or("the small one")?;
+        assert!(small.block_count() < group.blocks(), "sized for its keys");
+    }
+    Ok(())
+}

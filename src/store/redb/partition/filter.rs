@@ -50,6 +50,9 @@
 //! (docs/format3-plan.md, "Open questions for the format-3 session:
 //! measured"). A lookup still hashes its key once ([`FilterHasher::hash`])
 //! and probes every partition with [`PartitionFilter::may_contain_hash`].
+//! A sealed filter kept in memory may have its blocks in a group of
+//! filters of the same block count (`filter_group.rs`): the same bits,
+//! read from adjacent memory; nothing stored changes.
 //!
 //! # Stored value (`idempotency.filters`, key: the partition number)
 //!
@@ -73,7 +76,11 @@
 //! decoded filter whose key count is past it is refused, so a filter
 //! built here always decodes.
 
+use std::sync::Arc;
+
 use thiserror::Error;
+
+use super::filter_group::FilterGroup;
 
 /// The encoding this build writes and the only one it reads.
 pub(crate) const FILTER_VERSION: u8 = 1;
@@ -100,7 +107,7 @@ const IDENTITY_CONTEXT: &str = "idempotency 2026-12-02 partition filter hasher i
 const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// One 512-bit block: 8 words, bit `b` is bit `b % 64` of word `b / 64`.
-type Block = [u64; 8];
+pub(super) type Block = [u64; 8];
 
 /// The file's 16 random bytes that key every filter's hash (the
 /// `filter_seed` meta row of format 3).
@@ -204,9 +211,24 @@ impl KeyHash {
     /// (multiply-shift: uniform over the blocks without a division).
     // i < blocks, which is a usize: the cast cannot truncate.
     #[allow(clippy::cast_possible_truncation)]
-    fn block_index(&self, blocks: usize) -> usize {
+    pub(super) fn block_index(&self, blocks: usize) -> usize {
         let i = (u128::from(self.block) * blocks as u128) >> 64;
         i as usize
+    }
+
+    /// The key's [`PROBES`] bits as a block: a block that has every bit
+    /// of it set may hold the key.
+    pub(super) fn wanted(&self) -> Block {
+        let mut want = [0u64; 8];
+        for (word, mask) in self.probes() {
+            want[word] |= mask;
+        }
+        want
+    }
+
+    /// The identity of the hasher that made it.
+    pub(super) fn hasher_identity(&self) -> u64 {
+        self.hasher
     }
 
     /// The (word, mask) of each of the key's [`PROBES`] bits in its block.
@@ -267,6 +289,10 @@ pub(crate) enum FilterProblem {
     /// A key hashed with another file's seed, offered for insertion.
     #[error("a key hashed with another file's filter seed was offered to it")]
     ForeignHash,
+    /// An insert into a sealed partition's filter kept in a group
+    /// (`filter_group.rs`), whose blocks are shared and immutable.
+    #[error("it is sealed and kept in a group of filters: it takes no more keys")]
+    Grouped,
     /// The blocks could not be allocated.
     #[error("{blocks} blocks of {BLOCK_BYTES} bytes cannot be allocated")]
     TooLarge {
@@ -308,8 +334,48 @@ pub(crate) fn max_keys(blocks: u64) -> u64 {
 pub(crate) struct PartitionFilter {
     partition: u64,
     hasher: FilterHasher,
-    blocks: Vec<Block>,
+    bits: Bits,
     keys: u64,
+}
+
+/// What one lookup learned of the last group of filters it probed
+/// ([`PartitionFilter::may_contain_seen`]): the group's address and the
+/// bit set of its members that may hold the key.
+#[derive(Debug, Default)]
+pub(crate) struct GroupAnswers {
+    last: Option<(usize, u64)>,
+}
+
+/// Where a filter's blocks are.
+#[derive(Clone)]
+enum Bits {
+    /// Its own, in order: a filter being built, decoded, or too large to
+    /// group.
+    Own(Vec<Block>),
+    /// Slot `slot` of a group of sealed filters of one block count, whose
+    /// blocks are interleaved (`filter_group.rs`).
+    Grouped {
+        group: Arc<FilterGroup>,
+        slot: usize,
+    },
+}
+
+impl Bits {
+    /// How many blocks.
+    fn len(&self) -> usize {
+        match self {
+            Bits::Own(blocks) => blocks.len(),
+            Bits::Grouped { group, .. } => group.blocks(),
+        }
+    }
+
+    /// Block `i` (`i < self.len()`).
+    fn block(&self, i: usize) -> &Block {
+        match self {
+            Bits::Own(blocks) => &blocks[i],
+            Bits::Grouped { group, slot } => group.block(i, *slot),
+        }
+    }
 }
 
 impl std::fmt::Debug for PartitionFilter {
@@ -318,7 +384,8 @@ impl std::fmt::Debug for PartitionFilter {
         f.debug_struct("PartitionFilter")
             .field("partition", &self.partition)
             .field("keys", &self.keys)
-            .field("blocks", &self.blocks.len())
+            .field("blocks", &self.bits.len())
+            .field("grouped", &matches!(self.bits, Bits::Grouped { .. }))
             .finish_non_exhaustive()
     }
 }
@@ -339,7 +406,7 @@ impl PartitionFilter {
         Ok(PartitionFilter {
             partition,
             hasher: hasher.clone(),
-            blocks: zeroed_blocks(partition, blocks)?,
+            bits: Bits::Own(zeroed_blocks(partition, blocks)?),
             keys: 0,
         })
     }
@@ -366,7 +433,75 @@ impl PartitionFilter {
     /// The most keys this filter holds ([`max_keys`] of its blocks; at
     /// least the capacity it was built with).
     pub(crate) fn max_keys(&self) -> u64 {
-        max_keys(self.blocks.len() as u64)
+        max_keys(self.bits.len() as u64)
+    }
+
+    /// How many 64-byte blocks it has.
+    pub(crate) fn block_count(&self) -> usize {
+        self.bits.len()
+    }
+
+    /// Block `i` (`i < self.block_count()`), for a group to copy.
+    pub(super) fn block(&self, i: usize) -> &Block {
+        self.bits.block(i)
+    }
+
+    /// Whether its blocks are kept in a group.
+    pub(crate) fn is_grouped(&self) -> bool {
+        matches!(self.bits, Bits::Grouped { .. })
+    }
+
+    /// The same filter (partition, hasher, key count, bits) reading its
+    /// blocks from slot `slot` of `group`, which holds a copy of them.
+    pub(super) fn in_group(&self, group: Arc<FilterGroup>, slot: usize) -> PartitionFilter {
+        PartitionFilter {
+            partition: self.partition,
+            hasher: self.hasher.clone(),
+            bits: Bits::Grouped { group, slot },
+            keys: self.keys,
+        }
+    }
+
+    /// The group and slot its blocks are in, if grouped.
+    #[cfg(test)]
+    pub(super) fn group_slot(&self) -> Option<(&Arc<FilterGroup>, usize)> {
+        match &self.bits {
+            Bits::Own(_) => None,
+            Bits::Grouped { group, slot } => Some((group, *slot)),
+        }
+    }
+
+    /// Whether `other` hashes with the same file's seed.
+    pub(super) fn same_hasher(&self, other: &PartitionFilter) -> bool {
+        self.hasher.identity == other.hasher.identity
+    }
+
+    /// The identity of its hasher (`KeyHash::hasher_identity`).
+    pub(super) fn hasher_identity(&self) -> u64 {
+        self.hasher.identity
+    }
+
+    /// [`Self::may_contain_hash`] through `seen`, which keeps the answers
+    /// of the last group this lookup met: a grouped filter's answer is
+    /// taken from its group's answers for all members at once
+    /// ([`FilterGroup::maybe_members`]), computed once per group and key.
+    /// `seen` must be used for one key only.
+    pub(crate) fn may_contain_seen(&self, h: &KeyHash, seen: &mut GroupAnswers) -> bool {
+        let Bits::Grouped { group, slot } = &self.bits else {
+            return self.may_contain_hash(h);
+        };
+        // The address names the group while this lookup holds it (its
+        // probes hold an `Arc` of each group).
+        let at = Arc::as_ptr(group) as usize;
+        let members = match seen.last {
+            Some((last, members)) if last == at => members,
+            _ => {
+                let members = group.maybe_members(h);
+                seen.last = Some((at, members));
+                members
+            }
+        };
+        (members >> slot) & 1 == 1
     }
 
     /// Adds record key `key`.
@@ -395,8 +530,11 @@ impl PartitionFilter {
         if self.keys >= max {
             return Err(self.error(FilterProblem::Full { max_keys: max }));
         }
-        let b = h.block_index(self.blocks.len());
-        let block = &mut self.blocks[b];
+        let b = h.block_index(self.bits.len());
+        let Bits::Own(blocks) = &mut self.bits else {
+            return Err(self.error(FilterProblem::Grouped));
+        };
+        let block = &mut blocks[b];
         for (word, mask) in h.probes() {
             block[word] |= mask;
         }
@@ -416,19 +554,20 @@ impl PartitionFilter {
         if h.hasher != self.hasher.identity {
             return true;
         }
-        let block = &self.blocks[h.block_index(self.blocks.len())];
+        let block = self.bits.block(h.block_index(self.bits.len()));
         h.probes().all(|(word, mask)| block[word] & mask != 0)
     }
 
     /// The stored value (module docs) and its checksum, for the
     /// partition's row.
     pub(crate) fn encode(&self) -> (Vec<u8>, FilterChecksum) {
-        let mut out = Vec::with_capacity(HEADER_BYTES + self.blocks.len() * BLOCK_BYTES);
+        let blocks = self.bits.len();
+        let mut out = Vec::with_capacity(HEADER_BYTES + blocks * BLOCK_BYTES);
         out.push(FILTER_VERSION);
         out.extend_from_slice(&self.keys.to_le_bytes());
-        out.extend_from_slice(&(self.blocks.len() as u64).to_le_bytes());
-        for block in &self.blocks {
-            for word in block {
+        out.extend_from_slice(&(blocks as u64).to_le_bytes());
+        for i in 0..blocks {
+            for word in self.bits.block(i) {
                 out.extend_from_slice(&word.to_le_bytes());
             }
         }
@@ -500,7 +639,7 @@ impl PartitionFilter {
         Ok(PartitionFilter {
             partition,
             hasher: hasher.clone(),
-            blocks: stored,
+            bits: Bits::Own(stored),
             keys,
         })
     }
@@ -525,7 +664,7 @@ impl PartitionFilter {
             .collect();
         bits.sort_unstable();
         bits.dedup();
-        (h.block_index(self.blocks.len()), bits)
+        (h.block_index(self.bits.len()), bits)
     }
 }
 
