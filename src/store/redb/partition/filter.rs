@@ -231,6 +231,12 @@ impl KeyHash {
         self.hasher
     }
 
+    /// The key's bits in its block (0..512; a bit may repeat).
+    pub(super) fn bits(&self) -> impl Iterator<Item = usize> {
+        self.probes()
+            .map(|(word, mask)| word * 64 + mask.trailing_zeros() as usize)
+    }
+
     /// The (word, mask) of each of the key's [`PROBES`] bits in its block.
     fn probes(&self) -> impl Iterator<Item = (usize, u64)> {
         let bits = self.bits;
@@ -370,9 +376,9 @@ impl Bits {
     }
 
     /// Block `i` (`i < self.len()`).
-    fn block(&self, i: usize) -> &Block {
+    fn block(&self, i: usize) -> Block {
         match self {
-            Bits::Own(blocks) => &blocks[i],
+            Bits::Own(blocks) => blocks[i],
             Bits::Grouped { group, slot } => group.block(i, *slot),
         }
     }
@@ -442,7 +448,7 @@ impl PartitionFilter {
     }
 
     /// Block `i` (`i < self.block_count()`), for a group to copy.
-    pub(super) fn block(&self, i: usize) -> &Block {
+    pub(super) fn block(&self, i: usize) -> Block {
         self.bits.block(i)
     }
 
@@ -554,6 +560,9 @@ impl PartitionFilter {
         if h.hasher != self.hasher.identity {
             return true;
         }
+        if let Bits::Grouped { group, slot } = &self.bits {
+            return (group.maybe_members(h) >> slot) & 1 == 1;
+        }
         let block = self.bits.block(h.block_index(self.bits.len()));
         h.probes().all(|(word, mask)| block[word] & mask != 0)
     }
@@ -567,7 +576,7 @@ impl PartitionFilter {
         out.extend_from_slice(&self.keys.to_le_bytes());
         out.extend_from_slice(&(blocks as u64).to_le_bytes());
         for i in 0..blocks {
-            for word in self.bits.block(i) {
+            for word in &self.bits.block(i) {
                 out.extend_from_slice(&word.to_le_bytes());
             }
         }

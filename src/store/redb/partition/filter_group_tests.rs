@@ -83,6 +83,11 @@ fn groups_hold_at_most_their_width_and_one_block_count() -> TestResult {
         };
         assert!(slot < group.width());
         assert_eq!(group.blocks(), f.block_count());
+        assert_eq!(
+            group.is_sliced(),
+            group.width() == GROUP_WIDTH,
+            "full groups are sliced"
+        );
         widths.insert(Arc::as_ptr(group) as usize, (group.width(), group.blocks()));
     }
     let mut seen: Vec<(usize, usize)> = widths.into_values().collect();
@@ -194,6 +199,11 @@ fn one_lookup_s_answers_through_its_groups_are_each_filter_s_own() -> TestResult
         .rev()
         .map(|(p, sum, f)| Ok((f.clone(), kept.get(*p, sum).ok_or("kept")?)))
         .collect::<Result<_, &str>>()?;
+    let sliced = probed
+        .iter()
+        .filter(|(_, g)| g.group_slot().is_some_and(|(group, _)| group.is_sliced()))
+        .count();
+    assert_eq!(sliced, 128, "two full groups of 64, bit-sliced");
     let mut maybes = 0;
     for k in 0..3_000u64 {
         // Keys of some partitions, and of none.
@@ -203,6 +213,7 @@ fn one_lookup_s_answers_through_its_groups_are_each_filter_s_own() -> TestResult
         for (original, grouped) in &probed {
             let want = original.may_contain_hash(&h);
             assert_eq!(grouped.may_contain_seen(&h, &mut seen), want, "key {k}");
+            assert_eq!(grouped.may_contain_hash(&h), want, "key {k}, alone");
             maybes += usize::from(want);
         }
     }
