@@ -29,17 +29,22 @@
 //! the same every time); the summary line is printed (`--nocapture`).
 
 mod common;
+#[path = "common/fixture_engine.rs"]
+mod fixture_engine;
+#[path = "common/hex.rs"]
+mod hex;
+#[path = "common/mixed_workload.rs"]
+mod mixed_workload;
 
 use std::error::Error;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::claimed;
-use idempotency::{
-    Begin, Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey,
-    ManualClock, OutgoingMessage,
-};
+use fixture_engine::builder;
+use hex::hex;
+use idempotency::{Begin, Fingerprint, IdempotencyKey, ManualClock};
+use mixed_workload::{payment_body, Kind, Workload};
 
 #[path = "common/split_mix.rs"]
 mod split_mix;
@@ -49,7 +54,6 @@ type TestResult = Result<(), Box<dyn Error>>;
 
 /// When the database was written (ms since the Unix epoch).
 const T0: u64 = 1_790_000_000_000;
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// Keys in the database.
 const KEYS: usize = 60;
 /// The seed when `IDEMPOTENCY_FLIP_SEED` is not set: fixed, so the default
@@ -57,15 +61,6 @@ const KEYS: usize = 60;
 const DEFAULT_SEED: u64 = 0x1de0_7e57_f11b;
 /// A trial that takes longer than this is reported as a hang.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn builder(clock: &ManualClock) -> EngineBuilder {
-    Engine::builder()
-        .clock(clock.clone())
-        .sweep_interval(None)
-        .ttl(30 * DAY)
-        .lease(Duration::from_secs(30))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep: 10 * DAY })
-}
 
 fn key(i: usize) -> Result<IdempotencyKey, idempotency::Error> {
     IdempotencyKey::new("shop:pay", format!("order-{i:03}"))
@@ -82,104 +77,42 @@ fn fp(i: usize) -> Result<Fingerprint, idempotency::FingerprintError> {
     )
 }
 
-/// A distinct JSON body of about 300 bytes.
+/// Payment `i`'s JSON body, about 300 bytes.
 fn body(i: usize) -> Vec<u8> {
-    let note: String = (0..200)
-        .map(|j| char::from(b'a' + u8::try_from((i * 31 + j * 7) % 26).unwrap_or(0)))
-        .collect();
-    format!(
-        r#"{{"payment":"pay_{i:03}","amount":{},"currency":"EUR","customer":"cus_{:016x}","note":"{note}"}}"#,
-        100 + i * 7,
-        (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    )
-    .into_bytes()
+    payment_body(i, 3)
 }
 
-/// What a key's record is made to be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Completed,
-    FinalFailure,
-    Unknown,
-    Processing,
-    Tombstone,
-}
-
+/// What key `i`'s record is made to be: completed, failed for good,
+/// UNKNOWN, PROCESSING or (among the first 36) a tombstone.
 fn kind(i: usize) -> Kind {
     match i % 12 {
-        0 => Kind::FinalFailure,
+        0 => Kind::Declined(format!("declined {i}")),
         1 => Kind::Unknown,
         2 => Kind::Processing,
         3 if i < 36 => Kind::Tombstone,
-        _ => Kind::Completed,
+        5 => Kind::CompletedWithReceipt { json: true },
+        _ => Kind::CompletedWithResource(format!("pay_{i:03}")),
     }
 }
 
-/// Writes the database through the public API and closes it cleanly.
+/// The payments written.
+const WORKLOAD: Workload = Workload {
+    key,
+    fp,
+    body,
+    kind,
+};
+
+/// Writes the database through the public API (the payments, then one
+/// entity) and closes it cleanly.
 fn build(path: &Path) -> TestResult {
     let clock = ManualClock::new(T0);
     let engine = builder(&clock).open(path)?;
-    // Tombstones: completed, then expired and swept, before the rest.
-    for i in (0..KEYS).filter(|&i| kind(i) == Kind::Tombstone) {
-        let c = claimed(engine.begin(&key(i)?, fp(i)?)?)?;
-        engine.complete(c, Envelope::new(1, 201, body(i)))?;
-    }
-    clock.advance(31 * DAY);
-    engine.sweep_now()?;
-    clock.set(T0);
-    let mut forgotten = Vec::new();
-    for i in 0..KEYS {
-        let k = key(i)?;
-        match kind(i) {
-            Kind::Tombstone => continue,
-            Kind::Completed if i % 12 == 5 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.complete_with_messages(
-                    c,
-                    Envelope::new(1, 201, body(i)).with_header("content-type", "application/json"),
-                    vec![OutgoingMessage::new("email", format!("receipt {i}"))],
-                )?;
-            }
-            Kind::Completed => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.complete_with_resource(
-                    c,
-                    Envelope::new(1, 201, body(i)).with_header("content-type", "application/json"),
-                    format!("pay_{i:03}"),
-                )?;
-            }
-            Kind::FinalFailure => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.fail(
-                    c,
-                    Failure::Final(Envelope::new(1, 402, format!("declined {i}"))),
-                )?;
-            }
-            Kind::Unknown => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.fail(
-                    c,
-                    Failure::InDoubt {
-                        reason: format!("provider timed out for {i}"),
-                    },
-                )?;
-            }
-            Kind::Processing => forgotten.push(claimed(engine.begin(&k, fp(i)?)?)?),
-        }
-    }
+    WORKLOAD.write(&engine, &clock, 0..KEYS)?;
     engine.transition("order-1", &[], "created")?;
     engine.transition("order-1", &["created"], "paid")?;
-    // The holders never report back: their records stay PROCESSING.
-    for claim in forgotten {
-        std::mem::forget(claim);
-    }
     drop(engine);
     Ok(())
-}
-
-/// Lower-case hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One key's answer as one exact line of text (what the child process
@@ -407,10 +340,16 @@ impl Sound {
         assert_eq!(answers.len(), KEYS);
         for (i, answer) in answers.iter().enumerate() {
             let fits = match kind(i) {
-                Kind::Completed | Kind::FinalFailure => answer.starts_with("replay "),
+                Kind::Completed
+                | Kind::CompletedAfterStep
+                | Kind::CompletedWithReceipt { .. }
+                | Kind::CompletedWithResource(_)
+                | Kind::Declined(_) => answer.starts_with("replay "),
                 Kind::Unknown => answer.starts_with("unknown "),
                 Kind::Processing => answer.starts_with("processing "),
                 Kind::Tombstone => answer.starts_with("tombstoned "),
+                // No record under the key: a fresh claim.
+                Kind::InboxMark | Kind::Entity { .. } => answer == "claimed",
             };
             assert!(fits, "key {i} ({:?}) answered {answer}", kind(i));
         }

@@ -33,6 +33,14 @@
 //! `cargo test --release --test salvage -- --ignored --nocapture`.
 
 mod common;
+#[path = "common/db_files.rs"]
+mod db_files;
+#[path = "common/fixture_engine.rs"]
+mod fixture_engine;
+#[path = "common/hex.rs"]
+mod hex;
+#[path = "common/mixed_workload.rs"]
+mod mixed_workload;
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -40,11 +48,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::claimed;
-use idempotency::{
-    Engine, EngineBuilder, Envelope, ExpiryPolicy, Failure, Fingerprint, IdempotencyKey, Lost,
-    ManualClock, OpenError, OutgoingMessage, Receive,
-};
+use db_files::{copy_db, journal_of};
+use fixture_engine::builder;
+use hex::{hex, unhex};
+use idempotency::{Engine, Fingerprint, Lost, ManualClock, OpenError};
+use mixed_workload::{key, payment_body, Kind, Workload};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 #[path = "common/split_mix.rs"]
@@ -61,7 +69,6 @@ const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.ou
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency.entities");
 
 const T0: u64 = 1_790_000_000_000;
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 const DEFAULT_SEED: u64 = 0x5a1_7a6e;
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Set for the child process: the directory of its trial.
@@ -70,19 +77,6 @@ const CHILD_ENV: &str = "IDEMPOTENCY_SALVAGE_CHILD_DIR";
 const CHILD_ALL_ENV: &str = "IDEMPOTENCY_SALVAGE_CHILD_ALL";
 const MARK: &str = "@@salvage ";
 
-fn builder(clock: &ManualClock) -> EngineBuilder {
-    Engine::builder()
-        .clock(clock.clone())
-        .sweep_interval(None)
-        .ttl(30 * DAY)
-        .lease(Duration::from_secs(30))
-        .expiry_policy(ExpiryPolicy::Tombstone { keep: 10 * DAY })
-}
-
-fn key(i: usize) -> Result<IdempotencyKey, idempotency::Error> {
-    IdempotencyKey::new("shop:pay", format!("order-{i:04}"))
-}
-
 fn fp(i: usize) -> Result<Fingerprint, idempotency::FingerprintError> {
     Fingerprint::of_json(
         format!(r#"{{"amount":{},"order":{i}}}"#, 100 + i * 7).as_bytes(),
@@ -90,87 +84,33 @@ fn fp(i: usize) -> Result<Fingerprint, idempotency::FingerprintError> {
     )
 }
 
-/// A distinct JSON body of about 300 bytes, like a payment provider's.
+/// Payment `i`'s JSON body, about 300 bytes.
 fn body(i: usize) -> Vec<u8> {
-    let note: String = (0..200)
-        .map(|j| char::from(b'a' + u8::try_from((i * 31 + j * 7) % 26).unwrap_or(0)))
-        .collect();
-    format!(
-        r#"{{"payment":"pay_{i:04}","amount":{},"currency":"EUR","customer":"cus_{:016x}","note":"{note}"}}"#,
-        100 + i * 7,
-        (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    )
-    .into_bytes()
+    payment_body(i, 4)
 }
 
-/// Writes `keys` payments (most completed, some failed, UNKNOWN,
-/// PROCESSING or tombstoned), inbox marks, outbox messages and entities,
-/// starting at key `from`.
-fn write(engine: &Engine, clock: &ManualClock, from: usize, keys: usize) -> TestResult {
-    let mut forgotten = Vec::new();
-    let range = from..from + keys;
-    for i in range.clone().filter(|i| i % 12 == 3) {
-        let c = claimed(engine.begin(&key(i)?, fp(i)?)?)?;
-        engine.complete(c, Envelope::new(1, 201, body(i)))?;
+/// What payment `i` becomes: most completed, some failed, UNKNOWN,
+/// PROCESSING or tombstoned, or an inbox mark or an entity instead.
+fn kind(i: usize) -> Kind {
+    match i % 12 {
+        3 => Kind::Tombstone,
+        0 => Kind::Declined(format!("declined {i}")),
+        1 => Kind::Unknown,
+        2 => Kind::Processing,
+        5 => Kind::CompletedWithReceipt { json: false },
+        7 => Kind::InboxMark,
+        9 => Kind::Entity { paid: true },
+        _ => Kind::CompletedWithResource(format!("pay_{i:04}")),
     }
-    clock.advance(31 * DAY);
-    engine.sweep_now()?;
-    clock.set(T0);
-    for i in range {
-        let k = key(i)?;
-        match i % 12 {
-            3 => {}
-            0 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.fail(
-                    c,
-                    Failure::Final(Envelope::new(1, 402, format!("declined {i}"))),
-                )?;
-            }
-            1 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.fail(
-                    c,
-                    Failure::InDoubt {
-                        reason: format!("provider timed out for {i}"),
-                    },
-                )?;
-            }
-            2 => forgotten.push(claimed(engine.begin(&k, fp(i)?)?)?),
-            5 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.complete_with_messages(
-                    c,
-                    Envelope::new(1, 201, body(i)),
-                    vec![OutgoingMessage::new("email", format!("receipt {i}"))],
-                )?;
-            }
-            7 => {
-                let inbox = engine.inbox("ledger")?;
-                if let Receive::Fresh(ticket) = inbox.receive(&format!("msg-{i}"))? {
-                    ticket.ack()?;
-                }
-            }
-            9 => {
-                let order = format!("order-{i}");
-                engine.transition(&order, &[], "created")?;
-                engine.transition(&order, &["created"], "paid")?;
-            }
-            _ => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.complete_with_resource(
-                    c,
-                    Envelope::new(1, 201, body(i)).with_header("content-type", "application/json"),
-                    format!("pay_{i:04}"),
-                )?;
-            }
-        }
-    }
-    for claim in forgotten {
-        std::mem::forget(claim);
-    }
-    Ok(())
 }
+
+/// The payments, inbox marks, outbox messages and entities written.
+const WORKLOAD: Workload = Workload {
+    key,
+    fp,
+    body,
+    kind,
+};
 
 /// A database of `keys` payments, closed cleanly.
 fn build(path: &Path, keys: usize) -> TestResult {
@@ -187,7 +127,7 @@ fn build_as(path: &Path, keys: usize, format3: bool) -> TestResult {
             .partition_limits(16, Duration::from_secs(600));
     }
     let engine = b.open(path)?;
-    write(&engine, &clock, 0, keys)?;
+    WORKLOAD.write(&engine, &clock, 0..keys)?;
     drop(engine);
     Ok(())
 }
@@ -231,33 +171,6 @@ fn raw(path: &Path) -> Result<Raw, Box<dyn Error>> {
             .insert(k.value().to_string(), v.value().to_vec());
     }
     Ok(out)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
-}
-
-/// Copies a database file and its journal (if any) into `dir` as `name`.
-fn copy_db(from: &Path, dir: &Path, name: &str) -> Result<PathBuf, Box<dyn Error>> {
-    let to = dir.join(name);
-    std::fs::copy(from, &to)?;
-    let journal = journal_of(from);
-    if journal.exists() {
-        std::fs::copy(&journal, journal_of(&to))?;
-    }
-    Ok(to)
-}
-
-fn journal_of(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
-    name.push(".journal");
-    PathBuf::from(name)
 }
 
 /// One line per lost item: `kind key_hex|- after_hex|- before_hex|- text`.
@@ -770,7 +683,7 @@ fn write_then_crash_in_child_process() -> TestResult {
     let keys: usize = std::env::var("IDEMPOTENCY_SALVAGE_CRASH_KEYS")?.parse()?;
     let clock = ManualClock::new(T0);
     let engine = builder(&clock).open(&path)?;
-    write(&engine, &clock, 10_000, keys)?;
+    WORKLOAD.write(&engine, &clock, 10_000..10_000 + keys)?;
     engine.flush()?;
     // A crash: nothing closed, nothing checkpointed.
     std::process::exit(0);

@@ -15,21 +15,25 @@
 //! `tests/salvage.rs` run on a format-3 file there too.
 
 mod common;
+#[path = "common/db_files.rs"]
+mod db_files;
 #[path = "common/fixture_engine.rs"]
 mod fixture_engine;
+#[path = "common/hex.rs"]
+mod hex;
+#[path = "common/mixed_workload.rs"]
+mod mixed_workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::claimed;
-use fixture_engine::DAY;
-use idempotency::{
-    Engine, EngineBuilder, Envelope, Failure, Fingerprint, IdempotencyKey, Lost, ManualClock,
-    OutgoingMessage, Receive, State,
-};
+use db_files::{copy_db, journal_of};
+use hex::{hex, unhex};
+use idempotency::{Engine, EngineBuilder, Fingerprint, Lost, ManualClock, State};
+use mixed_workload::{key, Kind, Workload};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -57,10 +61,6 @@ fn builder(clock: &ManualClock) -> EngineBuilder {
     fixture_engine::builder(clock).partition_limits(PARTITION_KEYS, Duration::from_secs(600))
 }
 
-fn key(i: usize) -> Result<IdempotencyKey, idempotency::Error> {
-    IdempotencyKey::new("shop:pay", format!("order-{i:04}"))
-}
-
 /// The stored record key of `key(i)`: `[scope length][scope][key]`.
 fn rkey(i: usize) -> Vec<u8> {
     let scope = b"shop:pay";
@@ -82,78 +82,36 @@ fn body(i: usize) -> Vec<u8> {
     format!(r#"{{"payment":"pay_{i:04}","note":"{note}"}}"#).into_bytes()
 }
 
-/// Writes `keys` keys from `from`: completed (some after a confirmed
-/// effect step, which logs evidence), failed, UNKNOWN, PROCESSING,
-/// tombstoned, inbox marks, outbox messages, entities.
-fn write(engine: &Engine, clock: &ManualClock, from: usize, keys: usize) -> TestResult {
-    let range = from..from + keys;
-    // Tombstones: completed a TTL ago, swept.
-    for i in range.clone().filter(|i| i % 10 == 3) {
-        let c = claimed(engine.begin(&key(i)?, fp(i)?)?)?;
-        engine.complete(c, Envelope::new(1, 201, body(i)))?;
+/// What key `i` becomes: completed (some after a confirmed effect step,
+/// which logs evidence), failed, UNKNOWN, PROCESSING, tombstoned, or an
+/// inbox mark or an entity instead.
+fn kind(i: usize) -> Kind {
+    match i % 10 {
+        3 => Kind::Tombstone,
+        0 => Kind::Declined("declined".to_string()),
+        1 => Kind::Unknown,
+        2 => Kind::Processing,
+        4 | 8 => Kind::CompletedAfterStep,
+        5 => Kind::CompletedWithReceipt { json: false },
+        7 => Kind::InboxMark,
+        9 => Kind::Entity { paid: false },
+        _ => Kind::Completed,
     }
-    clock.advance(31 * DAY);
-    engine.sweep_now()?;
-    clock.set(T0);
-    let mut forgotten = Vec::new();
-    for i in range {
-        let k = key(i)?;
-        match i % 10 {
-            3 => {}
-            0 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.fail(c, Failure::Final(Envelope::new(1, 402, "declined")))?;
-            }
-            1 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.fail(
-                    c,
-                    Failure::InDoubt {
-                        reason: format!("provider timed out for {i}"),
-                    },
-                )?;
-            }
-            2 => forgotten.push(claimed(engine.begin(&k, fp(i)?)?)?),
-            4 | 8 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                let _ = c.effect("charge")?;
-                c.confirm("charge", format!("ch_{i}").as_bytes())?;
-                engine.complete(c, Envelope::new(1, 201, body(i)))?;
-            }
-            5 => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.complete_with_messages(
-                    c,
-                    Envelope::new(1, 201, body(i)),
-                    vec![OutgoingMessage::new("email", format!("receipt {i}"))],
-                )?;
-            }
-            7 => {
-                let inbox = engine.inbox("ledger")?;
-                if let Receive::Fresh(ticket) = inbox.receive(&format!("msg-{i}"))? {
-                    ticket.ack()?;
-                }
-            }
-            9 => {
-                engine.transition(&format!("order-{i}"), &[], "created")?;
-            }
-            _ => {
-                let c = claimed(engine.begin(&k, fp(i)?)?)?;
-                engine.complete(c, Envelope::new(1, 201, body(i)))?;
-            }
-        }
-    }
-    for claim in forgotten {
-        std::mem::forget(claim);
-    }
-    Ok(())
 }
+
+/// The keys, inbox marks, outbox messages and entities written.
+const WORKLOAD: Workload = Workload {
+    key,
+    fp,
+    body,
+    kind,
+};
 
 /// A format-3 database of `keys` keys, closed cleanly.
 fn build(path: &Path, keys: usize) -> TestResult {
     let clock = ManualClock::new(T0);
     let engine = builder(&clock).open(path)?;
-    write(&engine, &clock, 0, keys)?;
+    WORKLOAD.write(&engine, &clock, 0..keys)?;
     drop(engine);
     Ok(())
 }
@@ -219,32 +177,6 @@ fn raw(path: &Path) -> Result<Raw, Box<dyn Error>> {
         }
     }
     Ok(out)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
-}
-
-fn journal_of(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
-    name.push(".journal");
-    PathBuf::from(name)
-}
-
-/// Copies a database file and its journal (if any) into `dir` as `name`.
-fn copy_db(from: &Path, dir: &Path, name: &str) -> Result<PathBuf, Box<dyn Error>> {
-    let to = dir.join(name);
-    std::fs::copy(from, &to)?;
-    if journal_of(from).exists() {
-        std::fs::copy(journal_of(from), journal_of(&to))?;
-    }
-    Ok(to)
 }
 
 /// Whether `lost` lists record key `k` (by key, in a range, or as a
@@ -536,7 +468,7 @@ fn write_then_crash_in_child_process() -> TestResult {
     };
     let clock = ManualClock::new(T0);
     let engine = builder(&clock).open(&path)?;
-    write(&engine, &clock, 10_000, 40)?;
+    WORKLOAD.write(&engine, &clock, 10_000..10_040)?;
     engine.flush()?;
     // A crash: nothing closed, nothing checkpointed.
     std::process::exit(0);
