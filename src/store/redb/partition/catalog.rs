@@ -126,6 +126,18 @@ impl Filters {
         self.kept.write().keep(partition, checksum, filter)
     }
 
+    /// Keeps filters ungrouped until [`Self::group_deferred`]: an open
+    /// that keeps every stored filter groups them once, at the end.
+    pub(crate) fn defer_grouping(&self) {
+        self.kept.write().defer();
+    }
+
+    /// Groups the filters kept since [`Self::defer_grouping`]. Probes
+    /// built before hold the ungrouped copies: refresh them.
+    pub(crate) fn group_deferred(&self) {
+        self.kept.write().group_deferred();
+    }
+
     /// Forgets `partition`'s filter (it was dropped).
     pub(crate) fn forget(&self, partition: u64) {
         self.kept.write().forget(partition);
@@ -382,6 +394,25 @@ impl Catalog {
         now_ms: u64,
         changes: &mut Vec<CatalogChange>,
     ) -> Result<Catalog, CatalogError> {
+        // Every stored filter is kept here: group them once, at the end
+        // (on an error too, so that later seals group again).
+        filters.defer_grouping();
+        let shared = filters.clone();
+        let loaded = Catalog::load_ungrouped(t, filters, rule, now_ms, changes);
+        shared.group_deferred();
+        let mut catalog = loaded?;
+        catalog.probes.refresh(&shared);
+        Ok(catalog)
+    }
+
+    /// [`Self::load`] while its filters are kept ungrouped.
+    fn load_ungrouped(
+        t: &mut CatalogTables<'_, '_>,
+        filters: Arc<Filters>,
+        rule: SealRule,
+        now_ms: u64,
+        changes: &mut Vec<CatalogChange>,
+    ) -> Result<Catalog, CatalogError> {
         let mut rows: Vec<(u64, PartitionRow)> = Vec::new();
         for entry in t.rows.iter()? {
             let (k, v) = entry?;
@@ -458,8 +489,6 @@ impl Catalog {
             });
             hot
         };
-        // Filters kept early were grouped with later ones since.
-        probes.refresh(&filters);
         Ok(Catalog {
             filters,
             probes,
@@ -700,6 +729,18 @@ fn stored_filter(
 ///
 /// The storage error of reading the tables.
 pub(crate) fn keep_stored_filters(
+    rows: &impl ReadableTable<u64, &'static [u8]>,
+    stored: &impl ReadableTable<u64, &'static [u8]>,
+    filters: &Filters,
+) -> Result<(), redb::StorageError> {
+    filters.defer_grouping();
+    let kept = keep_each_stored_filter(rows, stored, filters);
+    filters.group_deferred();
+    kept
+}
+
+/// [`keep_stored_filters`] while the filters are kept ungrouped.
+fn keep_each_stored_filter(
     rows: &impl ReadableTable<u64, &'static [u8]>,
     stored: &impl ReadableTable<u64, &'static [u8]>,
     filters: &Filters,

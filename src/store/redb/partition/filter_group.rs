@@ -156,6 +156,44 @@ impl FilterGroup {
         matches!(self.bits, GroupBits::Sliced(_))
     }
 
+    /// This interleaved group with `members`' last one appended, when
+    /// `members` are this group's members in slot order then one more and
+    /// the result is still a tail (interleaved): each block row copied
+    /// whole, where [`Self::build`] copies block by block. `None`
+    /// otherwise, or when the memory cannot be allocated.
+    fn appended(
+        &self,
+        members: &[(u64, FilterChecksum, Arc<PartitionFilter>)],
+    ) -> Option<FilterGroup> {
+        let GroupBits::Interleaved(old) = &self.bits else {
+            return None;
+        };
+        let (last, before) = members.split_last()?;
+        let width = self.members.len();
+        let same = before.len() == width
+            && before
+                .iter()
+                .zip(&self.members)
+                .all(|((p, s, _), (mp, ms))| p == mp && s == ms);
+        let fits = last.2.block_count() == self.blocks && last.2.hasher_identity() == self.hasher;
+        if !same || !fits || members.len() >= GROUP_WIDTH {
+            return None;
+        }
+        let mut data = Vec::new();
+        data.try_reserve_exact(self.blocks.checked_mul(width + 1)?)
+            .ok()?;
+        for (i, row) in old.chunks_exact(width.max(1)).enumerate().take(self.blocks) {
+            data.extend_from_slice(row);
+            data.push(last.2.block(i));
+        }
+        Some(FilterGroup {
+            blocks: self.blocks,
+            hasher: self.hasher,
+            members: members.iter().map(|(p, s, _)| (*p, *s)).collect(),
+            bits: GroupBits::Interleaved(data),
+        })
+    }
+
     /// A group of `members` (partition, checksum, filter), each of
     /// `blocks` blocks, in that slot order: bit-sliced when it is full.
     /// `None` when the memory cannot be allocated: the filters are then
@@ -170,18 +208,22 @@ impl FilterGroup {
             let mut words = Vec::new();
             words.try_reserve_exact(n).ok()?;
             words.resize(n, 0u64);
-            for (slot, (_, _, filter)) in members.iter().enumerate() {
-                for i in 0..blocks {
-                    let block = filter.block(i);
-                    let at = &mut words[i * BLOCK_BITS..(i + 1) * BLOCK_BITS];
-                    for (w, mut word) in block.into_iter().enumerate() {
-                        // Each set bit of the member's block, lowest first.
-                        while word != 0 {
-                            let b = word.trailing_zeros() as usize;
-                            at[w * 64 + b] |= 1u64 << slot;
-                            word &= word - 1;
-                        }
+            let mut matrix = [0u64; 64];
+            for i in 0..blocks {
+                let member_blocks: Vec<Block> = members
+                    .iter()
+                    .take(64)
+                    .map(|(_, _, f)| f.block(i))
+                    .collect();
+                for w in 0..8 {
+                    // Row s: word w of member s's block i; transposed, row
+                    // t holds bit w × 64 + t of every member.
+                    for (row, block) in matrix.iter_mut().zip(&member_blocks) {
+                        *row = block[w];
                     }
+                    transpose64(&mut matrix);
+                    let at = i * BLOCK_BITS + w * 64;
+                    words[at..at + 64].copy_from_slice(&matrix);
                 }
             }
             GroupBits::Sliced(words)
@@ -205,11 +247,38 @@ impl FilterGroup {
     }
 }
 
+/// Transposes the 64×64 bit matrix `a` (row `r` is `a[r]`, column `c` its
+/// bit `c`): afterwards bit `c` of `a[r]` is what bit `r` of `a[c]` was.
+/// The off-diagonal blocks are swapped at each scale, 32 down to 1
+/// (Hacker's Delight, 7-3, with the least significant bit as column 0).
+fn transpose64(a: &mut [u64; 64]) {
+    const LOW_HALVES: [(usize, u64); 6] = [
+        (32, 0x0000_0000_FFFF_FFFF),
+        (16, 0x0000_FFFF_0000_FFFF),
+        (8, 0x00FF_00FF_00FF_00FF),
+        (4, 0x0F0F_0F0F_0F0F_0F0F),
+        (2, 0x3333_3333_3333_3333),
+        (1, 0x5555_5555_5555_5555),
+    ];
+    for (j, low) in LOW_HALVES {
+        for r in (0..64).filter(|r| r & j == 0) {
+            // Row r's high halves trade places with row r + j's low ones.
+            let t = ((a[r] >> j) ^ a[r + j]) & low;
+            a[r] ^= t << j;
+            a[r + j] ^= t;
+        }
+    }
+}
+
 /// The decoded filters of sealed partitions, each under its partition and
 /// the checksum its row names, grouped as they arrive (module docs).
 #[derive(Debug, Default)]
 pub(super) struct Kept {
     by_partition: HashMap<u64, (FilterChecksum, Arc<PartitionFilter>)>,
+    /// While set (an open keeping every stored filter), kept filters are
+    /// not grouped one by one: [`Self::group_deferred`] groups them all at
+    /// once, each copied once instead of the tail being copied per filter.
+    deferred: bool,
     /// Block count → the group of that block count still taking members.
     tails: HashMap<usize, Arc<FilterGroup>>,
 }
@@ -239,7 +308,7 @@ impl Kept {
             return kept;
         }
         let blocks = filter.block_count();
-        if filter.is_grouped() || blocks > MAX_GROUPED_BLOCKS {
+        if self.deferred || filter.is_grouped() || blocks > MAX_GROUPED_BLOCKS {
             self.by_partition
                 .insert(partition, (checksum, filter.clone()));
             return filter;
@@ -249,7 +318,14 @@ impl Kept {
             members.clear();
         }
         members.push((partition, checksum, filter.clone()));
-        let Some(group) = FilterGroup::build(blocks, &members) else {
+        // The common case, a seal or an open: the whole tail is live and
+        // takes one more member; its rows are copied as they are.
+        let appended = self
+            .tails
+            .get(&blocks)
+            .filter(|tail| tail.members.len() + 1 == members.len())
+            .and_then(|tail| tail.appended(&members));
+        let Some(group) = appended.or_else(|| FilterGroup::build(blocks, &members)) else {
             self.by_partition
                 .insert(partition, (checksum, filter.clone()));
             return filter;
@@ -287,6 +363,51 @@ impl Kept {
                 (kept.block_count() == blocks && kept.same_hasher(like)).then_some((*p, *sum, kept))
             })
             .collect()
+    }
+
+    /// Keeps filters ungrouped from now until [`Self::group_deferred`].
+    pub(super) fn defer(&mut self) {
+        self.deferred = true;
+    }
+
+    /// Groups every filter kept since [`Self::defer`], after the live
+    /// members of the tail of its block count, in partition order: full
+    /// groups of [`GROUP_WIDTH`] and a new tail of the rest. Filters whose
+    /// group cannot be allocated stay on their own. Views of the filters
+    /// kept before (the kept ones and the tail's) are replaced: callers
+    /// take them again (`Probes::refresh`).
+    pub(super) fn group_deferred(&mut self) {
+        self.deferred = false;
+        let mut waiting: HashMap<usize, Vec<(u64, FilterChecksum, Arc<PartitionFilter>)>> =
+            HashMap::new();
+        for (p, (sum, filter)) in &self.by_partition {
+            let blocks = filter.block_count();
+            if !filter.is_grouped() && blocks <= MAX_GROUPED_BLOCKS {
+                waiting
+                    .entry(blocks)
+                    .or_default()
+                    .push((*p, *sum, filter.clone()));
+            }
+        }
+        for (blocks, mut own) in waiting {
+            own.sort_by_key(|(p, _, _)| *p);
+            let Some((_, _, first)) = own.first() else {
+                continue;
+            };
+            let mut members = self.live_tail(blocks, u64::MAX, first);
+            members.extend(own);
+            for chunk in members.chunks(GROUP_WIDTH) {
+                let Some(group) = FilterGroup::build(blocks, chunk) else {
+                    continue;
+                };
+                let group = Arc::new(group);
+                for (slot, (p, sum, member)) in chunk.iter().enumerate() {
+                    let view = Arc::new(member.in_group(group.clone(), slot));
+                    self.by_partition.insert(*p, (*sum, view));
+                }
+                self.tails.insert(blocks, group);
+            }
+        }
     }
 
     /// Forgets `partition`'s filter (its partition was dropped). A group

@@ -230,3 +230,73 @@ fn one_lookup_s_answers_through_its_groups_are_each_filter_s_own() -> TestResult
     }
     Ok(())
 }
+
+#[test]
+fn transpose64_moves_bit_c_of_row_r_to_bit_r_of_row_c() {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..20 {
+        let mut a = [0u64; 64];
+        for row in &mut a {
+            // xorshift64: rows of mixed bits.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *row = x;
+        }
+        let before = a;
+        super::transpose64(&mut a);
+        for (r, row) in a.iter().enumerate() {
+            for (c, was) in before.iter().enumerate() {
+                assert_eq!((row >> c) & 1, (was >> r) & 1, "row {r}, column {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_open_groups_its_filters_at_once_after_the_tail() -> TestResult {
+    let hasher = FilterHasher::new(&SEED);
+    let mut kept = Kept::default();
+    let mut originals = Vec::new();
+    // A tail of 3 from before, then 130 kept while deferred.
+    for p in 1..=133 {
+        if p == 4 {
+            kept.defer();
+        }
+        let (sum, f) = filter(&hasher, p, 500, 300)?;
+        let got = kept.keep(p, sum, f.clone());
+        assert_eq!(got.is_grouped(), p < 4, "partition {p}");
+        originals.push((p, sum, f));
+    }
+    kept.group_deferred();
+    let mut widths = std::collections::BTreeMap::new();
+    for (p, sum, original) in &originals {
+        let grouped = kept.get(*p, sum).ok_or("kept")?;
+        let (group, slot) = grouped.group_slot().ok_or("grouped")?;
+        widths.insert(
+            Arc::as_ptr(group) as usize,
+            (group.width(), group.is_sliced()),
+        );
+        assert_eq!(
+            grouped.encode(),
+            original.encode(),
+            "partition {p}, slot {slot}"
+        );
+        for i in 0..400 {
+            let h = hasher.hash(&key(*p, i));
+            assert_eq!(grouped.may_contain_hash(&h), original.may_contain_hash(&h));
+        }
+    }
+    let mut seen: Vec<_> = widths.into_values().collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [(5, false), (64, true), (64, true)],
+        "3 + 130 = 64 + 64 + 5"
+    );
+    // Seals after the open group one by one again.
+    let (sum, f) = filter(&hasher, 134, 500, 300)?;
+    let got = kept.keep(134, sum, f);
+    assert_eq!(got.group_slot().map(|(g, s)| (g.width(), s)), Some((6, 5)));
+    Ok(())
+}

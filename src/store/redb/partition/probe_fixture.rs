@@ -23,8 +23,8 @@ pub(crate) struct SealedProbes {
 impl SealedProbes {
     /// Partitions `1..=partitions`, each of `keys` keys
     /// (`bench/{partition}-{i}` under scope `\x04`), its filter sized as
-    /// the writer sizes one it seals; `grouped`: kept in groups as the
-    /// engine keeps them, else each on its own.
+    /// the writer sizes one it seals; `grouped`: kept in groups as an
+    /// open keeps them, else each on its own.
     ///
     /// # Errors
     ///
@@ -36,6 +36,10 @@ impl SealedProbes {
     ) -> Result<SealedProbes, FilterError> {
         let hasher = FilterHasher::new(&[7; 16]);
         let filters = Filters::new(hasher.clone());
+        // Kept as an open keeps them: all, then grouped at once.
+        if grouped {
+            filters.defer_grouping();
+        }
         let mut built = Vec::new();
         for p in 1..=partitions {
             let capacity = SealRule::DEFAULT.filter_capacity(p, keys).max(1);
@@ -53,7 +57,8 @@ impl SealedProbes {
             built.push((p, sum, kept));
         }
         if grouped {
-            // The views of the groups as they ended (a probe holds those).
+            filters.group_deferred();
+            // The views of the groups (a probe holds those).
             for (p, sum, kept) in &mut built {
                 if let Some(now) = filters.get(*p, sum) {
                     *kept = now;
