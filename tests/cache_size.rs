@@ -8,6 +8,9 @@
 //! written), one with `cache_size(2 MiB)`. The small cache must keep the
 //! peak at least 24 MiB lower, and its replays must be the same. Memory,
 //! not speed: nothing here is timed. Linux only (`/proc/self/status`).
+//!
+//! Any size is accepted: 0, 1, 4,096 bytes and `usize::MAX` each open,
+//! serve, and replay after a reopen.
 
 use std::time::Duration;
 
@@ -128,5 +131,34 @@ fn a_small_cache_keeps_the_engine_s_memory_down() -> TestResult {
         "2 MiB cache peaked at {small} KiB, the default at {default} KiB: \
          the setting did not bound redb's cache"
     );
+    Ok(())
+}
+
+#[test]
+fn any_cache_size_opens_and_serves() -> TestResult {
+    for cache in [0, 1, 4096, usize::MAX] {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("any.redb");
+        for round in 0..2 {
+            let engine = Engine::builder()
+                .cache_size(cache)
+                .sweep_interval(None)
+                .open(&path)?;
+            let fp = Fingerprint::from_bytes([7; 32]);
+            for i in 0..50 {
+                match (round, engine.begin(&key(i)?, fp)?) {
+                    (0, Begin::Claimed(claim)) => {
+                        engine.complete(claim, Envelope::new(1, 200, body(i)))?;
+                    }
+                    (1, Begin::Replay(replay)) if replay.envelope.body == body(i) => {}
+                    (_, other) => {
+                        return Err(
+                            format!("cache {cache}, round {round}, key {i}: {other:?}").into()
+                        )
+                    }
+                }
+            }
+        }
+    }
     Ok(())
 }

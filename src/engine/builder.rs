@@ -218,7 +218,12 @@ impl EngineBuilder {
     /// Measured at 10 million records with the default: BENCHMARKS.md,
     /// "Format 3 at 10M". Read at each writable open ([`Self::open`],
     /// [`Self::open_existing`] and the reopen after a storage failure);
-    /// 0 is taken as redb's smallest. Ignored by the other backends.
+    /// read-only opens (operator tools) keep redb's default. Ignored by
+    /// the other backends. Any value is accepted, never an error: a cache
+    /// too small for the workload makes reads and commits slower, not
+    /// wrong (`tests/cache_size.rs` serves and replays with 0, 1 and
+    /// 4,096 bytes and `usize::MAX`), and memory is taken as pages are
+    /// cached, never up front.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_bytes = Some(bytes);
         self
