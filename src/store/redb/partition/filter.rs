@@ -80,8 +80,6 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use super::filter_group::FilterGroup;
-
 /// The encoding this build writes and the only one it reads.
 pub(crate) const FILTER_VERSION: u8 = 1;
 /// Bits of filter per key at the designed load.
@@ -344,6 +342,26 @@ pub(crate) struct PartitionFilter {
     keys: u64,
 }
 
+/// Blocks shared by several filters of one block count, each in a slot:
+/// a group of sealed filters (`filter_group.rs` implements it; declared
+/// here so that a filter can read its blocks from one without this file
+/// depending on how groups are built).
+pub(crate) trait SharedBlocks: Send + Sync {
+    /// Blocks per slot.
+    fn blocks(&self) -> usize;
+    /// Block `i` of slot `slot` (`i < self.blocks()`, `slot` a member).
+    fn block(&self, i: usize, slot: usize) -> Block;
+    /// The slots whose filter may hold the key hashed as `h`, as a bit set
+    /// (bit `s`: slot `s`); every slot for a hash of another seed.
+    fn maybe_members(&self, h: &KeyHash) -> u64;
+    /// How many slots.
+    #[cfg(test)]
+    fn width(&self) -> usize;
+    /// Whether the group is bit-sliced (full).
+    #[cfg(test)]
+    fn is_sliced(&self) -> bool;
+}
+
 /// What one lookup learned of the last group of filters it probed
 /// ([`PartitionFilter::may_contain_seen`]): the group's address and the
 /// bit set of its members that may hold the key.
@@ -361,7 +379,7 @@ enum Bits {
     /// Slot `slot` of a group of sealed filters of one block count, whose
     /// blocks are interleaved (`filter_group.rs`).
     Grouped {
-        group: Arc<FilterGroup>,
+        group: Arc<dyn SharedBlocks>,
         slot: usize,
     },
 }
@@ -459,7 +477,7 @@ impl PartitionFilter {
 
     /// The same filter (partition, hasher, key count, bits) reading its
     /// blocks from slot `slot` of `group`, which holds a copy of them.
-    pub(super) fn in_group(&self, group: Arc<FilterGroup>, slot: usize) -> PartitionFilter {
+    pub(super) fn in_group(&self, group: Arc<dyn SharedBlocks>, slot: usize) -> PartitionFilter {
         PartitionFilter {
             partition: self.partition,
             hasher: self.hasher.clone(),
@@ -470,7 +488,7 @@ impl PartitionFilter {
 
     /// The group and slot its blocks are in, if grouped.
     #[cfg(test)]
-    pub(super) fn group_slot(&self) -> Option<(&Arc<FilterGroup>, usize)> {
+    pub(super) fn group_slot(&self) -> Option<(&Arc<dyn SharedBlocks>, usize)> {
         match &self.bits {
             Bits::Own(_) => None,
             Bits::Grouped { group, slot } => Some((group, *slot)),
@@ -490,7 +508,7 @@ impl PartitionFilter {
     /// [`Self::may_contain_hash`] through `seen`, which keeps the answers
     /// of the last group this lookup met: a grouped filter's answer is
     /// taken from its group's answers for all members at once
-    /// ([`FilterGroup::maybe_members`]), computed once per group and key.
+    /// ([`SharedBlocks::maybe_members`]), computed once per group and key.
     /// `seen` must be used for one key only.
     pub(crate) fn may_contain_seen(&self, h: &KeyHash, seen: &mut GroupAnswers) -> bool {
         let Bits::Grouped { group, slot } = &self.bits else {
@@ -498,7 +516,7 @@ impl PartitionFilter {
         };
         // The address names the group while this lookup holds it (its
         // probes hold an `Arc` of each group).
-        let at = Arc::as_ptr(group) as usize;
+        let at = Arc::as_ptr(group).cast::<()>() as usize;
         let members = match seen.last {
             Some((last, members)) if last == at => members,
             _ => {

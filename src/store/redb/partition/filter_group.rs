@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::filter::{Block, FilterChecksum, KeyHash, PartitionFilter};
+use super::filter::{Block, FilterChecksum, KeyHash, PartitionFilter, SharedBlocks};
 
 /// The most filters one group holds: a key's blocks in a full group are
 /// 4 KiB, one page.
@@ -84,15 +84,15 @@ impl std::fmt::Debug for FilterGroup {
     }
 }
 
-impl FilterGroup {
+impl SharedBlocks for FilterGroup {
     /// Blocks per member.
-    pub(super) fn blocks(&self) -> usize {
+    fn blocks(&self) -> usize {
         self.blocks
     }
 
     /// Block `i` of the member in slot `slot` (`i < self.blocks()`, `slot`
     /// one of its members).
-    pub(super) fn block(&self, i: usize, slot: usize) -> Block {
+    fn block(&self, i: usize, slot: usize) -> Block {
         match &self.bits {
             GroupBits::Interleaved(data) => data[i * self.members.len() + slot],
             GroupBits::Sliced(words) => {
@@ -111,7 +111,7 @@ impl FilterGroup {
     /// for each, from one pass over the key's block in every member
     /// (interleaved) or the AND of the key's words (sliced). Every member
     /// for a hash of another seed ("maybe", never a guessed "absent").
-    pub(super) fn maybe_members(&self, h: &KeyHash) -> u64 {
+    fn maybe_members(&self, h: &KeyHash) -> u64 {
         let width = self.members.len();
         let all = if width >= 64 {
             u64::MAX
@@ -146,16 +146,18 @@ impl FilterGroup {
 
     /// How many members.
     #[cfg(test)]
-    pub(super) fn width(&self) -> usize {
+    fn width(&self) -> usize {
         self.members.len()
     }
 
     /// Whether it is bit-sliced (full).
     #[cfg(test)]
-    pub(super) fn is_sliced(&self) -> bool {
+    fn is_sliced(&self) -> bool {
         matches!(self.bits, GroupBits::Sliced(_))
     }
+}
 
+impl FilterGroup {
     /// This interleaved group with `members`' last one appended, when
     /// `members` are this group's members in slot order then one more and
     /// the result is still a tail (interleaved): each block row copied

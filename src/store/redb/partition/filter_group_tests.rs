@@ -88,7 +88,10 @@ fn groups_hold_at_most_their_width_and_one_block_count() -> TestResult {
             group.width() == GROUP_WIDTH,
             "full groups are sliced"
         );
-        widths.insert(Arc::as_ptr(group) as usize, (group.width(), group.blocks()));
+        widths.insert(
+            Arc::as_ptr(group).cast::<()>() as usize,
+            (group.width(), group.blocks()),
+        );
     }
     let mut seen: Vec<(usize, usize)> = widths.into_values().collect();
     seen.sort_unstable();
@@ -274,7 +277,7 @@ fn an_open_groups_its_filters_at_once_after_the_tail() -> TestResult {
         let grouped = kept.get(*p, sum).ok_or("kept")?;
         let (group, slot) = grouped.group_slot().ok_or("grouped")?;
         widths.insert(
-            Arc::as_ptr(group) as usize,
+            Arc::as_ptr(group).cast::<()>() as usize,
             (group.width(), group.is_sliced()),
         );
         assert_eq!(
