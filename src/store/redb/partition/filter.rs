@@ -89,7 +89,7 @@ pub(crate) const PROBES: u32 = 11;
 /// Bits per block: one 64-byte cache line.
 const BLOCK_BITS: u64 = 512;
 /// Bytes per block as stored.
-const BLOCK_BYTES: usize = 64;
+pub(super) const BLOCK_BYTES: usize = 64;
 /// Bits of the hash each probe takes (log2 of [`BLOCK_BITS`]).
 const PROBE_BITS: u32 = 9;
 /// Bytes of the stored header: version, key count, block count.
@@ -493,11 +493,6 @@ impl PartitionFilter {
             Bits::Own(_) => None,
             Bits::Grouped { group, slot } => Some((group, *slot)),
         }
-    }
-
-    /// Whether `other` hashes with the same file's seed.
-    pub(super) fn same_hasher(&self, other: &PartitionFilter) -> bool {
-        self.hasher.identity == other.hasher.identity
     }
 
     /// The identity of its hasher (`KeyHash::hasher_identity`).

@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::filter::{Block, FilterChecksum, KeyHash, PartitionFilter, SharedBlocks};
+use super::filter::{Block, FilterChecksum, KeyHash, PartitionFilter, SharedBlocks, BLOCK_BYTES};
 
 /// The most filters one group holds: a key's blocks in a full group are
 /// 4 KiB, one page.
@@ -45,7 +45,7 @@ const _: () = assert!(GROUP_WIDTH <= 64);
 const MAX_GROUPED_BLOCKS: usize = 16_384;
 
 /// Bits of one block (`filter.rs`).
-const BLOCK_BITS: usize = 512;
+const BLOCK_BITS: usize = BLOCK_BYTES * 8;
 
 /// The blocks of up to [`GROUP_WIDTH`] sealed filters of one block count
 /// (module docs). Immutable once built.
@@ -315,7 +315,7 @@ impl Kept {
                 .insert(partition, (checksum, filter.clone()));
             return filter;
         }
-        let mut members = self.live_tail(blocks, partition, &filter);
+        let mut members = self.live_tail(blocks, Some(partition), filter.hasher_identity());
         if members.len() >= GROUP_WIDTH {
             members.clear();
         }
@@ -346,23 +346,24 @@ impl Kept {
     }
 
     /// The members of the tail of `blocks` blocks still kept under the
-    /// checksum they were grouped with (not `partition`, which is being
-    /// kept again), with their kept filters.
+    /// checksum they were grouped with and hashing with `hasher` (not
+    /// `except`, a partition being kept again), with their kept filters.
     fn live_tail(
         &self,
         blocks: usize,
-        partition: u64,
-        like: &PartitionFilter,
+        except: Option<u64>,
+        hasher: u64,
     ) -> Vec<(u64, FilterChecksum, Arc<PartitionFilter>)> {
         let Some(tail) = self.tails.get(&blocks) else {
             return Vec::new();
         };
         tail.members
             .iter()
-            .filter(|(p, _)| *p != partition)
+            .filter(|(p, _)| Some(*p) != except)
             .filter_map(|(p, sum)| {
                 let kept = self.get(*p, sum)?;
-                (kept.block_count() == blocks && kept.same_hasher(like)).then_some((*p, *sum, kept))
+                let fits = kept.block_count() == blocks && kept.hasher_identity() == hasher;
+                fits.then_some((*p, *sum, kept))
             })
             .collect()
     }
@@ -396,7 +397,7 @@ impl Kept {
             let Some((_, _, first)) = own.first() else {
                 continue;
             };
-            let mut members = self.live_tail(blocks, u64::MAX, first);
+            let mut members = self.live_tail(blocks, None, first.hasher_identity());
             members.extend(own);
             for chunk in members.chunks(GROUP_WIDTH) {
                 let Some(group) = FilterGroup::build(blocks, chunk) else {
