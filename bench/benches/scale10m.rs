@@ -40,7 +40,8 @@
 //!   records, in 3 passes (a day does not fit the budget: the line gives
 //!   the day's time at the measured rate);
 //! - peak RSS (`VmHWM`) of each server, with redb's default 1 GiB cache
-//!   (the engine sets none).
+//!   (the engine sets none), or `IDEMPOTENCY_BENCH_CACHE_MIB` MiB
+//!   (`EngineBuilder::cache_size`) for every server.
 //!
 //! `IDEMPOTENCY_BENCH_RECORDS` sets the large store (10M). Test mode
 //! (`cargo test --benches`) uses 200, 1,000 and 2,000 records, one 50 ms
@@ -217,14 +218,30 @@ fn preload(format: u8, n: u64, path: &Path) {
     );
 }
 
+/// redb's page cache for the servers: `IDEMPOTENCY_BENCH_CACHE_MIB`, or
+/// redb's default (1 GiB) when unset.
+fn cache_mib() -> Option<usize> {
+    env_usize("IDEMPOTENCY_BENCH_CACHE_MIB")
+}
+
+/// How the RSS lines name the cache setting.
+fn cache_label() -> String {
+    match cache_mib() {
+        Some(mib) => format!("{mib} MiB (IDEMPOTENCY_BENCH_CACHE_MIB)"),
+        None => "the default 1 GiB".into(),
+    }
+}
+
 fn open(path: &Path, clock: &ManualClock) -> Engine {
-    Engine::builder()
+    let mut builder = Engine::builder()
         .clock(clock.clone())
         .ttl(TTL)
         .lease(LEASE)
-        .sweep_interval(None)
-        .open(path)
-        .expect("open engine")
+        .sweep_interval(None);
+    if let Some(mib) = cache_mib() {
+        builder = builder.cache_size(mib << 20);
+    }
+    builder.open(path).expect("open engine")
 }
 
 fn request(engine: &Engine) -> u64 {
@@ -655,10 +672,11 @@ fn run() {
     for s in sets.iter_mut().flatten() {
         let v = s.ask("stats");
         println!(
-            "RSS {}: peak {:.0} MiB, now {:.0} MiB (VmHWM and VmRSS of its server; redb cache: the default 1 GiB), file {:.0} MiB",
+            "RSS {}: peak {:.0} MiB, now {:.0} MiB (VmHWM and VmRSS of its server; redb cache: {}), file {:.0} MiB",
             s.name,
             v[1],
             v[2],
+            cache_label(),
             mib(v[0])
         );
     }
