@@ -186,6 +186,8 @@ fn a_format1_database_opens_and_answers_as_written() -> TestResult {
     let clock = ManualClock::new(T0);
     clock.advance(DAY);
     let engine = builder(&clock).open(&path)?;
+    // A writable open migrates a format-1 file to format 2, not further.
+    assert_eq!(engine.redb_format(), Some(2));
     assert_answers_as_written(&engine)?;
     let report = engine.verify()?;
     assert!(report.is_sound(), "{:?}", report.damage);
@@ -265,6 +267,8 @@ fn a_read_only_open_of_a_format1_database_answers_and_writes_nothing() -> TestRe
     let clock = ManualClock::new(T0);
     clock.advance(DAY);
     let engine = builder(&clock).open_read_only(&path)?;
+    // Read as it is: still format 1.
+    assert_eq!(engine.redb_format(), Some(1));
     assert_answers_as_written(&engine)?;
     let report = engine.verify()?;
     assert!(report.is_sound(), "{:?}", report.damage);

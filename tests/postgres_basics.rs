@@ -58,6 +58,8 @@ fn claim_complete_replay_and_mismatch() -> TestResult {
         .table_prefix(prefix())
         .sweep_interval(None)
         .open_postgres(&url)?;
+    // Tables on a server have no redb format.
+    assert_eq!(engine.redb_format(), None);
     let k = key("a");
     let Begin::Claimed(claim) = engine.begin(&k, fp(r#"{"amount":1}"#))? else {
         panic!("a fresh key must be claimed");

@@ -45,6 +45,8 @@ fn app_writes(url: &str) -> Result<Engine, Box<dyn StdError + Send + Sync>> {
         .redis_key_prefix(PREFIX)
         .sweep_interval(None)
         .open_redis(url)?;
+    // Keys on a server have no redb format.
+    assert_eq!(app.redb_format(), None);
     let Begin::Claimed(claim) = app.begin(&key("done")?, fp()?)? else {
         return Err("expected a claim".into());
     };

@@ -652,6 +652,7 @@ fn run() {
 
     for set in &mut sets {
         sweep(&mut set[2], measuring);
+        rss_after(&mut set[2], "the sweep");
     }
 
     // Again at the large size, now that traffic and the sweep have warmed

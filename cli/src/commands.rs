@@ -977,6 +977,55 @@ impl fmt::Display for KeysLost {
 
 impl StdError for KeysLost {}
 
+/// What `idem migrate` did to one file.
+pub struct Migrated<'a> {
+    /// The file.
+    pub path: &'a std::path::Path,
+    /// Its format before (`None`: not readable without the recovery the
+    /// migrating open ran first).
+    pub before: Option<u32>,
+    /// Its format after.
+    pub after: Option<u32>,
+    /// How long the migrating open took.
+    pub took: std::time::Duration,
+}
+
+/// `idem migrate`: the format before and after, and what to keep.
+pub fn migrated<W: Write>(report: &Migrated<'_>, json: bool, out: &mut W) -> CliResult {
+    let changed = report.before != report.after;
+    if json {
+        return print_json(
+            out,
+            &json!({
+                "format_before": report.before,
+                "format_after": report.after,
+                "migrated": changed,
+                "seconds": report.took.as_secs_f64(),
+            }),
+        );
+    }
+    let path = report.path.display();
+    let number = |f: Option<u32>| f.map_or_else(|| "unknown".to_string(), |f| f.to_string());
+    if changed {
+        writeln!(
+            out,
+            "{path}: format {} -> {} in {:.1} s; `idem verify {path}` checks it. Releases \
+             before format 3 refuse the file: keep your copy of the old file and its journal \
+             until you no longer need to go back.",
+            number(report.before),
+            number(report.after),
+            report.took.as_secs_f64()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{path}: format {} already; nothing to migrate",
+            number(report.after)
+        )?;
+    }
+    Ok(())
+}
+
 /// Copies what still reads of `damaged` into the new file `new`, listing
 /// what could not be copied.
 pub fn salvage<W: Write>(

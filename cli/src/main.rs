@@ -249,6 +249,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Migrate a redb file of format 2 (an earlier release's) to format 3
+    /// (time-partitioned records), as `EngineBuilder::migrate_to_format_3`
+    /// does, and say the format before and after. A format-3 file is left
+    /// as it is. A crash or an error part way leaves a format-2 file that
+    /// serves as before; running the command again goes on from the last
+    /// step. Cannot be undone: releases before format 3 refuse the file, so
+    /// keep a copy of it and its journal. Stop the app first. See
+    /// docs/operations.md, "Migrating a format-2 file".
+    Migrate {
+        /// The database file (redb only).
+        db: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_state(name: &str) -> Result<State, String> {
@@ -429,6 +444,34 @@ fn run<W: Write, E: Write>(
                 .into());
             }
             commands::salvage(&damaged, &new, json, out)
+        }
+        Command::Migrate { db, json } => {
+            if !matches!(target::classify(&db), Target::File(_)) {
+                return Err(UsageError(
+                    "migrate works on redb files; PostgreSQL and Redis have no format to migrate"
+                        .into(),
+                )
+                .into());
+            }
+            // The format before, for the report only: a file that needs
+            // recovery after a crash cannot be read without writing, and
+            // the migrating open below recovers it first.
+            let before = match open_read_only(&db, builder()) {
+                Ok(engine) => engine.redb_format(),
+                Err(_) => None,
+            };
+            let started = std::time::Instant::now();
+            let mut opener = builder();
+            opener.builder = opener.builder.migrate_to_format_3();
+            let engine = open(&db, opener)?;
+            let report = commands::Migrated {
+                path: &db,
+                before,
+                after: engine.redb_format(),
+                took: started.elapsed(),
+            };
+            drop(engine);
+            commands::migrated(&report, json, out)
         }
     }
 }

@@ -125,3 +125,91 @@ fn salvage_copies_a_format3_file_into_a_format3_file() -> TestResult {
     }
     Ok(())
 }
+
+/// A format-2 file (as an earlier release wrote it) with 10 completed keys
+/// and one UNKNOWN one.
+fn format2_file(path: &Path) -> TestResult {
+    let engine = Engine::builder()
+        .sweep_interval(None)
+        .unstable_create_format_2()
+        .open(path)?;
+    assert_eq!(engine.redb_format(), Some(2));
+    let stuck = claim(&engine, &key(SCOPE, "stuck")?, fp(BODY)?)?;
+    engine.fail(
+        stuck,
+        Failure::InDoubt {
+            reason: "provider timed out".into(),
+        },
+    )?;
+    for i in 0..10 {
+        let c = claim(&engine, &key(SCOPE, &format!("paid-{i}"))?, fp(BODY)?)?;
+        engine.complete(c, Envelope::new(1, 201, format!("receipt {i}")))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn migrate_turns_a_format2_file_into_format3_and_says_so() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    format2_file(&db)?;
+
+    let out = idem_ok(args(&["migrate"], &db))?;
+    assert!(out.contains(": format 2 -> 3 in "), "{out}");
+    assert!(out.contains("keep your copy"), "{out}");
+    // A format-3 file is left as it is.
+    let again = idem_ok(args(&["migrate"], &db))?;
+    assert!(
+        again.contains(": format 3 already; nothing to migrate"),
+        "{again}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&idem_ok(args(&["migrate", "--json"], &db))?)?;
+    assert_eq!(json["format_before"], 3, "{json}");
+    assert_eq!(json["format_after"], 3, "{json}");
+    assert_eq!(json["migrated"], false, "{json}");
+
+    let verified = idem_ok(args(&["verify"], &db))?;
+    assert!(verified.contains("sound: 11 records checked"), "{verified}");
+    // An open without the migration call finds format 3 and every answer.
+    let engine = Engine::builder().sweep_interval(None).open(&db)?;
+    assert_eq!(engine.redb_format(), Some(3));
+    for i in 0..10 {
+        match engine.begin(&key(SCOPE, &format!("paid-{i}"))?, fp(BODY)?)? {
+            Begin::Replay(r) => assert_eq!(r.envelope.body, format!("receipt {i}").as_bytes()),
+            other => return Err(format!("paid-{i} is not a replay: {other:?}").into()),
+        }
+    }
+    match engine.begin(&key(SCOPE, "stuck")?, fp(BODY)?)? {
+        Begin::InDoubt(_) => {}
+        other => return Err(format!("stuck is not in doubt: {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn migrate_reports_json_and_refuses_what_is_not_a_file() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    format2_file(&db)?;
+    let json: serde_json::Value =
+        serde_json::from_str(&idem_ok(args(&["migrate", "--json"], &db))?)?;
+    assert_eq!(json["format_before"], 2, "{json}");
+    assert_eq!(json["format_after"], 3, "{json}");
+    assert_eq!(json["migrated"], true, "{json}");
+
+    // No file at all: the open's error, nothing created.
+    let missing = dir.path().join("missing.redb");
+    let err = idem_err(args(&["migrate"], &missing))?;
+    assert!(err.contains("missing.redb"), "{err}");
+    assert!(!missing.exists());
+
+    // A database server has no format to migrate: a usage error (exit 2).
+    for url in ["postgres://localhost/app", "redis://localhost:6379"] {
+        let out = idem(["migrate", url])?;
+        let stderr = String::from_utf8(out.stderr)?;
+        assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+        assert!(stderr.contains("migrate works on redb files"), "{stderr}");
+    }
+    Ok(())
+}

@@ -739,6 +739,20 @@ impl Engine {
         Ok(VerifyReport { records, damage })
     }
 
+    /// The on-disk format of the engine's redb file: `3` (time-partitioned
+    /// records, what a new file gets), `2` (one records table; kept by an
+    /// existing file until it is opened with
+    /// [`EngineBuilder::migrate_to_format_3`]), or `1` (only through
+    /// [`EngineBuilder::open_read_only`], which reads a format-1 file as it
+    /// is; a writable open migrates it to 2). `None` on PostgreSQL and
+    /// Redis, whose layouts have no format number here.
+    ///
+    /// `docs/format.md` describes each format. Reads no storage; never fails.
+    #[must_use]
+    pub fn redb_format(&self) -> Option<u32> {
+        self.core.store.redb_format()
+    }
+
     /// Why the engine is poisoned, if it is: a write failed (a full disk,
     /// an I/O error) or the storage library panicked, so every later write
     /// is refused with [`Error::Poisoned`] while reads (replays) go on.

@@ -382,6 +382,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Finishes queued writes and stops; later calls return `Error::Closed`.
     fn close(&self);
+
+    /// The on-disk format of a redb file (1, 2 or 3); `None` for a
+    /// database server.
+    fn redb_format(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// The result of a local write.

@@ -138,6 +138,17 @@ pub(super) enum Format {
     V3,
 }
 
+impl Format {
+    /// The format's number, as the docs name it.
+    pub(super) fn number(self) -> u32 {
+        match self {
+            Format::V1 => 1,
+            Format::V2 => 2,
+            Format::V3 => 3,
+        }
+    }
+}
+
 /// What `format_version` says (see `codec.rs`, "How an open learns the
 /// format").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -236,6 +236,9 @@ struct Live {
     /// The read snapshot point reads share (see `snapshot.rs`); closed
     /// before `db` is.
     reads: Arc<Snapshots>,
+    /// The file's format after the open's migrations: 3 with partitioned
+    /// records, else 2.
+    format: u32,
 }
 
 /// The redb backend.
@@ -687,6 +690,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
+    let format = if catalog.is_some() { 3 } else { 2 };
     let (overlay, layout) = match &catalog {
         Some(catalog) => (
             Overlay::partitioned(),
@@ -726,6 +730,7 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
         writer: Some(writer),
         overlay,
         reads,
+        format,
     })
 }
 
@@ -1029,6 +1034,10 @@ impl Backend for RedbStore {
                 tracing::error!("writer thread panicked");
             }
         }
+    }
+
+    fn redb_format(&self) -> Option<u32> {
+        Some(self.live.read_recursive().format)
     }
 }
 

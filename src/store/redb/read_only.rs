@@ -230,4 +230,8 @@ impl Backend for RedbReader {
     }
 
     fn close(&self) {}
+
+    fn redb_format(&self) -> Option<u32> {
+        Some(self.format.number())
+    }
 }
