@@ -181,7 +181,11 @@ pub enum OpenError {
     /// outcomes and work runs twice. Nothing was written. Fix the server
     /// (`CONFIG SET appendonly yes`, `CONFIG SET appendfsync always`, and
     /// the same in `redis.conf`), or accept the risk with
-    /// `EngineBuilder::allow_volatile(true)`.
+    /// `EngineBuilder::allow_volatile(true)`. A setting `CONFIG GET` could
+    /// not read (`found` starts with `unreadable`, as on a managed service
+    /// that blocks `CONFIG`) is accepted with
+    /// `EngineBuilder::redis_durability_attested(true)` once the provider
+    /// confirmed it.
     #[error("the Redis server has {setting} {found}; the engine needs appendonly yes and appendfsync always, or a server crash can forget acknowledged outcomes (fix: CONFIG SET {setting} {}, and in redis.conf; or accept the risk with EngineBuilder::allow_volatile(true))", if *setting == "appendonly" { "yes" } else { "always" })]
     RedisNotDurable {
         /// `"appendonly"` or `"appendfsync"`.

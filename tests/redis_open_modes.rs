@@ -305,3 +305,73 @@ fn read_only_refuses_a_newer_layout() -> TestResult {
     }
     Ok(())
 }
+
+/// A managed service blocks `CONFIG` (here: a user allowed everything but
+/// it). The writing open refuses the server, saying the settings are
+/// unreadable and naming the way out; with `redis_durability_attested` it
+/// opens and serves; a setting `CONFIG GET` can read is still checked.
+#[test]
+fn a_server_that_blocks_config_opens_only_when_the_app_attests_its_durability() -> TestResult {
+    let Some(server) = server()? else {
+        return Ok(());
+    };
+    let url = server.url();
+    checked(
+        server.port,
+        &[
+            "ACL",
+            "SETUSER",
+            "managed",
+            "on",
+            ">managed-pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-config",
+        ],
+    )?;
+    let managed = url.replacen("redis://", "redis://managed:managed-pw@", 1);
+
+    let refused = Engine::builder()
+        .redis_key_prefix("attested:")
+        .open_redis(&managed);
+    let Err(OpenError::RedisNotDurable { setting, found }) = &refused else {
+        return Err(format!("expected RedisNotDurable, got {refused:?}").into());
+    };
+    assert_eq!(*setting, "appendonly");
+    assert!(found.starts_with("unreadable (CONFIG GET: "), "{found}");
+    assert!(found.contains("redis_durability_attested(true)"), "{found}");
+    assert!(!found.contains("managed-pw"), "{found}");
+
+    let engine = Engine::builder()
+        .redis_key_prefix("attested:")
+        .sweep_interval(None)
+        .redis_durability_attested(true)
+        .open_redis(&managed)?;
+    let Begin::Claimed(claim) = engine.begin(&key("paid")?, fp()?)? else {
+        return Err("expected a claim".into());
+    };
+    engine.complete(claim, Envelope::new(1, 201, "receipt"))?;
+    match engine.begin(&key("paid")?, fp()?)? {
+        Begin::Replay(r) => assert_eq!(r.envelope.body, b"receipt"),
+        other => return Err(format!("expected a replay, got {other:?}").into()),
+    }
+    drop(engine);
+
+    // The attestation covers only what cannot be read: where CONFIG GET
+    // answers `appendfsync everysec`, the open refuses as without it.
+    checked(server.port, &["CONFIG", "SET", "appendfsync", "everysec"])?;
+    let readable = Engine::builder()
+        .redis_key_prefix("attested:")
+        .redis_durability_attested(true)
+        .open_redis(&url);
+    assert!(
+        matches!(
+            &readable,
+            Err(OpenError::RedisNotDurable { setting: "appendfsync", found }) if found == "everysec"
+        ),
+        "{readable:?}"
+    );
+    checked(server.port, &["CONFIG", "SET", "appendfsync", "always"])?;
+    Ok(())
+}

@@ -21,7 +21,8 @@
 //! endpoint) while the CLI runs. On PostgreSQL and Redis the CLI may run
 //! beside the app servers, as one more engine on the same data. Like any
 //! engine on Redis, the commands that write refuse a server without
-//! `appendonly yes` and `appendfsync always`.
+//! `appendonly yes` and `appendfsync always`, or one whose settings
+//! `CONFIG GET` cannot read unless `--redis-durability-attested` is given.
 
 #![forbid(unsafe_code)]
 
@@ -82,6 +83,13 @@ struct Cli {
         requires = "redis_client_cert"
     )]
     redis_client_key: Option<PathBuf>,
+    /// The Redis server's persistence settings cannot be read (a managed
+    /// service that blocks CONFIG) and you checked with the provider that
+    /// every write persists before its reply and no key is evicted, as the
+    /// app gives `EngineBuilder::redis_durability_attested(true)`. Only
+    /// with a Redis URL; the commands that write need it on such a server.
+    #[arg(long, global = true)]
+    redis_durability_attested: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -303,6 +311,7 @@ fn try_main(cli: Cli) -> CliResult {
             .redis_client_cert
             .as_deref()
             .zip(cli.redis_client_key.as_deref()),
+        attested: cli.redis_durability_attested,
     };
     run(cli.command, prefix, &mut out, &mut io::stderr())?;
     out.flush()?;
@@ -435,10 +444,14 @@ fn run<W: Write, E: Write>(
                 )
                 .into());
             }
-            if prefix.key.is_some() || prefix.redis_ca.is_some() || prefix.redis_client.is_some() {
+            if prefix.key.is_some()
+                || prefix.redis_ca.is_some()
+                || prefix.redis_client.is_some()
+                || prefix.attested
+            {
                 return Err(UsageError(
-                    "--key-prefix, --redis-ca and --redis-client-cert apply to a Redis URL, not \
-                     to salvage"
+                    "--key-prefix, --redis-ca, --redis-client-cert and --redis-durability-attested \
+                     apply to a Redis URL, not to salvage"
                         .into(),
                 )
                 .into());
@@ -485,6 +498,8 @@ struct Prefixes<'a> {
     redis_ca: Option<&'a Path>,
     /// The client certificate and key files.
     redis_client: Option<(&'a Path, &'a Path)>,
+    /// `--redis-durability-attested`.
+    attested: bool,
 }
 
 /// A builder with the CLI's settings, and the prefixes given.
@@ -549,6 +564,11 @@ fn target<'d>(db: &'d Path, opener: Opener<'_>) -> CliResult<(Target<'d>, Engine
             builder.redis_password(password)
         }
         _ => builder,
+    };
+    let builder = match (&target, prefix.attested) {
+        (Target::Redis(_), true) => builder.redis_durability_attested(true),
+        (_, true) => return misplaced("--redis-durability-attested", "a Redis URL"),
+        (_, false) => builder,
     };
     match (&target, prefix.table, prefix.key) {
         (Target::File(_) | Target::Redis(_), Some(_), _) => {
@@ -717,6 +737,7 @@ mod tests {
                 key: None,
                 redis_ca: None,
                 redis_client: None,
+                attested: false,
             },
             &mut out,
             &mut io::sink(),

@@ -107,6 +107,63 @@ fn prefixes_go_with_their_backend() -> TestResult {
     assert_eq!(out.status.code(), Some(2));
     let err = usage_err(&["salvage", redis, file])?;
     assert!(err.contains("salvage works on redb files"), "{err}");
+    let err = usage_err(&["sweep", file, "--redis-durability-attested"])?;
+    assert!(
+        err.contains("--redis-durability-attested applies to a Redis URL, not to the file"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// A managed service blocks CONFIG (here: a user allowed everything but
+/// it): the commands that write refuse the server until the operator says
+/// its durability was checked (`--redis-durability-attested`); reading
+/// commands never needed it.
+#[test]
+fn writing_commands_on_a_server_that_blocks_config_need_the_attestation() -> TestResult {
+    let Some(server) = redis_server::own_server(&[]).map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    let url = server.url();
+    redis_server::checked(
+        server.port,
+        &[
+            "ACL",
+            "SETUSER",
+            "managed",
+            "on",
+            ">managed-pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-config",
+        ],
+    )
+    .map_err(|e| e.to_string())?;
+    let managed = url.replacen("redis://", "redis://managed:managed-pw@", 1);
+    let engine = Engine::builder()
+        .redis_key_prefix("managed:")
+        .sweep_interval(None)
+        .redis_durability_attested(true)
+        .open_redis(&managed)?;
+    let c = claim(&engine, &key("t:pay", "k1")?, fp("{}")?)?;
+    engine.complete(c, Envelope::new(1, 201, "ok"))?;
+    drop(engine);
+
+    let base = ["--key-prefix", "managed:"];
+    let refused = idem(["sweep", managed.as_str()].iter().chain(&base))?;
+    let stderr = String::from_utf8(refused.stderr)?;
+    assert_eq!(refused.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("unreadable (CONFIG GET"), "{stderr}");
+    assert!(!stderr.contains("managed-pw"), "{stderr}");
+    let swept = idem_ok(
+        ["sweep", managed.as_str(), "--redis-durability-attested"]
+            .iter()
+            .chain(&base),
+    )?;
+    assert!(swept.contains("deleted"), "{swept}");
+    let stats = idem_ok(["stats", managed.as_str()].iter().chain(&base))?;
+    assert!(stats.contains("COMPLETED"), "{stats}");
     Ok(())
 }
 

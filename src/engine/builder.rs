@@ -67,6 +67,7 @@ struct RedisSettings {
     connect_timeout: Duration,
     command_timeout: Duration,
     allow_volatile: bool,
+    durability_attested: bool,
     wait_replicas: Option<(u32, Duration)>,
     tls_ca: Option<std::path::PathBuf>,
     tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -114,6 +115,7 @@ impl Default for EngineBuilder {
                 connect_timeout: Duration::from_secs(2),
                 command_timeout: Duration::from_secs(5),
                 allow_volatile: false,
+                durability_attested: false,
                 wait_replicas: None,
                 tls_ca: None,
                 tls_client: None,
@@ -869,6 +871,29 @@ impl EngineBuilder {
         self
     }
 
+    /// Vouches for the durability of a Redis server whose settings the
+    /// open cannot read (feature `redis`): most managed services block or
+    /// rename `CONFIG`, so the open's check of `appendonly`, `appendfsync`
+    /// and `maxmemory-policy` finds them unreadable and refuses the server
+    /// ([`OpenError::RedisNotDurable`], `found` saying `unreadable`).
+    /// Give `true` only after checking with the provider that every write
+    /// is persisted before the server answers it (AOF with `appendfsync
+    /// always`, or a service durable by design such as one that commits a
+    /// transaction log before replying) and that it never evicts keys
+    /// (`noeviction` or a `volatile-*` policy): a server that loses an
+    /// acknowledged write makes work run twice.
+    ///
+    /// Unlike [`allow_volatile`](Self::allow_volatile) this covers only
+    /// what cannot be read: a setting `CONFIG GET` does return is checked
+    /// as without it (`appendfsync everysec` is still refused). The open
+    /// logs at INFO each setting it took on the app's word. Default
+    /// `false`.
+    #[cfg(feature = "redis")]
+    pub fn redis_durability_attested(mut self, attested: bool) -> Self {
+        self.redis.durability_attested = attested;
+        self
+    }
+
     /// Makes every write of an engine on Redis wait until `replicas`
     /// replicas acknowledged it (Redis `WAIT`, feature `redis`), at most
     /// `timeout` (at least 1 ms). A write fewer replicas acknowledged in
@@ -1051,6 +1076,7 @@ impl EngineBuilder {
             connect_timeout: self.redis.connect_timeout,
             command_timeout: self.redis.command_timeout,
             allow_volatile: self.redis.allow_volatile,
+            durability_attested: self.redis.durability_attested,
             wait_replicas: self.redis.wait_replicas,
             tls: crate::store::redis::TlsFiles {
                 ca: self.redis.tls_ca.clone(),

@@ -104,6 +104,7 @@ fn redis_fixture(name: &str, expiry: ExpiryPolicy) -> R<Fixture> {
         connect_timeout: std::time::Duration::from_secs(5),
         command_timeout: std::time::Duration::from_secs(10),
         allow_volatile: false,
+        durability_attested: false,
         mode: crate::store::redis::Mode::Create,
         wait_replicas: None,
         tls: Default::default(),

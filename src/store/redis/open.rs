@@ -49,6 +49,9 @@ pub(crate) struct RedisOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) allow_volatile: bool,
+    /// The app vouches for the server's durability where `CONFIG GET`
+    /// cannot read it (`EngineBuilder::redis_durability_attested`).
+    pub(crate) durability_attested: bool,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
     /// The files of a `rediss://` connection: trusted CAs, client
     /// certificate.
@@ -125,23 +128,33 @@ pub(super) fn check_server(conn: &mut RedisConn, opts: &RedisOptions) -> Result<
             ),
         });
     }
-    check_durability(conn, opts.allow_volatile)
+    check_durability(conn, opts.allow_volatile, opts.durability_attested)
 }
 
 /// `appendonly yes`, `appendfsync always` and no `allkeys-*` eviction,
-/// unless volatile is allowed.
-fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), OpenError> {
+/// unless volatile is allowed. With `attested`, a setting `CONFIG GET`
+/// cannot read (a managed server that blocks or renames `CONFIG`) counts
+/// as the app vouched for it; one it reads is checked all the same.
+fn check_durability(
+    conn: &mut RedisConn,
+    allow_volatile: bool,
+    attested: bool,
+) -> Result<(), OpenError> {
     let mut setting = |name: &'static str| -> Result<Option<String>, OpenError> {
         let pair: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
             .arg("GET")
             .arg(name)
             .query(&mut conn.conn);
         match pair {
+            // A server without the setting answers an empty array.
             Ok(pair) => Ok(pair.get(1).cloned()),
-            Err(_) if allow_volatile => Ok(None),
+            Err(_) if allow_volatile || attested => Ok(None),
             Err(e) => Err(OpenError::RedisNotDurable {
                 setting: name,
-                found: format!("unreadable (CONFIG GET: {})", super::conn::describe(&e)),
+                found: format!(
+                    "unreadable (CONFIG GET: {}){UNREADABLE_HINT}",
+                    super::conn::describe(&e)
+                ),
             }),
         }
     };
@@ -173,6 +186,16 @@ fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), Op
                     found,
                 })
             }
+            None if !allow_volatile && !attested => {
+                return Err(OpenError::RedisNotDurable {
+                    setting: name,
+                    found: format!("unreadable (CONFIG GET answered nothing){UNREADABLE_HINT}"),
+                })
+            }
+            None if attested => tracing::info!(
+                setting = name,
+                "Redis opened with redis_durability_attested: the setting is not readable (CONFIG GET refused), so the app's word that every write persists before its reply is taken"
+            ),
             found => tracing::warn!(
                 setting = name,
                 found = found.as_deref().unwrap_or("unreadable"),
@@ -182,6 +205,11 @@ fn check_durability(conn: &mut RedisConn, allow_volatile: bool) -> Result<(), Op
     }
     Ok(())
 }
+
+/// What a refusal for an unreadable setting adds: the way out for a
+/// managed server.
+const UNREADABLE_HINT: &str = "; a managed server that blocks CONFIG: check its persistence \
+     with the provider, then open with EngineBuilder::redis_durability_attested(true)";
 
 const META_CONTEXT: &str = "reading the stored settings";
 
