@@ -20,7 +20,7 @@ shift || true
 if [ "$#" -gt 0 ]; then
     targets=("$@")
 else
-    targets=(canonicalize fingerprint_equivalence record_decode)
+    targets=(canonicalize fingerprint_equivalence record_decode stored_structures)
 fi
 sanitizer="${FUZZ_SANITIZER:-none}"
 work="${FUZZ_WORK:-fuzz/target/corpus}"

@@ -201,6 +201,17 @@ pub fn __fuzz_decode_record(input: &[u8]) -> bool {
     store::codec::fuzz_decode(input)
 }
 
+/// Decodes a fuzz input as one of the redb backend's stored structures
+/// (a journal's frames, a format-3 partition row or key filter), for the
+/// `stored_structures` fuzz target (built only under `cfg(fuzzing)`); byte 0
+/// picks the structure and mode, byte 1 a partition number or checkpoint
+/// LSN. Returns whether it decoded.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub fn __fuzz_decode_stored(input: &[u8]) -> bool {
+    store::redb::fuzz_stored(input)
+}
+
 /// The README's Rust snippets, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

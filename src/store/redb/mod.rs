@@ -2,6 +2,8 @@
 //! commits, snapshot reads that never wait for it.
 
 mod drain;
+#[cfg(test)]
+mod fuzz_seeds_tests;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;
 mod job;
@@ -1048,5 +1050,29 @@ impl Drop for RedbStore {
         if let Some(db) = self.live.get_mut().db.take() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
         }
+    }
+}
+
+/// The `stored_structures` fuzz target's input: byte 0 picks the
+/// structure (its low two bits) and byte 1 a partition number or the LSN a
+/// journal's database is checkpointed at; the rest is the bytes. 0: a
+/// journal's frames region as is; 1: frames the hook writes with correct
+/// checksums (`journal::fuzz_hook`); 2: a partition row, as stored (bit 2
+/// clear) or as a payload framed with a correct checksum (bit 2 set); 3: a
+/// stored filter, its row's checksum computed over it. Returns whether the
+/// structure decoded (a journal: whether any frame was read). Panics only
+/// where a decoder broke its contract (a panic, or a value that does not
+/// encode back).
+#[cfg(any(test, fuzzing))]
+pub(crate) fn fuzz_stored(input: &[u8]) -> bool {
+    let [mode, number, bytes @ ..] = input else {
+        return false;
+    };
+    let number = u64::from(*number);
+    match mode & 3 {
+        0 => journal::fuzz_hook::fuzz_read(false, number, bytes) > 0,
+        1 => journal::fuzz_hook::fuzz_read(true, number, bytes) > 0,
+        2 => partition::row::fuzz_decode(number, mode & 4 != 0, bytes),
+        _ => partition::filter::fuzz_decode(number, bytes),
     }
 }

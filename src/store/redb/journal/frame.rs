@@ -158,6 +158,15 @@ pub(in crate::store::redb) struct Frame {
     pub(in crate::store::redb) changes: Vec<Change>,
 }
 
+/// Fills a frame's 32-byte header: payload length, `unsynced`, LSN and
+/// checksum (module docs).
+pub(super) fn write_header(head: &mut [u8], len: u32, unsynced: u32, lsn: u64, sum: &[u8; 16]) {
+    head[0..4].copy_from_slice(&len.to_le_bytes());
+    head[4..8].copy_from_slice(&unsynced.to_le_bytes());
+    head[8..16].copy_from_slice(&lsn.to_le_bytes());
+    head[16..32].copy_from_slice(sum);
+}
+
 /// A frame's size on disk: header, payload, padding to 8 bytes.
 pub(super) fn frame_len(payload: u64) -> u64 {
     (FRAME_HEADER as u64 + payload).div_ceil(8) * 8

@@ -73,6 +73,8 @@
 
 mod error;
 mod frame;
+#[cfg(any(test, fuzzing))]
+pub(in crate::store::redb) mod fuzz_hook;
 mod reader;
 mod recovery;
 mod salvage;

@@ -119,10 +119,7 @@ impl Journal {
                 "a batch of {len} bytes is larger than a journal frame holds (4 GiB)"
             ))));
         };
-        self.buf[0..4].copy_from_slice(&len32.to_le_bytes());
-        self.buf[4..8].copy_from_slice(&unsynced.to_le_bytes());
-        self.buf[8..16].copy_from_slice(&lsn.to_le_bytes());
-        self.buf[16..32].copy_from_slice(&sum);
+        super::frame::write_header(&mut self.buf[..FRAME_HEADER], len32, unsynced, lsn, &sum);
         let total = frame_len(len);
         self.buf
             .resize(usize::try_from(total).unwrap_or(usize::MAX), 0);
@@ -204,12 +201,7 @@ impl Journal {
     }
 
     pub(super) fn write_header(&mut self) -> io::Result<()> {
-        let mut head = vec![0_u8; usize::try_from(HEADER_LEN).unwrap_or(4096)];
-        head[..16].copy_from_slice(MAGIC);
-        head[16..20].copy_from_slice(&VERSION.to_le_bytes());
-        head[24..40].copy_from_slice(&self.id);
-        let sum = blake3::hash(&head[..40]);
-        head[40..48].copy_from_slice(&sum.as_bytes()[..8]);
+        let head = file_header(&self.id);
         if self.len < HEADER_LEN {
             self.storage.backend.set_len(HEADER_LEN)?;
         }
@@ -228,6 +220,18 @@ impl Journal {
 }
 
 /// Whether `e` says the disk (or a quota) is full.
+/// The journal file's header (`HEADER_LEN` bytes) for journal `id`:
+/// magic, version, id and the header's checksum (module docs).
+pub(super) fn file_header(id: &[u8; 16]) -> Vec<u8> {
+    let mut head = vec![0_u8; usize::try_from(HEADER_LEN).unwrap_or(4096)];
+    head[..16].copy_from_slice(MAGIC);
+    head[16..20].copy_from_slice(&VERSION.to_le_bytes());
+    head[24..40].copy_from_slice(id);
+    let sum = blake3::hash(&head[..40]);
+    head[40..48].copy_from_slice(&sum.as_bytes()[..8]);
+    head
+}
+
 fn is_full(e: &io::Error) -> bool {
     matches!(
         e.kind(),

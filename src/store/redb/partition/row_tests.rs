@@ -249,3 +249,20 @@ proptest! {
         }
     }
 }
+
+/// The fuzz hook decodes a stored row as is, and a row's payload framed
+/// by the hook; a flipped byte in the stored form is refused.
+#[test]
+fn the_fuzz_hook_decodes_rows_stored_and_framed() {
+    let stored = sealed_row().encode(5);
+    assert!(fuzz_decode(5, false, &stored));
+    let mut flipped = stored.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    assert!(!fuzz_decode(5, false, &flipped));
+    // The payload alone (65 bytes: state, counts, times, no filter yet).
+    let mut payload = [0u8; ROW_PAYLOAD_BYTES];
+    payload[1] = 3;
+    assert!(fuzz_decode(5, true, &payload));
+    assert!(!fuzz_decode(5, true, &payload[..64]));
+}
