@@ -466,12 +466,18 @@ fn run<W: Write, E: Write>(
                 )
                 .into());
             }
-            // The format before, for the report only: a file that needs
-            // recovery after a crash cannot be read without writing, and
-            // the migrating open below recovers it first.
+            // The format before. The read-only probe also refuses what is
+            // no database of ours (another program's redb file, a
+            // directory) before anything is written. A file that needs
+            // recovery after a crash cannot be read without writing: an
+            // open without the migration recovers it first (a format-1
+            // file also becomes format 2 there, as any writable open).
             let before = match open_read_only(&db, builder()) {
                 Ok(engine) => engine.redb_format(),
-                Err(_) => None,
+                Err(e) if matches!(e.downcast_ref(), Some(OpenError::NeedsRecovery { .. })) => {
+                    open(&db, builder())?.redb_format()
+                }
+                Err(e) => return Err(e),
             };
             let started = std::time::Instant::now();
             let mut opener = builder();

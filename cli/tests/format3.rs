@@ -213,3 +213,63 @@ fn migrate_reports_json_and_refuses_what_is_not_a_file() -> TestResult {
     }
     Ok(())
 }
+
+/// Another program's redb file: the read-only probe finds no idempotency
+/// tables, and `idem migrate` must not go on to add them and report
+/// "format unknown -> 3".
+#[test]
+fn migrate_refuses_another_programs_redb_file_and_leaves_it_unchanged() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("other.redb");
+    {
+        let other = redb::Database::create(&db)?;
+        let txn = other.begin_write()?;
+        {
+            let def: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("app.stuff");
+            txn.open_table(def)?.insert("x", 1)?;
+        }
+        txn.commit()?;
+    }
+    let before = std::fs::read(&db)?;
+    let out = idem(args(&["migrate"], &db))?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("other.redb"), "{stderr}");
+    assert!(stderr.contains("without idempotency tables"), "{stderr}");
+    assert!(String::from_utf8(out.stdout)?.is_empty());
+    assert_eq!(std::fs::read(&db)?, before, "the file was written");
+    Ok(())
+}
+
+/// A format-2 file whose journal holds frames the file lacks (a process
+/// killed after writes): the read-only probe cannot read its format, yet
+/// `idem migrate` must report the format it migrated from, not "unknown".
+#[test]
+fn migrate_after_a_crash_recovers_first_and_reports_format_2() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = db_path(dir.path());
+    format2_file(&db)?;
+    // A crash image: the file and journal as a killed process leaves them
+    // (copied while the engine is open, after its last durable write).
+    let crashed = dir.path().join("crashed.redb");
+    {
+        let engine = Engine::builder().sweep_interval(None).open(&db)?;
+        let c = claim(&engine, &key(SCOPE, "late")?, fp(BODY)?)?;
+        engine.complete(c, Envelope::new(1, 201, "late receipt"))?;
+        std::fs::copy(&db, &crashed)?;
+        let mut journal = crashed.clone().into_os_string();
+        journal.push(".journal");
+        let mut from = db.clone().into_os_string();
+        from.push(".journal");
+        std::fs::copy(from, journal)?;
+    }
+    let probe = idem_err(args(&["inspect"], &crashed))?;
+    assert!(probe.contains("needs recovery"), "{probe}");
+
+    let out = idem_ok(args(&["migrate"], &crashed))?;
+    assert!(out.contains(": format 2 -> 3 in "), "{out}");
+    assert!(!out.contains("unknown"), "{out}");
+    let verified = idem_ok(args(&["verify"], &crashed))?;
+    assert!(verified.contains("sound: 12 records checked"), "{verified}");
+    Ok(())
+}
