@@ -2,10 +2,10 @@
 //! commits, snapshot reads that never wait for it.
 
 mod drain;
-#[cfg(test)]
-mod fuzz_seeds_tests;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;
+#[cfg(test)]
+mod fuzz_seeds_tests;
 mod job;
 mod journal;
 mod layout;

@@ -65,7 +65,13 @@ fn append_frames(bytes: &mut Vec<u8>, checkpointed: u64, mut body: &[u8]) {
         bytes.resize(start + total, 0);
         // `take` is at most 255, so the length fits.
         let len32 = u32::try_from(take).unwrap_or(u32::MAX);
-        write_header(&mut bytes[start..start + FRAME_HEADER], len32, unsynced, lsn, &sum);
+        write_header(
+            &mut bytes[start..start + FRAME_HEADER],
+            len32,
+            unsynced,
+            lsn,
+            &sum,
+        );
         bytes[start + FRAME_HEADER..start + FRAME_HEADER + take].copy_from_slice(payload);
     }
 }

@@ -276,7 +276,11 @@ pub(crate) fn fuzz_decode(partition: u64, framed: bool, bytes: &[u8]) -> bool {
     };
     match PartitionRow::decode(partition, &stored) {
         Ok(row) => {
-            assert_eq!(row.encode(partition), stored, "a row that does not re-encode");
+            assert_eq!(
+                row.encode(partition),
+                stored,
+                "a row that does not re-encode"
+            );
             true
         }
         Err(_) => false,
