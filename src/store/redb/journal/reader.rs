@@ -52,14 +52,16 @@ impl Reader<'_> {
             lsn, payload, next, ..
         }) = self.frame_at(bytes, pos)
         {
-            if prev.is_some_and(|p| lsn != p + 1) {
+            // No frame follows LSN u64::MAX: a chain ends there.
+            if prev.is_some_and(|p| p.checked_add(1) != Some(lsn)) {
                 break;
             }
             anchored |= lsn == self.checkpointed_lsn;
             if lsn > self.checkpointed_lsn {
                 let expected = out
                     .last()
-                    .map_or(self.checkpointed_lsn + 1, |(l, _): &(u64, Frame)| l + 1);
+                    .map_or(self.checkpointed_lsn, |(l, _): &(u64, Frame)| *l)
+                    .saturating_add(1);
                 if lsn != expected {
                     return Err(JournalError::Corrupt {
                         file: self.name.to_string(),
@@ -123,7 +125,7 @@ impl Reader<'_> {
         }
         // Later frames dropped with a missing one are named even when
         // nothing of the missing one's header is left.
-        let expected = prev.map_or(self.checkpointed_lsn + 1, |p| p + 1);
+        let expected = prev.unwrap_or(self.checkpointed_lsn).saturating_add(1);
         let torn = match torn {
             Some((offset, lsn)) => Some(TornFrame {
                 offset,
@@ -168,8 +170,10 @@ impl Reader<'_> {
         // After the last frame, the next LSN; in an empty chain, the
         // checkpoint's anchor or the frame after it.
         let expected = match prev {
-            Some(p) => lsn == p + 1,
-            None => lsn == self.checkpointed_lsn || lsn == self.checkpointed_lsn + 1,
+            Some(p) => p.checked_add(1) == Some(lsn),
+            None => {
+                lsn == self.checkpointed_lsn || self.checkpointed_lsn.checked_add(1) == Some(lsn)
+            }
         };
         (expected && lsn != 0).then_some((pos, lsn))
     }
