@@ -628,8 +628,12 @@ const REDIS_PASSWORD_VAR: &str = "REDISCLI_AUTH";
 
 /// The library's builder settings that have a flag (or a variable) here,
 /// and that flag: an error that names the setting names the flag instead.
-const FLAGS: [(&str, &str); 5] = [
+const FLAGS: [(&str, &str); 6] = [
     ("EngineBuilder::redis_password", REDIS_PASSWORD_VAR),
+    (
+        "EngineBuilder::redis_durability_attested(true)",
+        "--redis-durability-attested",
+    ),
     ("EngineBuilder::redis_tls_ca", "--redis-ca"),
     (
         "EngineBuilder::redis_tls_client_cert",

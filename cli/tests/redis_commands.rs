@@ -156,6 +156,16 @@ fn writing_commands_on_a_server_that_blocks_config_need_the_attestation() -> Tes
     assert_eq!(refused.status.code(), Some(1), "stderr: {stderr}");
     assert!(stderr.contains("unreadable (CONFIG GET"), "{stderr}");
     assert!(!stderr.contains("managed-pw"), "{stderr}");
+    // The way out is named as the operator gives it: the flag, not the
+    // library's builder call.
+    assert!(
+        stderr.contains("then open with --redis-durability-attested"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("EngineBuilder::redis_durability"),
+        "{stderr}"
+    );
     let swept = idem_ok(
         ["sweep", managed.as_str(), "--redis-durability-attested"]
             .iter()
