@@ -16,12 +16,15 @@ fn seed_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/stored_structures")
 }
 
+/// A seed file's name and its input.
+type Seed = (&'static str, Vec<u8>);
+
 /// (file name, input) for every seed.
-fn seeds() -> Result<Vec<(&'static str, Vec<u8>)>, Box<dyn std::error::Error>> {
+fn seeds() -> Result<Vec<Seed>, Box<dyn std::error::Error>> {
     let with = |mode: u8, number: u8, bytes: &[u8]| [&[mode, number][..], bytes].concat();
     let mut hot = PartitionRow::hot(1_800_000_000_000, 1_800_086_400_000);
     hot.claimed(1_800_000_000_500, 1_800_086_400_500);
-    let mut sealed = hot.clone();
+    let mut sealed = hot;
     sealed.seal(7, FilterChecksum([0xab; 32]))?;
     let mut filter = PartitionFilter::with_capacity(7, 64, &FilterHasher::new(&[1; 16]))?;
     for i in 0..40u32 {
