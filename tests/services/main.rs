@@ -21,6 +21,8 @@
 #[path = "../common/backends.rs"]
 mod harness;
 
+// Its test bodies are in tests/backends/, as its inline `mod backends`.
+#[allow(clippy::module_inception)]
 #[path = "../backends.rs"]
 mod backends;
 #[path = "../breaker22b_in_place.rs"]

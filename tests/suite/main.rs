@@ -127,6 +127,8 @@ mod steps_breaker_http_full_log;
 mod steps_breaker_purge;
 #[path = "../steps_breaker_salvage.rs"]
 mod steps_breaker_salvage;
+// It includes tests/common/storage_faults.rs as `mod storage_faults`.
+#[allow(clippy::module_inception)]
 #[path = "../storage_faults.rs"]
 mod storage_faults;
 #[path = "../storage_panics.rs"]
