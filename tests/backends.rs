@@ -6,13 +6,15 @@
 //! lets a fenced holder write, revives an expired lease, or commits an app
 //! write without its completion fails here by name.
 //!
-//! `scripts/with-postgres cargo test --release --test backends` runs both.
+//! `scripts/with-services cargo test --release --test services backends::`
+//! runs them all.
 
 mod common;
 
-#[macro_use]
-#[path = "common/backends.rs"]
-mod harness;
+// The harness (`crate::harness`, which backends/support.rs re-exports, and
+// its `both_backends!`) is declared once at the test binary's root
+// (tests/services/main.rs): its table and key prefixes are unique through
+// one counter per process.
 
 mod backends {
     mod support;

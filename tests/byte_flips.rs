@@ -222,7 +222,10 @@ fn run_child(path: &Path, dir: &Path) -> Result<Outcome, Box<dyn Error>> {
     let mut child = Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            "flip_trial_in_child_process",
+            // `<file>::flip_trial_in_child_process` where this file is a module of a test binary.
+            concat!(module_path!(), "::flip_trial_in_child_process")
+                .split_once("::")
+                .map_or("flip_trial_in_child_process", |(_, t)| t),
             "--nocapture",
             "--test-threads=1",
         ])

@@ -97,7 +97,10 @@ fn child_peak(cache: &str) -> Result<u64, Box<dyn std::error::Error>> {
     let out = std::process::Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            "cache_child_entry",
+            // `<file>::cache_child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::cache_child_entry")
+                .split_once("::")
+                .map_or("cache_child_entry", |(_, t)| t),
             "--nocapture",
             "--test-threads=1",
         ])

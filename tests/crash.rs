@@ -144,7 +144,14 @@ fn run_child(role: &str, dir: &Path) -> std::io::Result<Output> {
         .arg("-c")
         .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
         .arg(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, role)
         .env(DIR_VAR, dir)
         .stdin(Stdio::null())

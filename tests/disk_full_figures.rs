@@ -7,7 +7,7 @@
 //! engine opens and serves on a 2 MiB file system. Needs root for `mount`.
 //!
 //! ```text
-//! cargo test --release --test disk_full_figures -- --ignored --nocapture --test-threads 1
+//! cargo test --release --test suite disk_full_figures:: -- --ignored --nocapture --test-threads 1
 //! ```
 
 #[path = "common/small_fs.rs"]

@@ -11,8 +11,8 @@
 //! leaves the file byte-identical.
 //!
 //! The fixture is committed; `write_format1_fixture` (ignored) is how it was
-//! made: `cargo test --release --test format1_fixture -- --ignored
-//! write_format1_fixture`. Never regenerate it with a newer format.
+//! made: `cargo test --release --test suite -- --ignored --exact
+//! format1_fixture::write_format1_fixture`. Never regenerate it with a newer format.
 
 mod common;
 #[path = "common/fixture_engine.rs"]

@@ -17,8 +17,8 @@
 //!
 //! The fixtures are committed; `write_format2_fixture` and
 //! `write_format2_crashed_fixture` (ignored) are how they were made:
-//! `cargo test --release --test format2_fixture -- --ignored --exact
-//! write_format2_fixture` (and `write_format2_crashed_fixture`). Never regenerate it with a newer format (a
+//! `cargo test --release --test suite -- --ignored --exact
+//! format2_fixture::write_format2_fixture` (and `write_format2_crashed_fixture`). Never regenerate it with a newer format (a
 //! layout change gets a fixture of its own, and this one stays).
 
 mod common;
@@ -435,7 +435,10 @@ fn write_format2_crashed_fixture() -> TestResult {
         .arg(std::env::current_exe()?)
         .args([
             "--exact",
-            "crashed_fixture_child",
+            // `<file>::crashed_fixture_child` where this file is a module of a test binary.
+            concat!(module_path!(), "::crashed_fixture_child")
+                .split_once("::")
+                .map_or("crashed_fixture_child", |(_, t)| t),
             "--ignored",
             "--nocapture",
             "--test-threads=1",

@@ -21,8 +21,8 @@
 //! migrates this file; its test must keep these answers.
 //!
 //! `write_format2_steps_fixture` (ignored) is how the fixture was made:
-//! `cargo test --release --test format2_steps_fixture -- --ignored --exact
-//! write_format2_steps_fixture`. Never regenerate it with a newer format.
+//! `cargo test --release --test suite -- --ignored --exact
+//! format2_steps_fixture::write_format2_steps_fixture`. Never regenerate it with a newer format.
 
 mod common;
 #[path = "common/fixture_engine.rs"]

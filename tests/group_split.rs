@@ -385,7 +385,10 @@ fn a_journal_fault_among_split_groups_loses_nothing_acknowledged() -> TestResult
         .arg(std::env::current_exe()?)
         .args([
             "--exact",
-            "fault_child_entry",
+            // `<file>::fault_child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::fault_child_entry")
+                .split_once("::")
+                .map_or("fault_child_entry", |(_, t)| t),
             "--nocapture",
             "--test-threads=1",
         ])

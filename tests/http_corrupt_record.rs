@@ -22,8 +22,9 @@ use axum::Router;
 use idempotency::http::IdempotencyLayer;
 use idempotency::{Corrupted, Engine, OpenError};
 
-#[path = "common/backends.rs"]
-mod harness;
+// Declared once at the test binary's root (tests/services/main.rs): its
+// table and key prefixes are unique through one counter per process.
+use crate::harness;
 
 type TestResult = Result<(), Box<dyn Error>>;
 

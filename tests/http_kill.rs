@@ -85,7 +85,10 @@ fn sigkill_mid_traffic_loses_no_told_answer_and_runs_nothing_twice() -> TestResu
         let mut child = Command::new(std::env::current_exe()?)
             .args([
                 "--exact",
-                "child_entry",
+                // `<file>::child_entry` where this file is a module of a test binary.
+                concat!(module_path!(), "::child_entry")
+                    .split_once("::")
+                    .map_or("child_entry", |(_, t)| t),
                 "--nocapture",
                 "--test-threads",
                 "1",

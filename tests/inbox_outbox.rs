@@ -197,7 +197,14 @@ fn deliver_downstream(down: &Engine, message_id: &str) -> idempotency::Result<Pr
 
 fn run_child(role: &str, db: &Path) -> TestResult {
     let status = Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("IDEM_CHILD", role)
         .env("IDEM_DB", db)
         .status()?;

@@ -108,7 +108,14 @@ fn a_failed_journal_write_poisons_and_loses_nothing_acknowledged() -> TestResult
             r#"trap '' XFSZ; ulimit -c 0; ulimit -f {LIMIT_KIB}; exec "$0" "$@""#
         ))
         .arg(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "1")
         .env(DIR_VAR, dir.path())
         .stdin(Stdio::null())

@@ -236,7 +236,14 @@ fn build_shim(dir: &Path) -> Option<PathBuf> {
 fn run(shim: &Path, at: u64, times: u64) -> TestResult {
     let dir = tempfile::tempdir()?;
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "1")
         .env(DIR_VAR, dir.path())
         .env("LD_PRELOAD", shim)
@@ -347,7 +354,14 @@ fn replays_go_on_after_a_failed_reopen_attempt() -> TestResult {
     // claim and one per completion.
     let at = 2 + 2 * SEQUENTIAL_KEYS + 1;
     let out = Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "sequential")
         .env(DIR_VAR, dir.path())
         .env("LD_PRELOAD", &shim)

@@ -58,8 +58,9 @@ use proptest::test_runner::TestCaseError;
 #[path = "common/storage_faults.rs"]
 mod storage_faults;
 
-#[path = "common/backends.rs"]
-mod backends;
+// Declared once at the test binary's root (tests/services/main.rs): its
+// table and key prefixes are unique through one counter per process.
+use crate::harness as backends;
 
 #[path = "model/steps.rs"]
 mod steps;

@@ -176,7 +176,14 @@ fn a_poisoned_engine_keeps_replaying_what_it_acknowledged() -> TestResult {
             r#"trap '' XFSZ; ulimit -c 0; ulimit -f {LIMIT_KIB}; exec "$0" "$@""#
         ))
         .arg(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "1")
         .env(DIR_VAR, dir.path())
         .stdin(Stdio::null())
@@ -219,7 +226,14 @@ fn replays_go_on_when_a_little_space_is_freed_on_a_full_disk() -> TestResult {
     let filler = mnt.0.join("filler");
     std::fs::write(&filler, vec![0_u8; 512 * 1024])?;
     let out = Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "1")
         .env(DIR_VAR, &mnt.0)
         .env(FILLER_VAR, &filler)

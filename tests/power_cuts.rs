@@ -382,19 +382,26 @@ fn run_child(env: &mut Env, chain: &mut Chain, target: Option<(&Target, u64)>) -
     let _ = std::fs::remove_file(&undo_log);
     let _ = std::fs::remove_file(&counts);
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env(CHILD_VAR, "1")
-        .env("PC_DB", chain.db())
-        .env("PC_GEN", chain.gens.to_string())
-        .env("PC_ACKS", &chain.acks)
-        .env("PC_DIR", chain.dir.path())
-        .env("PC_UNDO", &undo_log)
-        .env("PC_CTL", env.work.path().join("ctl-"))
-        .env("PC_COUNTS", &counts)
-        .env("LD_PRELOAD", &env.shim)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+        concat!(module_path!(), "::child_entry")
+            .split_once("::")
+            .map_or("child_entry", |(_, t)| t),
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_VAR, "1")
+    .env("PC_DB", chain.db())
+    .env("PC_GEN", chain.gens.to_string())
+    .env("PC_ACKS", &chain.acks)
+    .env("PC_DIR", chain.dir.path())
+    .env("PC_UNDO", &undo_log)
+    .env("PC_CTL", env.work.path().join("ctl-"))
+    .env("PC_COUNTS", &counts)
+    .env("LD_PRELOAD", &env.shim)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     if chain.fixture && chain.gens == 1 {
         cmd.env("PC_MIGRATE", "1");
     }

@@ -474,7 +474,14 @@ impl Children {
         let role = format!("c{slot}-i{}", self.incarnations);
         let log = File::create(self.dir.join(format!("log-{role}.txt")))?;
         let child = Command::new(std::env::current_exe()?)
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+                concat!(module_path!(), "::child_entry")
+                    .split_once("::")
+                    .map_or("child_entry", |(_, t)| t),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE_VAR, &role)
             .env(DIR_VAR, &self.dir)
             .env(PREFIX_VAR, &self.prefix)

@@ -30,7 +30,8 @@
 //! same bytes. The byte-flip experiment of
 //! issue 28 (100 flips of a ~270 KB file, 30 of its journal, with open and
 //! verify too) is `byte_flip_experiment`, ignored by default:
-//! `cargo test --release --test salvage -- --ignored --nocapture`.
+//! `cargo test --release --test suite salvage::byte_flip_experiment -- --ignored
+//! --nocapture`.
 
 mod common;
 #[path = "common/db_files.rs"]
@@ -271,7 +272,10 @@ fn run_child(dir: &Path, all: bool) -> Result<Child, Box<dyn Error>> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args([
         "--exact",
-        "salvage_trial_in_child_process",
+        // `<file>::salvage_trial_in_child_process` where this file is a module of a test binary.
+        concat!(module_path!(), "::salvage_trial_in_child_process")
+            .split_once("::")
+            .map_or("salvage_trial_in_child_process", |(_, t)| t),
         "--nocapture",
         "--test-threads=1",
     ])
@@ -696,7 +700,10 @@ fn build_crashed(path: &Path, base: usize, more: usize) -> TestResult {
     let status = Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            "write_then_crash_in_child_process",
+            // `<file>::write_then_crash_in_child_process` where this file is a module of a test binary.
+            concat!(module_path!(), "::write_then_crash_in_child_process")
+                .split_once("::")
+                .map_or("write_then_crash_in_child_process", |(_, t)| t),
             "--test-threads=1",
         ])
         .env(CRASH_ENV, path)

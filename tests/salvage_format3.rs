@@ -482,7 +482,10 @@ fn what_the_journal_of_a_crashed_format3_file_holds_is_salvaged() -> TestResult 
     let status = Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            "write_then_crash_in_child_process",
+            // `<file>::write_then_crash_in_child_process` where this file is a module of a test binary.
+            concat!(module_path!(), "::write_then_crash_in_child_process")
+                .split_once("::")
+                .map_or("write_then_crash_in_child_process", |(_, t)| t),
             "--test-threads=1",
         ])
         .env(CRASH_ENV, &path)

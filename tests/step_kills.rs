@@ -727,7 +727,14 @@ fn spawn_child(
         .arg("-c")
         .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
         .arg(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "child")
         .env(STORE_VAR, store.to_env())
         .env(DIR_VAR, dir)

@@ -10,9 +10,9 @@
 
 mod common;
 
-#[macro_use]
-#[path = "common/backends.rs"]
-mod harness;
+// Declared once at the test binary's root (tests/services/main.rs): its
+// table and key prefixes are unique through one counter per process.
+use crate::harness;
 
 use std::sync::Barrier;
 use std::time::Duration;

@@ -162,7 +162,10 @@ fn run_child(name: &str) -> Result<Vec<String>, Box<dyn Error>> {
     let out = Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            "trials_in_child_process",
+            // `<file>::trials_in_child_process` where this file is a module of a test binary.
+            concat!(module_path!(), "::trials_in_child_process")
+                .split_once("::")
+                .map_or("trials_in_child_process", |(_, t)| t),
             "--nocapture",
             "--test-threads=1",
         ])

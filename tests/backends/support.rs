@@ -1,7 +1,7 @@
 //! What the suite's test bodies share: the harness, outcome helpers, keys
 //! and fingerprints, the start instant of every `ManualClock`.
 
-pub(crate) use crate::common::{claimed, replay, unknown};
+pub(crate) use super::super::common::{claimed, replay, unknown};
 pub(crate) use crate::harness::{run, run_format2, run_format3, Backend, Harness, TestResult};
 
 use idempotency::{Fingerprint, FingerprintError, IdempotencyKey};

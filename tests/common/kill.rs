@@ -115,6 +115,21 @@ pub fn next_delay(seed: u64, base: u64, spread: u64) -> (u64, Duration) {
     (seed, Duration::from_millis(base + (seed >> 33) % spread))
 }
 
+/// The name of the including file's `child_entry` test for `--exact`:
+/// `child_entry` when the file is its own test binary, `<file>::child_entry`
+/// when it is a module of a combined one. This module is declared in that
+/// file, so the file's module path is this one's without its last segment
+/// (and without the crate's name).
+fn child_entry() -> String {
+    let file = module_path!()
+        .rsplit_once("::")
+        .map_or("", |(file, _)| file);
+    match file.split_once("::") {
+        Some((_, module)) => format!("{module}::child_entry"),
+        None => "child_entry".to_owned(),
+    }
+}
+
 /// Starts `child_entry` of this test binary with `envs` (core dumps off,
 /// its stderr in `stderr`), waits for the line holding `ready`, lets it
 /// run for `delay`, and SIGKILLs it.
@@ -135,7 +150,7 @@ pub fn run_then_kill(
         .arg("-c")
         .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
         .arg(std::env::current_exe()?)
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"]);
+        .args(["--exact", &child_entry(), "--nocapture", "--test-threads=1"]);
     for (name, value) in envs {
         command.env(name, value);
     }

@@ -8,7 +8,7 @@
 
 use idempotency::{Envelope, Fingerprint, FingerprintError};
 
-use crate::split_mix::SplitMix64;
+use super::split_mix::SplitMix64;
 
 /// FNV-1a, 64 bits: the body hash written to the ack log.
 pub fn fnv1a(bytes: &[u8]) -> u64 {

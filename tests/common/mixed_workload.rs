@@ -22,7 +22,7 @@ use idempotency::{
     Receive,
 };
 
-use crate::common::claimed;
+use super::common::claimed;
 
 /// How far the clock jumps so that the tombstones' records expire: past
 /// the 30-day TTL of the tests' builder (`common/fixture_engine.rs`).

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use idempotency::{BoxError, Envelope, InDoubt, LocalTx, Resolution};
 
-use crate::pg_chaos;
+use super::pg_chaos;
 
 type TestResult<T = ()> = Result<T, Box<dyn Error + Send + Sync>>;
 

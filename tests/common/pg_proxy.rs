@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use idempotency::postgres::config::Host;
 
-use crate::pg_chaos;
+use super::pg_chaos;
 
 type TestResult<T = ()> = Result<T, Box<dyn Error + Send + Sync>>;
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::pg_chaos;
+use super::pg_chaos;
 
 type TestResult<T = ()> = Result<T, Box<dyn Error + Send + Sync>>;
 
