@@ -31,7 +31,12 @@ fn format3_file(path: &Path) -> TestResult {
         .migrate_to_format_3()
         .partition_limits(4, Duration::from_secs(600))
         .open(path)?;
-    let stuck = claim(&engine, &key(SCOPE, "stuck")?, fp(BODY)?)?;
+    write_records(&engine)
+}
+
+/// One UNKNOWN key (`stuck`) then 10 completed ones (`paid-0` … `paid-9`).
+fn write_records(engine: &Engine) -> TestResult {
+    let stuck = claim(engine, &key(SCOPE, "stuck")?, fp(BODY)?)?;
     engine.fail(
         stuck,
         Failure::InDoubt {
@@ -39,7 +44,7 @@ fn format3_file(path: &Path) -> TestResult {
         },
     )?;
     for i in 0..10 {
-        let c = claim(&engine, &key(SCOPE, &format!("paid-{i}"))?, fp(BODY)?)?;
+        let c = claim(engine, &key(SCOPE, &format!("paid-{i}"))?, fp(BODY)?)?;
         engine.complete(c, Envelope::new(1, 201, format!("receipt {i}")))?;
     }
     Ok(())
@@ -134,18 +139,7 @@ fn format2_file(path: &Path) -> TestResult {
         .unstable_create_format_2()
         .open(path)?;
     assert_eq!(engine.redb_format(), Some(2));
-    let stuck = claim(&engine, &key(SCOPE, "stuck")?, fp(BODY)?)?;
-    engine.fail(
-        stuck,
-        Failure::InDoubt {
-            reason: "provider timed out".into(),
-        },
-    )?;
-    for i in 0..10 {
-        let c = claim(&engine, &key(SCOPE, &format!("paid-{i}"))?, fp(BODY)?)?;
-        engine.complete(c, Envelope::new(1, 201, format!("receipt {i}")))?;
-    }
-    Ok(())
+    write_records(&engine)
 }
 
 #[test]

@@ -114,26 +114,29 @@ mod tests {
     use super::super::frame::Frame;
     use super::*;
 
-    /// A well-formed frame list reads back in full; the same list with
-    /// the last frame's checksum broken reads one frame fewer (a torn
-    /// end); raw garbage after the header is refused or read as empty,
-    /// never a panic.
-    #[test]
-    fn frames_written_by_the_hook_read_back() -> Result<(), postcard::Error> {
+    /// One empty frame as the hook's frame list holds it, after a control
+    /// byte `control`.
+    fn one_frame(control: u8) -> Result<Vec<u8>, postcard::Error> {
         let frame = Frame {
             next_token: 7,
             next_outbox: 1,
             changes: Vec::new(),
         };
         let payload = postcard::to_allocvec(&frame)?;
-        let one = |control: u8| {
-            let mut v = vec![control, payload.len() as u8];
-            v.extend_from_slice(&payload);
-            v
-        };
-        let good: Vec<u8> = [one(1), one(1), one(1)].concat();
+        let mut v = vec![control, payload.len() as u8];
+        v.extend_from_slice(&payload);
+        Ok(v)
+    }
+
+    /// A well-formed frame list reads back in full; the same list with
+    /// the last frame's checksum broken reads one frame fewer (a torn
+    /// end); raw garbage after the header is refused or read as empty,
+    /// never a panic.
+    #[test]
+    fn frames_written_by_the_hook_read_back() -> Result<(), postcard::Error> {
+        let good: Vec<u8> = [one_frame(1)?, one_frame(1)?, one_frame(1)?].concat();
         assert_eq!(fuzz_read(true, 4, &good), 3);
-        let torn: Vec<u8> = [one(1), one(1), one(0x81)].concat();
+        let torn: Vec<u8> = [one_frame(1)?, one_frame(1)?, one_frame(0x81)?].concat();
         assert_eq!(fuzz_read(true, 4, &torn), 2);
         assert_eq!(fuzz_read(false, 0, &[0xff; 100]), 0);
         Ok(())
@@ -144,18 +147,7 @@ mod tests {
     /// arithmetic overflow in the reader or the hook.
     #[test]
     fn lsns_near_u64_max_never_overflow() -> Result<(), postcard::Error> {
-        let frame = Frame {
-            next_token: 7,
-            next_outbox: 1,
-            changes: Vec::new(),
-        };
-        let payload = postcard::to_allocvec(&frame)?;
-        let one = |control: u8| {
-            let mut v = vec![control, payload.len() as u8];
-            v.extend_from_slice(&payload);
-            v
-        };
-        let three: Vec<u8> = [one(1), one(1), one(1)].concat();
+        let three: Vec<u8> = [one_frame(1)?, one_frame(1)?, one_frame(1)?].concat();
         for checkpointed in [u64::MAX - 2, u64::MAX - 1, u64::MAX] {
             let read = fuzz_read(true, checkpointed, &three);
             assert!(read <= 2, "{read} frames after {checkpointed}");
