@@ -981,8 +981,8 @@ impl StdError for KeysLost {}
 pub struct Migrated<'a> {
     /// The file.
     pub path: &'a std::path::Path,
-    /// Its format before (`None`: not readable without the recovery the
-    /// migrating open ran first).
+    /// Its format before (after the recovery a crashed file needs; `None`
+    /// only if the open could not tell, which a redb file never gives).
     pub before: Option<u32>,
     /// Its format after.
     pub after: Option<u32>,
