@@ -19,7 +19,7 @@ use idempotency::{
     Begin, Clock, Engine, Envelope, Error, Failure, Fingerprint, IdempotencyKey, ManualClock,
     OpenError, PurgeMode, Resolution,
 };
-use redis_server::{checked, digest, own_server, read_only_user, OwnServer};
+use redis_server::{checked, digest, no_config_user, own_server, read_only_user, OwnServer};
 
 type TestResult = Result<(), Box<dyn StdError + Send + Sync>>;
 
@@ -316,21 +316,7 @@ fn a_server_that_blocks_config_opens_only_when_the_app_attests_its_durability() 
         return Ok(());
     };
     let url = server.url();
-    checked(
-        server.port,
-        &[
-            "ACL",
-            "SETUSER",
-            "managed",
-            "on",
-            ">managed-pw",
-            "~*",
-            "&*",
-            "+@all",
-            "-config",
-        ],
-    )?;
-    let managed = url.replacen("redis://", "redis://managed:managed-pw@", 1);
+    let managed = no_config_user(&url, "managed", "managed-pw")?;
 
     let refused = Engine::builder()
         .redis_key_prefix("attested:")

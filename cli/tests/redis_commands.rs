@@ -124,23 +124,8 @@ fn writing_commands_on_a_server_that_blocks_config_need_the_attestation() -> Tes
     let Some(server) = redis_server::own_server(&[]).map_err(|e| e.to_string())? else {
         return Ok(());
     };
-    let url = server.url();
-    redis_server::checked(
-        server.port,
-        &[
-            "ACL",
-            "SETUSER",
-            "managed",
-            "on",
-            ">managed-pw",
-            "~*",
-            "&*",
-            "+@all",
-            "-config",
-        ],
-    )
-    .map_err(|e| e.to_string())?;
-    let managed = url.replacen("redis://", "redis://managed:managed-pw@", 1);
+    let managed = redis_server::no_config_user(&server.url(), "managed", "managed-pw")
+        .map_err(|e| e.to_string())?;
     let engine = Engine::builder()
         .redis_key_prefix("managed:")
         .sweep_interval(None)

@@ -538,3 +538,26 @@ pub fn read_only_user(
     )?;
     Ok(url.replacen("redis://", &format!("redis://{user}:{password}@"), 1))
 }
+
+/// A user named `user` allowed every command and key except `CONFIG`, as a
+/// managed service grants its customers, on the server at `url`; returns
+/// the URL that logs in as that user.
+pub fn no_config_user(url: &str, user: &str, password: &str) -> Result<String, BoxError> {
+    let port = port_of(url).ok_or("a port in the server's URL")?;
+    let password_rule = format!(">{password}");
+    checked(
+        port,
+        &[
+            "ACL",
+            "SETUSER",
+            user,
+            "on",
+            &password_rule,
+            "~*",
+            "&*",
+            "+@all",
+            "-config",
+        ],
+    )?;
+    Ok(url.replacen("redis://", &format!("redis://{user}:{password}@"), 1))
+}
