@@ -12,6 +12,9 @@ mod layout;
 #[cfg(test)]
 mod layout_reads_tests;
 mod local;
+mod merge_step;
+#[cfg(test)]
+mod merge_tests;
 mod meta;
 mod open;
 mod orphans;
@@ -34,6 +37,8 @@ mod syncer;
 mod tables;
 #[cfg(test)]
 mod test_requests;
+#[cfg(test)]
+mod test_writer;
 mod verify;
 mod writer;
 
@@ -816,7 +821,7 @@ impl Backend for RedbStore {
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
         contained("reading the database", || {
-            read::sweep_due(&*self.db()?, now_ms)
+            read::sweep_due(&*self.db()?, now_ms, Some(self.settings.cfg.ttl_ms))
         })
     }
 

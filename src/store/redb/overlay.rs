@@ -118,7 +118,11 @@ impl Overlay {
                 | Change::PutPartition { .. }
                 | Change::DelPartition { .. }
                 | Change::PutFilter { .. }
-                | Change::DelFilter { .. } => {}
+                | Change::DelFilter { .. }
+                // A merge's copies and drops leave every record key's
+                // value as it was.
+                | Change::MergeCopy { .. }
+                | Change::MergeDrop { .. } => {}
             }
         }
         // Index and outbox changes count too: whole-table reads must then

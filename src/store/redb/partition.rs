@@ -15,6 +15,7 @@
 pub(crate) mod catalog;
 pub(crate) mod filter;
 pub(crate) mod filter_group;
+pub(crate) mod merge;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod probe_fixture;
 pub(crate) mod row;

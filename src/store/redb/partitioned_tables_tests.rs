@@ -6,122 +6,26 @@
 //! the journal's changes applied to an empty file rebuild the same
 //! tables.
 
-use std::sync::Arc;
-
-use redb::backends::InMemoryBackend;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::key::IdempotencyKey;
-use crate::policy::ExpiryPolicy;
-use crate::store::config::StoreConfig;
 use crate::store::ops::{Ops, Txn};
 use crate::store::{FinishStepRequest, StepRequest};
 
-use super::journal::{Change, Frame};
 use super::overlay::{Overlay, Seen};
-use super::partition::catalog::{self, Catalog, Filters, SealRule};
-use super::partition::filter::FilterHasher;
+use super::partition::catalog;
+use super::partition::catalog::SealRule;
 use super::partition::row::{FILTERS, PARTITIONS};
 use super::partition::slot;
 use super::recover::apply;
-use super::tables::{Sequences, Tables};
+use super::tables::Tables;
 use super::test_requests::{claim_in, complete_in};
+use super::test_writer::{dump, key, mem, Writer, R, SEED};
 
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-const T0: u64 = 1_796_000_000_000;
-const SEED: &[u8; 16] = b"sixteen byte key";
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
     max_keys: 8,
 };
-
-fn cfg() -> StoreConfig {
-    StoreConfig {
-        ttl_ms: 86_400_000,
-        expiry: ExpiryPolicy::Forget,
-        max_response_bytes: 1 << 20,
-    }
-}
-
-fn key(i: u32) -> R<IdempotencyKey> {
-    Ok(IdempotencyKey::new("shop:pay", format!("order-{i}"))?)
-}
-
-fn mem() -> R<Database> {
-    Ok(Database::builder().create_with_backend(InMemoryBackend::new())?)
-}
-
-/// A format-3 writer over one in-memory file: its catalog, counters and
-/// clock, and every frame its groups wrote.
-struct Writer {
-    db: Database,
-    catalog: Catalog,
-    seq: Sequences,
-    now: u64,
-    frames: Vec<Frame>,
-}
-
-impl Writer {
-    fn new() -> R<Writer> {
-        let db = mem()?;
-        let txn = db.begin_write()?;
-        {
-            let mut meta = txn.open_table(super::tables::META)?;
-            super::meta::create_format_3(&mut meta, SEED)?;
-        }
-        let mut changes = Vec::new();
-        let catalog = Catalog::load_in(
-            &txn,
-            Arc::new(Filters::new(FilterHasher::new(SEED))),
-            RULE,
-            T0,
-            &mut changes,
-        )?;
-        txn.commit()?;
-        let first = Frame {
-            next_token: 1,
-            next_outbox: 1,
-            changes: changes.into_iter().map(Change::from).collect(),
-        };
-        Ok(Writer {
-            db,
-            catalog,
-            seq: Sequences {
-                token: 1,
-                outbox: 1,
-            },
-            now: T0,
-            frames: vec![first],
-        })
-    }
-
-    /// One group as the writer runs it: seal if due, then `ops`,
-    /// committed, the partitions it dropped forgotten, its frame kept.
-    fn group<T>(&mut self, ops: impl FnOnce(&mut Tables<'_>) -> R<T>) -> R<T> {
-        let txn = self.db.begin_write()?;
-        let (out, seq, changes, dropped) = {
-            let mut t =
-                Tables::open_partitioned(&txn, self.seq, self.now, cfg(), &mut self.catalog)?;
-            t.keep_changes();
-            t.seal_if_due()?;
-            let out = ops(&mut t)?;
-            let dropped = t.take_dropped();
-            (out, t.seq, t.changes.take().unwrap_or_default(), dropped)
-        };
-        txn.commit()?;
-        for p in dropped {
-            self.catalog.dropped(p);
-        }
-        self.seq = seq;
-        self.frames.push(Frame {
-            next_token: seq.token,
-            next_outbox: seq.outbox,
-            changes,
-        });
-        Ok(out)
-    }
-}
 
 fn claimed(t: &mut Tables<'_>, k: &IdempotencyKey) -> R<u64> {
     claim_in(t, k, 30_000)
@@ -131,31 +35,9 @@ fn complete(t: &mut Tables<'_>, k: &IdempotencyKey, token: u64) -> R<()> {
     complete_in(t, k, token)
 }
 
-/// Every (key, value) of a table, as bytes.
-fn dump<K: redb::Key + 'static>(
-    db: &Database,
-    def: TableDefinition<K, &'static [u8]>,
-) -> R<Vec<(Vec<u8>, Vec<u8>)>>
-where
-    for<'a> K::SelfType<'a>: std::fmt::Debug,
-{
-    let txn = db.begin_read()?;
-    let table = match txn.open_table(def) {
-        Ok(table) => table,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut out = Vec::new();
-    for entry in table.iter()? {
-        let (k, v) = entry?;
-        out.push((format!("{:?}", k.value()).into_bytes(), v.value().to_vec()));
-    }
-    Ok(out)
-}
-
 #[test]
 fn records_and_steps_stay_found_across_seals_and_the_journal_rebuilds_them() -> R<()> {
-    let mut w = Writer::new()?;
+    let mut w = Writer::new(RULE)?;
     let mut tokens = Vec::new();
     // 30 keys, 4 per group: the hot partition is sealed every 8 keys.
     for group in 0..8u32 {
@@ -288,7 +170,7 @@ fn records_and_steps_stay_found_across_seals_and_the_journal_rebuilds_them() -> 
 
 /// 20 claims completed over three partitions (8 keys each, the last hot).
 fn twenty() -> R<Writer> {
-    let mut w = Writer::new()?;
+    let mut w = Writer::new(RULE)?;
     for group in 0..5u32 {
         w.now += 1_000;
         w.group(|t| {

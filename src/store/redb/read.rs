@@ -22,7 +22,9 @@ use crate::store::Scanned;
 use super::layout::Layout;
 use super::overlay::{Overlay, Seen};
 use super::partition::catalog;
-use super::partition::row::{FILTERS, PARTITIONS};
+use super::partition::merge;
+use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
+use super::partition::slot;
 use super::snapshot::{Snapshot, Snapshots};
 use super::tables::{
     Context, DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY,
@@ -306,10 +308,15 @@ pub(super) fn scan(
     visit: &mut dyn FnMut(Scanned) -> bool,
 ) -> Result<()> {
     let what = "listing records";
-    let table = table(db, layout.records(), what)?;
+    let txn = db.begin_read().context(what)?;
+    let table = txn.open_table(layout.records()).context(what)?;
+    let unread = unread_partitions(&txn, layout)?;
     let prefix = layout.prefix_bytes();
     for entry in table.iter().context(what)? {
         let (k, v) = entry.context(what)?;
+        if is_unread(&unread, k.value()) {
+            continue;
+        }
         if !visit(scanned(prefix, k.value(), v.value())) {
             break;
         }
@@ -342,9 +349,11 @@ pub(super) fn scan_in_key_order(
     visit: &mut dyn FnMut(Scanned) -> bool,
 ) -> Result<()> {
     let what = "listing records";
-    let table = table(db, layout.records(), what)?;
+    let txn = db.begin_read().context(what)?;
+    let table = txn.open_table(layout.records()).context(what)?;
+    let unread = unread_partitions(&txn, layout)?;
     let prefix = layout.prefix_bytes();
-    let mut runs = runs(&table, prefix + 1)?;
+    let mut runs = runs(&table, prefix + 1, &unread)?;
     let mut heads = BinaryHeap::new();
     for run in 0..runs.len() {
         push_head(&mut runs, run, prefix, &mut heads)?;
@@ -365,6 +374,7 @@ pub(super) fn scan_in_key_order(
 fn runs(
     table: &ReadOnlyTable<&'static [u8], &'static [u8]>,
     run_bytes: usize,
+    unread: &std::collections::BTreeSet<u64>,
 ) -> Result<Vec<redb::Range<'static, &'static [u8], &'static [u8]>>> {
     let what = "listing records";
     let mut runs = Vec::new();
@@ -381,11 +391,16 @@ fn runs(
         };
         let k = k.value();
         if let Some(lo) = k.get(..run_bytes) {
+            let skip = is_unread(unread, lo);
             let Some(hi) = successor(lo) else {
-                runs.push(table.range::<&[u8]>(lo..).context(what)?);
+                if !skip {
+                    runs.push(table.range::<&[u8]>(lo..).context(what)?);
+                }
                 return Ok(runs);
             };
-            runs.push(table.range::<&[u8]>(lo..hi.as_slice()).context(what)?);
+            if !skip {
+                runs.push(table.range::<&[u8]>(lo..hi.as_slice()).context(what)?);
+            }
             from = hi;
         } else {
             runs.push(table.range::<&[u8]>(k..=k).context(what)?);
@@ -393,6 +408,37 @@ fn runs(
             from.push(0);
         }
     }
+}
+
+/// Format 3: the partitions of `txn` lookups never read (a merge's copies
+/// and the stale records a merge left, `partition/merge.rs`), which
+/// listings skip too. Format 2: none.
+fn unread_partitions(
+    txn: &redb::ReadTransaction,
+    layout: &Layout,
+) -> Result<std::collections::BTreeSet<u64>> {
+    let what = "listing records";
+    let mut out = std::collections::BTreeSet::new();
+    if matches!(layout, Layout::Single) {
+        return Ok(out);
+    }
+    let rows = match txn.open_table(PARTITIONS) {
+        Ok(rows) => rows,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(out),
+        Err(e) => return Err(e).context(what),
+    };
+    for entry in rows.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        if PartitionRow::decode(k.value(), v.value()).is_ok_and(|row| !row.is_read()) {
+            out.insert(k.value());
+        }
+    }
+    Ok(out)
+}
+
+/// Whether records-table key `k` (a slot key) is in one of `unread`.
+fn is_unread(unread: &std::collections::BTreeSet<u64>, k: &[u8]) -> bool {
+    !unread.is_empty() && slot::split(k).is_some_and(|(p, _)| unread.contains(&p))
 }
 
 /// The smallest byte string above every string that starts with
@@ -457,7 +503,11 @@ pub(super) fn oldest_in_doubt(db: &impl ReadableDatabase, now_ms: u64) -> Result
     Ok(oldest)
 }
 
-pub(super) fn sweep_due(db: &impl ReadableDatabase, now_ms: u64) -> Result<bool> {
+pub(super) fn sweep_due(
+    db: &impl ReadableDatabase,
+    now_ms: u64,
+    merge_ttl_ms: Option<u64>,
+) -> Result<bool> {
     let what = "checking for sweep work";
     for index in [LEASES, EXPIRY] {
         let index = table(db, index, what)?;
@@ -466,7 +516,37 @@ pub(super) fn sweep_due(db: &impl ReadableDatabase, now_ms: u64) -> Result<bool>
             return Ok(true);
         }
     }
-    Ok(false)
+    match merge_ttl_ms {
+        Some(ttl_ms) => merge_due(db, now_ms, ttl_ms),
+        None => Ok(false),
+    }
+}
+
+/// Format 3: whether the merge of closed partitions has work
+/// (`partition/merge.rs`): a merge or a drop under way, or partitions due
+/// to merge at `now_ms` with records kept `ttl_ms`. Format 2: never.
+fn merge_due(db: &impl ReadableDatabase, now_ms: u64, ttl_ms: u64) -> Result<bool> {
+    let what = "checking for merge work";
+    let txn = db.begin_read().context(what)?;
+    let rows = match txn.open_table(PARTITIONS) {
+        Ok(rows) => rows,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(e).context(what),
+    };
+    let mut decoded = Vec::new();
+    for entry in rows.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        if let Ok(row) = PartitionRow::decode(k.value(), v.value()) {
+            if matches!(
+                row.state,
+                PartitionState::Merging | PartitionState::Dropping
+            ) {
+                return Ok(true);
+            }
+            decoded.push((k.value(), row));
+        }
+    }
+    Ok(!merge::due_sources(decoded, now_ms, ttl_ms).is_empty())
 }
 
 pub(super) fn outbox(db: &impl ReadableDatabase, limit: usize) -> Result<Vec<OutboxEntry>> {

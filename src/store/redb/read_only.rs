@@ -150,7 +150,9 @@ impl Backend for RedbReader {
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<bool> {
-        contained("reading the database", || read::sweep_due(&self.db, now_ms))
+        contained("reading the database", || {
+            read::sweep_due(&self.db, now_ms, None)
+        })
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>> {

@@ -13,7 +13,8 @@ use super::journal::{
 };
 use super::meta::{self, file_format, read_meta, Counter, Format, MetaError, StoredJournal};
 use super::partition::catalog;
-use super::partition::row::{FILTERS, PARTITIONS};
+use super::partition::merge::{self, MergeTables};
+use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
 use super::tables::{
     DEAD_LETTERS, ENTITIES, EXPIRY, HISTORY, LEASES, META, OUTBOX, RECORDS, RECOVERY, STEPS,
 };
@@ -363,6 +364,43 @@ pub(super) fn apply(
             Change::DelFilter { partition } => {
                 txn.open_table(FILTERS)?.remove(*partition)?;
             }
+            Change::MergeDrop {
+                partition,
+                limit,
+                records: deleted,
+            } => {
+                let mut t = MergeTables {
+                    records: &mut records,
+                    steps: &mut steps,
+                    history: &mut history,
+                };
+                let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
+                let step = merge::drop_step(&mut t, *partition, limit)?;
+                if step.records != *deleted {
+                    return Err(MetaError::Storage(redb::Error::Corrupted(format!(
+                        "the journal's drop step deletes {deleted} records of partition \
+                         {partition}, but {} are there: the journal does not fit the file",
+                        step.records
+                    ))));
+                }
+            }
+            Change::MergeCopy {
+                target,
+                after,
+                copied,
+            } => {
+                replay_merge_copy(
+                    txn,
+                    &mut MergeTables {
+                        records: &mut records,
+                        steps: &mut steps,
+                        history: &mut history,
+                    },
+                    *target,
+                    after.as_deref(),
+                    *copied,
+                )?;
+            }
         }
     }
     // Counters never go back (a frame holds them after its batch).
@@ -372,6 +410,44 @@ pub(super) fn apply(
     ] {
         let stored = meta::required_counter(&table, counter)?;
         meta::write_counter(&mut table, counter, stored.max(in_frame))?;
+    }
+    Ok(())
+}
+
+/// Runs again a merge's copy step (`partition/merge.rs`): the merge
+/// sources are the partitions whose rows say so, as they did when the
+/// step ran, so the same `copied` records are copied.
+///
+/// # Errors
+///
+/// A storage error, also when the step copies a different count (the
+/// journal does not fit the file: reported as corruption).
+fn replay_merge_copy(
+    txn: &WriteTransaction,
+    t: &mut MergeTables<'_, '_>,
+    target: u64,
+    after: Option<&[u8]>,
+    copied: u64,
+) -> Result<(), MetaError> {
+    let mut sources = Vec::new();
+    let rows = txn.open_table(PARTITIONS)?;
+    for entry in redb::ReadableTable::iter(&rows)? {
+        let (k, v) = entry?;
+        let partition = k.value();
+        if PartitionRow::decode(partition, v.value())
+            .is_ok_and(|row| row.state == PartitionState::MergeSource)
+        {
+            sources.push(partition);
+        }
+    }
+    let limit = usize::try_from(copied).unwrap_or(usize::MAX);
+    let step = merge::copy_step(t, target, &sources, after, limit)?;
+    if step.keys.len() as u64 != copied {
+        return Err(MetaError::Storage(redb::Error::Corrupted(format!(
+            "the journal's merge step copies {copied} records into partition {target}, \
+             but {} are left to copy: the journal does not fit the file",
+            step.keys.len()
+        ))));
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use crate::store::ops::{Ops, Swept};
 use crate::store::record::RecordState;
 
 use super::journal::IndexTable;
+use super::partition::merge::MERGE_STEP_RECORDS;
 use super::tables::{OpError, Tables};
 
 impl Tables<'_> {
@@ -21,6 +22,9 @@ impl Tables<'_> {
         // Format 3: the oldest due partition in key order first
         // (`drain.rs`); the index below catches the rest.
         self.drain(limit, &mut counts)?;
+        // Format 3: a step of the merge of closed partitions
+        // (`merge_step.rs`).
+        self.merge_step(MERGE_STEP_RECORDS, &mut counts)?;
         let upper = (now.saturating_add(1), &[][..]);
         // Stale PROCESSING → UNKNOWN. Lease ends are exclusive: a lease
         // ending at `now` has run out.

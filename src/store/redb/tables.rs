@@ -34,6 +34,7 @@ use crate::store::step::{HistoryRecord, StepRecord};
 
 use super::journal::{Change, IndexTable};
 use super::partition::catalog::{self, Catalog, CatalogChange, CatalogTables};
+use super::partition::merge::MergeTables;
 use super::partition::row::{FILTERS, PARTITIONS};
 use super::partition::slot;
 
@@ -346,6 +347,11 @@ impl<'t> Tables<'t> {
     ) -> std::result::Result<(), redb::StorageError> {
         let (slot, new) = self.slot_of(rkey)?;
         self.records.insert(&*slot, value.as_slice())?;
+        if let Some(copy) = self.mirror_of(&slot) {
+            self.records.insert(copy.as_slice(), value.as_slice())?;
+            let value = value.clone();
+            self.log(|| Change::PutRecord { key: copy, value });
+        }
         if let Some(part) = self.partitioned.as_mut() {
             if new {
                 part.catalog.inserted_new_key(self.now);
@@ -363,6 +369,10 @@ impl<'t> Tables<'t> {
     fn del_record(&mut self, rkey: &[u8]) -> std::result::Result<(), redb::StorageError> {
         let (slot, _) = self.slot_of(rkey)?;
         self.records.remove(&*slot)?;
+        if let Some(copy) = self.mirror_of(&slot) {
+            self.records.remove(copy.as_slice())?;
+            self.log(|| Change::DelRecord { key: copy });
+        }
         if let Some(part) = self.partitioned.as_mut() {
             part.last = Some((rkey.to_vec(), None));
             if let Some((p, _)) = slot::split(&slot) {
@@ -385,7 +395,10 @@ impl<'t> Tables<'t> {
         let Some((p, _)) = slot::split(slot) else {
             return Ok(());
         };
-        if p == part.catalog.hot().partition || part.dropped.contains(&p) {
+        if p == part.catalog.hot().partition
+            || part.dropped.contains(&p)
+            || part.catalog.held_by_merge(p)
+        {
             return Ok(());
         }
         if catalog::range(&self.records, p)?.next().is_some() {
@@ -405,6 +418,40 @@ impl<'t> Tables<'t> {
         self.log(|| Change::DelPartition { partition: p });
         self.log(|| Change::DelFilter { partition: p });
         Ok(())
+    }
+
+    /// Where a write to slot key `slot` must be made again while a merge
+    /// runs (`Catalog::mirror_of`); `None` in format 2 and otherwise.
+    fn mirror_of(&self, slot: &[u8]) -> Option<Vec<u8>> {
+        self.partitioned.as_ref()?.catalog.mirror_of(slot)
+    }
+
+    /// A step of the merge of closed partitions needs a lookup answered
+    /// again: forgets the last key located.
+    pub(super) fn forget_located(&mut self) {
+        if let Some(part) = self.partitioned.as_mut() {
+            part.last = None;
+            part.gone = None;
+        }
+    }
+
+    /// Format 3: the writer's catalog and the tables a merge step writes,
+    /// borrowed together; `None` in format 2.
+    pub(super) fn merge_parts(&mut self) -> Option<(&mut Catalog, MergeTables<'_, 't>)> {
+        let part = self.partitioned.as_mut()?;
+        Some((
+            &mut *part.catalog,
+            MergeTables {
+                records: &mut self.records,
+                steps: &mut self.steps,
+                history: &mut self.history,
+            },
+        ))
+    }
+
+    /// Appends `change` to the journal's changes (a merge step's).
+    pub(super) fn log_change(&mut self, change: Change) {
+        self.log(|| change);
     }
 
     /// The writer's catalog (format 3).
@@ -666,6 +713,16 @@ impl Txn for Tables<'_> {
         let value = codec::encode_step(rkey, step);
         self.steps
             .insert((&*slot, step.name.as_str()), value.as_slice())?;
+        if let Some(copy) = self.mirror_of(&slot) {
+            self.steps
+                .insert((copy.as_slice(), step.name.as_str()), value.as_slice())?;
+            let (name, value) = (step.name.clone(), value.clone());
+            self.log(|| Change::PutStep {
+                key: copy,
+                name,
+                value,
+            });
+        }
         self.log(|| Change::PutStep {
             key: slot.into_owned(),
             name: step.name.clone(),
@@ -686,8 +743,14 @@ impl Txn for Tables<'_> {
             }
             names.push(name.to_owned());
         }
+        let copy = self.mirror_of(&slot);
         for name in names {
             self.steps.remove((&*slot, name.as_str()))?;
+            if let Some(copy) = &copy {
+                self.steps.remove((copy.as_slice(), name.as_str()))?;
+                let (key, name) = (copy.clone(), name.clone());
+                self.log(|| Change::DelStep { key, name });
+            }
             self.log(|| Change::DelStep {
                 key: slot.to_vec(),
                 name,
@@ -722,6 +785,16 @@ impl Txn for Tables<'_> {
         let slot = self.steps_slot_of(rkey)?;
         let value = codec::encode_history(rkey, entry);
         self.history.insert((&*slot, entry.seq), value.as_slice())?;
+        if let Some(copy) = self.mirror_of(&slot) {
+            self.history
+                .insert((copy.as_slice(), entry.seq), value.as_slice())?;
+            let value = value.clone();
+            self.log(|| Change::PutHistory {
+                key: copy,
+                seq: entry.seq,
+                value,
+            });
+        }
         self.log(|| Change::PutHistory {
             key: slot.into_owned(),
             seq: entry.seq,
@@ -736,7 +809,13 @@ impl Txn for Tables<'_> {
         for entry in self.history.range((&*slot, 0)..=(&*slot, u32::MAX))? {
             seqs.push(entry?.0.value().1);
         }
+        let copy = self.mirror_of(&slot);
         for seq in seqs {
+            if let Some(copy) = &copy {
+                self.history.remove((copy.as_slice(), seq))?;
+                let key = copy.clone();
+                self.log(|| Change::DelHistory { key, seq });
+            }
             self.history.remove((&*slot, seq))?;
             self.log(|| Change::DelHistory {
                 key: slot.to_vec(),
@@ -772,7 +851,7 @@ impl Txn for Tables<'_> {
 }
 
 /// A table that cannot be opened, as a storage error.
-fn table_error(e: redb::TableError) -> redb::StorageError {
+pub(super) fn table_error(e: redb::TableError) -> redb::StorageError {
     match e {
         redb::TableError::Storage(e) => e,
         other => redb::StorageError::Corrupted(other.to_string()),
@@ -781,7 +860,7 @@ fn table_error(e: redb::TableError) -> redb::StorageError {
 
 /// A catalog error as the redb error that fails the batch (and poisons
 /// the backend: a reopen loads the catalog again).
-fn catalog_error(e: catalog::CatalogError) -> redb::Error {
+pub(super) fn catalog_error(e: catalog::CatalogError) -> redb::Error {
     match e {
         catalog::CatalogError::Storage(e) => e,
         other => redb::Error::Corrupted(other.to_string()),

@@ -38,12 +38,16 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
         Layout::Single => txn.open_table(RECORDS),
     }
     .context(what)?;
+    let merges = match layout {
+        Layout::Partitioned { .. } => merge_states(&txn)?,
+        Layout::Single => Merges::default(),
+    };
     let Walked {
         expected,
         undecodable,
         duplicates,
         checked,
-    } = walk_records(&records, layout, &mut problems)?;
+    } = walk_records(&records, layout, &merges, &mut problems)?;
     let mut found = BTreeSet::new();
     for (name, table) in [
         ("leases", LEASES),
@@ -156,11 +160,96 @@ struct Walked {
     checked: u64,
 }
 
+/// Format 3's partitions a merge holds (`partition/merge.rs`), from the
+/// rows that decode (those that do not are reported by `partition_damage`).
+#[derive(Default)]
+struct Merges {
+    /// The merging partition, whose records are copies of its sources'.
+    merging: Option<u64>,
+    /// The merge sources, ascending.
+    sources: Vec<u64>,
+    /// Dropping partitions: stale copies, read by nothing.
+    dropping: BTreeSet<u64>,
+}
+
+fn merge_states(txn: &redb::ReadTransaction) -> Result<Merges> {
+    let what = "verifying the partitions";
+    let mut out = Merges::default();
+    let table = match txn.open_table(PARTITIONS) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(out),
+        Err(e) => return Err(e).context(what),
+    };
+    for entry in table.iter().context(what)? {
+        let (k, v) = entry.context(what)?;
+        let Ok(row) = PartitionRow::decode(k.value(), v.value()) else {
+            continue;
+        };
+        match row.state {
+            PartitionState::Merging => out.merging = Some(k.value()),
+            PartitionState::MergeSource => out.sources.push(k.value()),
+            PartitionState::Dropping => {
+                out.dropping.insert(k.value());
+            }
+            PartitionState::Hot | PartitionState::Sealed => {}
+        }
+    }
+    Ok(out)
+}
+
+/// A record of a merging or dropping partition (`merges`): its value must
+/// decode; a merging partition's must also be the twin of a merge
+/// source's record. These are copies nothing reads: they add no index
+/// entry and no duplicate. `None`: `p` is read by lookups (a record like
+/// any other).
+fn unread_copy_damage(
+    records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    merges: &Merges,
+    p: u64,
+    rkey: &[u8],
+    value: &[u8],
+) -> Result<Option<Vec<Damage>>> {
+    let what = "verifying the database";
+    let merging = merges.merging == Some(p);
+    if !merging && !merges.dropping.contains(&p) {
+        return Ok(None);
+    }
+    let mut problems = Vec::new();
+    if let Err(e) = codec::decode(rkey, value) {
+        problems.push(Damage::Undecodable {
+            key_hex: hex(rkey),
+            reason: e.to_string(),
+        });
+    }
+    if merging {
+        let mut twin = false;
+        for &q in &merges.sources {
+            if let Some(found) = records
+                .get(slot::slot_key(q, rkey).as_slice())
+                .context(what)?
+            {
+                twin |= found.value() == value;
+            }
+        }
+        if !twin {
+            problems.push(Damage::BadPartition {
+                partition: p,
+                reason: format!(
+                    "the merge's copy of record {} matches no merge source's record",
+                    hex(rkey)
+                ),
+            });
+        }
+    }
+    Ok(Some(problems))
+}
+
 /// Walks every record: its key, a lookup of it, its value; what it found
 /// wrong goes to `problems`.
 fn walk_records(
     records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     layout: Layout,
+    merges: &Merges,
     problems: &mut Vec<Damage>,
 ) -> Result<Walked> {
     let what = "verifying the database";
@@ -179,6 +268,10 @@ fn walk_records(
         let rkey = if let Layout::Single = layout {
             stored.clone()
         } else if let Some((p, rkey)) = slot::split(&stored) {
+            if let Some(found) = unread_copy_damage(records, merges, p, rkey, v.value())? {
+                problems.extend(found);
+                continue;
+            }
             if let Some(first) = met.insert(rkey.to_vec(), p) {
                 w.duplicates
                     .entry(rkey.to_vec())
@@ -273,6 +366,33 @@ fn partition_damage(
                 format!("a second partition taking new keys (after {})", hot[0]),
             ));
         }
+    }
+    let merging: Vec<u64> = rows
+        .iter()
+        .filter(|(_, row)| row.state == PartitionState::Merging)
+        .map(|(p, _)| *p)
+        .collect();
+    let sources = rows
+        .values()
+        .filter(|row| row.state == PartitionState::MergeSource)
+        .count();
+    for p in merging.iter().skip(1) {
+        problems.push(bad(
+            *p,
+            format!("a second merging partition (after {})", merging[0]),
+        ));
+    }
+    match (merging.first(), sources) {
+        (Some(p), 0) => problems.push(bad(*p, "a merging partition without merge sources".into())),
+        (None, n) if n > 0 => {
+            for (p, _) in rows
+                .iter()
+                .filter(|(_, row)| row.state == PartitionState::MergeSource)
+            {
+                problems.push(bad(*p, "a merge source without a merging partition".into()));
+            }
+        }
+        _ => {}
     }
     let Some(seed) = seed else {
         return Ok(problems);

@@ -110,6 +110,30 @@ pub(in crate::store::redb) enum Change {
     DelFilter {
         partition: u64,
     },
+    // Added with the merge of closed partitions: appended, as above.
+    /// Format 3's merge (`partition/merge.rs`): `copied` records, each
+    /// with its steps and log entries, copied from the merge sources (the
+    /// partitions whose rows are merge sources) into partition `target`,
+    /// the first `copied` in record-key order after record key `after`
+    /// (`None`: from the first). Replayed by running the same copy, which
+    /// finds the same records: the state a frame is applied to is the
+    /// state it was written from.
+    MergeCopy {
+        target: u64,
+        after: Option<Vec<u8>>,
+        copied: u64,
+    },
+    /// Format 3's merge: a drop step of dropping partition `partition`
+    /// (`partition/merge.rs`, `drop_step` with `limit`), which deleted
+    /// `records` records, with their steps and log entries. Replayed by
+    /// running the same step. Not written as record deletes: the record
+    /// keys live on in the merged partition, and readers' overlay
+    /// (`overlay.rs`) knows records by record key.
+    MergeDrop {
+        partition: u64,
+        limit: u64,
+        records: u64,
+    },
 }
 
 impl Change {
@@ -137,6 +161,8 @@ impl Change {
                 .saturating_add(name.len())
                 .saturating_add(value.len()),
             Change::DelStep { key, name } => key.len().saturating_add(name.len()),
+            Change::MergeCopy { after, .. } => after.as_ref().map_or(0, Vec::len),
+            Change::MergeDrop { .. } => 0,
         }
     }
 }

@@ -29,6 +29,7 @@ use super::filter::{
     FilterChecksum, FilterError, FilterHasher, GroupAnswers, KeyHash, PartitionFilter,
 };
 use super::filter_group::Kept;
+use super::merge;
 use super::row::{PartitionRow, PartitionState, RowError, FILTERS, PARTITIONS};
 use super::slot::{self, BUILT_PARTITIONS, FIRST_PARTITION};
 
@@ -188,6 +189,8 @@ impl Probes {
             let (k, v) = entry?;
             let partition = k.value();
             let (filter, checksum) = match PartitionRow::decode(partition, v.value()) {
+                // Copies being made, or stale once merged (`merge.rs`).
+                Ok(row) if !row.is_read() => continue,
                 Ok(row) => match row.filter_checksum {
                     Some(sum) => (filters.get(partition, &sum), Some(sum)),
                     None => (None, None),
@@ -357,6 +360,26 @@ pub(crate) struct Catalog {
     /// Partitions drained once since the open: left to the per-record
     /// sweep from then on.
     drained: std::collections::BTreeSet<u64>,
+    /// The merge under way (`merge.rs`).
+    merge: Option<Merging>,
+    /// Partitions whose records were merged elsewhere, being emptied.
+    dropping: std::collections::BTreeSet<u64>,
+}
+
+/// The merge under way (`merge.rs`), as the writer knows it.
+#[derive(Debug)]
+pub(crate) struct Merging {
+    /// The partition it fills.
+    pub(crate) target: u64,
+    /// The partitions it copies, ascending.
+    pub(crate) sources: Vec<u64>,
+    /// The last record key copied (`None`: none yet).
+    pub(crate) cursor: Option<Vec<u8>>,
+    /// The target's row as the switch will seal it.
+    row: PartitionRow,
+    /// The target's filter, of every key copied; `None` once a key did not
+    /// fit (the switch then builds it from the target's range).
+    filter: Option<PartitionFilter>,
 }
 
 /// The partition tables open in the writer's transaction.
@@ -435,6 +458,9 @@ impl Catalog {
         let mut hot: Option<Hot> = None;
         let mut probes = Probes::default();
         let mut sealed_at = std::collections::BTreeMap::new();
+        let mut merging: Option<(u64, PartitionRow)> = None;
+        let mut sources: Vec<(u64, PartitionRow)> = Vec::new();
+        let mut dropping = std::collections::BTreeSet::new();
         for (partition, row) in &rows {
             let (partition, row) = (*partition, *row);
             match row.state {
@@ -454,7 +480,22 @@ impl Catalog {
                         checksum: None,
                     });
                 }
-                PartitionState::Sealed | PartitionState::Dropping => {
+                PartitionState::Merging => {
+                    if let Some((other, _)) = merging {
+                        return Err(CatalogError::Damaged {
+                            partition: partition.max(other),
+                            problem: "a second merging partition",
+                        });
+                    }
+                    merging = Some((partition, row));
+                }
+                PartitionState::Dropping => {
+                    dropping.insert(partition);
+                }
+                PartitionState::Sealed | PartitionState::MergeSource => {
+                    if row.state == PartitionState::MergeSource {
+                        sources.push((partition, row));
+                    }
                     sealed_at.insert(partition, row.last_claim_ms);
                     let stored = stored_filter(t, &filters, partition, &row)?;
                     let (checksum, filter) = if let Some(kept) = stored {
@@ -489,6 +530,7 @@ impl Catalog {
             });
             hot
         };
+        let merge = resume_merge(t, &filters, merging, sources, &mut dropping, changes)?;
         Ok(Catalog {
             filters,
             probes,
@@ -497,6 +539,8 @@ impl Catalog {
             sealed_at,
             draining: None,
             drained: std::collections::BTreeSet::new(),
+            merge,
+            dropping,
         })
     }
 
@@ -612,6 +656,214 @@ impl Catalog {
         }
     }
 
+    /// The merge under way.
+    pub(crate) fn merging(&self) -> Option<&Merging> {
+        self.merge.as_ref()
+    }
+
+    /// Where a write to slot key `slot` must be made again while a merge
+    /// runs: the copy's slot key when `slot` is in a merge source and its
+    /// record key was copied already (at or below the cursor); `None`
+    /// otherwise.
+    pub(crate) fn mirror_of(&self, slot: &[u8]) -> Option<Vec<u8>> {
+        let merge = self.merge.as_ref()?;
+        let (p, rkey) = slot::split(slot)?;
+        let copied = merge.cursor.as_deref().is_some_and(|c| rkey <= c);
+        (copied && merge.sources.binary_search(&p).is_ok())
+            .then(|| slot::slot_key(merge.target, rkey))
+    }
+
+    /// Whether partition `partition` is held by a merge (a source, the
+    /// target, or dropping after one): it is not dropped when a delete
+    /// empties it.
+    pub(crate) fn held_by_merge(&self, partition: u64) -> bool {
+        self.dropping.contains(&partition)
+            || self.merge.as_ref().is_some_and(|m| {
+                m.target == partition || m.sources.binary_search(&partition).is_ok()
+            })
+    }
+
+    /// The next built partition number, above every one known.
+    fn next_built(&self) -> Option<u64> {
+        let known = self
+            .probes
+            .list
+            .iter()
+            .map(|p| p.partition)
+            .chain(self.dropping.iter().copied())
+            .chain(self.merge.as_ref().map(|m| m.target));
+        merge::next_built(known)
+    }
+
+    /// Begins the merge of sealed partitions `sources` (ascending, as
+    /// [`merge::due_sources`] picks them): the target's row written
+    /// merging, theirs merge sources. Every change is appended to
+    /// `changes`.
+    ///
+    /// # Errors
+    ///
+    /// [`CatalogError`] for a storage error, a source whose row is not a
+    /// sealed one, a merge already under way, or no partition number left.
+    pub(crate) fn begin_merge(
+        &mut self,
+        t: &mut CatalogTables<'_, '_>,
+        sources: Vec<u64>,
+        changes: &mut Vec<CatalogChange>,
+    ) -> Result<(), CatalogError> {
+        let Some(&first) = sources.first() else {
+            return Ok(());
+        };
+        if self.merge.is_some() {
+            return Err(CatalogError::Damaged {
+                partition: first,
+                problem: "a merge begun while one is under way",
+            });
+        }
+        let target = self.next_built().ok_or(CatalogError::Damaged {
+            partition: first,
+            problem: "no partition number left for a merge",
+        })?;
+        let mut rows = Vec::with_capacity(sources.len());
+        for &p in &sources {
+            let Some(bytes) = t.rows.get(p)? else {
+                return Err(CatalogError::Damaged {
+                    partition: p,
+                    problem: "a merge source without a row",
+                });
+            };
+            let row = PartitionRow::decode(p, bytes.value())?;
+            if row.state != PartitionState::Sealed {
+                return Err(CatalogError::Damaged {
+                    partition: p,
+                    problem: "a merge source that is not sealed",
+                });
+            }
+            rows.push(row);
+        }
+        let keys: u64 = rows.iter().map(|r| r.keys).fold(0, u64::saturating_add);
+        let filter = PartitionFilter::with_capacity(target, keys.max(1), self.filters.hasher())?;
+        let row = merge::merging_row(&rows);
+        let value = row.encode(target);
+        t.rows.insert(target, value.as_slice())?;
+        changes.push(CatalogChange::Row(target, Some(value)));
+        for (&p, source) in sources.iter().zip(rows) {
+            let mut source = source;
+            source.state = PartitionState::MergeSource;
+            let value = source.encode(p);
+            t.rows.insert(p, value.as_slice())?;
+            changes.push(CatalogChange::Row(p, Some(value)));
+        }
+        self.merge = Some(Merging {
+            target,
+            sources,
+            cursor: None,
+            row,
+            filter: Some(filter),
+        });
+        Ok(())
+    }
+
+    /// Notes record keys `keys` (ascending, after the cursor) copied.
+    pub(crate) fn merge_copied(&mut self, keys: Vec<Vec<u8>>) {
+        let Some(merge) = self.merge.as_mut() else {
+            return;
+        };
+        for key in &keys {
+            merge.row.keys = merge.row.keys.saturating_add(1);
+            if let Some(filter) = merge.filter.as_mut() {
+                if let Err(e) = filter.insert(key) {
+                    tracing::warn!(error = %e, "a merged partition's filter is full: it is built from its records at the switch");
+                    merge.filter = None;
+                }
+            }
+        }
+        if let Some(last) = keys.into_iter().next_back() {
+            merge.cursor = Some(last);
+        }
+    }
+
+    /// Ends the merge under way: the target sealed with its filter (read
+    /// from this commit on), its sources dropping (skipped from this commit
+    /// on) without filters. Every change is appended to `changes`.
+    ///
+    /// # Errors
+    ///
+    /// [`CatalogError`] for a storage error, a source row that does not
+    /// decode, or a filter that cannot be built; the transaction must then
+    /// not commit.
+    pub(crate) fn finish_merge(
+        &mut self,
+        t: &mut CatalogTables<'_, '_>,
+        changes: &mut Vec<CatalogChange>,
+    ) -> Result<(), CatalogError> {
+        let Some(merge) = self.merge.take() else {
+            return Ok(());
+        };
+        let Merging {
+            target,
+            sources,
+            row,
+            filter,
+            ..
+        } = merge;
+        let filter = match filter {
+            Some(filter) => filter,
+            None => build_filter(t.records, self.filters.hasher(), target, |k| k)?,
+        };
+        let (bytes, sum) = filter.encode();
+        let mut row = row;
+        row.state = PartitionState::Sealed;
+        row.keys = filter.len();
+        row.filter_checksum = Some(sum);
+        let value = row.encode(target);
+        t.filters.insert(target, bytes.as_slice())?;
+        t.rows.insert(target, value.as_slice())?;
+        changes.push(CatalogChange::Filter(target, Some(bytes)));
+        changes.push(CatalogChange::Row(target, Some(value)));
+        for &p in &sources {
+            let mut source = match t.rows.get(p)? {
+                Some(bytes) => PartitionRow::decode(p, bytes.value())?,
+                None => continue,
+            };
+            source.state = PartitionState::Dropping;
+            source.filter_checksum = None;
+            let value = source.encode(p);
+            t.rows.insert(p, value.as_slice())?;
+            t.filters.remove(p)?;
+            changes.push(CatalogChange::Row(p, Some(value)));
+            changes.push(CatalogChange::Filter(p, None));
+            self.probes.remove(p);
+            self.filters.forget(p);
+            self.sealed_at.remove(&p);
+            self.drained.remove(&p);
+            if self.draining.as_ref().is_some_and(|(d, _)| *d == p) {
+                self.draining = None;
+            }
+            self.dropping.insert(p);
+        }
+        let kept = self.filters.keep(target, sum, std::sync::Arc::new(filter));
+        self.probes.insert(Probe {
+            partition: target,
+            filter: Some(kept),
+            checksum: Some(sum),
+        });
+        self.probes.refresh(&self.filters);
+        self.sealed_at.insert(target, row.last_claim_ms);
+        Ok(())
+    }
+
+    /// The dropping partition to empty next (the lowest).
+    pub(crate) fn next_dropping(&self) -> Option<u64> {
+        self.dropping.first().copied()
+    }
+
+    /// Forgets dropping partition `partition`: its ranges are empty and its
+    /// row deleted.
+    pub(crate) fn dropping_done(&mut self, partition: u64) {
+        self.dropping.remove(&partition);
+        self.filters.forget(partition);
+    }
+
     /// The sealed partition to drain at `now_ms` and where to go on from
     /// (`None`: its start): the one under way, else the oldest whose last
     /// claim is `ttl_ms` or more ago (all its records that completed soon
@@ -644,6 +896,68 @@ impl Catalog {
             self.drained.insert(partition);
         }
     }
+}
+
+/// The merge a writable open finds under way (`merging`: the target's
+/// row; `sources`: the merge sources' rows), resumed: its cursor is the
+/// last record key of the target's range, its filter rebuilt from that
+/// range. A target without sources is left to be dropped (its records
+/// are copies nobody reads); sources without a target are sealed again
+/// (logged in `changes`).
+fn resume_merge(
+    t: &mut CatalogTables<'_, '_>,
+    filters: &Filters,
+    merging: Option<(u64, PartitionRow)>,
+    mut sources: Vec<(u64, PartitionRow)>,
+    dropping: &mut std::collections::BTreeSet<u64>,
+    changes: &mut Vec<CatalogChange>,
+) -> Result<Option<Merging>, CatalogError> {
+    sources.sort_by_key(|(p, _)| *p);
+    let Some((target, row)) = merging else {
+        for (p, mut row) in sources {
+            tracing::warn!(
+                partition = p,
+                "a merge source without a merge: sealing it again"
+            );
+            row.state = PartitionState::Sealed;
+            let value = row.encode(p);
+            t.rows.insert(p, value.as_slice())?;
+            changes.push(CatalogChange::Row(p, Some(value)));
+        }
+        return Ok(None);
+    };
+    if sources.is_empty() {
+        tracing::warn!(
+            partition = target,
+            "a merging partition without sources: dropping it"
+        );
+        dropping.insert(target);
+        return Ok(None);
+    }
+    let keys: u64 = sources
+        .iter()
+        .map(|(_, r)| r.keys)
+        .fold(0, u64::saturating_add);
+    let copied = count_keys(t.records, target)?;
+    let mut filter =
+        PartitionFilter::with_capacity(target, keys.max(copied).max(1), filters.hasher())?;
+    let mut cursor = None;
+    for entry in range(t.records, target)? {
+        let (k, _) = entry?;
+        if let Some((_, rkey)) = slot::split(k.value()) {
+            filter.insert(rkey)?;
+            cursor = Some(rkey.to_vec());
+        }
+    }
+    let mut row = row;
+    row.keys = copied;
+    Ok(Some(Merging {
+        target,
+        sources: sources.into_iter().map(|(p, _)| p).collect(),
+        cursor,
+        row,
+        filter: Some(filter),
+    }))
 }
 
 /// Writes the row of a new hot partition `partition`, opened at `now_ms`.

@@ -11,7 +11,8 @@
 //! ([`ROW_PAYLOAD_BYTES`]):
 //!
 //! ```text
-//! byte 0        state: 0 hot, 1 sealed, 2 dropping
+//! byte 0        state: 0 hot, 1 sealed, 2 dropping, 3 merging,
+//!               4 merge source
 //! bytes 1..9    keys, u64 LE: record keys that entered the partition
 //! bytes 9..17   first_claim_ms, u64 LE: the earliest claim among them
 //! bytes 17..25  last_claim_ms, u64 LE: the latest (>= first_claim_ms)
@@ -23,9 +24,14 @@
 //! ```
 //!
 //! A hot partition has no stored filter (lookups always read its small
-//! key range); a sealed one has one; a dropping one (not written by this
-//! build: kept for a bulk expiry) keeps what it had and is still read. A
-//! row that breaks those rules is damage. The hot row's `keys` and
+//! key range); a sealed one has one. The merge of closed partitions
+//! (`partition/merge.rs`) adds three states: the partition it fills is
+//! *merging* (no filter; lookups skip it: its records are copies), the
+//! partitions it copies from are *merge sources* (sealed partitions still
+//! read, with their filters), and once the merged partition is sealed its
+//! sources are *dropping* (no filter; lookups skip them: their records are
+//! stale copies, deleted in bounded steps, then the row). A row that
+//! breaks those rules is damage. The hot row's `keys` and
 //! `last_claim_ms` are as of its opening: the seal writes them.
 
 use redb::TableDefinition;
@@ -57,8 +63,14 @@ pub(crate) enum PartitionState {
     Hot,
     /// No new key enters it; its filter is stored.
     Sealed,
-    /// Being emptied and dropped; lookups skip it.
+    /// Its records were merged into another partition: being emptied and
+    /// dropped; lookups skip it (its records are stale copies).
     Dropping,
+    /// Being filled by the merge of the merge sources; lookups skip it
+    /// (its records are copies of the sources').
+    Merging,
+    /// Sealed, and being copied into the merging partition; still read.
+    MergeSource,
 }
 
 impl PartitionState {
@@ -67,6 +79,8 @@ impl PartitionState {
             PartitionState::Hot => 0,
             PartitionState::Sealed => 1,
             PartitionState::Dropping => 2,
+            PartitionState::Merging => 3,
+            PartitionState::MergeSource => 4,
         }
     }
 
@@ -75,6 +89,8 @@ impl PartitionState {
             0 => Some(PartitionState::Hot),
             1 => Some(PartitionState::Sealed),
             2 => Some(PartitionState::Dropping),
+            3 => Some(PartitionState::Merging),
+            4 => Some(PartitionState::MergeSource),
             _ => None,
         }
     }
@@ -108,7 +124,7 @@ pub(crate) enum RowProblem {
     #[error("a payload of {0} bytes where a row has {ROW_PAYLOAD_BYTES}")]
     Length(usize),
     /// The state byte is none of 0, 1, 2.
-    #[error("unknown state {0} (0 hot, 1 sealed, 2 dropping)")]
+    #[error("unknown state {0} (0 hot, 1 sealed, 2 dropping, 3 merging, 4 merge source)")]
     State(u8),
     /// The first claim is after the last.
     #[error("its first claim ({first_ms} ms) is after its last ({last_ms} ms)")]
@@ -121,9 +137,12 @@ pub(crate) enum RowProblem {
     /// A hot partition with a filter checksum.
     #[error("a hot partition with a filter checksum (its filter is only stored when sealed)")]
     HotWithFilter,
-    /// A sealed partition without one.
+    /// A sealed partition (or a merge source) without one.
     #[error("a sealed partition without a filter checksum")]
     SealedWithoutFilter,
+    /// A merging or dropping partition with one (lookups never read it).
+    #[error("a merging or dropping partition with a filter checksum")]
+    UnreadWithFilter,
     /// A transition its state does not allow.
     #[error("cannot {action} a {from:?} partition")]
     Transition {
@@ -146,6 +165,16 @@ pub(crate) struct RowError {
 }
 
 impl PartitionRow {
+    /// Whether lookups read the partition: hot, sealed or a merge source;
+    /// never a merging (its records are copies) or dropping one (its
+    /// records are stale copies).
+    pub(crate) fn is_read(&self) -> bool {
+        matches!(
+            self.state,
+            PartitionState::Hot | PartitionState::Sealed | PartitionState::MergeSource
+        )
+    }
+
     /// The row of a partition its first claim (at `claimed_at_ms`, its
     /// record expiring at `expires_at_ms`) creates: hot, one key.
     pub(crate) fn hot(claimed_at_ms: u64, expires_at_ms: u64) -> PartitionRow {
@@ -252,7 +281,12 @@ impl PartitionRow {
         }
         match (row.state, row.filter_checksum) {
             (PartitionState::Hot, Some(_)) => Err(fail(RowProblem::HotWithFilter)),
-            (PartitionState::Sealed, None) => Err(fail(RowProblem::SealedWithoutFilter)),
+            (PartitionState::Sealed | PartitionState::MergeSource, None) => {
+                Err(fail(RowProblem::SealedWithoutFilter))
+            }
+            (PartitionState::Merging | PartitionState::Dropping, Some(_)) => {
+                Err(fail(RowProblem::UnreadWithFilter))
+            }
             _ => Ok(row),
         }
     }

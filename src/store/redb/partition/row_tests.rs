@@ -41,8 +41,11 @@ fn rows_round_trip_through_their_life() -> TestResult {
     assert_eq!(row.state, PartitionState::Sealed);
     assert_eq!(PartitionRow::decode(3, &row.encode(3))?, row);
 
-    // A dropping row (not written by this build) keeps its checksum.
+    // A merge source keeps its filter; a dropping row has none.
+    row.state = PartitionState::MergeSource;
+    assert_eq!(PartitionRow::decode(3, &row.encode(3))?, row);
     row.state = PartitionState::Dropping;
+    row.filter_checksum = None;
     let bytes = row.encode(3);
     assert_eq!(bytes.len(), 1 + ROW_PAYLOAD_BYTES + 8);
     assert_eq!(PartitionRow::decode(3, &bytes)?, row);
@@ -169,8 +172,8 @@ fn rows_that_break_the_rules_are_refused_even_with_a_good_checksum() {
     long.push(0);
     assert_eq!(problem(1, &framed(&long)), Err(RowProblem::Length(66)));
     let mut p = payload;
-    p[0] = 3;
-    assert_eq!(problem(1, &framed(&p)), Err(RowProblem::State(3)));
+    p[0] = 0xff;
+    assert_eq!(problem(1, &framed(&p)), Err(RowProblem::State(0xff)));
     let mut p = payload;
     p[9] = 2; // first_claim_ms = 2 > last_claim_ms = 0
     assert_eq!(
@@ -191,12 +194,24 @@ fn rows_that_break_the_rules_are_refused_even_with_a_good_checksum() {
     );
     p[40] = 9;
     assert!(problem(1, &framed(&p)).is_ok());
-    // Dropping: with or without the filter it had.
+    // Dropping and merging: no filter; a merge source: one.
+    for state in [2, 3] {
+        let mut p = payload;
+        p[0] = state;
+        assert!(problem(1, &framed(&p)).is_ok());
+        p[33] = 1;
+        assert_eq!(problem(1, &framed(&p)), Err(RowProblem::UnreadWithFilter));
+    }
     let mut p = payload;
-    p[0] = 2;
+    p[0] = 4;
+    assert_eq!(
+        problem(1, &framed(&p)),
+        Err(RowProblem::SealedWithoutFilter)
+    );
+    p[40] = 9;
     assert!(problem(1, &framed(&p)).is_ok());
-    p[33] = 1;
-    assert!(problem(1, &framed(&p)).is_ok());
+    p[0] = 5;
+    assert_eq!(problem(1, &framed(&p)), Err(RowProblem::State(5)));
     let text = PartitionRow::decode(11, &[])
         .map(|_| ())
         .map_err(|e| e.to_string())

@@ -111,7 +111,14 @@ impl Work {
                     | Change::PutPartition { .. }
                     | Change::DelPartition { .. }
                     | Change::PutFilter { .. }
-                    | Change::DelFilter { .. } => {}
+                    | Change::DelFilter { .. }
+                    // A merge's copies are twins of their sources, and its
+                    // drops delete stale copies: the sources' records
+                    // (found by the walks or written by the frames) stand
+                    // for both (`partitioned::unslot` weighs a key found in
+                    // a source and in the merged partition).
+                    | Change::MergeCopy { .. }
+                    | Change::MergeDrop { .. } => {}
                 }
             }
             self.next_token = self.next_token.max(frame.next_token);

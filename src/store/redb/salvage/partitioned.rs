@@ -64,7 +64,11 @@ pub(super) fn known_partitions(
                 Change::PutPartition { partition, .. }
                 | Change::DelPartition { partition }
                 | Change::PutFilter { partition, .. }
-                | Change::DelFilter { partition } => {
+                | Change::DelFilter { partition }
+                | Change::MergeDrop { partition, .. }
+                | Change::MergeCopy {
+                    target: partition, ..
+                } => {
                     known.insert(*partition);
                 }
                 _ => {}
@@ -239,15 +243,29 @@ pub(super) fn unslot(
     }
     let mut chosen: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     for (rkey, mut found) in copies {
+        let twins = found.iter().all(|(_, v)| *v == found[0].1);
         let pick = if found.len() == 1 {
             Some(0)
+        } else if twins {
+            // A merge's copy and its source (`partition/merge.rs`): the
+            // same record either way; the merged partition's is kept.
+            (0..found.len()).max_by_key(|&i| found[i].0)
         } else {
             let by_journal = last_put
                 .get(&rkey)
                 .copied()
                 .flatten()
                 .and_then(|p| found.iter().position(|(q, _)| *q == p));
-            by_journal.or_else(|| {
+            // Once a merge switched, its partition holds the live copy
+            // and its sources stale ones (`partition/merge.rs`).
+            let built: Vec<usize> = (0..found.len())
+                .filter(|&i| found[i].0 >= BUILT_PARTITIONS)
+                .collect();
+            let by_merge = match built.as_slice() {
+                [one] => Some(*one),
+                _ => None,
+            };
+            by_journal.or(by_merge).or_else(|| {
                 let matching: Vec<usize> = (0..found.len())
                     .filter(|&i| {
                         codec::decode(&rkey, &found[i].1).is_ok_and(|rec| {
@@ -298,14 +316,29 @@ pub(super) fn unslot(
 /// key: those in the partition of their record's copy (`chosen`), or of a
 /// record not copied (the checks list them with it); the others are
 /// listed through `listed`.
-fn beside<T: Ord>(
+fn beside<T: Ord + Clone>(
     entries: BTreeMap<(Vec<u8>, T), Vec<u8>>,
     chosen: &BTreeMap<Vec<u8>, u64>,
     listed: impl Fn((Vec<u8>, T), String) -> Lost,
     lost: &mut Vec<Lost>,
 ) -> BTreeMap<(Vec<u8>, T), Vec<u8>> {
     let mut out = BTreeMap::new();
+    let mut twins = BTreeSet::new();
+    for ((s, t), value) in &entries {
+        if let Some((rkey, p)) = unslotted(s) {
+            if chosen.get(&rkey) != Some(&p) {
+                let beside_record = slot::slot_key(chosen.get(&rkey).copied().unwrap_or(p), &rkey);
+                if entries.get(&(beside_record, t.clone())) == Some(value) {
+                    twins.insert((s.clone(), t.clone()));
+                }
+            }
+        }
+    }
     for ((s, t), value) in entries {
+        if twins.contains(&(s.clone(), t.clone())) {
+            // A merge's twin of the entry kept beside the record.
+            continue;
+        }
         match unslotted(&s) {
             Some((rkey, p)) => match chosen.get(&rkey) {
                 Some(q) if *q != p => lost.push(listed(

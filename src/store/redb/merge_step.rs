@@ -1,0 +1,172 @@
+//! Format 3's merge of closed partitions, as the writer runs it: one
+//! bounded step per sweep step (`sweep.rs`), in this order:
+//! - a dropping partition (merged already) loses up to a step's records
+//!   (`merge::MERGE_STEP_RECORDS` from a sweep), with their steps and log
+//!   entries, and its row once it is empty;
+//! - else the merge under way copies up to a step's records, and switches
+//!   to the merged partition once nothing is left;
+//! - else, when the partitions of a closed hour are due
+//!   (`merge::due_sources`), a merge begins.
+//!
+//! What each step writes and why a crash at any point is safe:
+//! `partition/merge.rs`.
+
+use redb::ReadableTable;
+
+use crate::report::SweepCounts;
+
+use super::journal::Change;
+use super::partition::catalog::CatalogTables;
+use super::partition::merge;
+use super::partition::row::{PartitionRow, FILTERS, PARTITIONS};
+use super::tables::{catalog_error, table_error, OpError, Tables};
+
+impl Tables<'_> {
+    /// Format 3: one step of the merge of closed partitions (module docs),
+    /// copying or dropping at most `records` records; sets `counts.more`
+    /// while one has work left. Format 2: nothing.
+    pub(super) fn merge_step(
+        &mut self,
+        records: usize,
+        counts: &mut SweepCounts,
+    ) -> Result<(), OpError> {
+        let Some(catalog) = self.partitioned_catalog() else {
+            return Ok(());
+        };
+        if let Some(p) = catalog.next_dropping() {
+            self.drop_merged(p, records)?;
+            counts.more = true;
+            return Ok(());
+        }
+        if catalog.merging().is_some() {
+            self.copy_merged(records)?;
+            counts.more = true;
+            return Ok(());
+        }
+        let (now, ttl) = (self.now, self.cfg.ttl_ms);
+        let rows = read_rows(self)?;
+        let sources = merge::due_sources(rows, now, ttl);
+        if sources.is_empty() {
+            return Ok(());
+        }
+        let mut changes = Vec::new();
+        {
+            let mut rows = self.txn.open_table(PARTITIONS).map_err(table_error)?;
+            let mut filters = self.txn.open_table(FILTERS).map_err(table_error)?;
+            let Some((catalog, t)) = self.merge_parts() else {
+                return Ok(());
+            };
+            catalog
+                .begin_merge(
+                    &mut CatalogTables {
+                        records: t.records,
+                        rows: &mut rows,
+                        filters: &mut filters,
+                    },
+                    sources,
+                    &mut changes,
+                )
+                .map_err(catalog_error)?;
+        }
+        for change in changes {
+            self.log_change(Change::from(change));
+        }
+        counts.more = true;
+        Ok(())
+    }
+
+    /// One copy step of the merge under way, and the switch once nothing is
+    /// left to copy.
+    fn copy_merged(&mut self, records: usize) -> Result<(), OpError> {
+        let mut changes = Vec::new();
+        let (target, after, copied, done) = {
+            let mut rows = self.txn.open_table(PARTITIONS).map_err(table_error)?;
+            let mut filters = self.txn.open_table(FILTERS).map_err(table_error)?;
+            let Some((catalog, mut t)) = self.merge_parts() else {
+                return Ok(());
+            };
+            let Some(m) = catalog.merging() else {
+                return Ok(());
+            };
+            let (target, after) = (m.target, m.cursor.clone());
+            let sources = m.sources.clone();
+            let step = merge::copy_step(&mut t, target, &sources, after.as_deref(), records)?;
+            let copied = step.keys.len() as u64;
+            catalog.merge_copied(step.keys);
+            if step.done {
+                catalog
+                    .finish_merge(
+                        &mut CatalogTables {
+                            records: t.records,
+                            rows: &mut rows,
+                            filters: &mut filters,
+                        },
+                        &mut changes,
+                    )
+                    .map_err(catalog_error)?;
+            }
+            (target, after, copied, step.done)
+        };
+        if copied > 0 {
+            self.log_change(Change::MergeCopy {
+                target,
+                after,
+                copied,
+            });
+        }
+        for change in changes {
+            self.log_change(Change::from(change));
+        }
+        if done {
+            // A key located in a source is now in the target.
+            self.forget_located();
+        }
+        Ok(())
+    }
+
+    /// One drop step of dropping partition `partition` (at most `records`
+    /// records), and its row once its ranges are empty.
+    fn drop_merged(&mut self, partition: u64, records: usize) -> Result<(), OpError> {
+        let dropped = {
+            let Some((_, mut t)) = self.merge_parts() else {
+                return Ok(());
+            };
+            merge::drop_step(&mut t, partition, records)?
+        };
+        self.log_change(Change::MergeDrop {
+            partition,
+            limit: records as u64,
+            records: dropped.records,
+        });
+        if dropped.done {
+            self.txn
+                .open_table(PARTITIONS)
+                .map_err(table_error)?
+                .remove(partition)?;
+            self.txn
+                .open_table(FILTERS)
+                .map_err(table_error)?
+                .remove(partition)?;
+            self.log_change(Change::DelPartition { partition });
+            self.log_change(Change::DelFilter { partition });
+            if let Some((catalog, _)) = self.merge_parts() {
+                catalog.dropping_done(partition);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The partition rows of the writer's transaction that decode (one that
+/// does not is `verify`'s to report; it is never merged).
+fn read_rows(t: &Tables<'_>) -> Result<Vec<(u64, PartitionRow)>, OpError> {
+    let rows = t.txn.open_table(PARTITIONS).map_err(table_error)?;
+    let mut out = Vec::new();
+    for entry in rows.iter()? {
+        let (k, v) = entry?;
+        if let Ok(row) = PartitionRow::decode(k.value(), v.value()) {
+            out.push((k.value(), row));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,167 @@
+//! The merge's building blocks alone: which partitions are due, the
+//! merged partition's number, and a copy and a drop step on plain tables.
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, ReadableTable, ReadableTableMetadata};
+
+use super::super::catalog::{HISTORY, RECORDS, STEPS};
+use super::super::filter::FilterChecksum;
+use super::super::row::{PartitionRow, PartitionState};
+use super::super::slot::{slot_key, BUILT_PARTITIONS};
+use super::{
+    copy_step, drop_step, due_sources, merging_row, next_built, MergeTables, MERGE_GRACE_MS,
+    MERGE_SPAN_MS,
+};
+
+type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const DAY: u64 = 86_400_000;
+/// The start of a span.
+const H0: u64 = 500_000 * MERGE_SPAN_MS;
+
+fn sealed(first: u64, last: u64) -> PartitionRow {
+    let mut row = PartitionRow::hot(first, first + DAY);
+    row.last_claim_ms = last;
+    row.state = PartitionState::Sealed;
+    row.filter_checksum = Some(FilterChecksum([1; 32]));
+    row
+}
+
+fn hot(first: u64) -> PartitionRow {
+    PartitionRow::hot(first, first + DAY)
+}
+
+#[test]
+fn the_oldest_closed_span_is_due_and_nothing_else() {
+    let rows = vec![
+        (1, sealed(H0 + 1_000, H0 + 600_000)),
+        (2, sealed(H0 + 600_000, H0 + 1_200_000)),
+        (
+            3,
+            sealed(H0 + MERGE_SPAN_MS + 5, H0 + MERGE_SPAN_MS + 600_000),
+        ),
+        (4, hot(H0 + 2 * MERGE_SPAN_MS + 5)),
+    ];
+    // The first span has not ended, or ended within the grace: nothing.
+    assert!(due_sources(rows.clone(), H0 + MERGE_SPAN_MS - 1, DAY).is_empty());
+    let ended = H0 + MERGE_SPAN_MS + MERGE_GRACE_MS;
+    assert!(due_sources(rows.clone(), ended - 1, DAY).is_empty());
+    // Ended: its two partitions, not the next span's.
+    assert_eq!(due_sources(rows.clone(), ended, DAY), [1, 2]);
+    assert_eq!(
+        due_sources(rows.clone(), H0 + 2 * MERGE_SPAN_MS + 10, DAY),
+        [1, 2]
+    );
+    // A hot partition holds nothing back (it merges once sealed).
+    let mut held = rows.clone();
+    held[3].1 = hot(H0 + 10);
+    assert_eq!(due_sources(held, ended, DAY), [1, 2]);
+    // A merge under way: nothing more.
+    let mut busy = rows.clone();
+    busy.push((BUILT_PARTITIONS, merging_row(&[rows[0].1])));
+    assert!(due_sources(busy, H0 + 3 * MERGE_SPAN_MS, DAY).is_empty());
+    // Built partitions are never merged again.
+    let built = vec![(BUILT_PARTITIONS, sealed(H0, H0 + 10)), (9, hot(H0 + DAY))];
+    assert!(due_sources(built, H0 + 3 * MERGE_SPAN_MS, DAY).is_empty());
+}
+
+#[test]
+fn records_about_to_expire_and_short_ttls_are_left_to_expiry() {
+    let rows = vec![
+        (1, sealed(H0 + 1_000, H0 + 600_000)),
+        (2, hot(H0 + 5 * MERGE_SPAN_MS)),
+    ];
+    let now = H0 + 2 * MERGE_SPAN_MS;
+    assert_eq!(due_sources(rows.clone(), now, DAY), [1]);
+    // Its records expire within a span of now: not worth moving.
+    let ttl = 3 * MERGE_SPAN_MS;
+    assert!(due_sources(rows.clone(), now + ttl - 2 * MERGE_SPAN_MS, ttl).is_empty());
+    // A TTL shorter than two spans: never.
+    assert!(due_sources(rows, now, 2 * MERGE_SPAN_MS - 1).is_empty());
+}
+
+#[test]
+fn the_merged_partition_takes_the_next_built_number() {
+    assert_eq!(next_built([1, 2, 3]), Some(BUILT_PARTITIONS));
+    assert_eq!(
+        next_built([1, BUILT_PARTITIONS, BUILT_PARTITIONS + 4, 7]),
+        Some(BUILT_PARTITIONS + 5)
+    );
+    assert_eq!(next_built([u64::MAX]), None);
+    let row = merging_row(&[sealed(10, 20), sealed(5, 30)]);
+    assert_eq!(
+        (row.state, row.keys, row.first_claim_ms, row.last_claim_ms),
+        (PartitionState::Merging, 0, 5, 30)
+    );
+    assert_eq!(row.filter_checksum, None);
+    assert_eq!(PartitionRow::decode(3, &row.encode(3)).ok(), Some(row));
+}
+
+#[test]
+fn a_copy_step_merges_in_key_order_and_a_drop_step_empties_a_partition() -> R<()> {
+    let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+    let txn = db.begin_write()?;
+    {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut steps = txn.open_table(STEPS)?;
+        let mut history = txn.open_table(HISTORY)?;
+        // Partition 1: b, d; partition 2: a, c, d (a duplicate: damage).
+        for (p, k) in [(1u64, "b"), (1, "d"), (2, "a"), (2, "c"), (2, "d")] {
+            let v = format!("{k}@{p}");
+            records.insert(slot_key(p, k.as_bytes()).as_slice(), v.as_bytes())?;
+        }
+        steps.insert((slot_key(1, b"b").as_slice(), "charge"), b"s".as_slice())?;
+        history.insert((slot_key(1, b"b").as_slice(), 0), b"h".as_slice())?;
+        let mut t = MergeTables {
+            records: &mut records,
+            steps: &mut steps,
+            history: &mut history,
+        };
+        let m = BUILT_PARTITIONS;
+        let first = copy_step(&mut t, m, &[1, 2], None, 2)?;
+        assert_eq!(first.keys, [b"a".to_vec(), b"b".to_vec()]);
+        assert!(!first.done);
+        let second = copy_step(&mut t, m, &[1, 2], Some(b"b"), 2)?;
+        assert_eq!(second.keys, [b"c".to_vec(), b"d".to_vec()]);
+        assert!(second.done);
+        let copied: Vec<(Vec<u8>, Vec<u8>)> = t
+            .records
+            .range(slot_key(m, b"").as_slice()..)?
+            .map(|e| e.map(|(k, v)| (k.value()[8..].to_vec(), v.value().to_vec())))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(
+            copied,
+            [
+                (b"a".to_vec(), b"a@2".to_vec()),
+                (b"b".to_vec(), b"b@1".to_vec()),
+                (b"c".to_vec(), b"c@2".to_vec()),
+                // The newest source's copy of a duplicate.
+                (b"d".to_vec(), b"d@2".to_vec()),
+            ]
+        );
+        assert!(t
+            .steps
+            .get((slot_key(m, b"b").as_slice(), "charge"))?
+            .is_some());
+        assert!(t.history.get((slot_key(m, b"b").as_slice(), 0))?.is_some());
+        // Nothing after the last key.
+        let none = copy_step(&mut t, m, &[1, 2], Some(b"d"), 2)?;
+        assert!(none.keys.is_empty() && none.done);
+
+        let step = drop_step(&mut t, 1, 1)?;
+        assert_eq!((step.records, step.done), (1, false));
+        assert!(t
+            .steps
+            .get((slot_key(1, b"b").as_slice(), "charge"))?
+            .is_none());
+        assert!(t.history.get((slot_key(1, b"b").as_slice(), 0))?.is_none());
+        let step = drop_step(&mut t, 1, 1)?;
+        assert_eq!((step.records, step.done), (1, true));
+        let step = drop_step(&mut t, 1, 1)?;
+        assert_eq!((step.records, step.done), (0, true));
+        // Partition 2 and the merged one are untouched.
+        assert_eq!(t.records.len()?, 3 + 4);
+    }
+    txn.commit()?;
+    Ok(())
+}

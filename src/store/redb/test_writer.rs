@@ -1,0 +1,132 @@
+//! The format-3 writer the store's table-level tests drive
+//! (`partitioned_tables_tests.rs`, `merge_tests.rs`): one in-memory file,
+//! its catalog, counters and clock, each group run as the writer runs
+//! it, and every frame kept so a test can replay them.
+
+use std::sync::Arc;
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::key::IdempotencyKey;
+use crate::policy::ExpiryPolicy;
+use crate::store::config::StoreConfig;
+
+use super::journal::{Change, Frame};
+use super::partition::catalog::{Catalog, Filters, SealRule};
+use super::partition::filter::FilterHasher;
+use super::tables::{Sequences, Tables};
+
+pub(super) type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+pub(super) const T0: u64 = 1_796_000_000_000;
+pub(super) const SEED: &[u8; 16] = b"sixteen byte key";
+
+pub(super) fn cfg() -> StoreConfig {
+    StoreConfig {
+        ttl_ms: 86_400_000,
+        expiry: ExpiryPolicy::Forget,
+        max_response_bytes: 1 << 20,
+    }
+}
+
+pub(super) fn key(i: u32) -> R<IdempotencyKey> {
+    Ok(IdempotencyKey::new("shop:pay", format!("order-{i}"))?)
+}
+
+pub(super) fn mem() -> R<Database> {
+    Ok(Database::builder().create_with_backend(InMemoryBackend::new())?)
+}
+
+/// A format-3 writer over one in-memory file: its catalog, counters and
+/// clock, and every frame its groups wrote.
+pub(super) struct Writer {
+    pub(super) db: Database,
+    pub(super) catalog: Catalog,
+    pub(super) seq: Sequences,
+    pub(super) now: u64,
+    pub(super) frames: Vec<Frame>,
+}
+
+impl Writer {
+    pub(super) fn new(rule: SealRule) -> R<Writer> {
+        let db = mem()?;
+        let txn = db.begin_write()?;
+        {
+            let mut meta = txn.open_table(super::tables::META)?;
+            super::meta::create_format_3(&mut meta, SEED)?;
+        }
+        let mut changes = Vec::new();
+        let catalog = Catalog::load_in(
+            &txn,
+            Arc::new(Filters::new(FilterHasher::new(SEED))),
+            rule,
+            T0,
+            &mut changes,
+        )?;
+        txn.commit()?;
+        let first = Frame {
+            next_token: 1,
+            next_outbox: 1,
+            changes: changes.into_iter().map(Change::from).collect(),
+        };
+        Ok(Writer {
+            db,
+            catalog,
+            seq: Sequences {
+                token: 1,
+                outbox: 1,
+            },
+            now: T0,
+            frames: vec![first],
+        })
+    }
+
+    /// One group as the writer runs it: seal if due, then `ops`,
+    /// committed, the partitions it dropped forgotten, its frame kept.
+    pub(super) fn group<T>(&mut self, ops: impl FnOnce(&mut Tables<'_>) -> R<T>) -> R<T> {
+        let txn = self.db.begin_write()?;
+        let (out, seq, changes, dropped) = {
+            let mut t =
+                Tables::open_partitioned(&txn, self.seq, self.now, cfg(), &mut self.catalog)?;
+            t.keep_changes();
+            t.seal_if_due()?;
+            let out = ops(&mut t)?;
+            let dropped = t.take_dropped();
+            (out, t.seq, t.changes.take().unwrap_or_default(), dropped)
+        };
+        txn.commit()?;
+        for p in dropped {
+            self.catalog.dropped(p);
+        }
+        self.seq = seq;
+        self.frames.push(Frame {
+            next_token: seq.token,
+            next_outbox: seq.outbox,
+            changes,
+        });
+        Ok(out)
+    }
+}
+
+/// Every (key, value) of a table, as bytes.
+pub(super) fn dump<K: redb::Key + 'static>(
+    db: &Database,
+    def: TableDefinition<K, &'static [u8]>,
+) -> R<Vec<(Vec<u8>, Vec<u8>)>>
+where
+    for<'a> K::SelfType<'a>: std::fmt::Debug,
+{
+    let txn = db.begin_read()?;
+    let table = match txn.open_table(def) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        out.push((format!("{:?}", k.value()).into_bytes(), v.value().to_vec()));
+    }
+    Ok(out)
+}
