@@ -28,9 +28,23 @@
 //!    record must live, and counts the partitions dropped (rows of
 //!    `idempotency.partitions` read with redb before and after).
 //!
+//! 3. `sigkill_during_partition_merges_loses_nothing`: a child on a clock
+//!    that runs 600 times faster than the system's (a second is ten
+//!    minutes: an hour's partitions close every six seconds and merge
+//!    into one, `partition/merge.rs`), with partitions of 64 keys or ten
+//!    minutes and the sweeper every 50 ms, claims and completes fresh
+//!    keys; the kill comes at random, so it lands while a merge copies,
+//!    switches or drops, or between merges. The parent counts the rows a
+//!    merge holds in a recovered copy of the killed file, reopens it on the
+//!    same fast clock, and checks that every acknowledged completion
+//!    replays byte for byte (no TTL runs out during the test), that every
+//!    acknowledged claim is still held with its token, and that `verify`
+//!    finds the file sound (it checks each merge copy against its source).
+//!
 //! Rounds: `IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS` (default 10, half of them
 //! aimed at the end of the open, where the migration runs),
-//! `IDEMPOTENCY_KILL_F3_DROP_ROUNDS` (default 8); `IDEMPOTENCY_KILL_SEED`
+//! `IDEMPOTENCY_KILL_F3_DROP_ROUNDS` (default 8),
+//! `IDEMPOTENCY_KILL_F3_MERGE_ROUNDS` (default 6); `IDEMPOTENCY_KILL_SEED`
 //! replays an earlier run's delays (the migration test's also follow the
 //! opens its children measure; thread scheduling is not replayed).
 //! Unix only (the kill is observed as SIGKILL).
@@ -71,6 +85,9 @@ const ROUND_VAR: &str = "IDEM_KILL_F3_ROUND";
 const LOG_VAR: &str = "IDEM_KILL_F3_LOG";
 const MIGRATE_ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS";
 const DROP_ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_F3_DROP_ROUNDS";
+const MERGE_ROUNDS_VAR: &str = "IDEMPOTENCY_KILL_F3_MERGE_ROUNDS";
+/// The system time (ms) the merge test's fast clock starts from.
+const ANCHOR_VAR: &str = "IDEM_KILL_F3_ANCHOR";
 const SEED_VAR: &str = "IDEMPOTENCY_KILL_SEED";
 
 const SCOPE: &str = "tenant-1:kill-format3";
@@ -102,6 +119,23 @@ const DEFAULT_DROP_ROUNDS: u64 = 8;
 /// past the check's start (a later expiry would make the check claim it).
 const TTL_MARGIN_MS: u64 = 20;
 
+/// The merge test's clock runs this many times faster than the system's.
+const FAST: u64 = 600;
+/// Where the merge test's clock starts: the start of an hour.
+const FAST_BASE_MS: u64 = 1_900_000_800_000;
+const MERGE_PARTITION_KEYS: u64 = 64;
+const MERGE_CHILD_THREADS: u64 = 4;
+const MERGE_SWEEP: Duration = Duration::from_millis(50);
+const DEFAULT_MERGE_ROUNDS: u64 = 6;
+/// The first partitions' hour closes 6 s (system time) into the test and
+/// merges 1.5 s later (`MERGE_GRACE_MS`): the first round runs past that.
+const FIRST_MERGE_ROUND_MS: u64 = 8_000;
+/// The first byte of a partition row's payload (after the version byte)
+/// is its state: 3 merging, 4 merge source, 2 dropping.
+const ROW_STATE_AT: usize = 1;
+/// Partition numbers from here up are built by the engine (merges).
+const BUILT_PARTITIONS: u64 = 1 << 63;
+
 const PARTITIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("idempotency.partitions");
 
 /// The two tests measure timings: one at a time.
@@ -111,6 +145,20 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The merge test's clock: [`FAST_BASE_MS`] at system time `anchor_ms`,
+/// then [`FAST`] ms for each ms of system time (the same in the parent
+/// and every child, whatever process reads it).
+#[derive(Debug, Clone, Copy)]
+struct FastClock {
+    anchor_ms: u64,
+}
+
+impl idempotency::Clock for FastClock {
+    fn now_ms(&self) -> u64 {
+        FAST_BASE_MS + now_ms().saturating_sub(self.anchor_ms) * FAST
+    }
 }
 
 fn key(name: &str) -> Result<IdempotencyKey, idempotency::Error> {
@@ -167,6 +215,16 @@ fn dropping_builder() -> EngineBuilder {
         .partition_limits(DROP_PARTITION_KEYS, DROP_PARTITION_INTERVAL)
 }
 
+/// The merge test's engine: a day's TTL and an hour's lease on the fast
+/// clock (144 s and 6 s of system time).
+fn merging_builder(anchor_ms: u64) -> EngineBuilder {
+    Engine::builder()
+        .clock(FastClock { anchor_ms })
+        .lease(Duration::from_secs(3600))
+        .ttl(Duration::from_secs(86_400))
+        .partition_limits(MERGE_PARTITION_KEYS, Duration::from_secs(600))
+}
+
 /// Entry point of the child process; a no-op in the normal test run.
 #[test]
 fn child_entry() -> TestResult {
@@ -184,6 +242,10 @@ fn child_entry() -> TestResult {
         "drops" => (
             dropping_builder().sweep_interval(Some(DROP_SWEEP)),
             DROP_CHILD_THREADS,
+        ),
+        "merges" => (
+            merging_builder(std::env::var(ANCHOR_VAR)?.parse()?).sweep_interval(Some(MERGE_SWEEP)),
+            MERGE_CHILD_THREADS,
         ),
         other => return Err(format!("unknown child role {other:?}").into()),
     };
@@ -254,7 +316,23 @@ enum Event {
 }
 
 fn spawn_child(role: &str, db: &Path, round: u64, log: &Path, stderr: &Path) -> AnyResult<Child> {
-    Ok(Command::new("/bin/sh")
+    spawn_child_with(role, db, round, log, stderr, None)
+}
+
+/// [`spawn_child`], with the merge test's clock anchor.
+fn spawn_child_with(
+    role: &str,
+    db: &Path,
+    round: u64,
+    log: &Path,
+    stderr: &Path,
+    anchor_ms: Option<u64>,
+) -> AnyResult<Child> {
+    let mut command = Command::new("/bin/sh");
+    if let Some(anchor) = anchor_ms {
+        command.env(ANCHOR_VAR, anchor.to_string());
+    }
+    Ok(command
         .arg("-c")
         .arg(r#"ulimit -c 0 2>/dev/null; exec "$0" "$@""#)
         .arg(std::env::current_exe()?)
@@ -894,6 +972,166 @@ fn sigkill_during_partition_drops_loses_nothing() -> TestResult {
         "{} failures (seed {seed}), first: {:#?}",
         tally.failures.len(),
         &tally.failures[..tally.failures.len().min(5)]
+    );
+    Ok(())
+}
+
+// ------------------------------------------------- test 3: partition merges
+
+/// The rows of a killed file's partitions a merge holds, read from a
+/// recovered copy at `scratch`: (merging, merge sources, dropping, built).
+fn merge_rows(db: &Path, scratch: &Path) -> AnyResult<[usize; 4]> {
+    if !db.exists() {
+        return Ok([0; 4]);
+    }
+    std::fs::copy(db, scratch)?;
+    let mut out = [0usize; 4];
+    {
+        let file = redb::Database::open(scratch)?;
+        let txn = file.begin_read()?;
+        if let Ok(table) = txn.open_table(PARTITIONS) {
+            for entry in table.iter()? {
+                let (k, v) = entry?;
+                match v.value().get(ROW_STATE_AT) {
+                    Some(3) => out[0] += 1,
+                    Some(4) => out[1] += 1,
+                    Some(2) => out[2] += 1,
+                    _ => {}
+                }
+                if k.value() >= BUILT_PARTITIONS {
+                    out[3] += 1;
+                }
+            }
+        }
+    }
+    std::fs::remove_file(scratch)?;
+    Ok(out)
+}
+
+/// Checks one acknowledged key of the merge test: no TTL runs out during
+/// the test, so a completion replays, and a claim is still held.
+fn check_merge_key(
+    engine: &Engine,
+    acks: &Acks,
+    name: &str,
+    failures: &mut Vec<String>,
+) -> TestResult {
+    let (token, _) = acks.claimed[name];
+    let want = response(name);
+    let mut fail = |what: String| failures.push(format!("{name}: {what}"));
+    if let Some(&(hash, _)) = acks.completed.get(name) {
+        match engine.begin(&key(name)?, request_fp(name)?)? {
+            Begin::Replay(r) if fnv1a(&r.envelope.body) == hash && r.envelope == want => {}
+            other => fail(format!("acknowledged completion answers {other:?}")),
+        }
+        return Ok(());
+    }
+    match engine.record(&key(name)?)? {
+        None => fail("acknowledged claim has no record".into()),
+        Some(r) if r.fencing_token != token => {
+            fail(format!("token {}, the claim had {token}", r.fencing_token))
+        }
+        Some(r) if r.state == State::Completed => {
+            if r.response.as_ref() != Some(&want) {
+                fail(format!("stored response differs: {:?}", r.response));
+            }
+        }
+        Some(r) => match engine.begin(&key(name)?, request_fp(name)?)? {
+            Begin::Processing { .. } | Begin::InDoubt(_) => {}
+            other => fail(format!("claim in state {:?} answers {other:?}", r.state)),
+        },
+    }
+    Ok(())
+}
+
+#[test]
+fn sigkill_during_partition_merges_loses_nothing() -> TestResult {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rounds = env_u64(MERGE_ROUNDS_VAR)?.unwrap_or(DEFAULT_MERGE_ROUNDS);
+    let seed = seed()?;
+    println!("merge kills: {rounds} rounds, seed {seed} ({SEED_VAR}={seed} replays the delays)");
+    let mut rng = SplitMix64(seed);
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("merges.redb");
+    let scratch = dir.path().join("scratch.redb");
+    let started = Instant::now();
+    let anchor = now_ms();
+    let mut acks = Acks::default();
+    let mut all: Vec<String> = Vec::new();
+    let mut failures = Vec::new();
+    let mut mid_merge = 0u64;
+    let mut built = 0usize;
+    for round in 0..rounds {
+        let log = dir.path().join(format!("merges-{round}.log"));
+        let stderr = dir.path().join(format!("merges-{round}.stderr"));
+        let delay = if round == 0 {
+            FIRST_MERGE_ROUND_MS + rng.below(4_000)
+        } else {
+            500 + rng.below(4_500)
+        };
+        let child = spawn_child_with("merges", &db, round, &log, &stderr, Some(anchor))?;
+        let ended = kill_after(child, round, Duration::from_millis(delay), true, &stderr)?;
+        if let Some(f) = ended.failure {
+            failures.push(f);
+        }
+        let [merging, sources, dropping, built_rows] = merge_rows(&db, &scratch)?;
+        if merging + dropping > 0 {
+            mid_merge += 1;
+        }
+        built = built_rows;
+        let names = acks.read_log(&log, round)?;
+        let engine = merging_builder(anchor)
+            .sweep_interval(None)
+            .open_existing(&db)?;
+        let before = failures.len();
+        for name in &names {
+            check_merge_key(&engine, &acks, name, &mut failures)?;
+        }
+        // A sample of earlier rounds' keys, now in merged partitions.
+        for _ in 0..all.len().min(500) {
+            let name = &all[rng.below(all.len() as u64) as usize];
+            check_merge_key(&engine, &acks, name, &mut failures)?;
+        }
+        for f in failures.iter_mut().skip(before) {
+            *f = format!("after round {round}'s kill: {f}");
+        }
+        let report = engine.verify()?;
+        if !report.is_sound() {
+            failures.push(format!(
+                "after round {round}'s kill: verify: {:?}",
+                report.damage
+            ));
+        }
+        drop(engine);
+        println!(
+            "round {round}: kill {delay} ms after ready, {} acknowledged claims; rows at the \
+             kill: merging {merging}, merge sources {sources}, dropping {dropping}, merged \
+             {built_rows}",
+            names.len()
+        );
+        all.extend(names);
+    }
+    println!(
+        "merge kills summary: rounds {rounds}, kills landing in a merge {mid_merge}, merged \
+         partitions at the end {built}, acknowledged claims {}, completions {}; failures {} \
+         ({:.1} s, seed {seed})",
+        acks.claimed.len(),
+        acks.completed.len(),
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if mid_merge == 0 {
+        println!("NOTE: no kill landed while a merge copied or dropped in this run");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures (seed {seed}), first: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        built > 0,
+        "no partition was merged: the test did not test merges"
     );
     Ok(())
 }

@@ -337,9 +337,9 @@ pub(crate) const MERGE_GRACE_MS: u64 = MERGE_SPAN_MS / 4;
 /// `ttl_ms`, ascending; empty: none. Of the partitions that took claims
 /// (numbers below [`BUILT_PARTITIONS`]) and are sealed, those whose first
 /// claim fell in the oldest span of [`MERGE_SPAN_MS`] that ended
-/// [`MERGE_GRACE_MS`] ago or more. A partition whose records expire
-/// within a span of now is left to expiry (moving it would be wasted
-/// work), and so is every partition of a store whose TTL is shorter than
+/// [`MERGE_GRACE_MS`] ago or more. A partition whose oldest records
+/// expire within a span of now is left to expiry (moving it would be
+/// wasted work), and so is every partition of a store whose TTL is shorter than
 /// two spans. One merge at a time: none while one is under way.
 pub(crate) fn due_sources(
     rows: impl IntoIterator<Item = (u64, PartitionRow)>,
@@ -357,8 +357,10 @@ pub(crate) fn due_sources(
             PartitionState::Hot | PartitionState::Sealed | PartitionState::Dropping => {}
         }
     }
+    // By the first claim: a seal moves `last_claim_ms` up to the seal's
+    // time, while no record of the partition was claimed before the first.
     let worth = |row: &PartitionRow| {
-        row.last_claim_ms.saturating_add(ttl_ms) > now_ms.saturating_add(MERGE_SPAN_MS)
+        row.first_claim_ms.saturating_add(ttl_ms) > now_ms.saturating_add(MERGE_SPAN_MS)
     };
     let ended = |span: u64| {
         span.saturating_add(1)
