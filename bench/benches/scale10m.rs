@@ -19,8 +19,12 @@
 //! Traffic: `begin` + `complete`, durable, 300-byte responses, random
 //! UUID keys, 64 client threads.
 //!
-//! Measured, in this order (lines `PRELOAD`, `OPEN`, `COLD`, `PAIRED`,
-//! `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
+//! Measured, in this order (lines `PRELOAD`, `OPEN`, `MERGE`, `COLD`,
+//! `PAIRED`, `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
+//! - format 3: the merge of each closed hour's partitions (the sweep, run
+//!   once right after the open until it has nothing left): its time, the
+//!   bytes it wrote per stored record, and the file's bytes per record
+//!   after it;
 //! - a fresh key's request with a cold OS page cache, per store, right
 //!   after the open (`sync; echo 3 > /proc/sys/vm/drop_caches` first, as
 //!   root, under `cargo bench` only): `read_bytes` of the server per
@@ -312,6 +316,27 @@ fn serve(n: u64, path: &Path) {
                 let (deleted, took, busy, idle) = sweep_pair(e, cap);
                 format!("{deleted} {} {busy} {idle}", took.as_secs_f64())
             }
+            ["merge"] => {
+                // Format 3: the sweep merges each closed hour's partitions
+                // (nothing has expired at T0, so that is all it does).
+                let e = engine.as_ref().expect("open");
+                let (w0, c0, _) = proc_io();
+                let t = Instant::now();
+                let mut passes = 0u64;
+                while passes < 10_000 {
+                    passes += 1;
+                    if !e.sweep_now().expect("sweep").more {
+                        break;
+                    }
+                }
+                let (w1, c1, _) = proc_io();
+                format!(
+                    "{} {} {} {passes}",
+                    t.elapsed().as_secs_f64(),
+                    w1 - w0,
+                    c1 - c0
+                )
+            }
             ["stats"] => format!(
                 "{} {} {}",
                 file_bytes(path),
@@ -508,6 +533,35 @@ fn run() {
         );
     }
 
+    // Format 3: each closed hour's partitions merged into one, before
+    // anything is measured (a store a day old has merged its hours as
+    // they closed; the traffic below never closes one).
+    for s in sets.iter_mut().flatten().filter(|s| s.format == 3) {
+        let before = device
+            .as_ref()
+            .filter(|_| measuring)
+            .and_then(|d| d.written_after_sync());
+        let v = s.ask("merge");
+        let after = device
+            .as_ref()
+            .filter(|_| measuring)
+            .and_then(|d| d.written_after_sync());
+        let device_per_record = match (before, after) {
+            (Some(b), Some(a)) => format!("{:.0} B", (a - b) as f64 / s.records as f64),
+            _ => "not measured".into(),
+        };
+        let bytes = file_bytes(&s.path);
+        println!(
+            "MERGE {}: {:.1}s in {} sweep passes; per stored record: server write_bytes {:.0} B, wchar {:.0} B, device {device_per_record}; file after it {:.0} MiB, {:.0} B per record",
+            s.name,
+            v[0],
+            v[3],
+            v[1] / s.records as f64,
+            v[2] / s.records as f64,
+            mib(bytes as f64),
+            bytes as f64 / s.records as f64
+        );
+    }
     for set in &mut sets {
         rss_after(&mut set[2], "the open");
     }

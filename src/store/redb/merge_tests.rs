@@ -106,10 +106,10 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
         w.now += 1_000;
         let got = w.group(|t| {
             let mut got = Vec::new();
-            for i in group * 4..group * 4 + 4 {
-                let token = claim_in(t, &keys[i], LEASE_MS)?;
+            for (i, k) in keys.iter().enumerate().skip(group * 4).take(4) {
+                let token = claim_in(t, k, LEASE_MS)?;
                 if i % 2 == 0 {
-                    complete_in(t, &keys[i], token)?;
+                    complete_in(t, k, token)?;
                 }
                 got.push((i, token));
             }

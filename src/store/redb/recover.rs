@@ -364,42 +364,13 @@ pub(super) fn apply(
             Change::DelFilter { partition } => {
                 txn.open_table(FILTERS)?.remove(*partition)?;
             }
-            Change::MergeDrop {
-                partition,
-                limit,
-                records: deleted,
-            } => {
+            Change::MergeDrop { .. } | Change::MergeCopy { .. } => {
                 let mut t = MergeTables {
                     records: &mut records,
                     steps: &mut steps,
                     history: &mut history,
                 };
-                let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
-                let step = merge::drop_step(&mut t, *partition, limit)?;
-                if step.records != *deleted {
-                    return Err(MetaError::Storage(redb::Error::Corrupted(format!(
-                        "the journal's drop step deletes {deleted} records of partition \
-                         {partition}, but {} are there: the journal does not fit the file",
-                        step.records
-                    ))));
-                }
-            }
-            Change::MergeCopy {
-                target,
-                after,
-                copied,
-            } => {
-                replay_merge_copy(
-                    txn,
-                    &mut MergeTables {
-                        records: &mut records,
-                        steps: &mut steps,
-                        history: &mut history,
-                    },
-                    *target,
-                    after.as_deref(),
-                    *copied,
-                )?;
+                replay_merge_step(txn, &mut t, change)?;
             }
         }
     }
@@ -414,40 +385,67 @@ pub(super) fn apply(
     Ok(())
 }
 
-/// Runs again a merge's copy step (`partition/merge.rs`): the merge
-/// sources are the partitions whose rows say so, as they did when the
-/// step ran, so the same `copied` records are copied.
+/// Runs again a merge's copy or drop step (`partition/merge.rs`): the
+/// merge sources are the partitions whose rows say so, as they did when
+/// the step ran, so the step copies (or deletes) the same records.
 ///
 /// # Errors
 ///
-/// A storage error, also when the step copies a different count (the
-/// journal does not fit the file: reported as corruption).
-fn replay_merge_copy(
+/// A storage error, also when the step copies or deletes a different
+/// count (the journal does not fit the file: reported as corruption).
+fn replay_merge_step(
     txn: &WriteTransaction,
     t: &mut MergeTables<'_, '_>,
-    target: u64,
-    after: Option<&[u8]>,
-    copied: u64,
+    change: &Change,
 ) -> Result<(), MetaError> {
-    let mut sources = Vec::new();
-    let rows = txn.open_table(PARTITIONS)?;
-    for entry in redb::ReadableTable::iter(&rows)? {
-        let (k, v) = entry?;
-        let partition = k.value();
-        if PartitionRow::decode(partition, v.value())
-            .is_ok_and(|row| row.state == PartitionState::MergeSource)
-        {
-            sources.push(partition);
+    let misfit = |what: String| {
+        MetaError::Storage(redb::Error::Corrupted(format!(
+            "{what}: the journal does not fit the file"
+        )))
+    };
+    match change {
+        Change::MergeDrop {
+            partition,
+            limit,
+            records,
+        } => {
+            let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
+            let step = merge::drop_step(t, *partition, limit)?;
+            if step.records != *records {
+                return Err(misfit(format!(
+                    "the journal's drop step deletes {records} records of partition \
+                     {partition}, but {} are there",
+                    step.records
+                )));
+            }
         }
-    }
-    let limit = usize::try_from(copied).unwrap_or(usize::MAX);
-    let step = merge::copy_step(t, target, &sources, after, limit)?;
-    if step.keys.len() as u64 != copied {
-        return Err(MetaError::Storage(redb::Error::Corrupted(format!(
-            "the journal's merge step copies {copied} records into partition {target}, \
-             but {} are left to copy: the journal does not fit the file",
-            step.keys.len()
-        ))));
+        Change::MergeCopy {
+            target,
+            after,
+            copied,
+        } => {
+            let mut sources = Vec::new();
+            let rows = txn.open_table(PARTITIONS)?;
+            for entry in redb::ReadableTable::iter(&rows)? {
+                let (k, v) = entry?;
+                let partition = k.value();
+                if PartitionRow::decode(partition, v.value())
+                    .is_ok_and(|row| row.state == PartitionState::MergeSource)
+                {
+                    sources.push(partition);
+                }
+            }
+            let limit = usize::try_from(*copied).unwrap_or(usize::MAX);
+            let step = merge::copy_step(t, *target, &sources, after.as_deref(), limit)?;
+            if step.keys.len() as u64 != *copied {
+                return Err(misfit(format!(
+                    "the journal's merge step copies {copied} records into partition \
+                     {target}, but {} are left to copy",
+                    step.keys.len()
+                )));
+            }
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -154,7 +154,8 @@ impl Change {
             Change::DelOutbox { .. }
             | Change::DelDeadLetter { .. }
             | Change::DelPartition { .. }
-            | Change::DelFilter { .. } => 0,
+            | Change::DelFilter { .. }
+            | Change::MergeDrop { .. } => 0,
             Change::PutEntity { id, value } => id.len().saturating_add(value.len()),
             Change::PutStep { key, name, value } => key
                 .len()
@@ -162,7 +163,6 @@ impl Change {
                 .saturating_add(value.len()),
             Change::DelStep { key, name } => key.len().saturating_add(name.len()),
             Change::MergeCopy { after, .. } => after.as_ref().map_or(0, Vec::len),
-            Change::MergeDrop { .. } => 0,
         }
     }
 }

@@ -442,19 +442,7 @@ impl Catalog {
             let partition = k.value();
             rows.push((partition, PartitionRow::decode(partition, v.value())?));
         }
-        // Ranges without a row.
-        for partition in partitions_in(t.records)? {
-            if rows.iter().all(|(p, _)| *p != partition) {
-                tracing::warn!(
-                    partition,
-                    "records in a partition without a row: giving it a sealed row and a rebuilt filter"
-                );
-                let mut row = PartitionRow::hot(now_ms, now_ms);
-                let room = |keys| rule.filter_capacity(partition, keys);
-                seal_row(t, &filters, partition, room, &mut row, changes)?;
-                rows.push((partition, row));
-            }
-        }
+        rows_for_ranges(t, &filters, rule, now_ms, &mut rows, changes)?;
         let mut hot: Option<Hot> = None;
         let mut probes = Probes::default();
         let mut sealed_at = std::collections::BTreeMap::new();
@@ -896,6 +884,32 @@ impl Catalog {
             self.drained.insert(partition);
         }
     }
+}
+
+/// Gives each key range of `t.records` without a row in `rows` a sealed
+/// row and a filter built from its keys (a warning names it): its records
+/// stay found. Every change is appended to `changes`.
+fn rows_for_ranges(
+    t: &mut CatalogTables<'_, '_>,
+    filters: &Filters,
+    rule: SealRule,
+    now_ms: u64,
+    rows: &mut Vec<(u64, PartitionRow)>,
+    changes: &mut Vec<CatalogChange>,
+) -> Result<(), CatalogError> {
+    for partition in partitions_in(t.records)? {
+        if rows.iter().all(|(p, _)| *p != partition) {
+            tracing::warn!(
+                partition,
+                "records in a partition without a row: giving it a sealed row and a rebuilt filter"
+            );
+            let mut row = PartitionRow::hot(now_ms, now_ms);
+            let room = |keys| rule.filter_capacity(partition, keys);
+            seal_row(t, filters, partition, room, &mut row, changes)?;
+            rows.push((partition, row));
+        }
+    }
+    Ok(())
 }
 
 /// The merge a writable open finds under way (`merging`: the target's

@@ -275,7 +275,7 @@ pub(crate) fn drop_step(
         for entry in t.steps.range((lo_key.as_slice(), "")..)? {
             let (k, _) = entry?;
             let (at, name) = k.value();
-            if !in_range(at, &hi) || v.len() >= limit {
+            if !in_range(at, hi.as_ref()) || v.len() >= limit {
                 break;
             }
             v.push((at.to_vec(), name.to_owned()));
@@ -287,7 +287,7 @@ pub(crate) fn drop_step(
         for entry in t.history.range((lo_key.as_slice(), 0)..)? {
             let (k, _) = entry?;
             let (at, seq) = k.value();
-            if !in_range(at, &hi) || v.len() >= limit {
+            if !in_range(at, hi.as_ref()) || v.len() >= limit {
                 break;
             }
             v.push((at.to_vec(), seq));
@@ -323,8 +323,8 @@ fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 }
 
 /// Whether slot key `at` is below `hi` (the end of a partition's range).
-fn in_range(at: &[u8], hi: &Option<[u8; slot::PREFIX_BYTES]>) -> bool {
-    hi.as_ref().is_none_or(|h| at < &h[..])
+fn in_range(at: &[u8], hi: Option<&[u8; slot::PREFIX_BYTES]>) -> bool {
+    hi.is_none_or(|h| at < &h[..])
 }
 
 /// Time after a span ends before its partitions merge: longer than the

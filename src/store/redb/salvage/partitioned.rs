@@ -243,43 +243,8 @@ pub(super) fn unslot(
     }
     let mut chosen: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     for (rkey, mut found) in copies {
-        let twins = found.iter().all(|(_, v)| *v == found[0].1);
-        let pick = if found.len() == 1 {
-            Some(0)
-        } else if twins {
-            // A merge's copy and its source (`partition/merge.rs`): the
-            // same record either way; the merged partition's is kept.
-            (0..found.len()).max_by_key(|&i| found[i].0)
-        } else {
-            let by_journal = last_put
-                .get(&rkey)
-                .copied()
-                .flatten()
-                .and_then(|p| found.iter().position(|(q, _)| *q == p));
-            // Once a merge switched, its partition holds the live copy
-            // and its sources stale ones (`partition/merge.rs`).
-            let built: Vec<usize> = (0..found.len())
-                .filter(|&i| found[i].0 >= BUILT_PARTITIONS)
-                .collect();
-            let by_merge = match built.as_slice() {
-                [one] => Some(*one),
-                _ => None,
-            };
-            by_journal.or(by_merge).or_else(|| {
-                let matching: Vec<usize> = (0..found.len())
-                    .filter(|&i| {
-                        codec::decode(&rkey, &found[i].1).is_ok_and(|rec| {
-                            let (name, at) = rec.index();
-                            work.index.contains(&(name, at, rkey.clone()))
-                        })
-                    })
-                    .collect();
-                match matching.as_slice() {
-                    [one] => Some(*one),
-                    _ => None,
-                }
-            })
-        };
+        let by_journal = last_put.get(&rkey).copied().flatten();
+        let pick = pick_copy(&rkey, &found, by_journal, &work.index);
         if let Some(i) = pick {
             let (p, value) = found.swap_remove(i);
             chosen.insert(rkey.clone(), p);
@@ -310,6 +275,49 @@ pub(super) fn unslot(
         },
         lost,
     );
+}
+
+/// Which of `found` (partition, value) copies of record key `rkey` is
+/// taken: the only one; else twins of a merge (one copy in a built
+/// partition, the same bytes as its source's: `partition/merge.rs`); else
+/// the one in the partition of the journal's last write (`by_journal`),
+/// else the one in a built partition (a merge switched: its sources hold
+/// stale copies), else the one copy whose state the index entries
+/// (`index`) match; `None`: none can be told apart.
+fn pick_copy(
+    rkey: &[u8],
+    found: &[(u64, Vec<u8>)],
+    by_journal: Option<u64>,
+    index: &BTreeSet<super::gathered::IndexEntry>,
+) -> Option<usize> {
+    let one = |v: Vec<usize>| match v.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    };
+    if found.len() == 1 {
+        return Some(0);
+    }
+    let built = one((0..found.len())
+        .filter(|&i| found[i].0 >= BUILT_PARTITIONS)
+        .collect());
+    // Twins in two partitions that took claims are damage the writer
+    // never makes.
+    if built.is_some() && found.iter().all(|(_, v)| *v == found[0].1) {
+        return built;
+    }
+    by_journal
+        .and_then(|p| found.iter().position(|(q, _)| *q == p))
+        .or(built)
+        .or_else(|| {
+            one((0..found.len())
+                .filter(|&i| {
+                    codec::decode(rkey, &found[i].1).is_ok_and(|rec| {
+                        let (name, at) = rec.index();
+                        index.contains(&(name, at, rkey.to_vec()))
+                    })
+                })
+                .collect())
+        })
 }
 
 /// `entries` (keyed by slot key and a name or number) keyed by record
