@@ -40,6 +40,8 @@
 //!    replays byte for byte (no TTL runs out during the test), that every
 //!    acknowledged claim is still held with its token, and that `verify`
 //!    finds the file sound (it checks each merge copy against its source).
+//!    Each killed file is also salvaged first (`Engine::salvage`), and the
+//!    salvaged file must pass the same checks for the round's keys.
 //!
 //! Rounds: `IDEMPOTENCY_KILL_F3_MIGRATE_ROUNDS` (default 10, half of them
 //! aimed at the end of the open, where the migration runs),
@@ -978,8 +980,8 @@ fn sigkill_during_partition_drops_loses_nothing() -> TestResult {
 
 // ------------------------------------------------- test 3: partition merges
 
-/// The rows of a killed file's partitions a merge holds, read from a
-/// recovered copy at `scratch`: (merging, merge sources, dropping, built).
+/// The rows of the file's partitions a merge holds, read from a copy at
+/// `scratch`: (merging, merge sources, dropping, built).
 fn merge_rows(db: &Path, scratch: &Path) -> AnyResult<[usize; 4]> {
     if !db.exists() {
         return Ok([0; 4]);
@@ -1074,12 +1076,38 @@ fn sigkill_during_partition_merges_loses_nothing() -> TestResult {
         if let Some(f) = ended.failure {
             failures.push(f);
         }
+        let names = acks.read_log(&log, round)?;
+        // Salvage reads a killed file too: a merge's copies and the stale
+        // records it leaves are told apart.
+        let salvaged = dir.path().join(format!("salvaged-{round}.redb"));
+        let report = Engine::salvage(&db, &salvaged)?;
+        let engine = merging_builder(anchor)
+            .sweep_interval(None)
+            .open_existing(&salvaged)?;
+        let before = failures.len();
+        for name in &names {
+            check_merge_key(&engine, &acks, name, &mut failures)?;
+        }
+        for f in failures.iter_mut().skip(before) {
+            *f = format!(
+                "salvaged after round {round}'s kill: {f} (lost: {:?})",
+                report.lost
+            );
+        }
+        drop(engine);
+        std::fs::remove_file(&salvaged)?;
+        // The rows as the kill left them, once the journal is applied (an
+        // open recovers the file, its close checkpoints it).
+        drop(
+            merging_builder(anchor)
+                .sweep_interval(None)
+                .open_existing(&db)?,
+        );
         let [merging, sources, dropping, built_rows] = merge_rows(&db, &scratch)?;
+        built = built_rows;
         if merging + dropping > 0 {
             mid_merge += 1;
         }
-        built = built_rows;
-        let names = acks.read_log(&log, round)?;
         let engine = merging_builder(anchor)
             .sweep_interval(None)
             .open_existing(&db)?;
