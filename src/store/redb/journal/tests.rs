@@ -403,3 +403,60 @@ const GOLDEN_FRAMES: &str = concat!(
     "0908050606076f726465722d3101070006000000010000000200000000000000",
     "5b0d2edee2f2af1e81ffc19b8a4f5c89ad020d01050c0000",
 );
+
+/// Frames of the smallest size (40 bytes) sit at the earliest offset
+/// their LSN allows: frame `C + k` of the cycle anchored at `C` is `k`
+/// such frames past the header, `k - 1` in a cycle without an anchor (a
+/// journal written before anchors were). With the first frame damaged,
+/// the probe past the chain's end still finds the later ones: dropped
+/// with it when written while it was still being synced, vouching for it
+/// (damage) when written once it was durable. A probe that skips offsets
+/// too early for an LSN must not skip these.
+#[test]
+fn frames_of_the_smallest_size_at_the_bound_are_still_found() -> TestResult {
+    let empty = Frame {
+        next_token: 0,
+        next_outbox: 0,
+        changes: Vec::new(),
+    };
+    for anchor in [true, false] {
+        for vouching in [false, true] {
+            let shared = Shared(Arc::new(InMemoryBackend::new()));
+            let mut j = Journal::recover(storage(&shared), ID, 10)?.journal;
+            // The first frame: the anchor (10, which the database holds),
+            // or frame 11. Frame 11 is written once 10 was durable.
+            let first = if anchor {
+                j.checkpointed()?;
+                10
+            } else {
+                11
+            };
+            j.append(&empty)?;
+            let twelve = j.write_at;
+            if vouching {
+                j.append(&empty)?;
+            } else if !anchor {
+                j.append_unsynced(&empty, 10)?;
+            }
+            // The first frame's checksum.
+            shared.write(HEADER_LEN + 16, &[0xAB])?;
+            match Journal::recover(storage(&shared), ID, 10) {
+                Ok(r) if !vouching => {
+                    assert!(r.frames.is_empty());
+                    let torn = r.torn.map(|t| (t.offset, t.lsn, t.dropped_after));
+                    assert_eq!(torn, Some((HEADER_LEN, first, vec![first + 1])));
+                }
+                Err(JournalError::Corrupt { detail, .. }) if vouching => {
+                    let at = format!("frame 12 at offset {twelve}");
+                    assert!(detail.contains(&at), "{detail}");
+                }
+                Err(e) => panic!("wrong error: {e}"),
+                Ok(r) => panic!("damage read as a torn end: {:?}", lsns(&r)),
+            }
+            // Without an anchor, right at the bound.
+            let earliest = if anchor { 80 } else { 40 };
+            assert_eq!(twelve, HEADER_LEN + earliest);
+        }
+    }
+    Ok(())
+}
