@@ -5,6 +5,13 @@ use serde::{Deserialize, Serialize};
 
 /// Bytes of a frame before its payload.
 pub(super) const FRAME_HEADER: usize = 32;
+/// Fewest payload bytes of a frame the writer writes: a [`Frame`] in
+/// postcard is its three fields, at least one byte each (two varints and
+/// the varint length of `changes`).
+pub(super) const MIN_PAYLOAD: u64 = 3;
+/// Fewest bytes a frame the writer writes takes on disk (header, payload,
+/// padding: 40), the anchor's size.
+pub(super) const MIN_FRAME_BYTES: u64 = (FRAME_HEADER as u64 + MIN_PAYLOAD).div_ceil(8) * 8;
 /// Largest payload a frame may claim (its length field is a u32); the
 /// writer refuses a larger frame, so the reader never meets a valid one.
 pub(super) const MAX_PAYLOAD: u64 = u32::MAX as u64;

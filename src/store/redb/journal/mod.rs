@@ -42,7 +42,11 @@
 //! unless a valid frame further on, with a later, still needed LSN, says
 //! that the bad frame was durable before it was written (its `unsynced`):
 //! then the journal is damaged in the middle, and opening fails with an
-//! error naming the file and the offset. A power cut during a sync may
+//! error naming the file and the offset. The search for such a frame
+//! checksums only offsets where a frame with the LSN it reads can lie:
+//! every frame is at least 40 bytes, so frame `C + k` of the cycle that
+//! starts with the anchor of `C` lies at least `k - 1` of those past the
+//! header (`reader::can_lie_at`). A power cut during a sync may
 //! leave any of the frames that sync covered on disk and others not; none
 //! of them was acknowledged (callers hear nothing before the sync
 //! returns), and the first one missing is the end of the log. Damage to

@@ -2,7 +2,7 @@
 //! frames after the checkpoint, and telling a torn end from damage in the
 //! middle.
 
-use super::frame::{checksum, frame_len, Frame, FRAME_HEADER, MAX_PAYLOAD};
+use super::frame::{checksum, frame_len, Frame, FRAME_HEADER, MAX_PAYLOAD, MIN_FRAME_BYTES};
 use super::{JournalError, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 
 /// Reads frames out of a journal's bytes.
@@ -90,39 +90,9 @@ impl Reader<'_> {
         // of them was acknowledged.
         let needed_after = prev.map_or(self.checkpointed_lsn, |p| p.max(self.checkpointed_lsn));
         let torn = self.torn_at(bytes, pos, prev);
-        // Valid frames beyond the end that no rule below finds to vouch
-        // for the missing one: written while it was still being synced.
-        let mut dropped_after = Vec::new();
-        let mut probe = pos.saturating_add(8);
-        while probe + FRAME_HEADER as u64 <= bytes.len() as u64 {
-            // Only a frame whose LSN could be a needed one is worth its
-            // checksum (most offsets are zeros or inside other frames).
-            let at = usize::try_from(probe).unwrap_or(usize::MAX);
-            let lsn = bytes
-                .get(at + 8..at + 16)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map_or(0, u64::from_le_bytes);
-            let plausible = lsn > needed_after && lsn - needed_after < (1 << 32);
-            if let Some(found) = plausible.then(|| self.frame_at(bytes, probe)).flatten() {
-                if found.lsn > needed_after && found.durable_before <= needed_after {
-                    dropped_after.push(found.lsn);
-                }
-                if found.lsn > needed_after && found.durable_before > needed_after {
-                    let lsn = found.lsn;
-                    return Err(JournalError::Corrupt {
-                        file: self.name.to_string(),
-                        offset: pos,
-                        detail: format!(
-                            "the frame here does not check, but frame {lsn} at offset {probe} does, \
-                             and was written after frame {} was durable: the journal is damaged, \
-                             not just cut short",
-                            needed_after + 1
-                        ),
-                    });
-                }
-            }
-            probe += 8;
-        }
+        // Valid frames beyond the end that do not vouch for the missing
+        // one: written while it was still being synced.
+        let dropped_after = self.probe_past_end(bytes, pos, needed_after)?;
         // Later frames dropped with a missing one are named even when
         // nothing of the missing one's header is left.
         let expected = prev.unwrap_or(self.checkpointed_lsn).saturating_add(1);
@@ -157,6 +127,62 @@ impl Reader<'_> {
         })
     }
 
+    /// Probes every 8-byte offset past `pos`, where the chain ends, for a
+    /// valid frame with an LSN above `needed_after`. One written after
+    /// frame `needed_after + 1` was durable vouches that the bytes at
+    /// `pos` are damage, not a torn end: an error naming `pos`. Returns
+    /// the LSNs of the others (written while it was still being synced).
+    fn probe_past_end(
+        &self,
+        bytes: &[u8],
+        pos: u64,
+        needed_after: u64,
+    ) -> Result<Vec<u64>, JournalError> {
+        let mut dropped_after = Vec::new();
+        let mut probe = pos.saturating_add(8);
+        while probe + FRAME_HEADER as u64 <= bytes.len() as u64 {
+            // Only a frame whose LSN could be a needed one is worth its
+            // checksum (most offsets are zeros or inside other frames).
+            let at = usize::try_from(probe).unwrap_or(usize::MAX);
+            let lsn = bytes
+                .get(at + 8..at + 16)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_le_bytes);
+            let plausible = lsn > needed_after && lsn - needed_after < (1 << 32);
+            let found = plausible
+                .then(|| Header::at(bytes, probe))
+                .flatten()
+                // Too early in the file for its LSN: not a frame of this
+                // cycle, and no other frame vouches (see `can_lie_at`).
+                .filter(|head| can_lie_at(head.lsn, probe, needed_after))
+                .and_then(|head| {
+                    #[cfg(test)]
+                    PROBE_CHECKSUMS.with(|n| n.set(n.get() + 1));
+                    self.check(&head)
+                });
+            if let Some(found) = found {
+                if found.lsn > needed_after && found.durable_before <= needed_after {
+                    dropped_after.push(found.lsn);
+                }
+                if found.lsn > needed_after && found.durable_before > needed_after {
+                    let lsn = found.lsn;
+                    return Err(JournalError::Corrupt {
+                        file: self.name.to_string(),
+                        offset: pos,
+                        detail: format!(
+                            "the frame here does not check, but frame {lsn} at offset {probe} does, \
+                             and was written after frame {} was durable: the journal is damaged, \
+                             not just cut short",
+                            needed_after + 1
+                        ),
+                    });
+                }
+            }
+            probe += 8;
+        }
+        Ok(dropped_after)
+    }
+
     /// Whether the bytes at `pos`, where the chain of frames ends, are the
     /// header of the frame that would come next (its LSN field reads the
     /// LSN expected there) whose frame does not check or is cut short by
@@ -180,6 +206,85 @@ impl Reader<'_> {
 
     /// The valid frame at `pos`.
     fn frame_at<'b>(&self, bytes: &'b [u8], pos: u64) -> Option<FrameAt<'b>> {
+        self.check(&Header::at(bytes, pos)?)
+    }
+
+    /// `head`'s frame, if its checksum matches (the cost of a read: BLAKE3
+    /// over the payload it claims).
+    fn check<'b>(&self, head: &Header<'b>) -> Option<FrameAt<'b>> {
+        if checksum(&self.id, head.lsn, head.unsynced, head.payload) != head.sum {
+            return None;
+        }
+        Some(FrameAt {
+            lsn: head.lsn,
+            durable_before: head
+                .lsn
+                .saturating_sub(u64::from(head.unsynced).saturating_add(1)),
+            payload: head.payload,
+            next: head.pos + frame_len(head.len),
+        })
+    }
+}
+
+/// Whether a frame of the current cycle with LSN `lsn`, above
+/// `needed_after`, can start at offset `pos`. The probe past the chain's
+/// end checksums nothing else: before this bound it checksummed every
+/// 8-byte window whose LSN field merely looked plausible, each over the
+/// payload it claimed, and a recovery with an earlier cycle's 32 MiB past
+/// the chain took minutes.
+///
+/// The invariant (the writer's layout): a cycle starts at `HEADER_LEN`
+/// with its anchor, LSN `A`, and every later frame of it, `A + 1`,
+/// `A + 2`, ..., follows the one before back to back (`write_at`), each
+/// at least [`MIN_FRAME_BYTES`] long. So frame `L` of the cycle starts at
+/// or after `HEADER_LEN + MIN_FRAME_BYTES * (L - A)`, and one frame
+/// earlier, `L - A - 1`, holds too for a cycle without an anchor (journals
+/// written before anchors were, whose first frame `A + 1` is at
+/// `HEADER_LEN`). And `A` is at most `needed_after`: the anchor is written
+/// only after redb durably holds `journal_lsn = A` (a checkpoint, or an
+/// open's recovery), that value never goes down, and `needed_after` is at
+/// least the one read from it. Putting `needed_after` for `A` only moves
+/// the earliest offset down, so no frame of the current cycle is skipped,
+/// whether it vouches or is dropped with a torn one.
+///
+/// Frames of earlier cycles with an LSN above `needed_after` can only be
+/// what an earlier recovery dropped past its chain's end (the next cycle
+/// reuses their LSNs), and skipping them is safe: that recovery found
+/// none that vouched (or it refused the journal), so each has
+/// `durable_before` at most that recovery's `needed_after`, which became
+/// the next anchor, at most today's `needed_after`. None vouches now.
+fn can_lie_at(lsn: u64, pos: u64, needed_after: u64) -> bool {
+    lsn.checked_sub(needed_after)
+        .and_then(|after| after.checked_sub(1))
+        .and_then(|frames| frames.checked_mul(MIN_FRAME_BYTES))
+        .and_then(|bytes| bytes.checked_add(HEADER_LEN))
+        .is_some_and(|earliest| pos >= earliest)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Checksums the probe past the chain's end computed on this thread
+    /// (a test hook: the probe's cost, counted instead of timed).
+    pub(super) static PROBE_CHECKSUMS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A frame's header as found at an offset, with the payload it claims,
+/// before its checksum is checked.
+struct Header<'b> {
+    pos: u64,
+    /// The payload's length.
+    len: u64,
+    unsynced: u32,
+    lsn: u64,
+    /// The checksum it carries.
+    sum: &'b [u8],
+    payload: &'b [u8],
+}
+
+impl<'b> Header<'b> {
+    /// The header at `pos` and the payload it claims, when both lie in
+    /// `bytes`; its checksum is not checked yet.
+    fn at(bytes: &'b [u8], pos: u64) -> Option<Header<'b>> {
         let start = usize::try_from(pos).ok()?;
         let head = bytes.get(start..start.checked_add(FRAME_HEADER)?)?;
         let len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
@@ -190,14 +295,13 @@ impl Reader<'_> {
         }
         let body_start = start + FRAME_HEADER;
         let payload = bytes.get(body_start..body_start.checked_add(usize::try_from(len).ok()?)?)?;
-        if checksum(&self.id, lsn, unsynced, payload) != head[16..32] {
-            return None;
-        }
-        Some(FrameAt {
+        Some(Self {
+            pos,
+            len,
+            unsynced,
             lsn,
-            durable_before: lsn.saturating_sub(u64::from(unsynced).saturating_add(1)),
+            sum: &head[16..32],
             payload,
-            next: pos + frame_len(len),
         })
     }
 }

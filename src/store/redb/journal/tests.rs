@@ -403,3 +403,180 @@ const GOLDEN_FRAMES: &str = concat!(
     "0908050606076f726465722d3101070006000000010000000200000000000000",
     "5b0d2edee2f2af1e81ffc19b8a4f5c89ad020d01050c0000",
 );
+
+/// Frames of the smallest size (40 bytes) sit at the earliest offset
+/// their LSN allows: frame `C + k` of the cycle anchored at `C` is `k`
+/// such frames past the header, `k - 1` in a cycle without an anchor (a
+/// journal written before anchors were). With the first frame damaged,
+/// the probe past the chain's end still finds the later ones: dropped
+/// with it when written while it was still being synced, vouching for it
+/// (damage) when written once it was durable. A probe that skips offsets
+/// too early for an LSN must not skip these.
+#[test]
+fn frames_of_the_smallest_size_at_the_bound_are_still_found() -> TestResult {
+    let empty = Frame {
+        next_token: 0,
+        next_outbox: 0,
+        changes: Vec::new(),
+    };
+    for anchor in [true, false] {
+        for vouching in [false, true] {
+            let shared = Shared(Arc::new(InMemoryBackend::new()));
+            let mut j = Journal::recover(storage(&shared), ID, 10)?.journal;
+            // The first frame: the anchor (10, which the database holds),
+            // or frame 11. Frame 11 is written once 10 was durable.
+            let first = if anchor {
+                j.checkpointed()?;
+                10
+            } else {
+                11
+            };
+            j.append(&empty)?;
+            let twelve = j.write_at;
+            if vouching {
+                j.append(&empty)?;
+            } else if !anchor {
+                j.append_unsynced(&empty, 10)?;
+            }
+            // The first frame's checksum.
+            shared.write(HEADER_LEN + 16, &[0xAB])?;
+            match Journal::recover(storage(&shared), ID, 10) {
+                Ok(r) if !vouching => {
+                    assert!(r.frames.is_empty());
+                    let torn = r.torn.map(|t| (t.offset, t.lsn, t.dropped_after));
+                    assert_eq!(torn, Some((HEADER_LEN, first, vec![first + 1])));
+                }
+                Err(JournalError::Corrupt { detail, .. }) if vouching => {
+                    let at = format!("frame 12 at offset {twelve}");
+                    assert!(detail.contains(&at), "{detail}");
+                }
+                Err(e) => panic!("wrong error: {e}"),
+                Ok(r) => panic!("damage read as a torn end: {:?}", lsns(&r)),
+            }
+            // Without an anchor, right at the bound.
+            let earliest = if anchor { 80 } else { 40 };
+            assert_eq!(twelve, HEADER_LEN + earliest);
+        }
+    }
+    Ok(())
+}
+
+/// A frame of an earlier cycle: one record whose value ends in zeros, as
+/// many values do, so the 8 bytes before the next frame's header read as
+/// the header of an empty frame that fits in the file.
+fn old_frame(n: u64) -> Frame {
+    let mut value = vec![n as u8 | 1; 56];
+    value.extend_from_slice(&[0; 8]);
+    Frame {
+        next_token: n,
+        next_outbox: 1,
+        changes: vec![Change::PutRecord {
+            key: n.to_le_bytes().to_vec(),
+            value,
+        }],
+    }
+}
+
+/// Frames `1..=old` of a cycle written as the pipelined writer writes
+/// them (each while the one before was still being synced: `unsynced`
+/// 1), then a checkpoint at `old` and its anchor: the new cycle's frames
+/// overwrite the old one's from the start, and the rest of it stays in
+/// the file past them.
+fn after_a_long_cycle(old: u64) -> Result<(Shared, Journal), JournalError> {
+    let shared = Shared(Arc::new(InMemoryBackend::new()));
+    let mut j = Journal::recover(storage(&shared), ID, 0)?.journal;
+    for n in 1..=old {
+        j.append_unsynced(&old_frame(n), n.saturating_sub(2))?;
+    }
+    drop(j);
+    let mut j = Journal::recover(storage(&shared), ID, old)?.journal;
+    j.checkpointed()?;
+    Ok((shared, j))
+}
+
+/// Checksums the probe past the chain's end computes while `shared` is
+/// recovered at `checkpointed`, and what the recovery says.
+fn probe_checksums(shared: &Shared, checkpointed: u64) -> (u64, Result<Recovered, JournalError>) {
+    use super::reader::PROBE_CHECKSUMS;
+    PROBE_CHECKSUMS.with(|n| n.set(0));
+    let r = Journal::recover(storage(shared), ID, checkpointed);
+    (PROBE_CHECKSUMS.with(std::cell::Cell::get), r)
+}
+
+/// Recovery took minutes on a 33 MB journal: past the chain's end, the
+/// probe for a later frame that vouches for the missing one checksummed
+/// every 8-byte window whose LSN field merely looked plausible, each over
+/// the payload it claimed. An earlier cycle's frame headers are such
+/// windows: `len` and `unsynced` 1 read as the LSN 2^32 + len (and here
+/// the 8 bytes before each header as an empty frame that fits). Frame
+/// `C + k` of the cycle anchored at `C` starts at least `k - 1` smallest
+/// frames past the header, so no frame with such an LSN lies in any
+/// journal. Now only the frame really written past the end is
+/// checksummed (before the bound, 1,942 windows of the old cycle were),
+/// and what the probe is for still works: that frame is named as dropped
+/// with a torn one, or vouches for a damaged one.
+#[test]
+fn the_probe_past_the_end_checksums_only_frames_that_can_lie_there() -> TestResult {
+    const OLD: u64 = 2_000;
+    // A power cut during the sync of OLD + 2 and OLD + 3: the first never
+    // reached the disk.
+    let (shared, mut j) = after_a_long_cycle(OLD)?;
+    j.append(&frame(OLD + 1))?;
+    let torn = j.write_at;
+    j.append_unsynced(&frame(OLD + 2), OLD + 1)?;
+    let after = j.write_at;
+    j.append_unsynced(&frame(OLD + 3), OLD + 1)?;
+    shared.write(torn, &vec![0; usize::try_from(after - torn)?])?;
+    assert!(shared.len()? > 200_000, "the old cycle is not in the file");
+    let (hashed, r) = probe_checksums(&shared, OLD);
+    let r = r?;
+    assert_eq!(lsns(&r), vec![OLD + 1]);
+    let dropped = r.torn.map(|t| (t.offset, t.lsn, t.dropped_after));
+    assert_eq!(dropped, Some((torn, OLD + 2, vec![OLD + 3])));
+    // What the bound lets through: frames written past the end with an LSN
+    // above the needed one (OLD + 3), and windows whose LSN field reads at
+    // most (offset - 4096) / 40 + 1 above it. This tail has none: old
+    // LSNs are at most OLD, old headers read 2^32 + len, and nothing else
+    // in it reads a number that close.
+    assert_eq!(hashed, 1, "checksums computed past the end of the chain");
+
+    // OLD + 3 written once OLD + 2 was durable: damage, not a torn end.
+    let (shared, mut j) = after_a_long_cycle(OLD)?;
+    j.append(&frame(OLD + 1))?;
+    let damaged = j.write_at;
+    j.append(&frame(OLD + 2))?;
+    j.append(&frame(OLD + 3))?;
+    shared.write(damaged + 40, &[0xAB])?;
+    let (hashed, r) = probe_checksums(&shared, OLD);
+    match r {
+        Err(JournalError::Corrupt { offset, detail, .. }) => {
+            assert_eq!(offset, damaged);
+            assert!(detail.contains(&format!("frame {}", OLD + 3)), "{detail}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(r) => panic!("damage read as a torn end: {:?}", lsns(&r)),
+    }
+    assert_eq!(hashed, 1, "checksums computed past the end of the chain");
+    Ok(())
+}
+
+/// The probe's bound counts on every frame taking at least
+/// `MIN_FRAME_BYTES`: the smallest `Frame` encodes to `MIN_PAYLOAD` bytes,
+/// and the anchor, an empty frame, takes exactly that much room.
+#[test]
+fn the_smallest_frame_takes_min_frame_bytes() -> TestResult {
+    use super::frame::{frame_len, MIN_FRAME_BYTES, MIN_PAYLOAD};
+    let empty = Frame {
+        next_token: 0,
+        next_outbox: 0,
+        changes: Vec::new(),
+    };
+    assert_eq!(postcard::to_allocvec(&empty)?.len() as u64, MIN_PAYLOAD);
+    assert_eq!(frame_len(MIN_PAYLOAD), MIN_FRAME_BYTES);
+    assert_eq!(MIN_FRAME_BYTES, 40);
+    let shared = Shared(Arc::new(InMemoryBackend::new()));
+    let mut j = Journal::recover(storage(&shared), ID, 0)?.journal;
+    j.checkpointed()?;
+    assert_eq!(j.write_at, HEADER_LEN + MIN_FRAME_BYTES);
+    Ok(())
+}
