@@ -871,23 +871,50 @@ fn check_drop_key(
     }
     // Claimed only: the complete may have committed with its ack lost,
     // and then expired (no sooner than a TTL after the claim's ack).
-    match engine.record(&key(name)?)? {
-        None if now_ms() < claimed_ms + ttl => fail("acknowledged claim has no record".into()),
-        None => tally.past_ttl += 1,
+    match check_claim(engine, name, token)? {
+        Err(what) => fail(what),
+        Ok(ClaimSeen::Missing) if now_ms() < claimed_ms + ttl => {
+            fail("acknowledged claim has no record".into())
+        }
+        Ok(ClaimSeen::Missing) => tally.past_ttl += 1,
+        Ok(ClaimSeen::Held) => tally.processing += 1,
+        Ok(ClaimSeen::Completed) => {}
+    }
+    Ok(())
+}
+
+/// What an acknowledged claim without an acknowledged completion left.
+enum ClaimSeen {
+    /// No record.
+    Missing,
+    /// Its record, completed with the response its claim would store
+    /// (the completion committed, its ack lost).
+    Completed,
+    /// Its record, still held: a `begin` answers in progress or in doubt.
+    Held,
+}
+
+/// Looks at claim `token` of key `name`: `Err` names what is wrong (another
+/// token, another response, or a `begin` that does not see it held).
+fn check_claim(engine: &Engine, name: &str, token: u64) -> AnyResult<Result<ClaimSeen, String>> {
+    let want = response(name);
+    Ok(match engine.record(&key(name)?)? {
+        None => Ok(ClaimSeen::Missing),
         Some(r) if r.fencing_token != token => {
-            fail(format!("token {}, the claim had {token}", r.fencing_token))
+            Err(format!("token {}, the claim had {token}", r.fencing_token))
         }
         Some(r) if r.state == State::Completed => {
-            if r.response.as_ref() != Some(&want) {
-                fail(format!("stored response differs: {:?}", r.response));
+            if r.response.as_ref() == Some(&want) {
+                Ok(ClaimSeen::Completed)
+            } else {
+                Err(format!("stored response differs: {:?}", r.response))
             }
         }
         Some(r) => match engine.begin(&key(name)?, request_fp(name)?)? {
-            Begin::Processing { .. } | Begin::InDoubt(_) => tally.processing += 1,
-            other => fail(format!("claim in state {:?} answers {other:?}", r.state)),
+            Begin::Processing { .. } | Begin::InDoubt(_) => Ok(ClaimSeen::Held),
+            other => Err(format!("claim in state {:?} answers {other:?}", r.state)),
         },
-    }
-    Ok(())
+    })
 }
 
 #[test]
@@ -1028,20 +1055,10 @@ fn check_merge_key(
         }
         return Ok(());
     }
-    match engine.record(&key(name)?)? {
-        None => fail("acknowledged claim has no record".into()),
-        Some(r) if r.fencing_token != token => {
-            fail(format!("token {}, the claim had {token}", r.fencing_token))
-        }
-        Some(r) if r.state == State::Completed => {
-            if r.response.as_ref() != Some(&want) {
-                fail(format!("stored response differs: {:?}", r.response));
-            }
-        }
-        Some(r) => match engine.begin(&key(name)?, request_fp(name)?)? {
-            Begin::Processing { .. } | Begin::InDoubt(_) => {}
-            other => fail(format!("claim in state {:?} answers {other:?}", r.state)),
-        },
+    match check_claim(engine, name, token)? {
+        Err(what) => fail(what),
+        Ok(ClaimSeen::Missing) => fail("acknowledged claim has no record".into()),
+        Ok(ClaimSeen::Completed | ClaimSeen::Held) => {}
     }
     Ok(())
 }

@@ -79,7 +79,7 @@ impl Tables<'_> {
     /// left to copy.
     fn copy_merged(&mut self, records: usize) -> Result<(), OpError> {
         let mut changes = Vec::new();
-        let (target, after, copied, done) = {
+        let (target, after, copied, done, bytes) = {
             let mut rows = self.txn.open_table(PARTITIONS).map_err(table_error)?;
             let mut filters = self.txn.open_table(FILTERS).map_err(table_error)?;
             let Some((catalog, mut t)) = self.merge_parts() else {
@@ -92,6 +92,7 @@ impl Tables<'_> {
             let sources = m.sources.clone();
             let step = merge::copy_step(&mut t, target, &sources, after.as_deref(), records)?;
             let copied = step.keys.len() as u64;
+            let bytes = step.bytes;
             catalog.merge_copied(step.keys);
             if step.done {
                 catalog
@@ -105,8 +106,9 @@ impl Tables<'_> {
                     )
                     .map_err(catalog_error)?;
             }
-            (target, after, copied, step.done)
+            (target, after, copied, step.done, bytes)
         };
+        self.merge_bytes = self.merge_bytes.saturating_add(bytes);
         if copied > 0 {
             self.log_change(Change::MergeCopy {
                 target,

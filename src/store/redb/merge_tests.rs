@@ -23,10 +23,9 @@ use super::partition::filter::FilterHasher;
 use super::partition::merge::MERGE_SPAN_MS;
 use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
 use super::partition::slot::BUILT_PARTITIONS;
-use super::recover::apply;
 use super::tables::Tables;
 use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{dump, key, mem, Writer, R, SEED};
+use super::test_writer::{dump, key, Writer, R, SEED};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
@@ -221,16 +220,7 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
     assert_eq!(charge.len(), 1, "key 1's step moved with it");
 
     // The frames, replayed on an empty file, give the same tables.
-    let replayed = mem()?;
-    let txn = replayed.begin_write()?;
-    {
-        let mut meta = txn.open_table(super::tables::META)?;
-        super::meta::create_format_3(&mut meta, SEED)?;
-    }
-    for frame in &w.frames {
-        apply(&txn, frame, true).map_err(|e| format!("{e:?}"))?;
-    }
-    txn.commit()?;
+    let replayed = w.replayed()?;
     for (a, b) in [
         (
             dump(&replayed, catalog::RECORDS)?,

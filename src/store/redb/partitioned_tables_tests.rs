@@ -20,7 +20,7 @@ use super::partition::slot;
 use super::recover::apply;
 use super::tables::Tables;
 use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{dump, key, mem, Writer, R, SEED};
+use super::test_writer::{dump, key, mem, Writer, R};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
@@ -285,16 +285,7 @@ fn a_sealed_partition_is_dropped_with_its_last_record() -> R<()> {
     let live: Vec<u64> = w.catalog.probes().iter().map(|p| p.partition).collect();
     assert_eq!(live, [4]);
     assert_eq!(damage_of(&w.db)?, []);
-    let replayed = mem()?;
-    let txn = replayed.begin_write()?;
-    {
-        let mut meta = txn.open_table(super::tables::META)?;
-        super::meta::create_format_3(&mut meta, SEED)?;
-    }
-    for frame in &w.frames {
-        apply(&txn, frame, true).map_err(|e| format!("{e:?}"))?;
-    }
-    txn.commit()?;
+    let replayed = w.replayed()?;
     assert_eq!(dump(&replayed, PARTITIONS)?, dump(&w.db, PARTITIONS)?);
     assert_eq!(
         dump(&replayed, catalog::RECORDS)?,

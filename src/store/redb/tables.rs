@@ -124,6 +124,9 @@ pub(crate) struct Tables<'t> {
     pub(super) changes: Option<Vec<Change>>,
     /// Bytes of keys and values in `changes`.
     pub(super) changes_bytes: usize,
+    /// Bytes a merge's copy steps wrote that their changes do not carry
+    /// (`Journal::charge`).
+    pub(super) merge_bytes: u64,
     /// Format 3: the partitions, and where the last key looked up lives
     /// (`None`: format 2, records keyed by their record key).
     partitioned: Option<Partitioned<'t>>,
@@ -198,6 +201,7 @@ impl<'t> Tables<'t> {
             cfg,
             changes: None,
             changes_bytes: 0,
+            merge_bytes: 0,
             partitioned: catalog.map(|catalog| Partitioned {
                 catalog,
                 last: None,

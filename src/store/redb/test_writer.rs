@@ -82,6 +82,22 @@ impl Writer {
         })
     }
 
+    /// The writer's frames applied, in order, to an empty format-3 file
+    /// (what a recovery replays).
+    pub(super) fn replayed(&self) -> R<Database> {
+        let replayed = mem()?;
+        let txn = replayed.begin_write()?;
+        {
+            let mut meta = txn.open_table(super::tables::META)?;
+            super::meta::create_format_3(&mut meta, SEED)?;
+        }
+        for frame in &self.frames {
+            super::recover::apply(&txn, frame, true).map_err(|e| format!("{e:?}"))?;
+        }
+        txn.commit()?;
+        Ok(replayed)
+    }
+
     /// One group as the writer runs it: seal if due, then `ops`,
     /// committed, the partitions it dropped forgotten, its frame kept.
     pub(super) fn group<T>(&mut self, ops: impl FnOnce(&mut Tables<'_>) -> R<T>) -> R<T> {

@@ -419,7 +419,7 @@ impl Writer {
         let Some(open) = state.open.as_mut() else {
             return Err(CommitError::Panic("no open transaction".into()));
         };
-        let (after, changes, bytes, jobs, dropped) = {
+        let (after, changes, bytes, jobs, dropped, merged) = {
             let now = self.clock.now_ms();
             let mut tables = tables(&open.txn, self.seq, now, self.cfg, &mut self.catalog)?;
             tables.keep_changes();
@@ -436,7 +436,15 @@ impl Writer {
             }
             let changes = tables.changes.take().unwrap_or_default();
             let dropped = tables.take_dropped();
-            (tables.seq, changes, tables.changes_bytes, jobs, dropped)
+            let merged = tables.merge_bytes;
+            (
+                tables.seq,
+                changes,
+                tables.changes_bytes,
+                jobs,
+                dropped,
+                merged,
+            )
         };
         self.forget_dropped(dropped);
         if changes.is_empty() && after == self.seq {
@@ -458,6 +466,11 @@ impl Writer {
         let lsn = journal
             .append_unsynced(&frame, state.syncer.synced())
             .map_err(CommitError::Journal)?;
+        // A merge's copies count toward the next checkpoint as if their
+        // bytes were in the frame: they bound a recovery's replay, and the
+        // merged sources' pages are reused only once a checkpoint has made
+        // the copies durable (a merge between checkpoints grows the file).
+        journal.charge(merged);
         self.seq = after;
         open.groups += 1;
         open.changes += frame.changes.len();

@@ -120,6 +120,11 @@ pub(in crate::store::redb) struct Journal {
     broken: bool,
     /// The most the file grows by at a time (see `Journal::set_grow_bytes`).
     grow_bytes: u64,
+    /// Bytes of work the frames since the last checkpoint stand for beyond
+    /// their own bytes (a merge's copy step is one small frame that a
+    /// recovery replays by copying its records again; see
+    /// `Journal::charge`).
+    charged: u64,
     buf: Vec<u8>,
 }
 

@@ -49,6 +49,7 @@ impl Journal {
             checkpointed_lsn,
             broken: false,
             grow_bytes: super::writer::GROW_BYTES,
+            charged: 0,
             buf: Vec::new(),
             storage,
         };

@@ -580,3 +580,47 @@ fn the_smallest_frame_takes_min_frame_bytes() -> TestResult {
     assert_eq!(j.write_at, HEADER_LEN + MIN_FRAME_BYTES);
     Ok(())
 }
+
+/// The merge's two changes keep their variant indexes and shapes (format
+/// 3's journal: appended after `DelFilter`), and their bytes are pinned.
+#[test]
+fn merge_changes_have_their_golden_bytes() -> TestResult {
+    let copy = Change::MergeCopy {
+        target: 1 << 63,
+        after: Some(b"\x04shoppay-1".to_vec()),
+        copied: 512,
+    };
+    let drop = Change::MergeDrop {
+        partition: 7,
+        limit: 512,
+        records: 3,
+    };
+    let hex = |c: &Change| -> Result<String, postcard::Error> {
+        Ok(crate::store::record::hex(&postcard::to_allocvec(c)?))
+    };
+    assert_eq!(
+        hex(&copy)?,
+        "1180808080808080808001010a0473686f707061792d318004"
+    );
+    assert_eq!(hex(&drop)?, "1207800403");
+    Ok(())
+}
+
+/// Work a frame stands for beyond its bytes counts toward the next
+/// checkpoint until it is taken, as the frames' bytes do.
+#[test]
+fn charged_work_counts_until_the_checkpoint() -> TestResult {
+    let (shared, _) = written(2);
+    let mut j = Journal::recover(storage(&shared), ID, 2)?.journal;
+    j.checkpointed()?;
+    // The anchor frame a checkpoint writes.
+    let anchor = j.since_checkpoint();
+    j.append(&frame(3))?;
+    let framed = j.since_checkpoint();
+    assert!(framed > anchor);
+    j.charge(1 << 20);
+    assert_eq!(j.since_checkpoint(), framed + (1 << 20));
+    j.checkpointed()?;
+    assert_eq!(j.since_checkpoint(), anchor);
+    Ok(())
+}

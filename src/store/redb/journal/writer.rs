@@ -43,9 +43,20 @@ impl Journal {
         self.last_lsn != self.checkpointed_lsn
     }
 
-    /// Bytes of frames since the last checkpoint.
+    /// Bytes of frames since the last checkpoint, and the work they stand
+    /// for beyond their own bytes ([`Self::charge`]): what a recovery
+    /// would replay, which the writer bounds by checkpointing.
     pub(in crate::store::redb) fn since_checkpoint(&self) -> u64 {
-        self.write_at - HEADER_LEN
+        (self.write_at - HEADER_LEN).saturating_add(self.charged)
+    }
+
+    /// Counts `bytes` of work the frames appended since the last
+    /// checkpoint stand for beyond their own bytes: a merge's copy step
+    /// (`Change::MergeCopy`) is a small frame, but the records it copies
+    /// are written to redb, replayed by a recovery, and free the pages of
+    /// their sources only once a checkpoint has made the copy durable.
+    pub(in crate::store::redb) fn charge(&mut self, bytes: u64) {
+        self.charged = self.charged.saturating_add(bytes);
     }
 
     /// Appends `frame` and syncs it; returns its LSN. After an error the
@@ -192,6 +203,7 @@ impl Journal {
     pub(in crate::store::redb) fn checkpointed(&mut self) -> Result<(), JournalError> {
         self.checkpointed_lsn = self.last_lsn;
         self.write_at = HEADER_LEN;
+        self.charged = 0;
         let anchor = Frame {
             next_token: 0,
             next_outbox: 0,

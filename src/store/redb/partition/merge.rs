@@ -74,6 +74,8 @@ pub(crate) struct Copied {
     pub(crate) keys: Vec<Vec<u8>>,
     /// Whether nothing is left to copy.
     pub(crate) done: bool,
+    /// Bytes copied: keys and values of records, steps and log entries.
+    pub(crate) bytes: u64,
 }
 
 /// One record of a source, met by the k-way merge.
@@ -105,6 +107,7 @@ pub(crate) fn copy_step(
 ) -> Result<Copied, redb::StorageError> {
     let (batch, done) = next_records(t.records, sources, after, limit)?;
     let mut keys = Vec::with_capacity(batch.len());
+    let mut bytes = 0usize;
     for (from, met) in batch {
         let from_slot = slot::slot_key(from, &met.rkey);
         let to_slot = slot::slot_key(target, &met.rkey);
@@ -126,17 +129,26 @@ pub(crate) fn copy_step(
             log.push((k.value().1, v.value().to_vec()));
         }
         t.records.insert(to_slot.as_slice(), met.value.as_slice())?;
+        bytes = bytes
+            .saturating_add(to_slot.len())
+            .saturating_add(met.value.len());
         for (name, value) in steps {
+            bytes = bytes.saturating_add(to_slot.len() + name.len() + value.len());
             t.steps
                 .insert((to_slot.as_slice(), name.as_str()), value.as_slice())?;
         }
         for (seq, value) in log {
+            bytes = bytes.saturating_add(to_slot.len() + 4 + value.len());
             t.history
                 .insert((to_slot.as_slice(), seq), value.as_slice())?;
         }
         keys.push(met.rkey);
     }
-    Ok(Copied { keys, done })
+    Ok(Copied {
+        keys,
+        done,
+        bytes: u64::try_from(bytes).unwrap_or(u64::MAX),
+    })
 }
 
 /// The next `limit` records of `sources` after record key `after`, in
