@@ -133,6 +133,41 @@ pub fn preload_completed(
     })
 }
 
+/// A closed store's space: what its pages hold, beside the file's length.
+#[derive(Clone, Copy, Debug)]
+pub struct Space {
+    /// Bytes of the pages in use (redb's allocated pages × page size);
+    /// the rest of the file is free pages that later writes reuse.
+    pub allocated_bytes: u64,
+    /// Bytes of free pages inside allocated regions (redb's
+    /// `fragmented_bytes`).
+    pub fragmented_bytes: u64,
+    /// The records table (format 3's when the file is format 3).
+    pub records: Shape,
+}
+
+/// The space of the closed store at `path` (no engine may hold it): redb's
+/// database stats and its records table's stats, read in a write
+/// transaction that is aborted (nothing is written).
+///
+/// # Errors
+///
+/// Storage errors, and a file that does not open cleanly (the engine
+/// must have closed it).
+pub fn space(path: &Path) -> Result<Space> {
+    fixture::space(path).map(|(allocated_bytes, fragmented_bytes, shape)| Space {
+        allocated_bytes,
+        fragmented_bytes,
+        records: Shape {
+            records: shape.records,
+            leaf_pages: shape.leaf_pages,
+            branch_pages: shape.branch_pages,
+            stored_bytes: shape.stored_bytes,
+            page_bytes: shape.page_bytes,
+        },
+    })
+}
+
 /// Checks that a preloaded store of `count` records serves them as
 /// `begin` + `complete` would have stored them: each record `samples`
 /// names (`record(i)`) replays its response, and a fresh key gets a

@@ -23,8 +23,10 @@
 //! `PAIRED`, `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
 //! - format 3: the merge of each closed hour's partitions (the sweep, run
 //!   once right after the open until it has nothing left): its time, the
-//!   bytes it wrote per stored record, and the file's bytes per record
-//!   after it;
+//!   bytes it wrote per stored record, the file's bytes per record after
+//!   it, and (the engine closed for the look, `bench_fixtures::space`) the
+//!   bytes of pages in use per record and the records table's leaf fill
+//!   (redb keeps the file's length and reuses its free pages);
 //! - a fresh key's request with a cold OS page cache, per store, right
 //!   after the open (`sync; echo 3 > /proc/sys/vm/drop_caches` first, as
 //!   root, under `cargo bench` only): `read_bytes` of the server per
@@ -560,6 +562,23 @@ fn run() {
             v[2] / s.records as f64,
             mib(bytes as f64),
             bytes as f64 / s.records as f64
+        );
+        // The pages in use once it is done (the engine closed for the
+        // look): redb does not shrink the file, it reuses the free pages.
+        s.ask("close");
+        let space = bench_fixtures::space(&s.path).expect("space");
+        s.ask("open");
+        let t = space.records;
+        let n = s.records as f64;
+        println!(
+            "MERGE {} space: pages in use {:.0} MiB, {:.0} B per record (free pages in the file: {:.0} MiB; fragmented {:.0} MiB); records table: leaves {:.0}% full, {:.0} B of pages per record",
+            s.name,
+            mib(space.allocated_bytes as f64),
+            space.allocated_bytes as f64 / n,
+            mib(bytes.saturating_sub(space.allocated_bytes) as f64),
+            mib(space.fragmented_bytes as f64),
+            100.0 * t.stored_bytes as f64 / (t.leaf_pages * t.page_bytes).max(1) as f64,
+            ((t.leaf_pages + t.branch_pages) * t.page_bytes) as f64 / n,
         );
     }
     for set in &mut sets {

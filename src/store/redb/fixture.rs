@@ -148,6 +148,41 @@ pub(crate) fn preload(
     })
 }
 
+/// The space of the closed store at `path`: (bytes of allocated pages,
+/// fragmented bytes, the records table's shape), read in an aborted
+/// write transaction.
+pub(crate) fn space(path: &Path) -> Result<(u64, u64, Shape)> {
+    let what = "reading a store's space";
+    let db = redb::Builder::new().open(path).context(what)?;
+    let txn = db.begin_write().context(what)?;
+    let stats = txn.stats().context(what)?;
+    let format3 = {
+        let meta = txn.open_table(META).context(what)?;
+        matches!(
+            meta::read_format(&meta),
+            Ok(Some(Found::Format(Format::V3)))
+        )
+    };
+    let table = if format3 { catalog::RECORDS } else { RECORDS };
+    let (t, records) = {
+        let records = txn.open_table(table).context(what)?;
+        (records.stats().context(what)?, records.len().context(what)?)
+    };
+    txn.abort().context(what)?;
+    let page = stats.page_size() as u64;
+    Ok((
+        stats.allocated_pages() * page,
+        stats.fragmented_bytes(),
+        Shape {
+            records,
+            leaf_pages: t.leaf_pages(),
+            branch_pages: t.branch_pages(),
+            stored_bytes: t.stored_bytes(),
+            page_bytes: page,
+        },
+    ))
+}
+
 /// A storage error of the preload saying `message`.
 fn failed(message: String) -> Error {
     Error::Storage {
