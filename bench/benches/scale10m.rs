@@ -22,9 +22,10 @@
 //! Measured, in this order (lines `PRELOAD`, `OPEN`, `MERGE`, `COLD`,
 //! `PAIRED`, `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
 //! - format 3: the merge of each closed hour's partitions (the sweep, run
-//!   once right after the open until it has nothing left): its time, the
-//!   bytes it wrote per stored record, the file's bytes per record after
-//!   it, and (the engine closed for the look, `bench_fixtures::space`) the
+//!   once right after the open until it has nothing left, its first 15 s
+//!   beside 64 clients): `begin` p99 of the clients while it runs vs
+//!   alone, its time, the bytes written per stored record (the clients'
+//!   included), the file's bytes per record after it, and (the engine closed for the look, `bench_fixtures::space`) the
 //!   bytes of pages in use per record and the records table's leaf fill
 //!   (redb keeps the file's length and reuses its free pages);
 //! - a fresh key's request with a cold OS page cache, per store, right
@@ -318,25 +319,24 @@ fn serve(n: u64, path: &Path) {
                 let (deleted, took, busy, idle) = sweep_pair(e, cap);
                 format!("{deleted} {} {busy} {idle}", took.as_secs_f64())
             }
-            ["merge"] => {
+            ["merge", window_ms] => {
                 // Format 3: the sweep merges each closed hour's partitions
                 // (nothing has expired at T0, so that is all it does).
                 let e = engine.as_ref().expect("open");
+                let window = Duration::from_millis(window_ms.parse().expect("window"));
                 let (w0, c0, _) = proc_io();
-                let t = Instant::now();
-                let mut passes = 0u64;
-                while passes < 10_000 {
-                    passes += 1;
-                    if !e.sweep_now().expect("sweep").more {
-                        break;
-                    }
-                }
+                let m = merge_pair(e, window);
                 let (w1, c1, _) = proc_io();
                 format!(
-                    "{} {} {} {passes}",
-                    t.elapsed().as_secs_f64(),
+                    "{} {} {} {} {} {} {} {}",
+                    m.took.as_secs_f64(),
                     w1 - w0,
-                    c1 - c0
+                    c1 - c0,
+                    m.passes,
+                    m.busy_p99,
+                    m.idle_p99,
+                    m.requests,
+                    m.busy_for.as_secs_f64()
                 )
             }
             ["stats"] => format!(
@@ -380,6 +380,67 @@ fn sweep_pair(engine: &Engine, cap: Duration) -> (u64, Duration, f64, f64) {
         busy.unwrap_or(f64::NAN),
         idle.unwrap_or(f64::NAN),
     )
+}
+
+/// What [`merge_pair`] saw.
+struct Merged {
+    /// The merge's time (`sweep_now` until nothing is left).
+    took: Duration,
+    /// Sweep passes it took.
+    passes: u64,
+    /// `begin` p99 µs of the clients while it ran (at most the window).
+    busy_p99: f64,
+    /// `begin` p99 µs of the clients alone, as long as the busy window.
+    idle_p99: f64,
+    /// Requests the clients made while it ran (records they added).
+    requests: u64,
+    /// How long the clients ran beside it.
+    busy_for: Duration,
+}
+
+/// The merge (`sweep_now` until nothing is left) beside 64 clients for
+/// at most `window` (the clients add records: the window bounds how many),
+/// then alone to its end; then the clients alone for as long as they ran
+/// beside it.
+fn merge_pair(engine: &Engine, window: Duration) -> Merged {
+    let active = AtomicBool::new(true);
+    let requests = std::sync::atomic::AtomicU64::new(0);
+    let (busy_p99, busy_for, took, passes) = std::thread::scope(|s| {
+        let merger = s.spawn(|| {
+            let start = Instant::now();
+            let mut passes = 0u64;
+            while passes < 10_000 {
+                passes += 1;
+                if !engine.sweep_now().expect("sweep").more {
+                    break;
+                }
+            }
+            active.store(false, Ordering::SeqCst);
+            (start.elapsed(), passes)
+        });
+        let started = Instant::now();
+        let stop = started + window;
+        let p99 = common::begin_p99_while(engine, || {
+            let go = active.load(Ordering::SeqCst) && Instant::now() < stop;
+            if go {
+                requests.fetch_add(1, Ordering::Relaxed);
+            }
+            go
+        });
+        let busy_for = started.elapsed();
+        let (took, passes) = merger.join().expect("merger");
+        (p99, busy_for, took, passes)
+    });
+    let end = Instant::now() + busy_for.max(Duration::from_millis(200));
+    let idle = common::begin_p99_while(engine, || Instant::now() < end);
+    Merged {
+        took,
+        passes,
+        busy_p99: busy_p99.unwrap_or(f64::NAN),
+        idle_p99: idle.unwrap_or(f64::NAN),
+        requests: requests.load(Ordering::Relaxed),
+        busy_for,
+    }
 }
 
 // --------------------------------------------------------------- parent
@@ -543,7 +604,9 @@ fn run() {
             .as_ref()
             .filter(|_| measuring)
             .and_then(|d| d.written_after_sync());
-        let v = s.ask("merge");
+        let window_ms = if measuring { 15_000 } else { 50 };
+        let v = s.ask(&format!("merge {window_ms}"));
+        s.requests += v[6] as u64;
         let after = device
             .as_ref()
             .filter(|_| measuring)
@@ -554,14 +617,23 @@ fn run() {
         };
         let bytes = file_bytes(&s.path);
         println!(
-            "MERGE {}: {:.1}s in {} sweep passes; per stored record: server write_bytes {:.0} B, wchar {:.0} B, device {device_per_record}; file after it {:.0} MiB, {:.0} B per record",
+            "MERGE {}: {:.1}s in {} sweep passes, the first {:.1}s beside 64 clients ({} requests); per stored record: server write_bytes {:.0} B, wchar {:.0} B, device {device_per_record} (the clients' writes included); file after it {:.0} MiB, {:.0} B per record",
             s.name,
             v[0],
             v[3],
+            v[7],
+            v[6],
             v[1] / s.records as f64,
             v[2] / s.records as f64,
             mib(bytes as f64),
             bytes as f64 / s.records as f64
+        );
+        println!(
+            "PAIRED {}: begin p99, 64 threads: while merging vs idle: ours {:.1} us, baseline {:.1} us, ratio {:.2}",
+            s.name,
+            v[4],
+            v[5],
+            v[4] / v[5]
         );
         // The pages in use once it is done (the engine closed for the
         // look): redb does not shrink the file, it reuses the free pages.
