@@ -91,6 +91,8 @@ mod kill_loop;
 mod kill_mixed;
 #[path = "../layering.rs"]
 mod layering;
+#[path = "../merge_races.rs"]
+mod merge_races;
 #[path = "../meta_damage.rs"]
 mod meta_damage;
 #[path = "../operator_mistakes.rs"]

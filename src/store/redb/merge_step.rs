@@ -2,7 +2,8 @@
 //! bounded step per sweep step (`sweep.rs`), in this order:
 //! - a dropping partition (merged already) loses up to a step's records
 //!   (`merge::MERGE_STEP_RECORDS` from a sweep), with their steps and log
-//!   entries, and its row once it is empty;
+//!   entries, and its row once it is empty; a live copy that is missing
+//!   or damaged is first repaired from its twin there (`twins.rs`);
 //! - else the merge under way copies up to a step's records, and switches
 //!   to the merged partition once nothing is left;
 //! - else, when the partitions of a closed hour are due
@@ -129,6 +130,7 @@ impl Tables<'_> {
     /// One drop step of dropping partition `partition` (at most `records`
     /// records), and its row once its ranges are empty.
     fn drop_merged(&mut self, partition: u64, records: usize) -> Result<(), OpError> {
+        self.rescue_twins(partition, records)?;
         let dropped = {
             let Some((_, mut t)) = self.merge_parts() else {
                 return Ok(());

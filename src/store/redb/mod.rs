@@ -12,6 +12,8 @@ mod layout;
 #[cfg(test)]
 mod layout_reads_tests;
 mod local;
+#[cfg(test)]
+mod merge_break_tests;
 mod merge_step;
 #[cfg(test)]
 mod merge_tests;
@@ -39,6 +41,7 @@ mod tables;
 mod test_requests;
 #[cfg(test)]
 mod test_writer;
+mod twins;
 mod verify;
 mod writer;
 

@@ -246,7 +246,10 @@ impl<'t> Tables<'t> {
 
     /// The partition holding `rkey` (format 3), through the catalog's
     /// probes over this transaction's records table.
-    fn locate(&mut self, rkey: &[u8]) -> std::result::Result<Option<u64>, redb::StorageError> {
+    pub(super) fn locate(
+        &mut self,
+        rkey: &[u8],
+    ) -> std::result::Result<Option<u64>, redb::StorageError> {
         let Some(part) = self.partitioned.as_mut() else {
             return Ok(None);
         };
@@ -273,7 +276,7 @@ impl<'t> Tables<'t> {
     /// partition holding it, or in the hot partition for a key no
     /// partition holds (`new`: whether it was new, for the caller that
     /// inserts it).
-    fn slot_of<'k>(
+    pub(super) fn slot_of<'k>(
         &mut self,
         rkey: &'k [u8],
     ) -> std::result::Result<(std::borrow::Cow<'k, [u8]>, bool), redb::StorageError> {
@@ -344,7 +347,7 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    fn put_record(
+    pub(super) fn put_record(
         &mut self,
         rkey: &[u8],
         value: Vec<u8>,
@@ -355,6 +358,9 @@ impl<'t> Tables<'t> {
             self.records.insert(copy.as_slice(), value.as_slice())?;
             let value = value.clone();
             self.log(|| Change::PutRecord { key: copy, value });
+        }
+        if !new {
+            self.put_record_twins(&slot, &value)?;
         }
         if let Some(part) = self.partitioned.as_mut() {
             if new {
@@ -377,6 +383,7 @@ impl<'t> Tables<'t> {
             self.records.remove(copy.as_slice())?;
             self.log(|| Change::DelRecord { key: copy });
         }
+        self.del_record_twins(&slot)?;
         if let Some(part) = self.partitioned.as_mut() {
             part.last = Some((rkey.to_vec(), None));
             if let Some((p, _)) = slot::split(&slot) {
@@ -727,6 +734,7 @@ impl Txn for Tables<'_> {
                 value,
             });
         }
+        self.put_step_twins(&slot, &step.name, &value)?;
         self.log(|| Change::PutStep {
             key: slot.into_owned(),
             name: step.name.clone(),
@@ -755,6 +763,7 @@ impl Txn for Tables<'_> {
                 let (key, name) = (copy.clone(), name.clone());
                 self.log(|| Change::DelStep { key, name });
             }
+            self.del_step_twins(&slot, &name)?;
             self.log(|| Change::DelStep {
                 key: slot.to_vec(),
                 name,
@@ -799,6 +808,7 @@ impl Txn for Tables<'_> {
                 value,
             });
         }
+        self.put_history_twins(&slot, entry.seq, &value)?;
         self.log(|| Change::PutHistory {
             key: slot.into_owned(),
             seq: entry.seq,
@@ -820,6 +830,7 @@ impl Txn for Tables<'_> {
                 let key = copy.clone();
                 self.log(|| Change::DelHistory { key, seq });
             }
+            self.del_history_twins(&slot, seq)?;
             self.history.remove((&*slot, seq))?;
             self.log(|| Change::DelHistory {
                 key: slot.to_vec(),

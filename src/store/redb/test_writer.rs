@@ -50,7 +50,11 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn new(rule: SealRule) -> R<Writer> {
-        let db = mem()?;
+        Writer::on(mem()?, rule)
+    }
+
+    /// A format-3 writer over `db` (an empty file, e.g. on disk).
+    pub(super) fn on(db: Database, rule: SealRule) -> R<Writer> {
         let txn = db.begin_write()?;
         {
             let mut meta = txn.open_table(super::tables::META)?;

@@ -48,6 +48,7 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
         duplicates,
         checked,
     } = walk_records(&records, layout, &merges, &mut problems)?;
+    missing_copies(&records, &merges, &mut problems)?;
     let mut found = BTreeSet::new();
     for (name, table) in [
         ("leases", LEASES),
@@ -168,8 +169,65 @@ struct Merges {
     merging: Option<u64>,
     /// The merge sources, ascending.
     sources: Vec<u64>,
-    /// Dropping partitions: stale copies, read by nothing.
+    /// Dropping partitions: copies read by nothing; a merge source's
+    /// records are the byte-equal twins of their live copies until dropped
+    /// (`twins.rs`).
     dropping: BTreeSet<u64>,
+    /// Sealed partitions a merge built, ascending: where a dropping
+    /// source's records live.
+    built: Vec<u64>,
+}
+
+/// The merge under way's copy holds every record its sources hold up to
+/// its last key (the merge's cursor, `partition/merge.rs`): a source
+/// record there without a twin in the copy would be lost at the switch.
+fn missing_copies(
+    records: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    merges: &Merges,
+    problems: &mut Vec<Damage>,
+) -> Result<()> {
+    let what = "verifying the database";
+    let Some(target) = merges.merging else {
+        return Ok(());
+    };
+    let last = match catalog::range(records, target)
+        .context(what)?
+        .next_back()
+        .transpose()
+        .context(what)?
+    {
+        Some((k, _)) => match slot::split(k.value()) {
+            Some((_, rkey)) => rkey.to_vec(),
+            None => return Ok(()),
+        },
+        None => return Ok(()),
+    };
+    for &q in &merges.sources {
+        for entry in catalog::range(records, q).context(what)? {
+            let (k, _) = entry.context(what)?;
+            let Some((_, rkey)) = slot::split(k.value()) else {
+                continue;
+            };
+            if rkey > last.as_slice() {
+                break;
+            }
+            let copy = records
+                .get(slot::slot_key(target, rkey).as_slice())
+                .context(what)?;
+            // A copy that differs is named by `unread_copy_damage`.
+            if copy.is_none() {
+                problems.push(Damage::BadPartition {
+                    partition: target,
+                    reason: format!(
+                        "the merge's copy lacks record {} of merge source {q}, below its last \
+                         key: the switch would lose it",
+                        hex(rkey)
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn merge_states(txn: &redb::ReadTransaction) -> Result<Merges> {
@@ -190,6 +248,9 @@ fn merge_states(txn: &redb::ReadTransaction) -> Result<Merges> {
             PartitionState::MergeSource => out.sources.push(k.value()),
             PartitionState::Dropping => {
                 out.dropping.insert(k.value());
+            }
+            PartitionState::Sealed if k.value() >= slot::BUILT_PARTITIONS => {
+                out.built.push(k.value());
             }
             PartitionState::Hot | PartitionState::Sealed => {}
         }
@@ -236,6 +297,32 @@ fn unread_copy_damage(
                 partition: p,
                 reason: format!(
                     "the merge's copy of record {} matches no merge source's record",
+                    hex(rkey)
+                ),
+            });
+        }
+    } else if p < slot::BUILT_PARTITIONS {
+        let mut live = None;
+        for &q in merges.built.iter().rev() {
+            if let Some(found) = records
+                .get(slot::slot_key(q, rkey).as_slice())
+                .context(what)?
+            {
+                live = Some(found.value() == value);
+                break;
+            }
+        }
+        let reason = match live {
+            Some(true) => None,
+            Some(false) => Some("differs from its live copy in the merged partition"),
+            None => Some("has no live copy in a merged partition"),
+        };
+        if let Some(reason) = reason {
+            problems.push(Damage::BadPartition {
+                partition: p,
+                reason: format!(
+                    "record {} of this dropping merge source {reason}: its drop step repairs \
+                     the live copy from it",
                     hex(rkey)
                 ),
             });

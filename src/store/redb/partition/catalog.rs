@@ -661,6 +661,28 @@ impl Catalog {
             .then(|| slot::slot_key(merge.target, rkey))
     }
 
+    /// Where a write to slot key `slot` must be made again after a merge's
+    /// switch, while its sources drop: the slot keys of `slot`'s record key
+    /// in each dropping source, when `slot` is in a merged (built)
+    /// partition. The caller writes a twin only where the record is
+    /// present (a merged record's source copy), and deletes it wherever it
+    /// is, so that every record of a dropping source stays the byte-equal
+    /// twin of its live copy until its drop step, which can then repair a
+    /// damaged or lost live copy from it (`twins.rs`). Empty otherwise.
+    pub(crate) fn dropped_twins(&self, slot: &[u8]) -> Vec<Vec<u8>> {
+        let Some((p, rkey)) = slot::split(slot) else {
+            return Vec::new();
+        };
+        if p < slot::BUILT_PARTITIONS || self.dropping.contains(&p) {
+            return Vec::new();
+        }
+        self.dropping
+            .iter()
+            .filter(|d| **d < slot::BUILT_PARTITIONS)
+            .map(|d| slot::slot_key(*d, rkey))
+            .collect()
+    }
+
     /// Whether partition `partition` is held by a merge (a source, the
     /// target, or dropping after one): it is not dropped when a delete
     /// empties it.
@@ -771,8 +793,10 @@ impl Catalog {
     }
 
     /// Ends the merge under way: the target sealed with its filter (read
-    /// from this commit on), its sources dropping (skipped from this commit
-    /// on) without filters. Every change is appended to `changes`.
+    /// from this commit on), or deleted when its range is empty (every
+    /// record copied was deleted since); its sources dropping (skipped from
+    /// this commit on) without filters. Every change is appended to
+    /// `changes`.
     ///
     /// # Errors
     ///
@@ -794,20 +818,39 @@ impl Catalog {
             filter,
             ..
         } = merge;
+        // Every record copied was deleted since: the merged partition goes
+        // instead of being sealed empty (nothing would ever drop it).
+        let empty = range(t.records, target)?.next().is_none();
+        if empty {
+            t.rows.remove(target)?;
+            t.filters.remove(target)?;
+            changes.push(CatalogChange::Row(target, None));
+            changes.push(CatalogChange::Filter(target, None));
+        }
         let filter = match filter {
-            Some(filter) => filter,
-            None => build_filter(t.records, self.filters.hasher(), target, |k| k)?,
+            _ if empty => None,
+            Some(filter) => Some(filter),
+            None => Some(build_filter(
+                t.records,
+                self.filters.hasher(),
+                target,
+                |k| k,
+            )?),
         };
-        let (bytes, sum) = filter.encode();
-        let mut row = row;
-        row.state = PartitionState::Sealed;
-        row.keys = filter.len();
-        row.filter_checksum = Some(sum);
-        let value = row.encode(target);
-        t.filters.insert(target, bytes.as_slice())?;
-        t.rows.insert(target, value.as_slice())?;
-        changes.push(CatalogChange::Filter(target, Some(bytes)));
-        changes.push(CatalogChange::Row(target, Some(value)));
+        let mut sealed = None;
+        if let Some(filter) = filter {
+            let (bytes, sum) = filter.encode();
+            let mut row = row;
+            row.state = PartitionState::Sealed;
+            row.keys = filter.len();
+            row.filter_checksum = Some(sum);
+            let value = row.encode(target);
+            t.filters.insert(target, bytes.as_slice())?;
+            t.rows.insert(target, value.as_slice())?;
+            changes.push(CatalogChange::Filter(target, Some(bytes)));
+            changes.push(CatalogChange::Row(target, Some(value)));
+            sealed = Some((filter, sum, row.last_claim_ms));
+        }
         for &p in &sources {
             let mut source = match t.rows.get(p)? {
                 Some(bytes) => PartitionRow::decode(p, bytes.value())?,
@@ -829,14 +872,16 @@ impl Catalog {
             }
             self.dropping.insert(p);
         }
-        let kept = self.filters.keep(target, sum, std::sync::Arc::new(filter));
-        self.probes.insert(Probe {
-            partition: target,
-            filter: Some(kept),
-            checksum: Some(sum),
-        });
+        if let Some((filter, sum, last_claim_ms)) = sealed {
+            let kept = self.filters.keep(target, sum, std::sync::Arc::new(filter));
+            self.probes.insert(Probe {
+                partition: target,
+                filter: Some(kept),
+                checksum: Some(sum),
+            });
+            self.sealed_at.insert(target, last_claim_ms);
+        }
         self.probes.refresh(&self.filters);
-        self.sealed_at.insert(target, row.last_claim_ms);
         Ok(())
     }
 
