@@ -202,9 +202,14 @@ pub enum OpenError {
     /// Nothing was written. Fix the server (`CONFIG SET maxmemory-policy
     /// noeviction`, and the same in `redis.conf`), or accept the risk with
     /// `EngineBuilder::allow_volatile(true)`.
-    #[error("the Redis server has maxmemory-policy {policy}, which evicts any key when memory runs out, claims and the fencing-token counter included, so work may run twice (fix: CONFIG SET maxmemory-policy noeviction, and in redis.conf; or accept the risk with EngineBuilder::allow_volatile(true))")]
+    ///
+    /// A policy `CONFIG GET` answered nothing for (`policy` starts with
+    /// `unreadable`) is refused too, since it may be any; it is accepted
+    /// with `EngineBuilder::redis_durability_attested(true)`.
+    #[error("the Redis server has maxmemory-policy {policy}; the engine needs one that never evicts its keys (noeviction or volatile-*), since allkeys-* deletes any key when memory runs out, claims and the fencing-token counter included, so work may run twice (fix: CONFIG SET maxmemory-policy noeviction, and in redis.conf; or accept the risk with EngineBuilder::allow_volatile(true))")]
     RedisEvicts {
-        /// The policy the server reported (`allkeys-lru`, ...).
+        /// The policy the server reported (`allkeys-lru`, ...), or why it
+        /// could not be read.
         policy: String,
     },
 

@@ -140,30 +140,87 @@ fn check_durability(
     allow_volatile: bool,
     attested: bool,
 ) -> Result<(), OpenError> {
-    let mut setting = |name: &'static str| -> Result<Option<String>, OpenError> {
+    let mut setting = |name: &'static str| -> Setting {
         let pair: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
             .arg("GET")
             .arg(name)
             .query(&mut conn.conn);
         match pair {
             // A server without the setting answers an empty array.
-            Ok(pair) => Ok(pair.get(1).cloned()),
-            Err(_) if allow_volatile || attested => Ok(None),
-            Err(e) => Err(OpenError::RedisNotDurable {
-                setting: name,
-                found: format!(
-                    "unreadable (CONFIG GET: {}){UNREADABLE_HINT}",
-                    super::conn::describe(&e)
-                ),
-            }),
+            Ok(pair) => match pair.get(1) {
+                Some(value) => Setting::Read(value.clone()),
+                None => Setting::Unreadable("CONFIG GET answered nothing".to_owned()),
+            },
+            Err(e) => Setting::Unreadable(format!("CONFIG GET: {}", super::conn::describe(&e))),
         }
     };
-    let appendonly = setting("appendonly")?;
-    let appendfsync = setting("appendfsync")?;
-    // The engine sets no Redis expiry, so only `allkeys-*` can evict its
-    // keys; `noeviction` and `volatile-*` leave them alone.
-    if let Some(policy) = setting("maxmemory-policy")? {
-        if policy.starts_with("allkeys-") {
+    let settings = Settings {
+        appendonly: setting("appendonly"),
+        appendfsync: setting("appendfsync"),
+        maxmemory_policy: setting("maxmemory-policy"),
+    };
+    judge(settings, allow_volatile, attested)
+}
+
+/// One persistence setting as `CONFIG GET` answered it.
+#[derive(Debug, Clone)]
+enum Setting {
+    /// Its value.
+    Read(String),
+    /// Why it could not be read (an error, or an empty answer).
+    Unreadable(String),
+}
+
+/// The three settings [`judge`] weighs.
+#[derive(Debug, Clone)]
+struct Settings {
+    appendonly: Setting,
+    appendfsync: Setting,
+    maxmemory_policy: Setting,
+}
+
+/// Whether a server with `settings` may hold the engine's records: each
+/// of `appendonly yes`, `appendfsync always` and a `maxmemory-policy`
+/// that never evicts the engine's keys (anything but `allkeys-*`: the
+/// engine sets no Redis expiry, so `noeviction` and `volatile-*` leave
+/// them alone), else [`OpenError::RedisNotDurable`] or
+/// [`OpenError::RedisEvicts`] naming the first one that fails. A setting
+/// that could not be read is refused too (its value may be any), unless
+/// the app `attested` it; `allow_volatile` accepts every one, with a
+/// warning.
+fn judge(settings: Settings, allow_volatile: bool, attested: bool) -> Result<(), OpenError> {
+    let unreadable = |why: &str| format!("unreadable ({why}){UNREADABLE_HINT}");
+    for (name, found, want) in [
+        ("appendonly", settings.appendonly, "yes"),
+        ("appendfsync", settings.appendfsync, "always"),
+    ] {
+        match found {
+            Setting::Read(found) if found == want => {}
+            Setting::Read(found) if !allow_volatile => {
+                return Err(OpenError::RedisNotDurable {
+                    setting: name,
+                    found,
+                })
+            }
+            Setting::Unreadable(why) if !allow_volatile && !attested => {
+                return Err(OpenError::RedisNotDurable {
+                    setting: name,
+                    found: unreadable(&why),
+                })
+            }
+            Setting::Unreadable(_) if attested => tracing::info!(
+                setting = name,
+                "Redis opened with redis_durability_attested: the setting is not readable (CONFIG GET refused), so the app's word that every write persists before its reply is taken"
+            ),
+            found => tracing::warn!(
+                setting = name,
+                found = ?found,
+                "Redis opened with allow_volatile: a server crash can forget acknowledged outcomes, so work may run twice"
+            ),
+        }
+    }
+    match settings.maxmemory_policy {
+        Setting::Read(policy) if policy.starts_with("allkeys-") => {
             if !allow_volatile {
                 return Err(OpenError::RedisEvicts { policy });
             }
@@ -173,35 +230,13 @@ fn check_durability(
                 "Redis opened with allow_volatile: the server may evict claims and the token counter, so work may run twice"
             );
         }
-    }
-    for (name, found, want) in [
-        ("appendonly", appendonly, "yes"),
-        ("appendfsync", appendfsync, "always"),
-    ] {
-        match found {
-            Some(found) if found == want => {}
-            Some(found) if !allow_volatile => {
-                return Err(OpenError::RedisNotDurable {
-                    setting: name,
-                    found,
-                })
-            }
-            None if !allow_volatile && !attested => {
-                return Err(OpenError::RedisNotDurable {
-                    setting: name,
-                    found: format!("unreadable (CONFIG GET answered nothing){UNREADABLE_HINT}"),
-                })
-            }
-            None if attested => tracing::info!(
-                setting = name,
-                "Redis opened with redis_durability_attested: the setting is not readable (CONFIG GET refused), so the app's word that every write persists before its reply is taken"
-            ),
-            found => tracing::warn!(
-                setting = name,
-                found = found.as_deref().unwrap_or("unreadable"),
-                "Redis opened with allow_volatile: a server crash can forget acknowledged outcomes, so work may run twice"
-            ),
+        Setting::Read(_) => {}
+        Setting::Unreadable(why) if !allow_volatile && !attested => {
+            return Err(OpenError::RedisEvicts {
+                policy: unreadable(&why),
+            })
         }
+        Setting::Unreadable(_) => {}
     }
     Ok(())
 }
@@ -377,3 +412,7 @@ pub(super) fn prepare(
         .map_err(meta_storage(keys, "storing the settings"))?;
     Ok(cfg)
 }
+
+#[cfg(test)]
+#[path = "open_tests.rs"]
+mod tests;
