@@ -230,13 +230,12 @@ fn judge(settings: Settings, allow_volatile: bool, attested: bool) -> Result<(),
                 "Redis opened with allow_volatile: the server may evict claims and the token counter, so work may run twice"
             );
         }
-        Setting::Read(_) => {}
         Setting::Unreadable(why) if !allow_volatile && !attested => {
             return Err(OpenError::RedisEvicts {
                 policy: unreadable(&why),
             })
         }
-        Setting::Unreadable(_) => {}
+        Setting::Read(_) | Setting::Unreadable(_) => {}
     }
     Ok(())
 }
