@@ -997,6 +997,8 @@ pub fn migrated<W: Write>(report: &Migrated<'_>, json: bool, out: &mut W) -> Cli
         return print_json(
             out,
             &json!({
+                // Lossy for a path that is not UTF-8 (JSON holds text).
+                "file": report.path.to_string_lossy(),
                 "format_before": report.before,
                 "format_after": report.after,
                 "migrated": changed,

@@ -188,6 +188,7 @@ fn migrate_reports_json_and_refuses_what_is_not_a_file() -> TestResult {
     format2_file(&db)?;
     let json: serde_json::Value =
         serde_json::from_str(&idem_ok(args(&["migrate", "--json"], &db))?)?;
+    assert_eq!(json["file"], db.to_string_lossy().as_ref(), "{json}");
     assert_eq!(json["format_before"], 2, "{json}");
     assert_eq!(json["format_after"], 3, "{json}");
     assert_eq!(json["migrated"], true, "{json}");
