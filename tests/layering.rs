@@ -5,9 +5,10 @@
 //! leak; this test names the file and the line of each one.
 //!
 //! It reads every `src/` file's `use crate::…`, `use super::…` and
-//! `use self::…` lines and its inline `crate::…`/`super::…` paths (comments
-//! and everything after a file's first `#[cfg(test)]` are left out: unit
-//! tests may reach anywhere), maps each path to the file that defines the
+//! `use self::…` lines and its inline `crate::…`/`super::…` paths (comments,
+//! everything after a file's first `#[cfg(test)]` and the files of modules
+//! declared `#[cfg(test)] mod name;` are left out: unit tests may reach
+//! anywhere), maps each path to the file that defines the
 //! module it names, and follows the crate root's `pub use` lines so that
 //! `crate::Engine` counts as an import of the file that defines `Engine`.
 
@@ -49,6 +50,64 @@ struct Crate {
     files: BTreeMap<Module, PathBuf>,
     /// Name re-exported by `lib.rs` -> the module it comes from.
     reexports: BTreeMap<String, Module>,
+    /// Files of unit-test modules (declared `#[cfg(test)] mod name;`,
+    /// with or without `#[path]`), canonical: left out as a whole, as
+    /// the rest of a file after its first `#[cfg(test)]` is.
+    test_only: BTreeSet<PathBuf>,
+}
+
+/// The files of the modules `file` declares under `#[cfg(test)]`
+/// (`#[cfg(test)]`, then optionally `#[path = "…"]`, then `mod name;`),
+/// canonical; those that do not exist are left out.
+fn test_modules(file: &Path, text: &str) -> Vec<PathBuf> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let face = file
+        .file_name()
+        .is_some_and(|n| n == "mod.rs" || n == "lib.rs" || n == "main.rs");
+    let children = if face {
+        dir.to_path_buf()
+    } else {
+        dir.join(file.file_stem().unwrap_or_default())
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("#[cfg(test)]") {
+        from += at + "#[cfg(test)]".len();
+        let mut rest = text[from..].trim_start();
+        let mut attr_path = None;
+        if let Some(after) = rest.strip_prefix("#[path") {
+            let Some(open) = after.find('"') else {
+                continue;
+            };
+            let Some(close) = after[open + 1..].find('"') else {
+                continue;
+            };
+            attr_path = Some(after[open + 1..open + 1 + close].to_string());
+            let Some(end) = after.find(']') else {
+                continue;
+            };
+            rest = after[end + 1..].trim_start();
+        }
+        let Some(decl) = rest.strip_prefix("mod ") else {
+            continue;
+        };
+        let Some(semi) = decl.find(';') else {
+            continue;
+        };
+        let name = decl[..semi].trim();
+        if name.contains(|c: char| !(c.is_alphanumeric() || c == '_')) {
+            continue;
+        }
+        let candidates = match attr_path {
+            Some(p) => vec![dir.join(p)],
+            None => vec![
+                children.join(format!("{name}.rs")),
+                children.join(name).join("mod.rs"),
+            ],
+        };
+        out.extend(candidates.iter().find_map(|c| fs::canonicalize(c).ok()));
+    }
+    out
 }
 
 fn layer_of(module: &Module) -> usize {
@@ -263,10 +322,15 @@ impl Crate {
             .into_iter()
             .map(|f| (module_of(src, &f), f))
             .collect::<BTreeMap<_, _>>();
+        let mut test_only = BTreeSet::new();
+        for file in files.values() {
+            test_only.extend(test_modules(file, &fs::read_to_string(file)?));
+        }
         let mut krate = Crate {
             src: src.to_path_buf(),
             files,
             reexports: BTreeMap::new(),
+            test_only,
         };
         let lib = code_of(&fs::read_to_string(src.join("lib.rs"))?);
         let mut from = 0;
@@ -333,6 +397,9 @@ impl Crate {
         let mut all = BTreeMap::new();
         for (module, file) in &self.files {
             if module.is_empty() {
+                continue;
+            }
+            if fs::canonicalize(file).is_ok_and(|f| self.test_only.contains(&f)) {
                 continue;
             }
             let code = code_of(&fs::read_to_string(file)?);
@@ -516,7 +583,14 @@ fn a_planted_violation_is_named() -> std::io::Result<()> {
     fs::write(src.join("a.rs"), "use crate::b::B;\n")?;
     fs::write(src.join("b.rs"), "use crate::c::C;\n")?;
     fs::write(src.join("c.rs"), "use crate::a::A;\n")?;
-    fs::write(src.join("store/mod.rs"), "mod disk;\n")?;
+    // Unit-test modules may reach anywhere: one declared plainly, one
+    // through `#[path]`, neither named.
+    fs::write(
+        src.join("store/mod.rs"),
+        "mod disk;\n#[cfg(test)]\nmod disk_tests;\n#[cfg(test)]\n#[path = \"more_tests.rs\"]\nmod more;\n",
+    )?;
+    fs::write(src.join("store/disk_tests.rs"), "use crate::Engine;\n")?;
+    fs::write(src.join("store/more_tests.rs"), "use crate::Engine;\n")?;
     fs::write(
         src.join("store/disk.rs"),
         "// use crate::Engine; is only a comment\n\nfn f() { let _ = crate::Engine::open; }\n",
