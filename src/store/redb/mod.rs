@@ -42,6 +42,8 @@ mod test_requests;
 #[cfg(test)]
 mod test_writer;
 mod twins;
+#[cfg(test)]
+mod twins_break_tests;
 mod verify;
 mod writer;
 
