@@ -162,12 +162,31 @@ impl Tables<'_> {
             }
             out
         };
+        // A key a newer source holds too (damage) was copied from the
+        // newest (`merge::copy_step`): only that one is the live copy's twin.
+        let newer: Vec<u64> = self
+            .partitioned_catalog()
+            .map(|c| c.dropping_sources())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| *d > partition)
+            .collect();
         let mut repaired = 0u64;
         for (source, value) in batch {
             let Some((_, rkey)) = slot::split(&source) else {
                 continue;
             };
             let rkey = rkey.to_vec();
+            let mut shadowed = false;
+            for &d in &newer {
+                shadowed |= self
+                    .records
+                    .get(slot::slot_key(d, &rkey).as_slice())?
+                    .is_some();
+            }
+            if shadowed {
+                continue;
+            }
             let twin_ok = codec::decode(&rkey, &value).is_ok();
             let Some(p) = self.locate(&rkey)? else {
                 if !twin_ok {

@@ -683,6 +683,16 @@ impl Catalog {
             .collect()
     }
 
+    /// The dropping partitions that were a merge's sources (below
+    /// [`slot::BUILT_PARTITIONS`]), ascending.
+    pub(crate) fn dropping_sources(&self) -> Vec<u64> {
+        self.dropping
+            .iter()
+            .copied()
+            .filter(|d| *d < slot::BUILT_PARTITIONS)
+            .collect()
+    }
+
     /// Whether partition `partition` is held by a merge (a source, the
     /// target, or dropping after one): it is not dropped when a delete
     /// empties it.
