@@ -166,7 +166,7 @@ impl Tables<'_> {
         // newest (`merge::copy_step`): only that one is the live copy's twin.
         let newer: Vec<u64> = self
             .partitioned_catalog()
-            .map(|c| c.dropping_sources())
+            .map(catalog::Catalog::dropping_sources)
             .unwrap_or_default()
             .into_iter()
             .filter(|d| *d > partition)
