@@ -202,7 +202,10 @@ fn live_slot(w: &mut Writer, k: &IdempotencyKey) -> R<Vec<u8>> {
     let live = w
         .group(|t| Ok(t.locate(&rkey)?))?
         .ok_or("the merged partition holds the key")?;
-    assert!(live >= BUILT_PARTITIONS, "live in a merged partition: {live}");
+    assert!(
+        live >= BUILT_PARTITIONS,
+        "live in a merged partition: {live}"
+    );
     Ok(slot::slot_key(live, &rkey))
 }
 
