@@ -141,10 +141,11 @@ impl Tables<'_> {
     /// partition `partition` (a merge's source): repairs each one's live
     /// copy from it where the live record, a step or a log entry is
     /// missing or fails its checksum while the twin's passes. A live
-    /// record no partition holds any more is written back as a new key of
-    /// the hot partition. Returns how many records it repaired (each one
-    /// logged with a warning: it is damage the merge would have made
-    /// permanent). A dropping partition the engine built (a merge given up
+    /// record no partition holds any more is written back into the
+    /// partition it was merged into (or, when that partition's filter does
+    /// not answer for it, the hot partition). Returns how many records it
+    /// repaired (each one logged with a warning: it is damage the merge
+    /// would have made permanent). A dropping partition the engine built (a merge given up
     /// at open, `catalog::resume_merge`) is a copy, not a twin: nothing.
     ///
     /// # Errors
@@ -192,9 +193,7 @@ impl Tables<'_> {
                 if !twin_ok {
                     continue;
                 }
-                self.put_record(&rkey, value)?;
-                let (live, _) = self.slot_of(&rkey)?;
-                let live = live.into_owned();
+                let live = self.write_back(&rkey, value)?;
                 self.rescue_steps(&source, &live, &rkey)?;
                 repaired = repaired.saturating_add(1);
                 tracing::warn!(
@@ -231,6 +230,34 @@ impl Tables<'_> {
             }
         }
         Ok(repaired)
+    }
+
+    /// Writes lost record `rkey` (`value`, from its twin) back where a
+    /// lookup finds it, and returns its slot key: into the partition it
+    /// was merged into, where its steps and log entries are, when that
+    /// partition's filter answers for it there; else into the hot
+    /// partition as a new key.
+    fn write_back(&mut self, rkey: &[u8], value: Vec<u8>) -> Result<Vec<u8>, OpError> {
+        if let Some(merged) = self
+            .partitioned_catalog()
+            .and_then(catalog::Catalog::newest_built)
+        {
+            let slot = slot::slot_key(merged, rkey);
+            self.records.insert(slot.as_slice(), value.as_slice())?;
+            self.forget_located();
+            if self.locate(rkey)? == Some(merged) {
+                self.log_change(Change::PutRecord {
+                    key: slot.clone(),
+                    value,
+                });
+                return Ok(slot);
+            }
+            self.records.remove(slot.as_slice())?;
+            self.forget_located();
+        }
+        self.put_record(rkey, value)?;
+        let (live, _) = self.slot_of(rkey)?;
+        Ok(live.into_owned())
     }
 
     /// Repairs the steps and log entries of live slot `live` from those of

@@ -239,7 +239,7 @@ fn a_rescued_record_keeps_its_steps_and_log_and_replays() -> R<()> {
 /// looked at, and a later merge may build a partition of that number
 /// again, handing them to the key).
 #[test]
-fn a_rescue_to_the_hot_partition_leaves_no_record_less_steps() -> R<()> {
+fn a_lost_record_written_back_leaves_no_record_less_steps() -> R<()> {
     let mut w = Writer::new(RULE)?;
     let keys = filled(&mut w, &[9])?;
     to_switch(&mut w)?;

@@ -683,6 +683,18 @@ impl Catalog {
             .collect()
     }
 
+    /// The newest read partition a merge built (the one the dropping
+    /// sources were merged into: one merge at a time, and its drops end
+    /// before the next begins); `None`: none is read.
+    pub(crate) fn newest_built(&self) -> Option<u64> {
+        self.probes
+            .list
+            .iter()
+            .map(|p| p.partition)
+            .filter(|p| *p >= slot::BUILT_PARTITIONS && !self.dropping.contains(p))
+            .max()
+    }
+
     /// The dropping partitions that were a merge's sources (below
     /// [`slot::BUILT_PARTITIONS`]), ascending.
     pub(crate) fn dropping_sources(&self) -> Vec<u64> {
