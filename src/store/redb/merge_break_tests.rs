@@ -2,9 +2,7 @@
 //! `partition/merge.rs`): what salvage, verify and an open make of a file
 //! a merge left between its switch and its last drop step.
 
-use std::collections::BTreeMap;
-
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadableDatabase};
 
 use crate::key::IdempotencyKey;
 use crate::report::SweepCounts;
@@ -12,10 +10,10 @@ use crate::store::ops::{Ops, Txn};
 
 use super::partition::catalog::SealRule;
 use super::partition::merge::MERGE_SPAN_MS;
-use super::partition::row::{PartitionRow, PartitionState, PARTITIONS};
+use super::partition::row::PartitionState;
 use super::partition::slot::BUILT_PARTITIONS;
 use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{key, Writer, R};
+use super::test_writer::{key, rows, Writer, R};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
@@ -29,26 +27,6 @@ impl crate::Clock for Fixed {
     fn now_ms(&self) -> u64 {
         self.0
     }
-}
-
-fn rows(db: &Database) -> R<BTreeMap<u64, PartitionRow>> {
-    let txn = db.begin_read()?;
-    let mut out = BTreeMap::new();
-    for entry in txn.open_table(PARTITIONS)?.iter()? {
-        let (k, v) = entry?;
-        out.insert(k.value(), PartitionRow::decode(k.value(), v.value())?);
-    }
-    Ok(out)
-}
-
-fn step(w: &mut Writer, records: usize) -> R<SweepCounts> {
-    let mut counts = SweepCounts::default();
-    w.group(|t| {
-        t.merge_step(records, &mut counts)
-            .map_err(|e| format!("{e:?}"))?;
-        Ok(())
-    })?;
-    Ok(counts)
 }
 
 /// 40 completed keys over five partitions of one span, then the merge run
@@ -66,10 +44,10 @@ fn switched(w: &mut Writer) -> R<Vec<IdempotencyKey>> {
         })?;
     }
     w.now += 2 * MERGE_SPAN_MS;
-    assert!(step(w, 7)?.more, "the merge begins");
+    assert!(w.merge_step(7)?.more, "the merge begins");
     let mut steps = 0;
     while w.catalog.merging().is_some() {
-        step(w, 7)?;
+        w.merge_step(7)?;
         steps += 1;
         assert!(steps < 40, "the merge switches");
     }
@@ -156,8 +134,8 @@ fn a_merge_whose_sources_empty_leaves_no_empty_partition() -> R<()> {
         })?;
     }
     w.now += 2 * MERGE_SPAN_MS;
-    assert!(step(&mut w, 3)?.more, "the merge begins");
-    step(&mut w, 3)?; // three copied
+    assert!(w.merge_step(3)?.more, "the merge begins");
+    w.merge_step(3)?; // three copied
     w.group(|t| {
         for k in &keys {
             let old = t
@@ -169,7 +147,7 @@ fn a_merge_whose_sources_empty_leaves_no_empty_partition() -> R<()> {
         Ok(())
     })?;
     let mut steps = 0;
-    while step(&mut w, 3)?.more {
+    while w.merge_step(3)?.more {
         steps += 1;
         assert!(steps < 40, "the merge ends");
     }
@@ -288,10 +266,9 @@ fn random_requests_and_expiry_during_a_merge() -> R<()> {
 }
 
 fn random_requests(expire: bool) -> R<()> {
-    use super::partition::catalog::{self, Catalog, Filters};
+    use super::partition::catalog::{Catalog, Filters};
     use super::partition::filter::FilterHasher;
-    use super::partition::row::FILTERS;
-    use super::test_writer::{dump, SEED};
+    use super::test_writer::SEED;
     use std::sync::Arc;
     for seed in 0..12u64 {
         let mut rng = Rng(seed);
@@ -414,63 +391,9 @@ fn random_requests(expire: bool) -> R<()> {
             )),
             "seed {seed}: merge done: {r:?}"
         );
-        let replayed = w.replayed()?;
-        for (name, a, b) in [
-            (
-                "records",
-                dump(&replayed, catalog::RECORDS)?,
-                dump(&w.db, catalog::RECORDS)?,
-            ),
-            (
-                "rows",
-                dump(&replayed, PARTITIONS)?,
-                dump(&w.db, PARTITIONS)?,
-            ),
-            ("filters", dump(&replayed, FILTERS)?, dump(&w.db, FILTERS)?),
-        ] {
-            assert!(a == b, "seed {seed}: replayed {name} differ");
-        }
-        assert!(
-            dump_steps(&replayed)? == dump_steps(&w.db)?,
-            "seed {seed}: replayed steps differ"
-        );
-        assert!(
-            dump_history(&replayed)? == dump_history(&w.db)?,
-            "seed {seed}: replayed history differs"
-        );
+        w.assert_replays(&format!("seed {seed}"))?;
     }
     Ok(())
-}
-
-/// (slot key, step name, value) of every step.
-type StepRows = Vec<(Vec<u8>, String, Vec<u8>)>;
-/// (slot key, seq, value) of every log entry.
-type LogRows = Vec<(Vec<u8>, u32, Vec<u8>)>;
-
-fn dump_steps(db: &Database) -> R<StepRows> {
-    let txn = db.begin_read()?;
-    let mut out = Vec::new();
-    if let Ok(t) = txn.open_table(super::partition::catalog::STEPS) {
-        for e in t.iter()? {
-            let (k, v) = e?;
-            let (a, b) = k.value();
-            out.push((a.to_vec(), b.to_owned(), v.value().to_vec()));
-        }
-    }
-    Ok(out)
-}
-
-fn dump_history(db: &Database) -> R<LogRows> {
-    let txn = db.begin_read()?;
-    let mut out = Vec::new();
-    if let Ok(t) = txn.open_table(super::partition::catalog::HISTORY) {
-        for e in t.iter()? {
-            let (k, v) = e?;
-            let (a, b) = k.value();
-            out.push((a.to_vec(), b, v.value().to_vec()));
-        }
-    }
-    Ok(out)
 }
 
 /// What an engine answers for `keys`: each record as listed by `record`,
@@ -554,14 +477,14 @@ fn engines_opened_mid_merge_answer_and_list_each_key_once() -> R<()> {
                 .sweep_interval(None)
         };
         w.now += 2 * MERGE_SPAN_MS;
-        assert!(step(&mut w, 7)?.more);
-        step(&mut w, 7)?;
-        step(&mut w, 7)?;
+        assert!(w.merge_step(7)?.more);
+        w.merge_step(7)?;
+        w.merge_step(7)?;
         if stop_after_switch {
             while w.catalog.merging().is_some() {
-                step(&mut w, 7)?;
+                w.merge_step(7)?;
             }
-            step(&mut w, 7)?; // one drop step
+            w.merge_step(7)?; // one drop step
         }
         let now = w.now;
         let states: Vec<(u64, PartitionState)> =
@@ -640,9 +563,9 @@ fn verify_names_a_record_missing_from_a_merge_copy() -> R<()> {
         })?;
     }
     w.now += 2 * MERGE_SPAN_MS;
-    step(&mut w, 7)?;
-    step(&mut w, 7)?;
-    step(&mut w, 7)?;
+    w.merge_step(7)?;
+    w.merge_step(7)?;
+    w.merge_step(7)?;
     let m = w.catalog.merging().ok_or("a merge")?;
     let target = m.target;
     // The second-lowest record key copied: below the copy's last key.
@@ -671,7 +594,7 @@ fn verify_names_a_record_missing_from_a_merge_copy() -> R<()> {
         .ok_or("the key")?
         .clone();
     // What the file loses once the merge goes on.
-    while step(&mut w, 7)?.more {}
+    while w.merge_step(7)?.more {}
     let after = w.group(|t| Ok(t.raw(lost.record_key())?.is_some()))?;
     assert!(
         !damage.is_empty(),
@@ -703,8 +626,8 @@ fn a_damaged_merge_copy_is_not_switched_in_over_its_intact_source() -> R<()> {
         })?;
     }
     w.now += 2 * MERGE_SPAN_MS;
-    step(&mut w, 7)?;
-    step(&mut w, 7)?;
+    w.merge_step(7)?;
+    w.merge_step(7)?;
     let target = w.catalog.merging().ok_or("a merge")?.target;
     let (slot_key, mut value) = {
         let txn = w.db.begin_read()?;
@@ -729,7 +652,7 @@ fn a_damaged_merge_copy_is_not_switched_in_over_its_intact_source() -> R<()> {
         before.starts_with("Some(Ok("),
         "answered from the source: {before}"
     );
-    while step(&mut w, 7)?.more {}
+    while w.merge_step(7)?.more {}
     let after = w.group(|t| Ok(format!("{:?}", t.raw(&rkey)?)))?;
     assert_eq!(
         after, before,
@@ -771,7 +694,7 @@ fn a_live_copy_lost_after_the_switch_is_written_back_from_its_twin() -> R<()> {
         format!("{damage:?}").contains("has no live copy"),
         "verify names the dropping twin without a live copy: {damage:?}"
     );
-    while step(&mut w, 7)?.more {}
+    while w.merge_step(7)?.more {}
     let after = w.group(|t| Ok(format!("{:?}", t.raw(&rkey)?)))?;
     assert_eq!(after, before, "the drop wrote the lost record back");
     let (damage, _) = super::verify::verify(&w.db)?;

@@ -10,10 +10,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableDatabase;
 
 use crate::key::IdempotencyKey;
-use crate::report::SweepCounts;
 use crate::store::ops::{Ops, Txn};
 use crate::store::record::RecordState;
 use crate::store::{FinishStepRequest, StepRequest};
@@ -21,11 +20,11 @@ use crate::store::{FinishStepRequest, StepRequest};
 use super::partition::catalog::{self, Catalog, Filters, SealRule};
 use super::partition::filter::FilterHasher;
 use super::partition::merge::MERGE_SPAN_MS;
-use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
+use super::partition::row::PartitionState;
 use super::partition::slot::BUILT_PARTITIONS;
 use super::tables::Tables;
 use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{dump, key, Writer, R, SEED};
+use super::test_writer::{key, rows, Writer, R, SEED};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
@@ -35,30 +34,10 @@ const RULE: SealRule = SealRule {
 const LEASE_MS: u64 = 10 * MERGE_SPAN_MS;
 
 /// The rows of the file, by partition.
-fn rows(w: &Writer) -> R<BTreeMap<u64, PartitionRow>> {
-    let txn = w.db.begin_read()?;
-    let mut out = BTreeMap::new();
-    for entry in txn.open_table(PARTITIONS)?.iter()? {
-        let (k, v) = entry?;
-        out.insert(k.value(), PartitionRow::decode(k.value(), v.value())?);
-    }
-    Ok(out)
-}
-
 fn sound(w: &Writer) -> R<()> {
     let (damage, _) = super::verify::verify(&w.db)?;
     assert_eq!(damage, [], "verify");
     Ok(())
-}
-
-fn step(w: &mut Writer, records: usize) -> R<SweepCounts> {
-    let mut counts = SweepCounts::default();
-    w.group(|t| {
-        t.merge_step(records, &mut counts)
-            .map_err(|e| format!("{e:?}"))?;
-        Ok(())
-    })?;
-    Ok(counts)
 }
 
 /// Each key's state as the writer finds it (`None`: no record).
@@ -119,15 +98,15 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
     w.group(|t| finish_charge(t, &keys[1], tokens[&1]))?;
     let before = states(&mut w, &keys)?;
     // Nothing is due while the span is open.
-    assert!(!step(&mut w, 7)?.more);
+    assert!(!w.merge_step(7)?.more);
     assert!(w.catalog.merging().is_none());
 
     // The span ends: the hot partition is sealed, the merge begins.
     w.now += 2 * MERGE_SPAN_MS;
-    assert!(step(&mut w, 7)?.more);
+    assert!(w.merge_step(7)?.more);
     let target = w.catalog.merging().ok_or("a merge under way")?.target;
     assert_eq!(target, BUILT_PARTITIONS);
-    let r = rows(&w)?;
+    let r = rows(&w.db)?;
     assert_eq!(r[&target].state, PartitionState::Merging);
     let sources: Vec<u64> = r
         .iter()
@@ -138,7 +117,7 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
     sound(&w)?;
 
     // Seven copied.
-    assert!(step(&mut w, 7)?.more);
+    assert!(w.merge_step(7)?.more);
     let cursor = w
         .catalog
         .merging()
@@ -187,13 +166,13 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
 
     // On to the switch and the drops.
     let mut steps = 0;
-    while step(&mut w, 7)?.more {
+    while w.merge_step(7)?.more {
         sound(&w)?;
         steps += 1;
         assert!(steps < 40, "the merge ends");
     }
     sound(&w)?;
-    let r = rows(&w)?;
+    let r = rows(&w.db)?;
     let left: Vec<(u64, PartitionState)> = r.iter().map(|(p, row)| (*p, row.state)).collect();
     let hot = w.catalog.hot().partition;
     assert_eq!(
@@ -220,16 +199,6 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
     assert_eq!(charge.len(), 1, "key 1's step moved with it");
 
     // The frames, replayed on an empty file, give the same tables.
-    let replayed = w.replayed()?;
-    for (a, b) in [
-        (
-            dump(&replayed, catalog::RECORDS)?,
-            dump(&w.db, catalog::RECORDS)?,
-        ),
-        (dump(&replayed, PARTITIONS)?, dump(&w.db, PARTITIONS)?),
-        (dump(&replayed, FILTERS)?, dump(&w.db, FILTERS)?),
-    ] {
-        assert_eq!(a, b);
-    }
+    w.assert_replays("the merge")?;
     Ok(())
 }

@@ -10,11 +10,13 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::key::IdempotencyKey;
 use crate::policy::ExpiryPolicy;
+use crate::report::SweepCounts;
 use crate::store::config::StoreConfig;
 
 use super::journal::{Change, Frame};
 use super::partition::catalog::{Catalog, Filters, SealRule};
 use super::partition::filter::FilterHasher;
+use super::partition::row::{PartitionRow, FILTERS, PARTITIONS};
 use super::tables::{Sequences, Tables};
 
 pub(super) type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -149,4 +151,96 @@ where
         out.push((format!("{:?}", k.value()).into_bytes(), v.value().to_vec()));
     }
     Ok(out)
+}
+
+/// (slot key, step name, value) of every effect step.
+pub(super) type StepRows = Vec<(Vec<u8>, String, Vec<u8>)>;
+/// (slot key, seq, value) of every log entry.
+pub(super) type LogRows = Vec<(Vec<u8>, u32, Vec<u8>)>;
+
+/// Every effect step of `db`.
+pub(super) fn dump_steps(db: &Database) -> R<StepRows> {
+    let txn = db.begin_read()?;
+    let mut out = Vec::new();
+    if let Ok(t) = txn.open_table(super::partition::catalog::STEPS) {
+        for e in t.iter()? {
+            let (k, v) = e?;
+            let (a, b) = k.value();
+            out.push((a.to_vec(), b.to_owned(), v.value().to_vec()));
+        }
+    }
+    Ok(out)
+}
+
+/// Every log entry of `db`.
+pub(super) fn dump_history(db: &Database) -> R<LogRows> {
+    let txn = db.begin_read()?;
+    let mut out = Vec::new();
+    if let Ok(t) = txn.open_table(super::partition::catalog::HISTORY) {
+        for e in t.iter()? {
+            let (k, v) = e?;
+            let (a, b) = k.value();
+            out.push((a.to_vec(), b, v.value().to_vec()));
+        }
+    }
+    Ok(out)
+}
+
+/// Every partition row of `db` that decodes (one that does not fails).
+pub(super) fn rows(db: &Database) -> R<std::collections::BTreeMap<u64, PartitionRow>> {
+    let txn = db.begin_read()?;
+    let mut out = std::collections::BTreeMap::new();
+    for entry in txn.open_table(PARTITIONS)?.iter()? {
+        let (k, v) = entry?;
+        out.insert(k.value(), PartitionRow::decode(k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
+impl Writer {
+    /// One merge step of at most `records` records, in a group of its own.
+    pub(super) fn merge_step(&mut self, records: usize) -> R<SweepCounts> {
+        let mut counts = SweepCounts::default();
+        self.group(|t| {
+            t.merge_step(records, &mut counts)
+                .map_err(|e| format!("{e:?}"))?;
+            Ok(())
+        })?;
+        Ok(counts)
+    }
+
+    /// Fails (naming `what` and the table) unless the writer's records,
+    /// rows, filters, steps and log entries are those its frames replay to.
+    pub(super) fn assert_replays(&self, what: &str) -> R<()> {
+        use super::partition::catalog::RECORDS;
+        let replayed = self.replayed()?;
+        for (name, a, b) in [
+            (
+                "records",
+                dump(&replayed, RECORDS)?,
+                dump(&self.db, RECORDS)?,
+            ),
+            (
+                "rows",
+                dump(&replayed, PARTITIONS)?,
+                dump(&self.db, PARTITIONS)?,
+            ),
+            (
+                "filters",
+                dump(&replayed, FILTERS)?,
+                dump(&self.db, FILTERS)?,
+            ),
+        ] {
+            if a != b {
+                return Err(format!("{what}: replayed {name} differ").into());
+            }
+        }
+        if dump_steps(&replayed)? != dump_steps(&self.db)? {
+            return Err(format!("{what}: replayed steps differ").into());
+        }
+        if dump_history(&replayed)? != dump_history(&self.db)? {
+            return Err(format!("{what}: replayed history differs").into());
+        }
+        Ok(())
+    }
 }

@@ -2,48 +2,25 @@
 //! makes of a lost or damaged live copy from its dropping source, what
 //! the journal replays of it, and what it leaves behind.
 
-use std::collections::BTreeMap;
-
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::ReadableDatabase;
 
 use crate::key::IdempotencyKey;
-use crate::report::SweepCounts;
 use crate::store::ops::{Ops, Txn};
 use crate::store::{FinishStepRequest, StepRequest};
 
 use super::journal::{Change, Frame};
 use super::partition::catalog::{self, SealRule};
 use super::partition::merge::MERGE_SPAN_MS;
-use super::partition::row::{PartitionRow, PartitionState, FILTERS, PARTITIONS};
+use super::partition::row::PartitionState;
 use super::partition::slot::{self, BUILT_PARTITIONS};
 use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{dump, key, Writer, R};
+use super::test_writer::{dump_history, dump_steps, key, rows, Writer, R};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
     max_keys: 8,
 };
 const LEASE_MS: u64 = 10 * MERGE_SPAN_MS;
-
-fn rows(db: &Database) -> R<BTreeMap<u64, PartitionRow>> {
-    let txn = db.begin_read()?;
-    let mut out = BTreeMap::new();
-    for entry in txn.open_table(PARTITIONS)?.iter()? {
-        let (k, v) = entry?;
-        out.insert(k.value(), PartitionRow::decode(k.value(), v.value())?);
-    }
-    Ok(out)
-}
-
-fn step(w: &mut Writer, records: usize) -> R<SweepCounts> {
-    let mut counts = SweepCounts::default();
-    w.group(|t| {
-        t.merge_step(records, &mut counts)
-            .map_err(|e| format!("{e:?}"))?;
-        Ok(())
-    })?;
-    Ok(counts)
-}
 
 /// 40 keys over five partitions of one span, each completed; the keys at
 /// `with_step` get a confirmed effect step (and so log entries) first.
@@ -82,10 +59,10 @@ fn filled(w: &mut Writer, with_step: &[usize]) -> R<Vec<IdempotencyKey>> {
 /// The merge run up to its switch (sources dropping, none dropped yet).
 fn to_switch(w: &mut Writer) -> R<()> {
     w.now += 2 * MERGE_SPAN_MS;
-    assert!(step(w, 7)?.more, "the merge begins");
+    assert!(w.merge_step(7)?.more, "the merge begins");
     let mut steps = 0;
     while w.catalog.merging().is_some() {
-        step(w, 7)?;
+        w.merge_step(7)?;
         steps += 1;
         assert!(steps < 40, "the merge switches");
     }
@@ -106,66 +83,6 @@ fn view(w: &mut Writer, k: &IdempotencyKey) -> R<String> {
         let span = t.history_span(k)?;
         Ok(format!("{rec:?} {steps:?} {span:?}"))
     })
-}
-
-/// (slot key, name, value) of every step, and (slot key, seq, value) of
-/// every log entry.
-type StepRows = Vec<(Vec<u8>, String, Vec<u8>)>;
-type LogRows = Vec<(Vec<u8>, u32, Vec<u8>)>;
-
-fn dump_steps(db: &Database) -> R<StepRows> {
-    let txn = db.begin_read()?;
-    let mut out = Vec::new();
-    if let Ok(t) = txn.open_table(catalog::STEPS) {
-        for e in t.iter()? {
-            let (k, v) = e?;
-            let (a, b) = k.value();
-            out.push((a.to_vec(), b.to_owned(), v.value().to_vec()));
-        }
-    }
-    Ok(out)
-}
-
-fn dump_history(db: &Database) -> R<LogRows> {
-    let txn = db.begin_read()?;
-    let mut out = Vec::new();
-    if let Ok(t) = txn.open_table(catalog::HISTORY) {
-        for e in t.iter()? {
-            let (k, v) = e?;
-            let (a, b) = k.value();
-            out.push((a.to_vec(), b, v.value().to_vec()));
-        }
-    }
-    Ok(out)
-}
-
-/// The writer's tables and those its frames replay to, compared.
-fn assert_replays(w: &Writer) -> R<()> {
-    let replayed = w.replayed()?;
-    for (name, a, b) in [
-        (
-            "records",
-            dump(&replayed, catalog::RECORDS)?,
-            dump(&w.db, catalog::RECORDS)?,
-        ),
-        (
-            "rows",
-            dump(&replayed, PARTITIONS)?,
-            dump(&w.db, PARTITIONS)?,
-        ),
-        ("filters", dump(&replayed, FILTERS)?, dump(&w.db, FILTERS)?),
-    ] {
-        assert!(a == b, "replayed {name} differ");
-    }
-    assert!(
-        dump_steps(&replayed)? == dump_steps(&w.db)?,
-        "replayed steps differ"
-    );
-    assert!(
-        dump_history(&replayed)? == dump_history(&w.db)?,
-        "replayed history differs"
-    );
-    Ok(())
 }
 
 /// Applies `changes` to the writer's file outside any group, and keeps
@@ -223,12 +140,12 @@ fn a_rescued_record_keeps_its_steps_and_log_and_replays() -> R<()> {
     assert!(before.contains("charge"), "{before}");
     let live = live_slot(&mut w, &k)?;
     damage(&mut w, vec![Change::DelRecord { key: live }])?;
-    while step(&mut w, 7)?.more {}
+    while w.merge_step(7)?.more {}
     let after = view(&mut w, &k)?;
     assert_eq!(after, before, "the rescue kept record, steps and log");
     let (found, _) = super::verify::verify(&w.db)?;
     assert_eq!(found, [], "sound once the drop is done");
-    assert_replays(&w)
+    w.assert_replays("the rescue")
 }
 
 /// The rescue of a lost live record writes it back as a new key of the
@@ -246,7 +163,7 @@ fn a_lost_record_written_back_leaves_no_record_less_steps() -> R<()> {
     let k = keys[9].clone();
     let live = live_slot(&mut w, &k)?;
     damage(&mut w, vec![Change::DelRecord { key: live }])?;
-    while step(&mut w, 7)?.more {}
+    while w.merge_step(7)?.more {}
     let txn = w.db.begin_read()?;
     let records = txn.open_table(catalog::RECORDS)?;
     let mut orphans = Vec::new();
@@ -306,7 +223,7 @@ fn an_older_duplicate_does_not_add_its_steps_to_the_live_record() -> R<()> {
     to_switch(&mut w)?;
     let merged = view(&mut w, &k)?;
     assert_eq!(merged, shown, "the switch shows what the key showed");
-    while step(&mut w, 7)?.more {}
+    while w.merge_step(7)?.more {}
     let after = view(&mut w, &k)?;
     assert_eq!(
         after, shown,
