@@ -32,30 +32,8 @@ impl crate::Clock for Fixed {
 /// 40 completed keys over five partitions of one span, then the merge run
 /// up to its switch (the sources dropping, none dropped yet).
 fn switched(w: &mut Writer) -> R<Vec<IdempotencyKey>> {
-    let keys: Vec<IdempotencyKey> = (0..40).map(key).collect::<R<_>>()?;
-    for group in 0..10usize {
-        w.now += 1_000;
-        w.group(|t| {
-            for k in keys.iter().skip(group * 4).take(4) {
-                let token = claim_in(t, k, LEASE_MS)?;
-                complete_in(t, k, token)?;
-            }
-            Ok(())
-        })?;
-    }
-    w.now += 2 * MERGE_SPAN_MS;
-    assert!(w.merge_step(7)?.more, "the merge begins");
-    let mut steps = 0;
-    while w.catalog.merging().is_some() {
-        w.merge_step(7)?;
-        steps += 1;
-        assert!(steps < 40, "the merge switches");
-    }
-    let r = rows(&w.db)?;
-    assert!(
-        r.values().any(|row| row.state == PartitionState::Dropping),
-        "sources dropping: {r:?}"
-    );
+    let keys = w.completed(40, LEASE_MS, &[])?;
+    w.merge_to_switch()?;
     Ok(keys)
 }
 
@@ -122,17 +100,7 @@ fn salvage_between_switch_and_drop_keeps_a_deleted_key_deleted() -> R<()> {
 #[test]
 fn a_merge_whose_sources_empty_leaves_no_empty_partition() -> R<()> {
     let mut w = Writer::new(RULE)?;
-    let keys: Vec<IdempotencyKey> = (0..16).map(key).collect::<R<_>>()?;
-    for group in 0..4usize {
-        w.now += 1_000;
-        w.group(|t| {
-            for k in keys.iter().skip(group * 4).take(4) {
-                let token = claim_in(t, k, LEASE_MS)?;
-                complete_in(t, k, token)?;
-            }
-            Ok(())
-        })?;
-    }
+    let keys = w.completed(16, LEASE_MS, &[])?;
     w.now += 2 * MERGE_SPAN_MS;
     assert!(w.merge_step(3)?.more, "the merge begins");
     w.merge_step(3)?; // three copied
@@ -266,10 +234,6 @@ fn random_requests_and_expiry_during_a_merge() -> R<()> {
 }
 
 fn random_requests(expire: bool) -> R<()> {
-    use super::partition::catalog::{Catalog, Filters};
-    use super::partition::filter::FilterHasher;
-    use super::test_writer::SEED;
-    use std::sync::Arc;
     for seed in 0..12u64 {
         let mut rng = Rng(seed);
         let mut w = Writer::new(RULE)?;
@@ -357,18 +321,7 @@ fn random_requests(expire: bool) -> R<()> {
                 return Err(format!("seed {seed} step {steps}: verify: {damage:?}").into());
             }
             if rng.below(5) == 0 {
-                let txn = w.db.begin_write()?;
-                let mut changes = Vec::new();
-                let reloaded = Catalog::load_in(
-                    &txn,
-                    Arc::new(Filters::new(FilterHasher::new(SEED))),
-                    RULE,
-                    w.now,
-                    &mut changes,
-                )?;
-                txn.commit()?;
-                assert_eq!(changes, [], "seed {seed}: a reload changes nothing");
-                w.catalog = reloaded;
+                w.catalog = w.loaded_catalog(RULE)?;
                 let again = views(&mut w, &keys)?;
                 if again != model {
                     return Err(
@@ -551,17 +504,7 @@ fn verify_names_a_record_missing_from_a_merge_copy() -> R<()> {
     use super::partition::catalog;
     use super::partition::slot;
     let mut w = Writer::new(RULE)?;
-    let keys: Vec<IdempotencyKey> = (0..40).map(key).collect::<R<_>>()?;
-    for group in 0..10usize {
-        w.now += 1_000;
-        w.group(|t| {
-            for k in keys.iter().skip(group * 4).take(4) {
-                let token = claim_in(t, k, LEASE_MS)?;
-                complete_in(t, k, token)?;
-            }
-            Ok(())
-        })?;
-    }
+    let keys = w.completed(40, LEASE_MS, &[])?;
     w.now += 2 * MERGE_SPAN_MS;
     w.merge_step(7)?;
     w.merge_step(7)?;
@@ -614,17 +557,7 @@ fn a_damaged_merge_copy_is_not_switched_in_over_its_intact_source() -> R<()> {
     use super::partition::catalog;
     use super::partition::slot;
     let mut w = Writer::new(RULE)?;
-    let keys: Vec<IdempotencyKey> = (0..40).map(key).collect::<R<_>>()?;
-    for group in 0..10usize {
-        w.now += 1_000;
-        w.group(|t| {
-            for k in keys.iter().skip(group * 4).take(4) {
-                let token = claim_in(t, k, LEASE_MS)?;
-                complete_in(t, k, token)?;
-            }
-            Ok(())
-        })?;
-    }
+    w.completed(40, LEASE_MS, &[])?;
     w.now += 2 * MERGE_SPAN_MS;
     w.merge_step(7)?;
     w.merge_step(7)?;

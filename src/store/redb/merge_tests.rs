@@ -8,23 +8,19 @@
 //! replayed on an empty file, rebuild the same tables.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
 use crate::key::IdempotencyKey;
 use crate::store::ops::{Ops, Txn};
 use crate::store::record::RecordState;
-use crate::store::{FinishStepRequest, StepRequest};
 
-use super::partition::catalog::{self, Catalog, Filters, SealRule};
-use super::partition::filter::FilterHasher;
+use super::partition::catalog::{self, SealRule};
 use super::partition::merge::MERGE_SPAN_MS;
 use super::partition::row::PartitionState;
 use super::partition::slot::BUILT_PARTITIONS;
-use super::tables::Tables;
-use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{key, rows, Writer, R, SEED};
+use super::test_requests::{claim_in, complete_in, finish_charge};
+use super::test_writer::{key, rows, Writer, R};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
@@ -52,25 +48,6 @@ fn states(w: &mut Writer, keys: &[IdempotencyKey]) -> R<Vec<Option<RecordState>>
         }
         Ok(out)
     })
-}
-
-fn finish_charge(t: &mut Tables<'_>, k: &IdempotencyKey, token: u64) -> R<()> {
-    t.reserve_step(StepRequest {
-        key: k.clone(),
-        token,
-        name: "charge".into(),
-        finished: Vec::new(),
-    })
-    .map_err(|e| format!("{e:?}"))?;
-    t.finish_step(FinishStepRequest {
-        key: k.clone(),
-        token,
-        name: "charge".into(),
-        confirmed: true,
-        evidence: b"ch_1".to_vec(),
-    })
-    .map_err(|e| format!("{e:?}"))?;
-    Ok(())
 }
 
 #[test]
@@ -148,17 +125,7 @@ fn a_merge_keeps_every_key_found_through_writes_a_reload_and_a_replay() -> R<()>
     sound(&w)?;
 
     // An open after a crash loads the same merge from the file.
-    let txn = w.db.begin_write()?;
-    let mut changes = Vec::new();
-    let reloaded = Catalog::load_in(
-        &txn,
-        Arc::new(Filters::new(FilterHasher::new(SEED))),
-        RULE,
-        w.now,
-        &mut changes,
-    )?;
-    txn.commit()?;
-    assert_eq!(changes, []);
+    let reloaded = w.loaded_catalog(RULE)?;
     let m = reloaded.merging().ok_or("the merge, reloaded")?;
     assert_eq!((m.target, &m.sources), (target, &sources));
     assert!(m.cursor.as_deref() <= Some(cursor.as_slice()));

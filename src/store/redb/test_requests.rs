@@ -62,3 +62,24 @@ pub(super) fn complete_in(t: &mut Tables<'_>, key: &IdempotencyKey, token: u64) 
     t.complete(paid(key, token)).map_err(|e| format!("{e:?}"))?;
     Ok(())
 }
+
+/// Reserves effect step "charge" of `k`'s claim `token` and finishes it
+/// confirmed, with evidence `ch_1`.
+pub(super) fn finish_charge(t: &mut Tables<'_>, k: &IdempotencyKey, token: u64) -> R<()> {
+    t.reserve_step(crate::store::StepRequest {
+        key: k.clone(),
+        token,
+        name: "charge".into(),
+        finished: Vec::new(),
+    })
+    .map_err(|e| format!("{e:?}"))?;
+    t.finish_step(crate::store::FinishStepRequest {
+        key: k.clone(),
+        token,
+        name: "charge".into(),
+        confirmed: true,
+        evidence: b"ch_1".to_vec(),
+    })
+    .map_err(|e| format!("{e:?}"))?;
+    Ok(())
+}

@@ -244,3 +244,79 @@ impl Writer {
         Ok(())
     }
 }
+
+impl Writer {
+    /// The catalog an open loads from the file now (with `rule`); an
+    /// error if loading it would change anything.
+    pub(super) fn loaded_catalog(&self, rule: SealRule) -> R<Catalog> {
+        let txn = self.db.begin_write()?;
+        let mut changes = Vec::new();
+        let catalog = Catalog::load_in(
+            &txn,
+            Arc::new(Filters::new(FilterHasher::new(SEED))),
+            rule,
+            self.now,
+            &mut changes,
+        )?;
+        txn.commit()?;
+        if !changes.is_empty() {
+            return Err(format!("a reload changed the file: {changes:?}").into());
+        }
+        Ok(catalog)
+    }
+
+    /// Keys `key(0..count)`, four a group, each group a second after the
+    /// one before: claimed with a lease of `lease_ms` and completed; the
+    /// keys at `with_step` get a confirmed effect step "charge" (and so
+    /// log entries) before their completion.
+    pub(super) fn completed(
+        &mut self,
+        count: u32,
+        lease_ms: u64,
+        with_step: &[usize],
+    ) -> R<Vec<IdempotencyKey>> {
+        use super::test_requests::{claim_in, complete_in, finish_charge};
+        let keys: Vec<IdempotencyKey> = (0..count).map(key).collect::<R<_>>()?;
+        for group in keys.chunks(4).enumerate().map(|(g, _)| g) {
+            self.now += 1_000;
+            self.group(|t| {
+                for (i, k) in keys.iter().enumerate().skip(group * 4).take(4) {
+                    let token = claim_in(t, k, lease_ms)?;
+                    if with_step.contains(&i) {
+                        finish_charge(t, k, token)?;
+                    }
+                    complete_in(t, k, token)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(keys)
+    }
+}
+
+impl Writer {
+    /// Two merge spans later, the merge run in steps of 7 records up to
+    /// its switch: the sources dropping, none dropped yet. An error if it
+    /// does not begin, switch within 40 steps, or leave a source dropping.
+    pub(super) fn merge_to_switch(&mut self) -> R<()> {
+        use super::partition::merge::MERGE_SPAN_MS;
+        use super::partition::row::PartitionState;
+        self.now += 2 * MERGE_SPAN_MS;
+        if !self.merge_step(7)?.more {
+            return Err("the merge did not begin".into());
+        }
+        let mut steps = 0;
+        while self.catalog.merging().is_some() {
+            self.merge_step(7)?;
+            steps += 1;
+            if steps >= 40 {
+                return Err("the merge did not switch in 40 steps".into());
+            }
+        }
+        let r = rows(&self.db)?;
+        if !r.values().any(|row| row.state == PartitionState::Dropping) {
+            return Err(format!("no source dropping after the switch: {r:?}").into());
+        }
+        Ok(())
+    }
+}

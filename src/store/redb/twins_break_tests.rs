@@ -5,75 +5,19 @@
 use redb::ReadableDatabase;
 
 use crate::key::IdempotencyKey;
-use crate::store::ops::{Ops, Txn};
-use crate::store::{FinishStepRequest, StepRequest};
+use crate::store::ops::Txn;
 
 use super::journal::{Change, Frame};
 use super::partition::catalog::{self, SealRule};
 use super::partition::merge::MERGE_SPAN_MS;
-use super::partition::row::PartitionState;
 use super::partition::slot::{self, BUILT_PARTITIONS};
-use super::test_requests::{claim_in, complete_in};
-use super::test_writer::{dump_history, dump_steps, key, rows, Writer, R};
+use super::test_writer::{dump_history, dump_steps, rows, Writer, R};
 
 const RULE: SealRule = SealRule {
     interval_ms: 60_000,
     max_keys: 8,
 };
 const LEASE_MS: u64 = 10 * MERGE_SPAN_MS;
-
-/// 40 keys over five partitions of one span, each completed; the keys at
-/// `with_step` get a confirmed effect step (and so log entries) first.
-fn filled(w: &mut Writer, with_step: &[usize]) -> R<Vec<IdempotencyKey>> {
-    let keys: Vec<IdempotencyKey> = (0..40).map(key).collect::<R<_>>()?;
-    for group in 0..10usize {
-        w.now += 1_000;
-        w.group(|t| {
-            for (i, k) in keys.iter().enumerate().skip(group * 4).take(4) {
-                let token = claim_in(t, k, LEASE_MS)?;
-                if with_step.contains(&i) {
-                    t.reserve_step(StepRequest {
-                        key: k.clone(),
-                        token,
-                        name: "charge".into(),
-                        finished: Vec::new(),
-                    })
-                    .map_err(|e| format!("{e:?}"))?;
-                    t.finish_step(FinishStepRequest {
-                        key: k.clone(),
-                        token,
-                        name: "charge".into(),
-                        confirmed: true,
-                        evidence: b"ch".to_vec(),
-                    })
-                    .map_err(|e| format!("{e:?}"))?;
-                }
-                complete_in(t, k, token)?;
-            }
-            Ok(())
-        })?;
-    }
-    Ok(keys)
-}
-
-/// The merge run up to its switch (sources dropping, none dropped yet).
-fn to_switch(w: &mut Writer) -> R<()> {
-    w.now += 2 * MERGE_SPAN_MS;
-    assert!(w.merge_step(7)?.more, "the merge begins");
-    let mut steps = 0;
-    while w.catalog.merging().is_some() {
-        w.merge_step(7)?;
-        steps += 1;
-        assert!(steps < 40, "the merge switches");
-    }
-    assert!(
-        rows(&w.db)?
-            .values()
-            .any(|row| row.state == PartitionState::Dropping),
-        "sources dropping"
-    );
-    Ok(())
-}
 
 /// A key's record, steps and log span as the writer answers them.
 fn view(w: &mut Writer, k: &IdempotencyKey) -> R<String> {
@@ -133,8 +77,8 @@ fn live_slot(w: &mut Writer, k: &IdempotencyKey) -> R<Vec<u8>> {
 #[test]
 fn a_rescued_record_keeps_its_steps_and_log_and_replays() -> R<()> {
     let mut w = Writer::new(RULE)?;
-    let keys = filled(&mut w, &[9])?;
-    to_switch(&mut w)?;
+    let keys = w.completed(40, LEASE_MS, &[9])?;
+    w.merge_to_switch()?;
     let k = keys[9].clone();
     let before = view(&mut w, &k)?;
     assert!(before.contains("charge"), "{before}");
@@ -158,8 +102,8 @@ fn a_rescued_record_keeps_its_steps_and_log_and_replays() -> R<()> {
 #[test]
 fn a_lost_record_written_back_leaves_no_record_less_steps() -> R<()> {
     let mut w = Writer::new(RULE)?;
-    let keys = filled(&mut w, &[9])?;
-    to_switch(&mut w)?;
+    let keys = w.completed(40, LEASE_MS, &[9])?;
+    w.merge_to_switch()?;
     let k = keys[9].clone();
     let live = live_slot(&mut w, &k)?;
     damage(&mut w, vec![Change::DelRecord { key: live }])?;
@@ -192,7 +136,7 @@ fn a_lost_record_written_back_leaves_no_record_less_steps() -> R<()> {
 fn an_older_duplicate_does_not_add_its_steps_to_the_live_record() -> R<()> {
     let mut w = Writer::new(RULE)?;
     // Key 2 is in the first partition, with a step.
-    let keys = filled(&mut w, &[2])?;
+    let keys = w.completed(40, LEASE_MS, &[2])?;
     let k = keys[2].clone();
     let rkey = k.record_key().to_vec();
     let (first, value) = {
@@ -220,7 +164,7 @@ fn an_older_duplicate_does_not_add_its_steps_to_the_live_record() -> R<()> {
     }
     let shown = view(&mut w, &k)?;
     eprintln!("shown before the merge: {shown}");
-    to_switch(&mut w)?;
+    w.merge_to_switch()?;
     let merged = view(&mut w, &k)?;
     assert_eq!(merged, shown, "the switch shows what the key showed");
     while w.merge_step(7)?.more {}
