@@ -66,6 +66,24 @@ fn file_bytes(path: &std::path::Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
+/// Every file of the store (the redb file, its journal, anything beside
+/// them in the store's directory): their lengths, and the bytes the file
+/// system has allocated to them (`st_blocks` × 512, what `du` counts: a
+/// range a file was extended over but never written takes none).
+fn store_bytes(dir: &std::path::Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut sum = (0, 0);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if let Ok(m) = entry.metadata() {
+            if m.is_file() {
+                sum.0 += m.len();
+                sum.1 += m.blocks() * 512;
+            }
+        }
+    }
+    sum
+}
+
 fn mib(bytes: f64) -> f64 {
     bytes / (1024.0 * 1024.0)
 }
@@ -138,11 +156,14 @@ fn main() {
         let slice = Instant::now();
         let sent = send(&engine, &ticks, threads, until);
         *total += sent;
+        let (length, allocated) = store_bytes(dir.path());
         println!(
-            "FILL hour {until}: {total} requests in {:.1}s ({:.0} req/s this slice); file {:.0} MiB",
+            "FILL hour {until}: {total} requests in {:.1}s ({:.0} req/s this slice); file {:.0} MiB; store's files {:.0} MiB long, {:.0} MiB allocated",
             started.elapsed().as_secs_f64(),
             sent as f64 / slice.elapsed().as_secs_f64().max(1e-9),
-            mib(file_bytes(&path) as f64)
+            mib(file_bytes(&path) as f64),
+            mib(length as f64),
+            mib(allocated as f64)
         );
     };
     for hour in [6, 12, 18, 24] {
@@ -153,6 +174,12 @@ fn main() {
     let before_total = total;
     let before_device = device.as_ref().and_then(|d| d.written_after_sync());
     let before_process = process_written();
+    // Bytes handed to write calls, by the engine thread that made them:
+    // the writer (journal frames, and redb pages it writes), the syncer
+    // (checkpoints), the sweeper.
+    let by_thread = |prefix: &str| common::DiskWrites::read(prefix).ok();
+    const THREADS: [&str; 3] = ["idempotency-wri", "idempotency-syn", "idempotency-swe"];
+    let before_threads: Vec<_> = THREADS.iter().map(|t| by_thread(t)).collect();
     let mut hour = 24;
     while hour < hours {
         hour = (hour + 6).min(hours);
@@ -172,6 +199,26 @@ fn main() {
         _ => "n/a (no block device counter)".to_string(),
     };
     let process_bytes = (process_written() - before_process) as f64 / steady as f64;
+    let mut split = Vec::new();
+    for (name, before) in THREADS.iter().zip(&before_threads) {
+        if let (Some(before), Some(now)) = (before, by_thread(name)) {
+            let grown = now.since(before);
+            split.push(format!(
+                "{name} {:.0} B",
+                grown.named_syscall as f64 / steady as f64
+            ));
+            if *name == THREADS[0] {
+                split.push(format!(
+                    "process {:.0} B",
+                    grown.process_syscall as f64 / steady as f64
+                ));
+            }
+        }
+    }
+    println!(
+        "WRITES per request over the steady state, bytes handed to write calls (wchar), by thread: {}",
+        split.join(", ")
+    );
     println!(
         "STEADY {per_day} requests a day, hours 24..{hours}: {steady} requests in {seconds:.1}s, {:.0} req/s at {threads} threads; written per request: device {device_bytes}, process write_bytes {process_bytes:.0} B (traffic, checkpoints, merges and expiry)",
         steady as f64 / seconds.max(1e-9)
@@ -191,6 +238,17 @@ fn main() {
         pages / encoded,
         100.0 * t.stored_bytes as f64 / (t.leaf_pages * t.page_bytes).max(1) as f64,
         mib(file_bytes(&path).saturating_sub(space.allocated_bytes) as f64),
+    );
+    // On disk: every file of the store (the journal too), as `du` counts.
+    let (length, allocated) = store_bytes(dir.path());
+    println!(
+        "DISK after {hours} hours: the store's files (redb file and journal) {:.0} MiB long, {:.0} B per record = {:.2}x; allocated on disk {:.0} MiB, {:.0} B per record = {:.2}x the encoded record",
+        mib(length as f64),
+        length as f64 / n,
+        length as f64 / n / encoded,
+        mib(allocated as f64),
+        allocated as f64 / n,
+        allocated as f64 / n / encoded,
     );
     if !measuring {
         let engine = Engine::builder()
