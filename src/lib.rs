@@ -106,6 +106,7 @@
 // Layer 1, the public value types: they import nothing above them.
 pub mod canonical;
 mod clock;
+mod compaction;
 mod dead_letter;
 mod envelope;
 mod error;
@@ -144,6 +145,7 @@ pub mod nats;
 pub mod bench_fixtures;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use compaction::Compaction;
 pub use dead_letter::{DeadLetter, Delivery};
 pub use engine::begin::Begin;
 pub use engine::builder::EngineBuilder;

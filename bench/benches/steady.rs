@@ -26,7 +26,15 @@
 //!   the file's bytes per stored record and the bytes of pages in use per
 //!   record, each as a ratio to the records table's keys and values per
 //!   record (the encoded record, measured in the same run: the target is
-//!   ≤ 1.5×), and the records table's leaf fill.
+//!   ≤ 1.5×), and the records table's leaf fill;
+//! - `DISK`: the same for every file of the store (the redb file, its
+//!   journal, the recovery reserve), by length and by the blocks the file
+//!   system allocated (`du`);
+//! - `COMPACT`: the same after `EngineBuilder::compact` (`idem compact`)
+//!   of the closed file, and how long it took (its recovery reserve is
+//!   given back while it runs: the next open takes it again);
+//! - `WRITES`: the bytes each engine thread handed to write calls per
+//!   request over the steady state.
 //!
 //! Run: `cargo bench -p idempotency-bench --bench steady`. Test mode
 //! (`cargo test --benches`): 3,000 requests a day, 27 hours, 8 threads,
@@ -243,6 +251,27 @@ fn main() {
     let (length, allocated) = store_bytes(dir.path());
     println!(
         "DISK after {hours} hours: the store's files (redb file and journal) {:.0} MiB long, {:.0} B per record = {:.2}x; allocated on disk {:.0} MiB, {:.0} B per record = {:.2}x the encoded record",
+        mib(length as f64),
+        length as f64 / n,
+        length as f64 / n / encoded,
+        mib(allocated as f64),
+        allocated as f64 / n,
+        allocated as f64 / n / encoded,
+    );
+    // What an operator's `idem compact` gives back of the closed file.
+    let compacting = Instant::now();
+    let compaction = Engine::builder()
+        .sweep_interval(None)
+        .compact(&path)
+        .expect("compact");
+    let (length, allocated) = store_bytes(dir.path());
+    println!(
+        "COMPACT after {hours} hours, in {:.1}s: file {:.0} -> {:.0} MiB ({:.0} B per record = {:.2}x); the store's files {:.0} MiB long, {:.0} B per record = {:.2}x; allocated {:.0} MiB, {:.0} B per record = {:.2}x the encoded record",
+        compacting.elapsed().as_secs_f64(),
+        mib(compaction.bytes_before as f64),
+        mib(compaction.bytes_after as f64),
+        compaction.bytes_after as f64 / n,
+        compaction.bytes_after as f64 / n / encoded,
         mib(length as f64),
         length as f64 / n,
         length as f64 / n / encoded,

@@ -1110,3 +1110,37 @@ fn lost_json(lost: &idempotency::Lost) -> Value {
         _ => json!({ "kind": "other", "text": text }),
     }
 }
+
+/// `idem compact`: the file's length before and after.
+pub fn compacted<W: Write>(
+    path: &std::path::Path,
+    report: &idempotency::Compaction,
+    took: std::time::Duration,
+    json: bool,
+    out: &mut W,
+) -> CliResult {
+    if json {
+        return print_json(
+            out,
+            &json!({
+                // Lossy for a path that is not UTF-8 (JSON holds text).
+                "file": path.to_string_lossy(),
+                "bytes_before": report.bytes_before,
+                "bytes_after": report.bytes_after,
+                "bytes_freed": report.bytes_freed(),
+                "seconds": took.as_secs_f64(),
+            }),
+        );
+    }
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    writeln!(
+        out,
+        "{}: {:.1} MiB -> {:.1} MiB ({:.1} MiB given back) in {:.1} s",
+        path.display(),
+        mib(report.bytes_before),
+        mib(report.bytes_after),
+        mib(report.bytes_freed()),
+        took.as_secs_f64()
+    )?;
+    Ok(())
+}

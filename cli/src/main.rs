@@ -272,6 +272,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Give a redb file's free pages back to the file system, as
+    /// `EngineBuilder::compact` does: redb never shrinks a file whose free
+    /// pages are not at its end, so a store that once held more records
+    /// keeps its length until compacted. Recovers the file first if a
+    /// crash left it so (its journal applied), then moves its pages in
+    /// use to the front and cuts the rest off; nothing it holds changes. A
+    /// crash part way leaves a file that opens as before. Reads and
+    /// rewrites up to the whole file. Stop the app first (an app holding
+    /// the file makes it fail). See docs/operations.md, "Compacting a file".
+    Compact {
+        /// The database file (redb only).
+        db: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_state(name: &str) -> Result<State, String> {
@@ -457,6 +473,18 @@ fn run<W: Write, E: Write>(
                 .into());
             }
             commands::salvage(&damaged, &new, json, out)
+        }
+        Command::Compact { db, json } => {
+            let Target::File(path) = target::classify(&db) else {
+                return Err(UsageError(
+                    "compact works on redb files; PostgreSQL and Redis manage their own space"
+                        .into(),
+                )
+                .into());
+            };
+            let started = std::time::Instant::now();
+            let report = builder().builder.compact(path)?;
+            commands::compacted(path, &report, started.elapsed(), json, out)
         }
         Command::Migrate { db, json } => {
             if !matches!(target::classify(&db), Target::File(_)) {

@@ -51,7 +51,7 @@ pub struct EngineBuilder {
     migration: Option<redb_store::MigrationSteps>,
     seal_rule: redb_store::PartitionSealRule,
     /// redb's page cache, bytes (`None`: redb's default).
-    cache_bytes: Option<usize>,
+    pub(super) cache_bytes: Option<usize>,
     #[cfg(feature = "postgres")]
     postgres: PostgresSettings,
     #[cfg(feature = "redis")]

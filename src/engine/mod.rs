@@ -12,6 +12,7 @@
 pub(crate) mod begin;
 pub(crate) mod builder;
 pub(crate) mod claim;
+mod compact;
 pub(crate) mod config;
 pub(crate) mod core;
 pub(crate) mod early;

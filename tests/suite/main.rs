@@ -27,6 +27,8 @@ mod byte_flips;
 mod clock_reads;
 #[path = "../close_under_load.rs"]
 mod close_under_load;
+#[path = "../compaction.rs"]
+mod compaction;
 #[path = "../concurrent_claims.rs"]
 mod concurrent_claims;
 #[path = "../crash.rs"]

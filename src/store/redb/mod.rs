@@ -1,6 +1,7 @@
 //! The redb backend: one database file, one writer thread doing group
 //! commits, snapshot reads that never wait for it.
 
+mod compact;
 mod drain;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;
@@ -75,6 +76,7 @@ use crate::store::{
 };
 use crate::transition::Transition;
 
+pub(crate) use self::compact::compact;
 pub(crate) use self::open::{
     open_backend, open_path, prepare, prepare_new_as, MigrationSteps, NewFormat,
 };

@@ -1,0 +1,50 @@
+//! `EngineBuilder::compact`: a closed database file's free pages given
+//! back to the file system.
+
+use std::path::Path;
+
+use crate::compaction::Compaction;
+use crate::engine::builder::EngineBuilder;
+use crate::error::OpenError;
+use crate::store::redb as redb_store;
+
+impl EngineBuilder {
+    /// Compacts the database file at `path`: its pages in use move to the
+    /// front and the free ones are cut off its end, so the file's length
+    /// comes down to what it holds. redb never shrinks a file whose free
+    /// pages are not at its end: a store that once held more records
+    /// (a busy day, a longer TTL), or whose file grew by one of redb's
+    /// doublings, keeps its length until compacted. Nothing it holds
+    /// changes: records, steps, logs, indexes and meta values keep their
+    /// bytes and checksums.
+    ///
+    /// The file must not be open elsewhere: stop the app first (an app
+    /// that has it open makes this fail with [`OpenError::AlreadyOpen`]).
+    /// It is first opened as [`EngineBuilder::open_existing`] opens it
+    /// (with this builder's settings, the sweeper off: a file left by a
+    /// crash is recovered, its journal applied) and closed cleanly, then
+    /// compacted. A crash part way leaves a file that opens as before.
+    /// It reads and rewrites up to the whole file: minutes for a file of
+    /// several GiB. The engine's recovery reserve (`<file>.reserve`) is
+    /// given back while it runs and taken again by the next open.
+    ///
+    /// # Errors
+    ///
+    /// As for [`EngineBuilder::open_existing`] ([`OpenError::MissingDatabase`],
+    /// [`OpenError::AlreadyOpen`], [`OpenError::Corrupt`], …);
+    /// [`OpenError::Storage`] if a compaction pass fails (an I/O error, a
+    /// full disk): the file then holds what it held, at the length redb's
+    /// last pass left.
+    pub fn compact(self, path: impl AsRef<Path>) -> Result<Compaction, OpenError> {
+        let path = path.as_ref();
+        let cache_bytes = self.cache_bytes;
+        // Recovered and closed cleanly: the journal holds nothing to apply.
+        let engine = self.sweep_interval(None).open_existing(path)?;
+        drop(engine);
+        let (bytes_before, bytes_after) = redb_store::compact(path, cache_bytes)?;
+        Ok(Compaction {
+            bytes_before,
+            bytes_after,
+        })
+    }
+}
