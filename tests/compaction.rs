@@ -20,7 +20,7 @@ use std::error::Error;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::claimed;
@@ -181,15 +181,7 @@ fn child_entry() -> TestResult {
 fn start_child(
     path: &Path,
 ) -> std::io::Result<(std::process::Child, BufReader<std::process::ChildStdout>)> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .args([
-            "--exact", // `<file>::child_entry` where this file is a module of a test binary.
-            concat!(module_path!(), "::child_entry")
-                .split_once("::")
-                .map_or("child_entry", |(_, t)| t),
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut child = common::child_entry_command!()
         .env(ROLE_VAR, "compact")
         .env(FILE_VAR, path)
         .stdin(Stdio::null())

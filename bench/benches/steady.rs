@@ -247,16 +247,22 @@ fn main() {
         100.0 * t.stored_bytes as f64 / (t.leaf_pages * t.page_bytes).max(1) as f64,
         mib(file_bytes(&path).saturating_sub(space.allocated_bytes) as f64),
     );
+    // `bytes` as MiB, bytes per record and the ratio to the encoded record.
+    let per_record = |bytes: u64| {
+        let b = bytes as f64;
+        format!(
+            "{:.0} MiB, {:.0} B per record = {:.2}x",
+            mib(b),
+            b / n,
+            b / n / encoded
+        )
+    };
     // On disk: every file of the store (the journal too), as `du` counts.
     let (length, allocated) = store_bytes(dir.path());
     println!(
-        "DISK after {hours} hours: the store's files (redb file and journal) {:.0} MiB long, {:.0} B per record = {:.2}x; allocated on disk {:.0} MiB, {:.0} B per record = {:.2}x the encoded record",
-        mib(length as f64),
-        length as f64 / n,
-        length as f64 / n / encoded,
-        mib(allocated as f64),
-        allocated as f64 / n,
-        allocated as f64 / n / encoded,
+        "DISK after {hours} hours: the store's files (redb file, journal, reserve) {} long; allocated on disk {} the encoded record",
+        per_record(length),
+        per_record(allocated),
     );
     // What an operator's `idem compact` gives back of the closed file.
     let compacting = Instant::now();
@@ -266,18 +272,12 @@ fn main() {
         .expect("compact");
     let (length, allocated) = store_bytes(dir.path());
     println!(
-        "COMPACT after {hours} hours, in {:.1}s: file {:.0} -> {:.0} MiB ({:.0} B per record = {:.2}x); the store's files {:.0} MiB long, {:.0} B per record = {:.2}x; allocated {:.0} MiB, {:.0} B per record = {:.2}x the encoded record",
+        "COMPACT after {hours} hours, in {:.1}s: file {:.0} MiB -> {}; the store's files {} long; allocated {} the encoded record",
         compacting.elapsed().as_secs_f64(),
         mib(compaction.bytes_before as f64),
-        mib(compaction.bytes_after as f64),
-        compaction.bytes_after as f64 / n,
-        compaction.bytes_after as f64 / n / encoded,
-        mib(length as f64),
-        length as f64 / n,
-        length as f64 / n / encoded,
-        mib(allocated as f64),
-        allocated as f64 / n,
-        allocated as f64 / n / encoded,
+        per_record(compaction.bytes_after),
+        per_record(length),
+        per_record(allocated),
     );
     if !measuring {
         let engine = Engine::builder()

@@ -54,3 +54,26 @@ impl Resolver for CannotTell {
         Resolution::StillInDoubt
     }
 }
+
+/// A `Command` that runs this test binary again with only the calling
+/// file's `child_entry` test (`<file>::child_entry` when the file is a
+/// module of a test binary such as `tests/suite`), its output not
+/// captured, on one test thread. Expands where it is called (the file is
+/// read from `module_path!()` there) and uses `?` on
+/// `std::env::current_exe()`.
+macro_rules! child_entry_command {
+    () => {{
+        let mut command = std::process::Command::new(std::env::current_exe()?);
+        command.args([
+            "--exact",
+            concat!(module_path!(), "::child_entry")
+                .split_once("::")
+                .map_or("child_entry", |(_, t)| t),
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        command
+    }};
+}
+#[allow(unused_imports)] // each test file uses some of these
+pub(crate) use child_entry_command;
