@@ -23,12 +23,15 @@ impl EngineBuilder {
     /// It is first opened as [`EngineBuilder::open_existing`] opens it
     /// (with this builder's settings, the sweeper off: a file left by a
     /// crash is recovered, its journal applied) and closed cleanly, then
-    /// compacted. A redb file without the engine's tables (another
-    /// program's) is refused before anything is written to it or beside
-    /// it. A crash part way leaves a file that opens as before. It reads
-    /// and rewrites up to the whole file: minutes for a file of several
-    /// GiB. The engine's recovery reserve (`<file>.reserve`) is
-    /// given back while it runs and taken again by the next open.
+    /// compacted. The expiry settings the file stores (TTL and policy,
+    /// which operator tools follow) are kept, whatever this builder's
+    /// are, as with [`EngineBuilder::expiry_settings_from_database`]. A
+    /// redb file without the engine's tables (another program's) is
+    /// refused before anything is written to it or beside it. A crash
+    /// part way leaves a file that opens as before. It reads and rewrites
+    /// up to the whole file: minutes for a file of several GiB. The
+    /// engine's recovery reserve (`<file>.reserve`) is given back while it
+    /// runs and taken again by the next open.
     ///
     /// # Errors
     ///
@@ -49,7 +52,13 @@ impl EngineBuilder {
         // engine's tables and a journal: refused before anything is written.
         redb_store::refuse_foreign(path)?;
         // Recovered and closed cleanly: the journal holds nothing to apply.
-        let engine = self.sweep_interval(None).open_existing(path)?;
+        // The expiry settings stay the file's: an open stores its own, and
+        // operator tools (`idem sweep`, `idem resolve`) follow the stored
+        // ones, which a one-off program's builder defaults must not replace.
+        let engine = self
+            .sweep_interval(None)
+            .expiry_settings_from_database()
+            .open_existing(path)?;
         drop(engine);
         let (bytes_before, bytes_after) = redb_store::compact(path, cache_bytes)?;
         Ok(Compaction {
