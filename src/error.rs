@@ -127,9 +127,9 @@ pub enum OpenError {
         detail: String,
     },
 
-    /// A read-only open found a redb database without the engine's tables
-    /// (another program's file, or one no engine has opened yet). Nothing
-    /// was written to it.
+    /// A read-only open (or a compaction) found a redb database without
+    /// the engine's tables (another program's file, or one no engine has
+    /// opened yet). Nothing was written to it.
     #[error("{path}: a redb database without idempotency tables (not written by this crate)")]
     NoEngineTables {
         /// The database file.

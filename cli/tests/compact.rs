@@ -100,3 +100,51 @@ fn compact_refuses_a_connection_string_and_a_file_in_use() -> TestResult {
     drop(engine);
     Ok(())
 }
+
+/// Another program's redb file, a directory and text: each refused with
+/// a message naming it, nothing written to it or beside it.
+#[test]
+fn compact_refuses_what_is_no_database_of_ours_and_writes_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let other = dir.path().join("other.redb");
+    {
+        let db = redb::Database::create(&other)?;
+        let table: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("inventory");
+        let txn = db.begin_write()?;
+        txn.open_table(table)?.insert("apples", 3)?;
+        txn.commit()?;
+    }
+    let bytes = std::fs::read(&other)?;
+    let line = idem_err([std::ffi::OsString::from("compact"), other.clone().into()])?;
+    assert!(
+        line.contains("other.redb") && line.contains("without idempotency tables"),
+        "{line}"
+    );
+    assert_eq!(
+        std::fs::read(&other)?,
+        bytes,
+        "another program's file was written"
+    );
+
+    let sub = dir.path().join("sub.redb");
+    std::fs::create_dir(&sub)?;
+    let line = idem_err([std::ffi::OsString::from("compact"), sub.clone().into()])?;
+    assert!(line.contains("sub.redb"), "{line}");
+
+    let text = dir.path().join("notes.redb");
+    std::fs::write(&text, "not a database\n")?;
+    let line = idem_err([std::ffi::OsString::from("compact"), text.clone().into()])?;
+    assert!(line.contains("notes.redb"), "{line}");
+    assert_eq!(std::fs::read(&text)?, b"not a database\n");
+
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    assert_eq!(
+        names,
+        ["notes.redb", "other.redb", "sub.redb"],
+        "files created"
+    );
+    Ok(())
+}

@@ -1150,7 +1150,7 @@ impl EngineBuilder {
 }
 
 /// Checks that `path` is a file with something in it.
-fn existing(path: &Path) -> Result<(), OpenError> {
+pub(super) fn existing(path: &Path) -> Result<(), OpenError> {
     match std::fs::metadata(path) {
         Ok(m) if m.len() > 0 => Ok(()),
         Ok(_) => Err(OpenError::EmptyFile {

@@ -61,6 +61,7 @@ impl Resolver for CannotTell {
 /// captured, on one test thread. Expands where it is called (the file is
 /// read from `module_path!()` there) and uses `?` on
 /// `std::env::current_exe()`.
+#[allow(unused_macros)] // each test file uses some of these
 macro_rules! child_entry_command {
     () => {{
         let mut command = std::process::Command::new(std::env::current_exe()?);

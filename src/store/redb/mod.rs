@@ -78,7 +78,7 @@ use crate::transition::Transition;
 
 pub(crate) use self::compact::compact;
 pub(crate) use self::open::{
-    open_backend, open_path, prepare, prepare_new_as, MigrationSteps, NewFormat,
+    open_backend, open_path, prepare, prepare_new_as, refuse_foreign, MigrationSteps, NewFormat,
 };
 pub(crate) use self::partition::catalog::SealRule as PartitionSealRule;
 pub(crate) use self::read_only::RedbReader;

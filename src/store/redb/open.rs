@@ -148,6 +148,53 @@ fn check_before_writing(path: &Path) -> Result<(), OpenError> {
     }
 }
 
+/// Refuses, from a view that writes nothing, an existing file at `path`
+/// that is no database of the engine's, for a command that must never
+/// write to one (`EngineBuilder::compact`) where a writable open would
+/// create the engine's tables in it and a journal beside it: a redb file
+/// without the engine's tables, another program's
+/// ([`OpenError::NoEngineTables`]); a directory
+/// ([`OpenError::NotADatabase`], naming it). A file another engine holds
+/// is [`OpenError::AlreadyOpen`]. A file left by a crash is viewed through
+/// the in-memory layer (reading it whole). What neither view can open
+/// (not a database, damaged) goes on to the writable open, which reports
+/// it before it writes.
+pub(crate) fn refuse_foreign(path: &Path) -> Result<(), OpenError> {
+    let format = match redb::Builder::new().open_read_only(path) {
+        Ok(view) => view_format(view, path)?,
+        Err(DatabaseError::RepairAborted) => match scratch_view::open(path) {
+            Ok(view) => view_format(view, path)?,
+            Err(_) => return Ok(()),
+        },
+        Err(DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(OpenError::AlreadyOpen {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(source) if path.is_dir() => {
+            return Err(OpenError::NotADatabase {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+        Err(_) => return Ok(()),
+    };
+    match format {
+        Some(_) => Ok(()),
+        None => Err(OpenError::NoEngineTables {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+/// The engine's format of the file `view` shows (`None`: no engine
+/// tables), then closes the view, as [`check_view`].
+fn view_format<D: ReadableDatabase>(view: D, path: &Path) -> Result<Option<Format>, OpenError> {
+    let format = super::open_contained(path, || file_format(&view, path));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(view)));
+    format
+}
+
 /// Checks the format version and the journal on `view`, then closes it. A
 /// panic inside redb on damaged bytes becomes `OpenError::Corrupt`, and the
 /// view is closed without unwinding through it.
