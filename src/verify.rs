@@ -113,6 +113,45 @@ pub enum Damage {
         /// What the decoder found.
         reason: String,
     },
+    /// Effect steps or evidence-log entries are stored for a key that has
+    /// no record where they are kept: no record of the key at all (redb
+    /// format 2, PostgreSQL, Redis), or, in a format-3 redb file, none in
+    /// the partition whose slot key holds them (a read finds a key's steps
+    /// and log beside its record only). No build writes this: steps and
+    /// log are deleted with their record (a tombstone is a record, and
+    /// keeps one summary entry). The record was lost (look for other
+    /// damage naming the key: a record whose key bytes changed is reported
+    /// under its new key) or deleted by a bug; a format-2 file written by
+    /// a development build from 2026-12-01 until a released resume kept
+    /// its record (`Engine::purge`) can hold them too.
+    ///
+    /// Where a claim of the key reads them (redb format 2, PostgreSQL,
+    /// Redis, and a format-3 file's hot partition, the one taking new
+    /// keys), the key's next claim takes them over as its own and skips
+    /// every call a confirmed step records, whatever request it carries.
+    /// Elsewhere nothing reads them, and nothing deletes them. Ask the
+    /// provider about the steps named. In redb format 2, PostgreSQL and
+    /// Redis, `idem show` lists them and `idem purge --force` deletes them;
+    /// `idem salvage` writes a copy of a redb file without them (listing
+    /// them as lost).
+    /// Entries in a format-3 partition a merge is dropping are not
+    /// reported: its drop step deletes them, with a record or not.
+    StepsWithoutRecord {
+        /// The record key they are stored under, in hex.
+        key_hex: String,
+        /// Format-3 redb file: the partition whose slot key holds them;
+        /// `None` elsewhere.
+        partition: Option<u64>,
+        /// Format-3 redb file: the partition that holds the key's record,
+        /// if another one does (a read of the key sees that record's steps
+        /// and log, never these); `None` if the key has no record.
+        record_in: Option<u64>,
+        /// The steps' names, as stored, in name order (empty: log entries
+        /// only).
+        steps: Vec<String>,
+        /// How many evidence-log entries.
+        log_entries: u64,
+    },
     /// A key under the engine's Redis key prefix that the engine never
     /// writes (feature `redis`): something else writes under the prefix,
     /// and may overwrite the engine's keys too. Give that writer another
@@ -283,6 +322,43 @@ fn fmt_value_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     }
 }
 
+/// The `Display` of [`Damage::StepsWithoutRecord`].
+fn fmt_steps_without_record(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let Damage::StepsWithoutRecord {
+        key_hex,
+        partition,
+        record_in,
+        steps,
+        log_entries,
+    } = d
+    else {
+        return Ok(());
+    };
+    let entries = match log_entries {
+        1 => "1 evidence log entry".to_string(),
+        n => format!("{n} evidence log entries"),
+    };
+    match (steps.as_slice(), log_entries) {
+        ([], _) => f.write_str(&entries)?,
+        ([one], 0) => write!(f, "effect step {one:?}")?,
+        (names, 0) => write!(f, "effect steps {names:?}")?,
+        ([one], _) => write!(f, "effect step {one:?} and {entries}")?,
+        (names, _) => write!(f, "effect steps {names:?} and {entries}")?,
+    }
+    write!(f, " of {} ", shown(key_hex))?;
+    match (partition, record_in) {
+        (None, _) => f.write_str("are stored without a record of the key"),
+        (Some(p), None) => write!(
+            f,
+            "are stored in partition {p}, and the key has no record"
+        ),
+        (Some(p), Some(q)) => write!(
+            f,
+            "are stored in partition {p}, its record in partition {q}: a read of the key never sees them"
+        ),
+    }
+}
+
 /// The `Display` of damage only a format-3 redb file can have.
 fn fmt_partition_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match d {
@@ -299,6 +375,37 @@ fn fmt_partition_damage(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         }
         _ => Ok(()),
     }
+}
+
+/// The `Display` of [`Damage::FailedPageCheck`].
+fn fmt_failed_page_check(d: &Damage, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let Damage::FailedPageCheck {
+        reason,
+        page,
+        tables,
+    } = d
+    else {
+        return Ok(());
+    };
+    write!(
+        f,
+        "redb's page check fails (a writable open refuses the file): {reason}"
+    )?;
+    match page {
+        Some((0, len)) => write!(f, "; first failing page: bytes 0..{len} (redb's header)")?,
+        Some((offset, len)) => write!(
+            f,
+            "; first failing page: bytes {offset}..{} of the file",
+            offset.saturating_add(*len)
+        )?,
+        None => {}
+    }
+    match tables.as_deref() {
+        Some([]) => f.write_str("; no entry of the engine's tables lies on it")?,
+        Some(names) => write!(f, "; it holds entries of: {}", names.join(", "))?,
+        None => f.write_str("; which entries it holds is not known")?,
+    }
+    f.write_str("; `idem salvage DAMAGED NEW` copies what still reads")
 }
 
 impl fmt::Display for Damage {
@@ -336,6 +443,7 @@ impl fmt::Display for Damage {
             Damage::DuplicateRecord { .. } | Damage::BadPartition { .. } => {
                 fmt_partition_damage(self, f)
             }
+            Damage::StepsWithoutRecord { .. } => fmt_steps_without_record(self, f),
             Damage::UnreachableEntity { entity } => write!(
                 f,
                 "entity {entity:?} is stored but a lookup of its id does not find it (a damaged page of the entities table)"
@@ -353,28 +461,7 @@ impl fmt::Display for Damage {
                 f,
                 "the journal cannot serve the file (a writable open refuses it): {detail}"
             ),
-            Damage::FailedPageCheck {
-                reason,
-                page,
-                tables,
-            } => {
-                write!(f, "redb's page check fails (a writable open refuses the file): {reason}")?;
-                match page {
-                    Some((0, len)) => write!(f, "; first failing page: bytes 0..{len} (redb's header)")?,
-                    Some((offset, len)) => write!(
-                        f,
-                        "; first failing page: bytes {offset}..{} of the file",
-                        offset.saturating_add(*len)
-                    )?,
-                    None => {}
-                }
-                match tables.as_deref() {
-                    Some([]) => f.write_str("; no entry of the engine's tables lies on it")?,
-                    Some(names) => write!(f, "; it holds entries of: {}", names.join(", "))?,
-                    None => f.write_str("; which entries it holds is not known")?,
-                }
-                f.write_str("; `idem salvage DAMAGED NEW` copies what still reads")
-            }
+            Damage::FailedPageCheck { .. } => fmt_failed_page_check(self, f),
             Damage::EntriesOnDamagedPage {
                 table,
                 page_offset,

@@ -710,8 +710,10 @@ impl Engine {
     /// Scrubs the whole database in one read snapshot: every record, outbox
     /// message and entity decodes and passes its checksum (over its key
     /// and its bytes), every record key is a valid key, every record (and
-    /// entity) is found by a lookup of its own key, and every index entry
-    /// (lease, recovery, expiry) matches its record and back. So a record
+    /// entity) is found by a lookup of its own key, every index entry
+    /// (lease, recovery, expiry) matches its record and back, and every
+    /// effect step and log entry decodes and has its record beside it
+    /// ([`crate::Damage::StepsWithoutRecord`]). So a record
     /// whose key bytes were damaged, which requests can no longer reach
     /// (they would run its work again), shows up here: as a value failing
     /// its checksum and an index entry without its record. A full scan: for

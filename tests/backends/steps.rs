@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idempotency::{
-    Actor, Begin, EffectStep, Engine, Envelope, Error, ExpiryPolicy, Failure, IdempotencyKey,
-    InDoubt, InDoubtStep, ManualClock, RecoveryReport, Resolution, Resolver, State, StepInfo,
-    StepResolution, StepState, MAX_EVIDENCE_BYTES,
+    Actor, Begin, Damage, EffectStep, Engine, Envelope, Error, ExpiryPolicy, Failure,
+    IdempotencyKey, InDoubt, InDoubtStep, ManualClock, RecoveryReport, Resolution, Resolver, State,
+    StepInfo, StepResolution, StepState, MAX_EVIDENCE_BYTES,
 };
 
 use super::support::*;
@@ -654,6 +654,59 @@ both_backends! {
         }
         engine.complete(resumed, Envelope::new(1, 201, "paid"))?;
         assert_eq!(replay(engine.begin(&k, fp(1)?)?)?.envelope.body, b"paid");
+        Ok(())
+    }
+}
+
+both_backends! {
+    /// A record deleted behind the engine's back (a bug, a lost row or
+    /// page), its steps and log left: `verify` names the key once, with
+    /// its steps and how many log entries, and not the key beside it; a
+    /// sound store with steps is sound.
+    fn verify_names_steps_whose_record_is_gone(h: &Harness) -> TestResult {
+        let (k, kept) = (key("steps-orphaned")?, key("steps-kept")?);
+        let log_entries = {
+            let engine = h.engine()?;
+            for key in [&k, &kept] {
+                let c = claimed(engine.begin(key, fp(1)?)?)?;
+                run_ref(c.effect("charge")?)?;
+                c.confirm("charge", b"ch_1")?;
+                run_ref(c.effect("receipt")?)?;
+                c.confirm("receipt", b"rc_1")?;
+                engine.complete(c, Envelope::new(1, 201, "paid"))?;
+            }
+            let report = engine.verify()?;
+            assert!(report.is_sound(), "{:?}", report.damage);
+            engine.history(&k)?.len() as u64
+        };
+        assert!(log_entries > 0);
+        h.remove_record_row(&k)?;
+        let engine = h.engine()?;
+        let report = engine.verify()?;
+        let found: Vec<&Damage> = report
+            .damage
+            .iter()
+            .filter(|d| matches!(d, Damage::StepsWithoutRecord { .. }))
+            .collect();
+        let mut rkey = vec![u8::try_from(k.scope().len())?];
+        rkey.extend_from_slice(k.scope().as_bytes());
+        rkey.extend_from_slice(k.key().as_bytes());
+        let key_hex: String = rkey.iter().map(|b| format!("{b:02x}")).collect();
+        match found.as_slice() {
+            [Damage::StepsWithoutRecord {
+                key_hex: named,
+                record_in: None,
+                steps,
+                log_entries: n,
+                ..
+            }] => {
+                assert_eq!(*named, key_hex);
+                assert_eq!(steps, &["charge", "receipt"]);
+                assert_eq!(*n, log_entries);
+            }
+            other => return Err(format!("expected one report naming {k}, got {other:?}").into()),
+        }
+        assert!(found[0].to_string().contains(&k.to_string()), "{}", found[0]);
         Ok(())
     }
 }

@@ -279,6 +279,70 @@ impl Harness {
         }
     }
 
+    /// Deletes `key`'s record behind the engine's back (as a bug or a lost
+    /// row or page would), leaving its steps, log and index entries: on
+    /// redb its row in format 2's records table or, in format 3, in every
+    /// partition; its row on PostgreSQL; its key on Redis. On redb, drop
+    /// the engine first (the file is locked). An error if there was none.
+    pub fn remove_record_row(&self, key: &idempotency::IdempotencyKey) -> Result<(), BoxError> {
+        let removed = match &self.store {
+            Store::Redb { path, .. } => {
+                use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+                type Def = TableDefinition<'static, &'static [u8], &'static [u8]>;
+                const FORMAT_2: Def = TableDefinition::new("idempotency.records");
+                const FORMAT_3: Def = TableDefinition::new("idempotency.partitioned.records");
+                // `[scope length: u8][scope][key]`; format 3 prefixes the
+                // partition number (8 bytes).
+                let mut rkey = vec![u8::try_from(key.scope().len())?];
+                rkey.extend_from_slice(key.scope().as_bytes());
+                rkey.extend_from_slice(key.key().as_bytes());
+                let db = redb::Database::open(path)?;
+                let slots: Option<Vec<Vec<u8>>> = match db.begin_read()?.open_table(FORMAT_3) {
+                    Ok(table) => {
+                        let mut found = Vec::new();
+                        for entry in table.iter()? {
+                            let (k, _) = entry?;
+                            let k = k.value();
+                            if k.len() == 8 + rkey.len() && k[8..] == rkey[..] {
+                                found.push(k.to_vec());
+                            }
+                        }
+                        Some(found)
+                    }
+                    Err(redb::TableError::TableDoesNotExist(_)) => None,
+                    Err(e) => return Err(e.into()),
+                };
+                let txn = db.begin_write()?;
+                let mut removed = 0;
+                {
+                    let (mut table, slots) = match slots {
+                        Some(slots) => (txn.open_table(FORMAT_3)?, slots),
+                        None => (txn.open_table(FORMAT_2)?, vec![rkey]),
+                    };
+                    for slot in slots {
+                        removed += u64::from(table.remove(slot.as_slice())?.is_some());
+                    }
+                }
+                txn.commit()?;
+                removed
+            }
+            Store::Postgres { prefix, .. } => self.pg_client()?.execute(
+                &format!("DELETE FROM {prefix}records WHERE scope = $1 AND key = $2"),
+                &[&key.scope(), &key.key()],
+            )?,
+            Store::Redis { prefix, .. } => {
+                let mut name = format!("{prefix}r:{}", key.scope()).into_bytes();
+                name.push(0);
+                name.extend_from_slice(key.key().as_bytes());
+                redis::cmd("DEL").arg(name).query(&mut self.redis_conn()?)?
+            }
+        };
+        if removed == 0 {
+            return Err(format!("{key} has no record to remove").into());
+        }
+        Ok(())
+    }
+
     /// A client of the test server (PostgreSQL only).
     pub fn pg_client(&self) -> Result<idempotency::postgres::Client, BoxError> {
         let (url, _) = self.postgres_store().ok_or("not a PostgreSQL harness")?;

@@ -1,6 +1,9 @@
 //! Scrubbing a PostgreSQL store: every record decodes under a valid key,
 //! and the columns the partial indexes order by agree with the record, so
-//! sweeps and the recovery queue find it.
+//! sweeps and the recovery queue find it; every effect step and log entry
+//! decodes, and its key has a record.
+
+use std::collections::BTreeMap;
 
 use crate::error::Result;
 use crate::key::IdempotencyKey;
@@ -8,6 +11,8 @@ use crate::store::codec;
 use crate::store::record::hex;
 use crate::verify::Damage;
 
+use super::client::{PgError, Transaction};
+use super::schema::Names;
 use super::shared::Shared;
 use super::txn::{sql_i64, sql_u64, state_code, with_token};
 use crate::key::record_key;
@@ -110,6 +115,7 @@ impl Shared {
                     }
                 }
             }
+            problems.extend(steps_without_record(&mut tx, &self.names)?);
             // Dead letters: an operator's short list, read whole.
             if exists(&mut tx, &letters_table)? {
                 problems.extend(
@@ -122,6 +128,56 @@ impl Shared {
             Ok((problems, checked))
         })
     }
+}
+
+/// One report per key with effect steps or log entries (where those
+/// tables exist) but no record row, from the snapshot of `tx`. No build
+/// writes them: every write that deletes a record deletes its steps and
+/// log in the same transaction, and a step is written only while its
+/// record's row holds the claim (`in_place.rs` too).
+fn steps_without_record(
+    tx: &mut Transaction<'_>,
+    names: &Names,
+) -> std::result::Result<Vec<Damage>, PgError> {
+    let (steps, history, records) = (&names.steps, &names.history, &names.records);
+    // Record key → (step names, log entries).
+    let mut without: BTreeMap<Vec<u8>, (Vec<String>, u64)> = BTreeMap::new();
+    for (table, agg) in [
+        (steps, "array_agg(t.name ORDER BY t.name)"),
+        (history, "count(*)"),
+    ] {
+        let exists = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
+            .get::<_, bool>(0);
+        if !exists {
+            continue;
+        }
+        let sql = format!(
+            "SELECT t.scope, t.key, {agg} FROM {table} t
+             WHERE NOT EXISTS (SELECT 1 FROM {records} r WHERE r.scope = t.scope AND r.key = t.key)
+             GROUP BY t.scope, t.key"
+        );
+        for row in tx.query(&sql, &[])? {
+            let entry = without
+                .entry(record_key(row.get(0), row.get(1)))
+                .or_default();
+            if table == steps {
+                entry.0 = row.get(2);
+            } else {
+                entry.1 = sql_u64(row.get(2));
+            }
+        }
+    }
+    Ok(without
+        .into_iter()
+        .map(|(rkey, (steps, log_entries))| Damage::StepsWithoutRecord {
+            key_hex: hex(&rkey),
+            partition: None,
+            record_in: None,
+            steps,
+            log_entries,
+        })
+        .collect())
 }
 
 /// One record row: its key is valid, its record decodes, and the indexed

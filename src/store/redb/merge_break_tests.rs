@@ -206,7 +206,13 @@ fn poke(t: &mut super::tables::Tables<'_>, k: &IdempotencyKey, what: u64) -> R<(
             .purge(k, crate::PurgeMode::Force)
             .map(|_| ())
             .map_err(|e| format!("{e:?}").into()),
-        (6, Some(r)) => t.delete(k, &r).map_err(|e| format!("{e:?}").into()),
+        // A delete as expiry makes it (`Ops::sweep_record`): the record
+        // with its steps and log (no request deletes a record alone, and
+        // verify names steps left without one).
+        (6, Some(r)) => t
+            .delete(k, &r)
+            .and_then(|()| crate::store::step_ops::drop_steps(t, k))
+            .map_err(|e| format!("{e:?}").into()),
         _ => Ok(()),
     };
     Ok(())

@@ -339,3 +339,185 @@ fn expired_partitions_are_drained_in_key_order_oldest_first() -> R<()> {
     assert_eq!(damage_of(&w.db)?, []);
     Ok(())
 }
+
+/// Leases of the merge tests' claims: past every merge step.
+const MERGE_LEASE_MS: u64 = 10 * super::partition::merge::MERGE_SPAN_MS;
+
+/// The steps-without-record reports among `db`'s damage.
+fn without_record(db: &Database) -> R<Vec<crate::verify::Damage>> {
+    Ok(damage_of(db)?
+        .into_iter()
+        .filter(|d| matches!(d, crate::verify::Damage::StepsWithoutRecord { .. }))
+        .collect())
+}
+
+/// How many log entries partition `p` keeps for `k`.
+fn log_len(db: &Database, p: u64, k: &IdempotencyKey) -> R<u64> {
+    let at = slot::slot_key(p, k.record_key());
+    let rows = super::test_writer::dump_history(db)?;
+    Ok(rows.iter().filter(|(s, _, _)| *s == at).count() as u64)
+}
+
+/// Steps and log entries beside their records are sound in format 3
+/// wherever a record is: in sealed partitions, in a merge's copy while it
+/// runs, in dropping sources (their twins) after its switch, once the
+/// sources are dropped, and after every record expired with its steps.
+#[test]
+fn verify_finds_steps_beside_their_records_sound_through_a_merge_and_expiry() -> R<()> {
+    use super::partition::row::PartitionState;
+    let mut w = Writer::new(RULE)?;
+    let keys = w.completed(40, MERGE_LEASE_MS, &[2, 9, 17, 30, 39])?;
+    assert!(!super::test_writer::dump_steps(&w.db)?.is_empty());
+    assert_eq!(damage_of(&w.db)?, []);
+    w.now += 2 * super::partition::merge::MERGE_SPAN_MS;
+    let mut seen = std::collections::BTreeSet::new();
+    for step in 0..100 {
+        let more = w.merge_step(7)?.more;
+        for row in super::test_writer::rows(&w.db)?.values() {
+            seen.insert(format!("{:?}", row.state));
+        }
+        assert_eq!(damage_of(&w.db)?, [], "merge step {step}");
+        if !more {
+            break;
+        }
+    }
+    for state in [PartitionState::Merging, PartitionState::Dropping] {
+        assert!(seen.contains(&format!("{state:?}")), "{seen:?}");
+    }
+    // The keys with steps still show them, now from the merged partition.
+    let steps = w.group(|t| Ok(t.load_steps(&keys[9])?))?;
+    assert_eq!(steps.len(), 1);
+    w.now += 86_400_000 + 1;
+    while w
+        .group(|t| Ok(t.sweep(100).map_err(|e| format!("{e:?}"))?))?
+        .more
+    {}
+    assert_eq!(damage_of(&w.db)?, []);
+    assert_eq!(super::test_writer::dump_steps(&w.db)?, []);
+    Ok(())
+}
+
+/// A record row deleted behind the engine's back (a bug, or a lost
+/// page) leaves its key's steps and log without a record: verify names
+/// the key, its partition, the steps and how many log entries.
+#[test]
+fn verify_names_steps_and_log_whose_record_row_is_gone() -> R<()> {
+    let mut w = Writer::new(RULE)?;
+    let keys = w.completed(40, MERGE_LEASE_MS, &[2, 9])?;
+    let k = &keys[9];
+    let p = w
+        .group(|t| Ok(t.locate(k.record_key())?))?
+        .ok_or("key 9 has a record")?;
+    let log_entries = log_len(&w.db, p, k)?;
+    assert!(log_entries > 0);
+    let txn = w.db.begin_write()?;
+    txn.open_table(catalog::RECORDS)?
+        .remove(slot::slot_key(p, k.record_key()).as_slice())?;
+    txn.commit()?;
+    let found = without_record(&w.db)?;
+    assert_eq!(
+        found,
+        [crate::verify::Damage::StepsWithoutRecord {
+            key_hex: crate::store::record::hex(k.record_key()),
+            partition: Some(p),
+            record_in: None,
+            steps: vec!["charge".to_owned()],
+            log_entries,
+        }]
+    );
+    let text = found[0].to_string();
+    assert!(
+        text.contains(&format!(
+            "effect step \"charge\" and {log_entries} evidence log entries of {k} are stored in \
+             partition {p}, and the key has no record"
+        )),
+        "{text}"
+    );
+    Ok(())
+}
+
+/// A step stored under another partition's slot key than its record's is
+/// never read (a read finds steps beside the record): verify names it,
+/// with the partition holding it and the one holding the record.
+#[test]
+fn verify_names_a_step_under_another_partition_than_its_record() -> R<()> {
+    let mut w = Writer::new(RULE)?;
+    let keys = w.completed(40, MERGE_LEASE_MS, &[2])?;
+    let k = &keys[2];
+    let p = w
+        .group(|t| Ok(t.locate(k.record_key())?))?
+        .ok_or("key 2 has a record")?;
+    let q = w.catalog.hot().partition;
+    assert_ne!(p, q, "key 2 is in a sealed partition");
+    let txn = w.db.begin_write()?;
+    {
+        let mut steps = txn.open_table(catalog::STEPS)?;
+        let from = slot::slot_key(p, k.record_key());
+        let value = steps
+            .remove((from.as_slice(), "charge"))?
+            .map(|v| v.value().to_vec())
+            .ok_or("key 2's step")?;
+        let to = slot::slot_key(q, k.record_key());
+        steps.insert((to.as_slice(), "charge"), value.as_slice())?;
+    }
+    txn.commit()?;
+    let found = without_record(&w.db)?;
+    assert_eq!(
+        found,
+        [crate::verify::Damage::StepsWithoutRecord {
+            key_hex: crate::store::record::hex(k.record_key()),
+            partition: Some(q),
+            record_in: Some(p),
+            steps: vec!["charge".to_owned()],
+            log_entries: 0,
+        }]
+    );
+    assert!(
+        found[0].to_string().contains(&format!(
+            "its record in partition {p}: a read of the key never sees them"
+        )),
+        "{}",
+        found[0]
+    );
+    Ok(())
+}
+
+/// A merge source being dropped may hold steps and log entries whose twin
+/// record is gone: nothing reads them and its drop step deletes them with
+/// the rest of its range, so verify does not report them.
+#[test]
+fn steps_left_in_a_dropping_source_are_the_drop_steps_to_delete() -> R<()> {
+    use super::partition::row::PartitionState;
+    let mut w = Writer::new(RULE)?;
+    let keys = w.completed(40, MERGE_LEASE_MS, &[2])?;
+    let k = &keys[2];
+    w.now += 2 * super::partition::merge::MERGE_SPAN_MS;
+    while w.catalog.merging().is_none() {
+        w.merge_step(7)?;
+    }
+    while w.catalog.merging().is_some() {
+        w.merge_step(7)?;
+    }
+    let rows = super::test_writer::rows(&w.db)?;
+    let twin = rows
+        .iter()
+        .filter(|(_, row)| row.state == PartitionState::Dropping)
+        .map(|(p, _)| slot::slot_key(*p, k.record_key()))
+        .find(|s| {
+            super::test_writer::dump_steps(&w.db)
+                .is_ok_and(|steps| steps.iter().any(|(at, _, _)| at == s))
+        })
+        .ok_or("key 2's twin step in a dropping source")?;
+    let txn = w.db.begin_write()?;
+    txn.open_table(catalog::RECORDS)?.remove(twin.as_slice())?;
+    txn.commit()?;
+    assert_eq!(damage_of(&w.db)?, []);
+    while w.merge_step(7)?.more {}
+    let left: Vec<_> = super::test_writer::dump_steps(&w.db)?
+        .into_iter()
+        .filter(|(at, _, _)| *at == twin)
+        .collect();
+    assert_eq!(left, [], "the drop step deleted them");
+    assert_eq!(damage_of(&w.db)?, []);
+    Ok(())
+}

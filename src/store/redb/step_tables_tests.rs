@@ -336,3 +336,73 @@ fn a_read_only_open_reads_steps_and_log() -> R<()> {
     assert_eq!(steps.iter()?.count(), 2);
     Ok(())
 }
+
+/// A format-2 file whose keys have steps and log entries is sound, a
+/// tombstone's summary entry included (it keeps its record); a record row
+/// deleted behind the engine's back (a bug, or a lost page) leaves its
+/// key's steps and log without a record, and verify names them beside the
+/// index entry left stray. `idem purge --force` then deletes them.
+#[test]
+fn verify_names_steps_and_log_whose_record_row_is_gone() -> R<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("steps.redb");
+    let clock = ManualClock::new(T0);
+    let (old, k, other) = (key("pay-0")?, key("pay-1")?, key("pay-2")?);
+    {
+        let store = open(&path, &clock)?;
+        two_calls(&store, &old)?;
+        clock.set(T0 + 30 * DAY_MS + 1);
+        two_calls(&store, &k)?;
+        two_calls(&store, &other)?;
+        assert_eq!(store.sweep(100)?.tombstoned, 1);
+        let (steps, log) = steps_and_log(&store, &old)?;
+        assert!(steps.is_empty(), "a tombstone keeps no steps: {steps:?}");
+        assert_eq!(log.len(), 1, "one summary entry in place of its log");
+        let (damage, records) = store.verify()?;
+        assert_eq!((damage, records), (Vec::new(), 3));
+    }
+    let at_ms = {
+        let db = redb::Database::open(&path)?;
+        let txn = db.begin_write()?;
+        let rkey = k.record_key();
+        let at = {
+            let mut records = txn.open_table(super::tables::RECORDS)?;
+            let value = records.remove(rkey)?.ok_or("pay-1's record")?;
+            crate::store::codec::decode(rkey, value.value())
+                .map_err(|e| e.to_string())?
+                .expires_at_ms
+        };
+        txn.commit()?;
+        at
+    };
+    let store = open(&path, &clock)?;
+    let (damage, _) = store.verify()?;
+    let key_hex = crate::store::record::hex(k.record_key());
+    let without = Damage::StepsWithoutRecord {
+        key_hex: key_hex.clone(),
+        partition: None,
+        record_in: None,
+        steps: vec!["charge".into(), "receipt".into()],
+        log_entries: 5,
+    };
+    assert_eq!(
+        damage,
+        [
+            Damage::StrayIndexEntry {
+                index: "expiry",
+                at_ms,
+                key_hex,
+            },
+            without.clone(),
+        ]
+    );
+    assert_eq!(
+        without.to_string(),
+        "effect steps [\"charge\", \"receipt\"] and 5 evidence log entries of shop:pay/pay-1 \
+         are stored without a record of the key"
+    );
+    assert_eq!(store.purge(k.clone(), crate::PurgeMode::Force)?, None);
+    let (damage, _) = store.verify()?;
+    assert!(!damage.contains(&without), "purged: {damage:?}");
+    Ok(())
+}

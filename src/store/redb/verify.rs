@@ -4,7 +4,9 @@
 //! lookup of its key (a damaged tree page can send a lookup astray while a
 //! walk still meets every entry), and every index entry matches its record
 //! and back (each record sits in exactly the index its state names, at the
-//! instant it names). The meta table's values are checked too (`meta.rs`).
+//! instant it names). Every effect step and log entry decodes and has its
+//! record beside it ([`Owners`]). The meta table's values are checked too
+//! (`meta.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -46,6 +48,8 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
         expected,
         undecodable,
         duplicates,
+        partition_of,
+        unreachable,
         checked,
     } = walk_records(&records, layout, &merges, &mut problems)?;
     missing_copies(&records, &merges, &mut problems)?;
@@ -106,8 +110,17 @@ pub(super) fn verify(db: &impl ReadableDatabase) -> Result<(Vec<Damage>, u64)> {
             });
         }
     }
-    let partitioned = matches!(layout, Layout::Partitioned { .. });
-    step_damage(&txn, partitioned, &mut problems)?;
+    let mut owners = Owners {
+        records: &records,
+        partitioned: matches!(layout, Layout::Partitioned { .. }),
+        dropping: &merges.dropping,
+        unreachable: &unreachable,
+        partition_of: &partition_of,
+        last: None,
+        without: BTreeMap::new(),
+    };
+    step_damage(&txn, &mut owners, &mut problems)?;
+    problems.extend(owners.report());
     dead_letter_damage(&txn, &mut problems)?;
     for (rkey, partitions) in duplicates {
         problems.push(Damage::DuplicateRecord {
@@ -157,6 +170,12 @@ struct Walked {
     undecodable: BTreeSet<Vec<u8>>,
     /// Format 3: record keys met in more than one partition.
     duplicates: BTreeMap<Vec<u8>, BTreeSet<u64>>,
+    /// Format 3: a partition read by lookups that holds each record key
+    /// met (the last one met).
+    partition_of: HashMap<Vec<u8>, u64>,
+    /// Stored keys of records a lookup of their key does not find
+    /// (reported as unreachable).
+    unreachable: BTreeSet<Vec<u8>>,
     /// Records walked.
     checked: u64,
 }
@@ -344,10 +363,10 @@ fn walk_records(
         expected: BTreeSet::new(),
         undecodable: BTreeSet::new(),
         duplicates: BTreeMap::new(),
+        partition_of: HashMap::new(),
+        unreachable: BTreeSet::new(),
         checked: 0,
     };
-    // Format 3: the partition each record key was met in.
-    let mut met: HashMap<Vec<u8>, u64> = HashMap::new();
     for entry in records.iter().context(what)? {
         let (k, v) = entry.context(what)?;
         w.checked += 1;
@@ -359,7 +378,7 @@ fn walk_records(
                 problems.extend(found);
                 continue;
             }
-            if let Some(first) = met.insert(rkey.to_vec(), p) {
+            if let Some(first) = w.partition_of.insert(rkey.to_vec(), p) {
                 w.duplicates
                     .entry(rkey.to_vec())
                     .or_default()
@@ -384,6 +403,7 @@ fn walk_records(
             problems.push(Damage::UnreachableRecord {
                 key_hex: hex(&rkey),
             });
+            w.unreachable.insert(stored.clone());
         }
         match codec::decode(&rkey, v.value()) {
             Ok(rec) => {
@@ -532,12 +552,14 @@ fn dead_letter_damage(txn: &redb::ReadTransaction, problems: &mut Vec<Damage>) -
 }
 
 /// Every effect step and log entry decodes and passes its checksum under
-/// the key it is stored at (tables a format-2 file may not have yet).
+/// the key it is stored at (tables a format-2 file may not have yet), and
+/// has its record beside it (`owners`, which gathers those that have none).
 fn step_damage(
     txn: &redb::ReadTransaction,
-    partitioned: bool,
+    owners: &mut Owners<'_>,
     problems: &mut Vec<Damage>,
 ) -> Result<()> {
+    let partitioned = owners.partitioned;
     // Format 3 keys steps and log entries by slot key: their checksums
     // are keyed by the record key after the partition prefix.
     let record_key = |stored: &[u8]| -> Vec<u8> {
@@ -558,12 +580,13 @@ fn step_damage(
                 let (k, v) = entry.context(what)?;
                 let (stored, name) = k.value();
                 let rkey = &record_key(stored)[..];
-                if let Err(e) = codec::decode_step(rkey, name, v.value()) {
-                    problems.push(Damage::UndecodableStep {
+                match codec::decode_step(rkey, name, v.value()) {
+                    Ok(_) => owners.step(stored, name)?,
+                    Err(e) => problems.push(Damage::UndecodableStep {
                         key_hex: hex(rkey),
                         step: name.to_owned(),
                         reason: e.to_string(),
-                    });
+                    }),
                 }
             }
         }
@@ -582,12 +605,13 @@ fn step_damage(
                 let (k, v) = entry.context(what)?;
                 let (stored, seq) = k.value();
                 let rkey = &record_key(stored)[..];
-                if let Err(e) = codec::decode_history(rkey, seq, v.value()) {
-                    problems.push(Damage::UndecodableHistory {
+                match codec::decode_history(rkey, seq, v.value()) {
+                    Ok(_) => owners.log_entry(stored)?,
+                    Err(e) => problems.push(Damage::UndecodableHistory {
                         key_hex: hex(rkey),
                         seq,
                         reason: e.to_string(),
-                    });
+                    }),
                 }
             }
         }
@@ -595,6 +619,101 @@ fn step_damage(
         Err(e) => return Err(e).context(what),
     }
     Ok(())
+}
+
+/// Whether each effect step and log entry has its record beside it: under
+/// the same key of the records table (format 2: the record key; format 3:
+/// the slot key, so in the same partition). A read finds a key's steps and
+/// log there only (`read.rs`), and every write deletes them with their
+/// record (`store/ops.rs`, `step_ops::drop_steps`; a tombstone keeps its
+/// record and one summary entry; a merge copies a record with its steps
+/// and log, mirrors every later write to both, and deletes both together,
+/// `partition/merge.rs`, `twins.rs`). Not checked:
+/// - entries in a partition a merge is dropping: nothing reads them, and
+///   its drop step deletes every step and log entry of its range, with a
+///   record or not, before its row goes (`merge::drop_step`);
+/// - entries beside a record a lookup cannot reach (reported as
+///   unreachable: the record is there);
+/// - entries that do not decode (reported as such: their key bytes may be
+///   what was damaged).
+struct Owners<'a> {
+    /// The records table of the file's layout.
+    records: &'a redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    /// Format 3 (slot keys).
+    partitioned: bool,
+    /// Format 3: the partitions a merge is dropping.
+    dropping: &'a BTreeSet<u64>,
+    /// Stored keys of records a lookup does not find.
+    unreachable: &'a BTreeSet<Vec<u8>>,
+    /// Format 3: a read partition holding each record key.
+    partition_of: &'a HashMap<Vec<u8>, u64>,
+    /// The last stored key asked about and whether it needs no report
+    /// (both tables are in stored-key order: one lookup a key and table).
+    last: Option<(Vec<u8>, bool)>,
+    /// Stored key → (step names, log entries) kept without a record.
+    without: BTreeMap<Vec<u8>, (Vec<String>, u64)>,
+}
+
+impl Owners<'_> {
+    /// Step `name`, stored under `stored` (it decodes).
+    fn step(&mut self, stored: &[u8], name: &str) -> Result<()> {
+        if !self.owned(stored)? {
+            let entry = self.without.entry(stored.to_vec()).or_default();
+            entry.0.push(name.to_owned());
+        }
+        Ok(())
+    }
+
+    /// A log entry stored under `stored` (it decodes).
+    fn log_entry(&mut self, stored: &[u8]) -> Result<()> {
+        if !self.owned(stored)? {
+            let entry = self.without.entry(stored.to_vec()).or_default();
+            entry.1 = entry.1.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    /// Whether entries stored under `stored` have their record beside them
+    /// (or are not checked: see [`Owners`]).
+    fn owned(&mut self, stored: &[u8]) -> Result<bool> {
+        if let Some((key, owned)) = &self.last {
+            if key.as_slice() == stored {
+                return Ok(*owned);
+            }
+        }
+        let dropping = self.partitioned
+            && slot::split(stored).is_some_and(|(p, _)| self.dropping.contains(&p));
+        let owned = dropping
+            || self.unreachable.contains(stored)
+            || self
+                .records
+                .get(stored)
+                .context("verifying the effect steps")?
+                .is_some();
+        self.last = Some((stored.to_vec(), owned));
+        Ok(owned)
+    }
+
+    /// One report per stored key with entries but no record.
+    fn report(self) -> Vec<Damage> {
+        let mut out = Vec::with_capacity(self.without.len());
+        for (stored, (steps, log_entries)) in self.without {
+            let (partition, rkey) = match (self.partitioned, slot::split(&stored)) {
+                (true, Some((p, rkey))) => (Some(p), rkey),
+                _ => (None, stored.as_slice()),
+            };
+            let record_in =
+                partition.and_then(|p| self.partition_of.get(rkey).copied().filter(|q| *q != p));
+            out.push(Damage::StepsWithoutRecord {
+                key_hex: hex(rkey),
+                partition,
+                record_in,
+                steps,
+                log_entries,
+            });
+        }
+        out
+    }
 }
 
 /// What is wrong with the meta table in `txn`'s snapshot.

@@ -1,10 +1,11 @@
 //! Scrubbing a Redis store: every key under the prefix is one the engine
 //! writes (anything else is reported: another writer shares the prefix),
 //! every value decodes under its key, every record's token is at most the
-//! token counter, and the indexes (lease, recovery, expiry, and the listing
-//! of every record) agree with the records both ways.
+//! token counter, the indexes (lease, recovery, expiry, and the listing
+//! of every record) agree with the records both ways, and every key with
+//! effect steps or log entries has a record.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::error::Result;
 use crate::store::codec;
@@ -101,6 +102,9 @@ impl Shared {
         pattern.push(b'*');
         let mut cursor: u64 = 0;
         let mut records_seen: Vec<Vec<u8>> = Vec::new();
+        // Members with steps or log entries (checked against the records
+        // once the scan is done).
+        let mut with_steps: BTreeSet<Vec<u8>> = BTreeSet::new();
         let mut nested: HashMap<Vec<u8>, bool> = HashMap::new();
         loop {
             let (next, keys): (u64, Vec<Vec<u8>>) = self.read(what, |c| {
@@ -123,8 +127,10 @@ impl Shared {
                     self.check_record(&key, m, counter, &indexes, &mut problems)?;
                 } else if let Some(m) = tail.strip_prefix(b"s:") {
                     self.check_hash(&key, m, false, &mut problems)?;
+                    with_steps.insert(m.to_vec());
                 } else if let Some(m) = tail.strip_prefix(b"h:") {
                     self.check_hash(&key, m, true, &mut problems)?;
+                    with_steps.insert(m.to_vec());
                 } else if let Some(entity) = tail.strip_prefix(b"e:") {
                     let entity = String::from_utf8_lossy(entity).into_owned();
                     let bytes: Option<Vec<u8>> =
@@ -163,6 +169,11 @@ impl Shared {
             }
         }
         check_listing(&listing, &records_seen, &mut problems);
+        for m in with_steps {
+            if records_seen.binary_search(&m).is_err() {
+                problems.extend(self.steps_without_record(&m)?);
+            }
+        }
         self.check_outbox(&mut problems)?;
         self.check_dead_letters(&mut problems)?;
         Ok((problems, checked))
@@ -328,6 +339,39 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// Member `m`'s steps and log entries, if it has no record: read in one
+    /// `MULTI` (a script writes a record and its steps together, and
+    /// deletes them together), so a key claimed or deleted while the scan
+    /// ran is no false report.
+    fn steps_without_record(&self, m: &[u8]) -> Result<Option<Damage>> {
+        let (record, mut names, log_entries): (bool, Vec<Vec<u8>>, u64) =
+            self.read("verifying effect steps", |c| {
+                redis::pipe()
+                    .atomic()
+                    .cmd("EXISTS")
+                    .arg(self.keys.record(m))
+                    .cmd("HKEYS")
+                    .arg(self.keys.steps(m))
+                    .cmd("HLEN")
+                    .arg(self.keys.history(m))
+                    .query(c)
+            })?;
+        if record || (names.is_empty() && log_entries == 0) {
+            return Ok(None);
+        }
+        names.sort();
+        Ok(Some(Damage::StepsWithoutRecord {
+            key_hex: hex(&rkey_of(m)),
+            partition: None,
+            record_in: None,
+            steps: names
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .collect(),
+            log_entries,
+        }))
     }
 
     fn check_outbox(&self, problems: &mut Vec<Damage>) -> Result<()> {
