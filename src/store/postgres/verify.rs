@@ -67,11 +67,7 @@ impl Shared {
             }
             // Effect steps and log entries, in the same snapshot (tables
             // a schema no writable open of this build touched may lack).
-            let exists = |tx: &mut super::client::Transaction<'_>, name: &str| {
-                tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
-                    .map(|row| row.get::<_, bool>(0))
-            };
-            if exists(&mut tx, &steps_table)? {
+            if table_exists(&mut tx, &steps_table)? {
                 tx.batch_execute(&declare_steps)?;
                 let fetch = tx.prepare(&fetch_steps)?;
                 loop {
@@ -93,7 +89,7 @@ impl Shared {
                     }
                 }
             }
-            if exists(&mut tx, &history_table)? {
+            if table_exists(&mut tx, &history_table)? {
                 tx.batch_execute(&declare_history)?;
                 let fetch = tx.prepare(&fetch_history)?;
                 loop {
@@ -117,7 +113,7 @@ impl Shared {
             }
             problems.extend(steps_without_record(&mut tx, &self.names)?);
             // Dead letters: an operator's short list, read whole.
-            if exists(&mut tx, &letters_table)? {
+            if table_exists(&mut tx, &letters_table)? {
                 problems.extend(
                     tx.query(&select_letters, &[])?
                         .iter()
@@ -128,6 +124,14 @@ impl Shared {
             Ok((problems, checked))
         })
     }
+}
+
+/// Whether the table `name` exists in `tx`'s snapshot (the steps, log and
+/// dead-letter tables a schema no writable open of this build touched may
+/// lack).
+fn table_exists(tx: &mut Transaction<'_>, name: &str) -> std::result::Result<bool, PgError> {
+    tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .map(|row| row.get::<_, bool>(0))
 }
 
 /// One report per key with effect steps or log entries (where those
@@ -146,10 +150,7 @@ fn steps_without_record(
         (steps, "array_agg(t.name ORDER BY t.name)"),
         (history, "count(*)"),
     ] {
-        let exists = tx
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
-            .get::<_, bool>(0);
-        if !exists {
+        if !table_exists(tx, table)? {
             continue;
         }
         let sql = format!(
