@@ -126,6 +126,12 @@ pub(in crate::store::redb) struct Journal {
     /// `Journal::charge`).
     charged: u64,
     buf: Vec<u8>,
+    /// The bytes of the last page the frames reach into, from the page's
+    /// start up to `write_at` (shorter than a page; empty when `write_at`
+    /// is page-aligned). Each append writes whole pages from there, so the
+    /// kernel never reads a page from the disk to merge a partial write
+    /// into it (see `Journal::write_at_end`).
+    tail: Vec<u8>,
 }
 
 /// A fresh journal id: unique enough to tell one database's journal from

@@ -51,6 +51,7 @@ impl Journal {
             grow_bytes: super::writer::GROW_BYTES,
             charged: 0,
             buf: Vec::new(),
+            tail: Vec::new(),
             storage,
         };
         if unwritten(&journal.storage, len).map_err(|source| JournalError::Io {

@@ -12,7 +12,13 @@ use super::{Journal, JournalError, HEADER_LEN, MAGIC, VERSION};
 /// (see [`Journal::set_grow_bytes`]).
 pub(in crate::store::redb) const GROW_BYTES: u64 = 4 << 20;
 /// Growth is rounded up to this.
-const GROW_BLOCK: u64 = 4096;
+const GROW_BLOCK: u64 = PAGE;
+/// The page size appends are written in (see `Journal::write_at_end`):
+/// the kernel's page on every platform we build for, and the journal
+/// header's length, so frames start on a page boundary.
+const PAGE: u64 = HEADER_LEN;
+#[allow(clippy::cast_possible_truncation)] // 4096
+const PAGE_USIZE: usize = PAGE as usize;
 
 /// The syncing side of a journal: `fdatasync` on its file, from the
 /// syncer thread, while the writer appends the next frames.
@@ -143,12 +149,33 @@ impl Journal {
         Ok(())
     }
 
+    /// Writes the frame in `buf` at the write position, as whole pages:
+    /// the start of the page it begins in (`tail`, the bytes already
+    /// there), the frame, and zeros to the end of its last page (past the
+    /// log's end: never read as a frame). A write of part of a page that
+    /// is not in the page cache makes the kernel read the page from the
+    /// disk first; this way no append does, even after the cache was
+    /// dropped or the pages ahead of the log were evicted. The bytes the
+    /// device writes are the same: it writes whole pages either way.
     fn write_at_end(&mut self, total: u64, sync: bool) -> io::Result<()> {
         let end = self.write_at + total;
         if end > self.len {
             self.grow(end)?;
         }
-        self.storage.backend.write(self.write_at, &self.buf)?;
+        let page_start = self.write_at - self.tail.len() as u64;
+        let mut pages = std::mem::take(&mut self.tail);
+        pages.extend_from_slice(&self.buf);
+        // Bytes of the frame's last page that it fills (0: it ends on a
+        // page boundary): the next append's tail.
+        let last_page = usize::try_from(end % PAGE).unwrap_or(0);
+        let next_tail = pages[pages.len().saturating_sub(last_page)..].to_vec();
+        // Zeros to the page's end, within the file (`grow` rounds its
+        // length up to whole pages; an older file may end mid-page).
+        let room = usize::try_from(self.len.saturating_sub(page_start)).unwrap_or(usize::MAX);
+        let padded = pages.len().next_multiple_of(PAGE_USIZE).min(room);
+        pages.resize(padded.max(pages.len()), 0);
+        self.storage.backend.write(page_start, &pages)?;
+        self.tail = next_tail;
         if sync {
             self.storage.backend.sync_data()?;
         }
@@ -203,6 +230,7 @@ impl Journal {
     pub(in crate::store::redb) fn checkpointed(&mut self) -> Result<(), JournalError> {
         self.checkpointed_lsn = self.last_lsn;
         self.write_at = HEADER_LEN;
+        self.tail.clear();
         self.charged = 0;
         let anchor = Frame {
             next_token: 0,
