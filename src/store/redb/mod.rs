@@ -46,6 +46,7 @@ mod twins;
 #[cfg(test)]
 mod twins_break_tests;
 mod verify;
+mod warm;
 mod writer;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -701,6 +702,9 @@ fn spawn_writer(opened: Opened, s: &WriterSettings) -> Result<Live, OpenError> {
     let seq = writer::read_sequences(&db)
         .map_err(|e| e.open_error(&name, "reading the engine's counters"))?;
     let catalog = open::open_catalog(&db, &name, s.clock.now_ms(), s.seal_rule)?;
+    if let Some(catalog) = &catalog {
+        warm::warm_hot_partition(&db, catalog.hot().partition);
+    }
     let db = Arc::new(db);
     let (tx, rx) = crossbeam_channel::bounded(s.queue_capacity);
     let poison = Arc::new(Poison::default());
