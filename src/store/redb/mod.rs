@@ -30,6 +30,8 @@ mod read_only;
 mod recover;
 mod reserve;
 mod salvage;
+#[cfg(test)]
+mod seal_checkpoint_tests;
 mod snapshot;
 #[cfg(test)]
 mod snapshot_tests;

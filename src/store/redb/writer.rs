@@ -27,8 +27,10 @@
 //!
 //! A checkpoint (a redb commit with `Durability::Immediate`) every
 //! [`CHECKPOINT_BYTES`] of journal (or every half recovery reserve, if
-//! less: `reserve.rs`), after [`IDLE_CHECKPOINT`] without work,
-//! before an isolated job and at shutdown lets the journal start over. See
+//! less: `reserve.rs`), at a seal of the hot partition once a quarter of
+//! that has passed ([`SEAL_CHECKPOINT_SHARE`]), after [`IDLE_CHECKPOINT`]
+//! without work, before an isolated job and at shutdown lets the journal
+//! start over. See
 //! `journal.rs`.
 //!
 //! A refused op (fencing, bad state) fails alone. A job that is *isolated*
@@ -65,6 +67,13 @@ use crate::store::reply::ReplyTx;
 /// and keeps the pages that replay writes within the check's in-memory
 /// layer (`scratch_view.rs`, 256 MiB) even on a large database.
 pub(super) const CHECKPOINT_BYTES: u64 = 32 << 20;
+/// A seal of the hot partition (format 3) brings the checkpoint forward
+/// once the journal holds this share of [`CHECKPOINT_BYTES`] (1/4): a
+/// partition sealed by its key count (32,768 keys) takes about 28 MiB of
+/// journal, so with a checkpoint at each seal each partition's leaves
+/// reach the file once, in their final form; a quiet API's partitions,
+/// sealed by time with few keys, do not add checkpoints.
+pub(super) const SEAL_CHECKPOINT_SHARE: u64 = 4;
 /// Time without work after which the writer checkpoints a dirty journal
 /// (a short pause in traffic does not cost a checkpoint).
 pub(super) const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -348,6 +357,7 @@ impl Writer {
         state: &mut Running,
     ) -> Option<Vec<Box<dyn Job>>> {
         let started = std::time::Instant::now();
+        let hot_before = self.hot_partition();
         let attempt = catch_unwind(AssertUnwindSafe(|| self.try_apply(&mut group, state)));
         let failure = match attempt {
             Ok(Ok(Applied {
@@ -371,10 +381,16 @@ impl Writer {
                 let full = state.open.as_ref().is_some_and(|o| {
                     o.groups >= GROUPS_PER_COMMIT || o.changes >= CHANGES_PER_COMMIT
                 });
-                let checkpoint_due = self
-                    .journal
-                    .as_ref()
-                    .is_some_and(|j| j.since_checkpoint() >= self.checkpoint_bytes);
+                // Also right after a seal, once a part of the interval has
+                // passed: the sealed partition's pages are then written in
+                // their final form, once, where a checkpoint halfway through
+                // its filling writes most of its leaves twice.
+                let sealed = self.hot_partition() != hot_before;
+                let checkpoint_due = self.journal.as_ref().is_some_and(|j| {
+                    let since = j.since_checkpoint();
+                    since >= self.checkpoint_bytes
+                        || (sealed && since >= self.checkpoint_bytes / SEAL_CHECKPOINT_SHARE)
+                });
                 if checkpoint_due {
                     self.checkpoint(state, false);
                 } else if full {
@@ -656,6 +672,12 @@ impl Writer {
                 catalog.dropped(p);
             }
         }
+    }
+
+    /// The hot partition's number (format 3; `None` for format 2): a
+    /// change across a group means the group sealed it.
+    fn hot_partition(&self) -> Option<u64> {
+        self.catalog.as_ref().map(|c| c.hot().partition)
     }
 
     /// Makes every commit so far durable in redb, so the journal can start
