@@ -16,6 +16,10 @@
 //! (its memory is not the server's). Records complete evenly over the day
 //! before the bench's clock (a `ManualClock` at `T0`), with the default
 //! 24 h TTL, so record `i` of `n` expires at `T0 + (i + 1) × 24 h / n`.
+//! Each server's clock starts at `T0` and runs with real time (so the
+//! traffic's index entries are written in time order, as in production;
+//! the day's first minutes of records expire during a run, a few hundred
+//! a second at 10M, and are left to the sweep).
 //! Traffic: `begin` + `complete`, durable, 300-byte responses, random
 //! UUID keys, 64 client threads.
 //!
@@ -257,6 +261,7 @@ fn request(engine: &Engine) -> u64 {
 
 fn serve(n: u64, path: &Path) {
     let clock = ManualClock::new(T0);
+    run_with_real_time(clock.clone());
     let start = Instant::now();
     let mut engine = Some(open(path, &clock));
     let open_s = start.elapsed().as_secs_f64();
@@ -350,6 +355,29 @@ fn serve(n: u64, path: &Path) {
         writeln!(out, "{reply}").expect("stdout");
         out.flush().expect("flush");
     }
+}
+
+/// Moves `clock` forward with real time, in whole milliseconds, from a
+/// thread of its own (for the life of the server). A clock that stood
+/// still would give every request's index entries one instant (each
+/// completion's expiry at `T0 + 24 h`), so they would land at random
+/// places among each other, each in a leaf of its own, where in
+/// production they land at the end of the index. A `sweep` command's
+/// jump forward is kept: the thread only adds what passed.
+fn run_with_real_time(clock: ManualClock) {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut added = 0u128;
+        loop {
+            std::thread::sleep(Duration::from_millis(1));
+            let passed = start.elapsed().as_millis();
+            if passed > added {
+                let step = u64::try_from(passed - added).unwrap_or(u64::MAX);
+                clock.advance(Duration::from_millis(step));
+                added = passed;
+            }
+        }
+    });
 }
 
 /// `sweep_now` beside 64 clients, then an idle window as long as the sweep
