@@ -12,6 +12,8 @@
 //! What each step writes and why a crash at any point is safe:
 //! `partition/merge.rs`.
 
+use std::time::Instant;
+
 use redb::ReadableTable;
 
 use crate::report::SweepCounts;
@@ -35,12 +37,18 @@ impl Tables<'_> {
             return Ok(());
         };
         if let Some(p) = catalog.next_dropping() {
+            let started = Instant::now();
             self.drop_merged(p, records)?;
+            metrics::histogram!("idempotency_merge_drop_step_seconds")
+                .record(started.elapsed().as_secs_f64());
             counts.more = true;
             return Ok(());
         }
         if catalog.merging().is_some() {
+            let started = Instant::now();
             self.copy_merged(records)?;
+            metrics::histogram!("idempotency_merge_copy_step_seconds")
+                .record(started.elapsed().as_secs_f64());
             counts.more = true;
             return Ok(());
         }
