@@ -188,7 +188,7 @@ impl<'t> Tables<'t> {
 
 /// Whether a merge step must stop: `until` has passed and a client waits
 /// on the writer (`waiting`; `None`: always counted as waiting).
-fn step_spent<'w>(until: Instant, waiting: Option<&'w dyn Fn() -> bool>) -> impl Fn() -> bool + 'w {
+fn step_spent(until: Instant, waiting: Option<&dyn Fn() -> bool>) -> impl Fn() -> bool + '_ {
     move || Instant::now() >= until && waiting.is_none_or(|w| w())
 }
 

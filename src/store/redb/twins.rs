@@ -180,12 +180,10 @@ impl Tables<'_> {
             .into_iter()
             .filter(|d| *d > partition)
             .collect();
-        let mut looked = 0usize;
-        for (source, value) in batch {
+        for (looked, (source, value)) in batch.into_iter().enumerate() {
             if looked > 0 && spent() {
                 return Ok(looked);
             }
-            looked += 1;
             let Some((_, rkey)) = slot::split(&source) else {
                 continue;
             };
