@@ -23,15 +23,19 @@
 //! Traffic: `begin` + `complete`, durable, 300-byte responses, random
 //! UUID keys, 64 client threads.
 //!
-//! Measured, in this order (lines `PRELOAD`, `OPEN`, `MERGE`, `COLD`,
-//! `PAIRED`, `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
+//! Measured, in this order (lines `PRELOAD`, `OPEN`, `MERGE`, `STEPS`,
+//! `COLD`, `PAIRED`, `ROUNDS`, `WRITES`, `FILE`, `SWEEP`, `RSS`):
 //! - format 3: the merge of each closed hour's partitions (the sweep, run
 //!   once right after the open until it has nothing left, its first 15 s
 //!   beside 64 clients): `begin` p99 of the clients while it runs vs
 //!   alone, its time, the bytes written per stored record (the clients'
 //!   included), the file's bytes per record after it, and (the engine closed for the look, `bench_fixtures::space`) the
 //!   bytes of pages in use per record and the records table's leaf fill
-//!   (redb keeps the file's length and reuses its free pages);
+//!   (redb keeps the file's length and reuses its free pages); `STEPS`:
+//!   the writer's time in one copy step and one drop step of the merge,
+//!   in one checkpoint during it, and in one group commit beside it vs
+//!   alone after it (the engine's histograms, `docs/metrics.md`, kept by a
+//!   recorder the server installs);
 //! - a fresh key's request with a cold OS page cache, per store, right
 //!   after the open (`sync; echo 3 > /proc/sys/vm/drop_caches` first, as
 //!   root, under `cargo bench` only): `read_bytes` of the server per
@@ -64,10 +68,14 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency::bench_fixtures::{self, CompletedRecord, Order, Preload};
 use idempotency::{Clock, Engine, IdempotencyKey, ManualClock};
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_SCALE10M_CHILD";
 const TTL: Duration = Duration::from_secs(24 * 3600);
@@ -259,7 +267,106 @@ fn request(engine: &Engine) -> u64 {
     common::engine_request(engine, &common::random_key())
 }
 
+/// The writer times a `MERGE` line reports (`docs/metrics.md`), in this
+/// order: one merge copy step, one drop step, one group commit, one
+/// checkpoint (each in seconds).
+const TIMED: [&str; 4] = [
+    "idempotency_merge_copy_step_seconds",
+    "idempotency_merge_drop_step_seconds",
+    "idempotency_group_commit_seconds",
+    "idempotency_checkpoint_seconds",
+];
+
+/// A `metrics` recorder that keeps the samples of the [`TIMED`] histograms
+/// while switched on (the merge), and nothing else.
+struct StepTimes {
+    on: Arc<AtomicBool>,
+    samples: [Arc<Samples>; 4],
+}
+
+/// One histogram's samples, kept while `on`.
+struct Samples {
+    on: Arc<AtomicBool>,
+    values: Mutex<Vec<f64>>,
+}
+
+impl HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        if self.on.load(Ordering::Relaxed) {
+            self.values.lock().expect("lock").push(value);
+        }
+    }
+}
+
+impl StepTimes {
+    /// Installs it as the process's recorder; `None` if one is installed.
+    fn install() -> Option<&'static StepTimes> {
+        let on = Arc::new(AtomicBool::new(false));
+        let samples = std::array::from_fn(|_| {
+            Arc::new(Samples {
+                on: on.clone(),
+                values: Mutex::default(),
+            })
+        });
+        let times: &'static StepTimes = Box::leak(Box::new(StepTimes { on, samples }));
+        metrics::set_global_recorder(Forward(times)).ok()?;
+        Some(times)
+    }
+
+    /// Starts (`true`, dropping the samples kept before) or stops keeping
+    /// samples.
+    fn keep(&self, on: bool) {
+        if on {
+            for s in &self.samples {
+                s.values.lock().expect("lock").clear();
+            }
+        }
+        self.on.store(on, Ordering::SeqCst);
+    }
+
+    /// Per [`TIMED`] histogram: samples, p50, p99 and max in ms (zeros for
+    /// none).
+    fn summary(&self) -> Vec<f64> {
+        let mut out = Vec::new();
+        for s in &self.samples {
+            let mut v = s.values.lock().expect("lock").clone();
+            if v.is_empty() {
+                out.extend([0.0; 4]);
+                continue;
+            }
+            let n = v.len() as f64;
+            let p50 = common::quantile(&mut v, 0.5) * 1e3;
+            let p99 = common::quantile(&mut v, 0.99) * 1e3;
+            let max = v[v.len() - 1] * 1e3;
+            out.extend([n, p50, p99, max]);
+        }
+        out
+    }
+}
+
+/// The installed recorder.
+struct Forward(&'static StepTimes);
+
+impl Recorder for Forward {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::noop()
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        match TIMED.iter().position(|n| *n == key.name()) {
+            Some(i) => Histogram::from_arc(self.0.samples[i].clone()),
+            None => Histogram::noop(),
+        }
+    }
+}
+
 fn serve(n: u64, path: &Path) {
+    let times = StepTimes::install();
     let clock = ManualClock::new(T0);
     run_with_real_time(clock.clone());
     let start = Instant::now();
@@ -330,10 +437,11 @@ fn serve(n: u64, path: &Path) {
                 let e = engine.as_ref().expect("open");
                 let window = Duration::from_millis(window_ms.parse().expect("window"));
                 let (w0, c0, _) = proc_io();
-                let m = merge_pair(e, window);
+                let m = merge_pair(e, window, times);
                 let (w1, c1, _) = proc_io();
+                let steps: Vec<String> = m.times.iter().map(f64::to_string).collect();
                 format!(
-                    "{} {} {} {} {} {} {} {}",
+                    "{} {} {} {} {} {} {} {} {}",
                     m.took.as_secs_f64(),
                     w1 - w0,
                     c1 - c0,
@@ -341,7 +449,8 @@ fn serve(n: u64, path: &Path) {
                     m.busy_p99,
                     m.idle_p99,
                     m.requests,
-                    m.busy_for.as_secs_f64()
+                    m.busy_for.as_secs_f64(),
+                    steps.join(" ")
                 )
             }
             ["stats"] => format!(
@@ -424,16 +533,24 @@ struct Merged {
     requests: u64,
     /// How long the clients ran beside it.
     busy_for: Duration,
+    /// [`StepTimes::summary`] three times (48 numbers; zeros without the
+    /// recorder): while the clients ran beside the merge, over the whole
+    /// merge, and of the clients alone after it.
+    times: Vec<f64>,
 }
 
 /// The merge (`sweep_now` until nothing is left) beside 64 clients for
 /// at most `window` (the clients add records: the window bounds how many),
 /// then alone to its end; then the clients alone for as long as they ran
 /// beside it.
-fn merge_pair(engine: &Engine, window: Duration) -> Merged {
+fn merge_pair(engine: &Engine, window: Duration, times: Option<&StepTimes>) -> Merged {
+    let summary = || times.map_or(vec![0.0; 16], StepTimes::summary);
+    if let Some(t) = times {
+        t.keep(true);
+    }
     let active = AtomicBool::new(true);
     let requests = std::sync::atomic::AtomicU64::new(0);
-    let (busy_p99, busy_for, took, passes) = std::thread::scope(|s| {
+    let busy_p99 = std::thread::scope(|s| {
         let merger = s.spawn(|| {
             let start = Instant::now();
             let mut passes = 0u64;
@@ -456,11 +573,21 @@ fn merge_pair(engine: &Engine, window: Duration) -> Merged {
             go
         });
         let busy_for = started.elapsed();
+        let beside = summary();
         let (took, passes) = merger.join().expect("merger");
-        (p99, busy_for, took, passes)
+        (p99, busy_for, took, passes, beside)
     });
+    let (busy_p99, busy_for, took, passes, mut summaries) = busy_p99;
+    summaries.extend(summary());
+    if let Some(t) = times {
+        t.keep(true);
+    }
     let end = Instant::now() + busy_for.max(Duration::from_millis(200));
     let idle = common::begin_p99_while(engine, || Instant::now() < end);
+    summaries.extend(summary());
+    if let Some(t) = times {
+        t.keep(false);
+    }
     Merged {
         took,
         passes,
@@ -468,6 +595,7 @@ fn merge_pair(engine: &Engine, window: Duration) -> Merged {
         idle_p99: idle.unwrap_or(f64::NAN),
         requests: requests.load(Ordering::Relaxed),
         busy_for,
+        times: summaries,
     }
 }
 
@@ -655,6 +783,19 @@ fn run() {
             v[2] / s.records as f64,
             mib(bytes as f64),
             bytes as f64 / s.records as f64
+        );
+        // Writer times (ms): [n, p50, p99, max] of copy step, drop step,
+        // group commit, checkpoint; beside the clients, whole merge, idle.
+        let t = |part: usize, which: usize| &v[8 + part * 16 + which * 4..][..4];
+        println!(
+            "STEPS {}: writer time of one merge copy step: {:.0} steps, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (beside the clients: {:.0}, p99 {:.2} ms, max {:.2} ms); one drop step: {:.0} steps, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; checkpoints during the merge: {:.0}, p50 {:.1} ms, max {:.1} ms; one group commit beside the merge: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({:.0}), alone after it: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({:.0})",
+            s.name,
+            t(1, 0)[0], t(1, 0)[1], t(1, 0)[2], t(1, 0)[3],
+            t(0, 0)[0], t(0, 0)[2], t(0, 0)[3],
+            t(1, 1)[0], t(1, 1)[1], t(1, 1)[2], t(1, 1)[3],
+            t(1, 3)[0], t(1, 3)[1], t(1, 3)[3],
+            t(0, 2)[1], t(0, 2)[2], t(0, 2)[3], t(0, 2)[0],
+            t(2, 2)[1], t(2, 2)[2], t(2, 2)[3], t(2, 2)[0],
         );
         println!(
             "PAIRED {}: begin p99, 64 threads: while merging vs idle: ours {:.1} us, baseline {:.1} us, ratio {:.2}",

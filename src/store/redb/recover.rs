@@ -410,7 +410,7 @@ fn replay_merge_step(
             records,
         } => {
             let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
-            let step = merge::drop_step(t, *partition, limit)?;
+            let step = merge::drop_step(t, *partition, limit, &|| false)?;
             if step.records != *records {
                 return Err(misfit(format!(
                     "the journal's drop step deletes {records} records of partition \
@@ -436,7 +436,7 @@ fn replay_merge_step(
                 }
             }
             let limit = usize::try_from(*copied).unwrap_or(usize::MAX);
-            let step = merge::copy_step(t, *target, &sources, after.as_deref(), limit)?;
+            let step = merge::copy_step(t, *target, &sources, after.as_deref(), limit, &|| false)?;
             if step.keys.len() as u64 != *copied {
                 return Err(misfit(format!(
                     "the journal's merge step copies {copied} records into partition \

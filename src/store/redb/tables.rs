@@ -127,6 +127,11 @@ pub(crate) struct Tables<'t> {
     /// Bytes a merge's copy steps wrote that their changes do not carry
     /// (`Journal::charge`).
     pub(super) merge_bytes: u64,
+    /// Whether a client waits on the writer (a later job of the group, or
+    /// one queued behind it): a merge step past its time
+    /// (`merge::MERGE_STEP_TIME`) stops then, and goes on to its record
+    /// bound while nobody waits (`None`: always stop in time).
+    pub(super) clients_waiting: Option<&'t dyn Fn() -> bool>,
     /// Format 3: the partitions, and where the last key looked up lives
     /// (`None`: format 2, records keyed by their record key).
     partitioned: Option<Partitioned<'t>>,
@@ -202,6 +207,7 @@ impl<'t> Tables<'t> {
             changes: None,
             changes_bytes: 0,
             merge_bytes: 0,
+            clients_waiting: None,
             partitioned: catalog.map(|catalog| Partitioned {
                 catalog,
                 last: None,

@@ -143,17 +143,25 @@ impl Tables<'_> {
     /// missing or fails its checksum while the twin's passes. A live
     /// record no partition holds any more is written back into the
     /// partition it was merged into (or, when that partition's filter does
-    /// not answer for it, the hot partition). Returns how many records it
-    /// repaired (each one logged with a warning: it is damage the merge
-    /// would have made permanent). A dropping partition the engine built (a merge given up
-    /// at open, `catalog::resume_merge`) is a copy, not a twin: nothing.
+    /// not answer for it, the hot partition). Each repair is logged with a
+    /// warning: it is damage the merge would have made permanent. It stops
+    /// early once `spent()` says its time is up (asked after each record).
+    /// Returns how many of the first records it looked at: the drop step
+    /// deletes no more than these. A dropping partition the engine built
+    /// (a merge given up at open, `catalog::resume_merge`) is a copy, not
+    /// a twin: nothing to look at, `limit` returned.
     ///
     /// # Errors
     ///
     /// The storage error of reading or writing the tables.
-    pub(super) fn rescue_twins(&mut self, partition: u64, limit: usize) -> Result<u64, OpError> {
+    pub(super) fn rescue_twins(
+        &mut self,
+        partition: u64,
+        limit: usize,
+        spent: &dyn Fn() -> bool,
+    ) -> Result<usize, OpError> {
         if partition >= slot::BUILT_PARTITIONS {
-            return Ok(0);
+            return Ok(limit);
         }
         let batch: Vec<(Vec<u8>, Vec<u8>)> = {
             let mut out = Vec::new();
@@ -172,8 +180,10 @@ impl Tables<'_> {
             .into_iter()
             .filter(|d| *d > partition)
             .collect();
-        let mut repaired = 0u64;
-        for (source, value) in batch {
+        for (looked, (source, value)) in batch.into_iter().enumerate() {
+            if looked > 0 && spent() {
+                return Ok(looked);
+            }
             let Some((_, rkey)) = slot::split(&source) else {
                 continue;
             };
@@ -195,7 +205,6 @@ impl Tables<'_> {
                 }
                 let live = self.write_back(&rkey, value)?;
                 self.rescue_steps(&source, &live, &rkey)?;
-                repaired = repaired.saturating_add(1);
                 tracing::warn!(
                     key = %hex(&rkey),
                     partition,
@@ -221,7 +230,6 @@ impl Tables<'_> {
             }
             fixed |= self.rescue_steps(&source, &live, &rkey)?;
             if fixed {
-                repaired = repaired.saturating_add(1);
                 tracing::warn!(
                     key = %hex(&rkey),
                     partition,
@@ -229,7 +237,7 @@ impl Tables<'_> {
                 );
             }
         }
-        Ok(repaired)
+        Ok(limit)
     }
 
     /// Writes lost record `rkey` (`value`, from its twin) back where a

@@ -435,9 +435,12 @@ impl Writer {
         let Some(open) = state.open.as_mut() else {
             return Err(CommitError::Panic("no open transaction".into()));
         };
+        let (rx, others) = (&self.rx, group.len() > 1);
+        let waiting = move || others || !rx.is_empty();
         let (after, changes, bytes, jobs, dropped, merged) = {
             let now = self.clock.now_ms();
             let mut tables = tables(&open.txn, self.seq, now, self.cfg, &mut self.catalog)?;
+            tables.clients_waiting = Some(&waiting);
             tables.keep_changes();
             tables.seal_if_due()?;
             let mut jobs = 0;
@@ -625,9 +628,12 @@ impl Writer {
     ) -> Result<Sequences, CommitError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
+        let (rx, others) = (&self.rx, group.len() > 1);
+        let waiting = move || others || !rx.is_empty();
         let after = {
             let now = self.clock.now_ms();
             let mut tables = tables(&txn, self.seq, now, self.cfg, &mut self.catalog)?;
+            tables.clients_waiting = Some(&waiting);
             // Not before an isolated job, whose transaction may roll back.
             if !isolated {
                 tables.seal_if_due()?;

@@ -13,8 +13,9 @@
 //! 1. **Begin**, in one transaction: the merged partition's row is written
 //!    *merging* (lookups skip it) and each source's row becomes a *merge
 //!    source* (still read, with its filter).
-//! 2. **Copy**, [`MERGE_STEP_RECORDS`] records a step ([`copy_step`]), each
-//!    with its effect steps and log entries. The cursor is the last
+//! 2. **Copy**, [`MERGE_STEP_RECORDS`] records a step at most, fewer once
+//!    the step has held the writer [`MERGE_STEP_TIME`] while a client waits
+//!    ([`copy_step`]), each with its effect steps and log entries. The cursor is the last
 //!    record key copied; it is never stored, since it is the last key of
 //!    the merged partition's range (a record deleted after its copy is
 //!    deleted from both, see below, so nothing lies between). While the
@@ -27,7 +28,8 @@
 //!    from the same commit: a key is answered from one partition only)
 //!    and lose their filters.
 //! 4. **Drop**: a dropping partition's records, steps and log entries are
-//!    deleted a bounded step at a time ([`drop_step`]), then its row.
+//!    deleted a bounded step at a time ([`drop_step`], bounded as a copy
+//!    step), then its row.
 //!
 //! The index tables name record keys, not slot keys, so no index entry
 //! moves. Every step is journaled: the begin, switch and drop as the
@@ -56,6 +58,17 @@ pub(crate) const MERGE_SPAN_MS: u64 = 60 * 60 * 1000;
 /// 13 ms at most at 1M records in the prototype (BENCHMARKS.md, "The open
 /// questions, measured", run F).
 pub(crate) const MERGE_STEP_RECORDS: usize = 512;
+/// Time a copy or drop step may hold the writer while a client waits on
+/// it (about one group commit's time beside 64 clients, BENCHMARKS.md
+/// "The merge's writer stall"): a step stops at [`MERGE_STEP_RECORDS`],
+/// or once this much time has gone and a client waits, whichever comes
+/// first, having done at least one record (so a merge always finishes).
+/// The count it did is in its journal frame, so a replay does the same
+/// without a clock.
+pub(crate) const MERGE_STEP_TIME: std::time::Duration = std::time::Duration::from_millis(1);
+/// Records a copy step reads from the sources at a time, between looks
+/// at its time.
+const COPY_CHUNK: usize = 16;
 
 /// The tables a copy or drop step writes.
 pub(crate) struct MergeTables<'a, 't> {
@@ -93,12 +106,42 @@ type Head = Reverse<(Vec<u8>, Reverse<usize>)>;
 /// the first `limit` records in record-key order after record key `after`
 /// (`None`: from the first), each with its effect steps and log entries,
 /// under the same record key. A key two sources hold (damage) is copied
-/// from the newest (highest) one only.
+/// from the newest (highest) one only. It reads [`COPY_CHUNK`] records
+/// at a time and stops early, with fewer than `limit` copied, once
+/// `spent()` says its time is up (asked after each chunk, so at least one
+/// record is copied when any is left); the first `n` records are the same
+/// however many chunks they took, so a replay of a step that copied `n`
+/// passes `limit` = `n` and never stops early.
 ///
 /// # Errors
 ///
 /// The storage error of reading or writing the tables.
 pub(crate) fn copy_step(
+    t: &mut MergeTables<'_, '_>,
+    target: u64,
+    sources: &[u64],
+    after: Option<&[u8]>,
+    limit: usize,
+    spent: &dyn Fn() -> bool,
+) -> Result<Copied, redb::StorageError> {
+    let mut out = Copied::default();
+    let mut cursor = after.map(<[u8]>::to_vec);
+    loop {
+        let want = limit.saturating_sub(out.keys.len()).min(COPY_CHUNK);
+        let chunk = copy_records(t, target, sources, cursor.as_deref(), want)?;
+        out.bytes = out.bytes.saturating_add(chunk.bytes);
+        out.keys.extend(chunk.keys);
+        out.done = chunk.done;
+        if out.done || out.keys.len() >= limit || spent() {
+            return Ok(out);
+        }
+        cursor = out.keys.last().cloned();
+    }
+}
+
+/// [`copy_step`]'s copy of the next `limit` records after `after`, all at
+/// once.
+fn copy_records(
     t: &mut MergeTables<'_, '_>,
     target: u64,
     sources: &[u64],
@@ -221,7 +264,11 @@ fn pull(
 /// range, each with its effect steps and log entries; once its records
 /// are gone, up to `limit` steps and as many log entries left in its
 /// range too (none this build writes). Returns how many records it
-/// deleted and whether the ranges are empty.
+/// deleted and whether the ranges are empty. It stops early once
+/// `spent()` says its time is up (asked after each record, so at least
+/// one is deleted when any is left): it has then done what a step with
+/// `limit` = the records it deleted does, and says so in
+/// [`Dropped::limit`], the limit its replay passes.
 ///
 /// # Errors
 ///
@@ -230,6 +277,7 @@ pub(crate) fn drop_step(
     t: &mut MergeTables<'_, '_>,
     partition: u64,
     limit: usize,
+    spent: &dyn Fn() -> bool,
 ) -> Result<Dropped, redb::StorageError> {
     let (lo, hi) = slot::range_of(partition);
     let end = match &hi {
@@ -245,13 +293,21 @@ pub(crate) fn drop_step(
             slots.push(entry?.0.value().to_vec());
         }
     }
-    let more = slots.len() > limit;
+    let mut more = slots.len() > limit;
     slots.truncate(limit);
     let mut out = Dropped {
-        records: slots.len() as u64,
+        records: 0,
         done: false,
+        limit: limit as u64,
     };
-    for s in &slots {
+    for (i, s) in slots.iter().enumerate() {
+        if i > 0 && spent() {
+            // Records are left: a step with limit `i` stops here too.
+            more = true;
+            out.limit = i as u64;
+            break;
+        }
+        out.records += 1;
         t.records.remove(s.as_slice())?;
         let mut names = Vec::new();
         for entry in t.steps.range((s.as_slice(), "")..)? {
@@ -324,6 +380,9 @@ pub(crate) struct Dropped {
     pub(crate) records: u64,
     /// Whether the partition's ranges are empty: its row can go.
     pub(crate) done: bool,
+    /// The limit a step that does the same passes: the step's own, or the
+    /// records it deleted when its time ran out first.
+    pub(crate) limit: u64,
 }
 
 fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {

@@ -1,5 +1,7 @@
 //! The merge's building blocks alone: which partitions are due, the
-//! merged partition's number, and a copy and a drop step on plain tables.
+//! merged partition's number, and a copy and a drop step on plain tables,
+//! also when their time runs out (a clock that says so after a count of
+//! looks, never a sleep).
 
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableTable, ReadableTableMetadata};
@@ -9,8 +11,8 @@ use super::super::filter::FilterChecksum;
 use super::super::row::{PartitionRow, PartitionState};
 use super::super::slot::{slot_key, BUILT_PARTITIONS};
 use super::{
-    copy_step, drop_step, due_sources, merging_row, next_built, MergeTables, MERGE_GRACE_MS,
-    MERGE_SPAN_MS,
+    copy_step, drop_step, due_sources, merging_row, next_built, MergeTables, COPY_CHUNK,
+    MERGE_GRACE_MS, MERGE_SPAN_MS,
 };
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -118,10 +120,10 @@ fn a_copy_step_merges_in_key_order_and_a_drop_step_empties_a_partition() -> R<()
             history: &mut history,
         };
         let m = BUILT_PARTITIONS;
-        let first = copy_step(&mut t, m, &[1, 2], None, 2)?;
+        let first = copy_step(&mut t, m, &[1, 2], None, 2, &|| false)?;
         assert_eq!(first.keys, [b"a".to_vec(), b"b".to_vec()]);
         assert!(!first.done);
-        let second = copy_step(&mut t, m, &[1, 2], Some(b"b"), 2)?;
+        let second = copy_step(&mut t, m, &[1, 2], Some(b"b"), 2, &|| false)?;
         assert_eq!(second.keys, [b"c".to_vec(), b"d".to_vec()]);
         assert!(second.done);
         let copied: Vec<(Vec<u8>, Vec<u8>)> = t
@@ -145,23 +147,178 @@ fn a_copy_step_merges_in_key_order_and_a_drop_step_empties_a_partition() -> R<()
             .is_some());
         assert!(t.history.get((slot_key(m, b"b").as_slice(), 0))?.is_some());
         // Nothing after the last key.
-        let none = copy_step(&mut t, m, &[1, 2], Some(b"d"), 2)?;
+        let none = copy_step(&mut t, m, &[1, 2], Some(b"d"), 2, &|| false)?;
         assert!(none.keys.is_empty() && none.done);
 
-        let step = drop_step(&mut t, 1, 1)?;
+        let step = drop_step(&mut t, 1, 1, &|| false)?;
         assert_eq!((step.records, step.done), (1, false));
         assert!(t
             .steps
             .get((slot_key(1, b"b").as_slice(), "charge"))?
             .is_none());
         assert!(t.history.get((slot_key(1, b"b").as_slice(), 0))?.is_none());
-        let step = drop_step(&mut t, 1, 1)?;
+        let step = drop_step(&mut t, 1, 1, &|| false)?;
         assert_eq!((step.records, step.done), (1, true));
-        let step = drop_step(&mut t, 1, 1)?;
+        let step = drop_step(&mut t, 1, 1, &|| false)?;
         assert_eq!((step.records, step.done), (0, true));
         // Partition 2 and the merged one are untouched.
         assert_eq!(t.records.len()?, 3 + 4);
     }
     txn.commit()?;
+    Ok(())
+}
+
+/// The records of partition `p` (record key, value), in key order.
+fn partition_records(
+    records: &redb::Table<'_, &'static [u8], &'static [u8]>,
+    p: u64,
+) -> R<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for entry in records.range(slot_key(p, b"").as_slice()..slot_key(p + 1, b"").as_slice())? {
+        let (k, v) = entry?;
+        out.push((k.value()[8..].to_vec(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+/// A step's time as a count of looks: spent after `n` (`u32::MAX`: never).
+fn spent_after(n: u32) -> impl Fn() -> bool {
+    let looks = std::cell::Cell::new(0u32);
+    move || {
+        looks.set(looks.get().saturating_add(1));
+        looks.get() > n
+    }
+}
+
+/// Guards against a step bounded in time starving the merge (a step that
+/// stops before its first record copies nothing, forever) and against a
+/// cut step that a replay cannot repeat: a step whose time is spent at
+/// once still copies a chunk, or deletes a record; the merge ends in a
+/// bounded count of such steps; and a replay with the count the step did
+/// (its frame's) does the same to the same state.
+#[test]
+fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
+    let n = 3 * COPY_CHUNK + 5;
+    let build = |txn: &redb::WriteTransaction| -> R<()> {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut steps = txn.open_table(STEPS)?;
+        let mut history = txn.open_table(HISTORY)?;
+        for i in 0..n {
+            let p = 1 + (i % 3) as u64;
+            let k = format!("k{i:04}");
+            records.insert(slot_key(p, k.as_bytes()).as_slice(), k.as_bytes())?;
+            steps.insert((slot_key(p, k.as_bytes()).as_slice(), "s"), b"s".as_slice())?;
+            history.insert((slot_key(p, k.as_bytes()).as_slice(), 0), b"h".as_slice())?;
+        }
+        Ok(())
+    };
+    let m = BUILT_PARTITIONS;
+    // Stepped with no time at all: each step copies one chunk.
+    let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+    let txn = db.begin_write()?;
+    build(&txn)?;
+    let mut counts = Vec::new();
+    {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut steps = txn.open_table(STEPS)?;
+        let mut history = txn.open_table(HISTORY)?;
+        let mut t = MergeTables {
+            records: &mut records,
+            steps: &mut steps,
+            history: &mut history,
+        };
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let step = copy_step(&mut t, m, &[1, 2, 3], after.as_deref(), 512, &|| true)?;
+            assert!(
+                !step.keys.is_empty() || step.done,
+                "a step copies a record while any is left"
+            );
+            assert!(step.keys.len() <= COPY_CHUNK);
+            counts.push(step.keys.len());
+            after = step.keys.last().cloned().or(after);
+            if step.done {
+                break;
+            }
+            assert!(counts.len() <= n, "the merge does not end");
+        }
+        assert_eq!(counts.iter().sum::<usize>(), n);
+        assert_eq!(counts.len(), n.div_ceil(COPY_CHUNK));
+        // Dropped with no time: a record a step.
+        let mut drops = Vec::new();
+        loop {
+            let step = drop_step(&mut t, 1, 512, &|| true)?;
+            drops.push((step.records, step.limit));
+            if step.done {
+                break;
+            }
+            assert!(drops.len() <= n, "the drop does not end");
+        }
+        assert!(drops[..drops.len() - 1]
+            .iter()
+            .all(|&(records, limit)| records == 1 && limit == 1));
+        assert!(partition_records(t.records, 1)?.is_empty());
+    }
+    let timed = partition_records(&txn.open_table(RECORDS)?, m)?;
+    txn.abort()?;
+
+    // The same merge untimed, one step per count the timed one did (as a
+    // replay runs the frames): the same copy.
+    let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+    let txn = db.begin_write()?;
+    build(&txn)?;
+    {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut steps = txn.open_table(STEPS)?;
+        let mut history = txn.open_table(HISTORY)?;
+        let mut t = MergeTables {
+            records: &mut records,
+            steps: &mut steps,
+            history: &mut history,
+        };
+        let mut after: Option<Vec<u8>> = None;
+        for count in &counts {
+            let step = copy_step(&mut t, m, &[1, 2, 3], after.as_deref(), *count, &|| false)?;
+            assert_eq!(step.keys.len(), *count);
+            after = step.keys.last().cloned().or(after);
+        }
+        assert_eq!(partition_records(t.records, m)?, timed);
+        assert_eq!(t.steps.len()?, 2 * n as u64);
+        assert_eq!(t.history.len()?, 2 * n as u64);
+    }
+    txn.abort()?;
+    // A drop step cut after 3 records of a 10-record limit says limit 3,
+    // and a step with that limit on the same state (its replay) does the
+    // same; so does a cut that leaves the partition's last record.
+    for (records, limit, looks) in [(10, 10, 2), (4, 10, 2)] {
+        let mut after = Vec::new();
+        for spent in [&spent_after(looks) as &dyn Fn() -> bool, &|| false] {
+            let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+            let txn = db.begin_write()?;
+            let mut records_t = txn.open_table(RECORDS)?;
+            let mut steps = txn.open_table(STEPS)?;
+            let mut history = txn.open_table(HISTORY)?;
+            for i in 0..records {
+                let k = format!("k{i:04}");
+                records_t.insert(slot_key(1, k.as_bytes()).as_slice(), k.as_bytes())?;
+                steps.insert((slot_key(1, k.as_bytes()).as_slice(), "s"), b"s".as_slice())?;
+            }
+            let mut t = MergeTables {
+                records: &mut records_t,
+                steps: &mut steps,
+                history: &mut history,
+            };
+            let step_limit = after.first().map_or(limit, |&(_, l, _)| l);
+            let step = drop_step(&mut t, 1, step_limit, spent)?;
+            after.push((
+                partition_records(t.records, 1)?,
+                usize::try_from(step.limit)?,
+                (step.records, step.done, t.steps.len()?),
+            ));
+        }
+        assert_eq!(after[0].1, 3, "the cut step's limit");
+        assert_eq!(after[0].2, (3, false, records as u64 - 3));
+        assert_eq!(after[0], after[1], "the replay does the same");
+    }
     Ok(())
 }
