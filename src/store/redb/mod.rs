@@ -6,6 +6,8 @@ mod drain;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;
 #[cfg(test)]
+mod frame_bytes_tests;
+#[cfg(test)]
 mod fuzz_seeds_tests;
 mod job;
 mod journal;
