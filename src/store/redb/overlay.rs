@@ -93,11 +93,16 @@ impl Overlay {
         let mut maps = self.inner.lock();
         for change in changes {
             match change {
-                Change::PutRecord { key, value } => {
+                Change::PutRecord { key, value } | Change::PutNewRecord { key, value } => {
                     maps.records
                         .insert(self.record_key(key), Some(value.into()));
                 }
-                Change::DelRecord { key } => {
+                // The value the live write stored, kept beside its delta.
+                Change::PutRecordDelta { key, live, .. } => {
+                    maps.records
+                        .insert(self.record_key(key), Some(live.0.into()));
+                }
+                Change::DelRecord { key } | Change::DelIndexedRecord { key } => {
                     maps.records.insert(self.record_key(key), None);
                 }
                 Change::PutEntity { id, value } => {

@@ -153,6 +153,26 @@ where
     Ok(out)
 }
 
+/// Every entry of an index table.
+pub(super) fn dump_index(
+    db: &Database,
+    def: TableDefinition<(u64, &'static [u8]), ()>,
+) -> R<Vec<(u64, Vec<u8>)>> {
+    let txn = db.begin_read()?;
+    let table = match txn.open_table(def) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (k, _) = entry?;
+        let (at, key) = k.value();
+        out.push((at, key.to_vec()));
+    }
+    Ok(out)
+}
+
 /// (slot key, step name, value) of every effect step.
 pub(super) type StepRows = Vec<(Vec<u8>, String, Vec<u8>)>;
 /// (slot key, seq, value) of every log entry.
@@ -210,7 +230,8 @@ impl Writer {
     }
 
     /// Fails (naming `what` and the table) unless the writer's records,
-    /// rows, filters, steps and log entries are those its frames replay to.
+    /// rows, filters, index entries, outbox, steps and log entries are
+    /// those its frames replay to, byte for byte.
     pub(super) fn assert_replays(&self, what: &str) -> R<()> {
         use super::partition::catalog::RECORDS;
         let replayed = self.replayed()?;
@@ -234,6 +255,18 @@ impl Writer {
             if a != b {
                 return Err(format!("{what}: replayed {name} differ").into());
             }
+        }
+        for (name, def) in [
+            ("leases", super::tables::LEASES),
+            ("recovery", super::tables::RECOVERY),
+            ("expiry", super::tables::EXPIRY),
+        ] {
+            if dump_index(&replayed, def)? != dump_index(&self.db, def)? {
+                return Err(format!("{what}: replayed {name} index differs").into());
+            }
+        }
+        if dump(&replayed, super::tables::OUTBOX)? != dump(&self.db, super::tables::OUTBOX)? {
+            return Err(format!("{what}: replayed outbox differs").into());
         }
         if dump_steps(&replayed)? != dump_steps(&self.db)? {
             return Err(format!("{what}: replayed steps differ").into());
