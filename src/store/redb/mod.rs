@@ -2,6 +2,8 @@
 //! commits, snapshot reads that never wait for it.
 
 mod compact;
+#[cfg(test)]
+mod derived_replay_tests;
 mod drain;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;

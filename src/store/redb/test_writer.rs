@@ -48,6 +48,9 @@ pub(super) struct Writer {
     pub(super) seq: Sequences,
     pub(super) now: u64,
     pub(super) frames: Vec<Frame>,
+    /// The settings its groups run with ([`cfg`] unless a test changes
+    /// them).
+    pub(super) cfg: StoreConfig,
 }
 
 impl Writer {
@@ -85,6 +88,7 @@ impl Writer {
             },
             now: T0,
             frames: vec![first],
+            cfg: cfg(),
         })
     }
 
@@ -110,7 +114,7 @@ impl Writer {
         let txn = self.db.begin_write()?;
         let (out, seq, changes, dropped) = {
             let mut t =
-                Tables::open_partitioned(&txn, self.seq, self.now, cfg(), &mut self.catalog)?;
+                Tables::open_partitioned(&txn, self.seq, self.now, self.cfg, &mut self.catalog)?;
             t.keep_changes();
             t.seal_if_due()?;
             let out = ops(&mut t)?;
