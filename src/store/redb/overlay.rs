@@ -205,6 +205,30 @@ mod tests {
         assert!(!o.held());
     }
 
+    /// Format 3's derived changes: a new record and a delta are seen as
+    /// the values the live writes stored (a delta's kept beside it), a
+    /// derived delete as deleted.
+    #[test]
+    fn derived_record_changes_are_seen_as_stored() {
+        use super::super::journal::{RecordDelta, Unlogged};
+        let o = Overlay::partitioned();
+        let slot = slot::slot_key(1, b"k");
+        o.apply(vec![Change::PutNewRecord {
+            key: slot.clone(),
+            value: vec![1],
+        }]);
+        assert_eq!(value(o.record(b"k")), Some(Some(vec![1])));
+        o.apply(vec![Change::PutRecordDelta {
+            key: slot.clone(),
+            base: [0; 8],
+            delta: RecordDelta::default(),
+            live: Unlogged(vec![2]),
+        }]);
+        assert_eq!(value(o.record(b"k")), Some(Some(vec![2])));
+        o.apply(vec![Change::DelIndexedRecord { key: slot }]);
+        assert_eq!(value(o.record(b"k")), Some(None));
+    }
+
     #[test]
     fn outbox_and_index_changes_count_as_held() {
         let o = Overlay::default();
