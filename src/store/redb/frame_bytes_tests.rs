@@ -102,6 +102,8 @@ fn a_bench_shaped_request_costs_few_journal_bytes() -> R<()> {
         "journal bytes per begin+complete (300-byte response, {BATCH} a group): \
          payload {payload:.1}, on disk {disk:.1}; by change: {kinds:.1?}"
     );
-    assert!(disk < 900.0, "{disk:.1} journal bytes per request");
+    // 845.5 on disk before format 3's derived record changes
+    // (`journal/derived.rs`), 568.9 with them.
+    assert!(disk < 620.0, "{disk:.1} journal bytes per request");
     Ok(())
 }
