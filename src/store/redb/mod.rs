@@ -2,9 +2,13 @@
 //! commits, snapshot reads that never wait for it.
 
 mod compact;
+#[cfg(test)]
+mod derived_replay_tests;
 mod drain;
 #[cfg(feature = "bench-fixtures")]
 pub(crate) mod fixture;
+#[cfg(test)]
+mod frame_bytes_tests;
 #[cfg(test)]
 mod fuzz_seeds_tests;
 mod job;

@@ -93,11 +93,16 @@ impl Overlay {
         let mut maps = self.inner.lock();
         for change in changes {
             match change {
-                Change::PutRecord { key, value } => {
+                Change::PutRecord { key, value } | Change::PutNewRecord { key, value } => {
                     maps.records
                         .insert(self.record_key(key), Some(value.into()));
                 }
-                Change::DelRecord { key } => {
+                // The value the live write stored, kept beside its delta.
+                Change::PutRecordDelta { key, live, .. } => {
+                    maps.records
+                        .insert(self.record_key(key), Some(live.0.into()));
+                }
+                Change::DelRecord { key } | Change::DelIndexedRecord { key } => {
                     maps.records.insert(self.record_key(key), None);
                 }
                 Change::PutEntity { id, value } => {
@@ -198,6 +203,30 @@ mod tests {
         assert!(value(o.record(b"k")).is_none());
         assert!(value(o.entity("e")).is_none());
         assert!(!o.held());
+    }
+
+    /// Format 3's derived changes: a new record and a delta are seen as
+    /// the values the live writes stored (a delta's kept beside it), a
+    /// derived delete as deleted.
+    #[test]
+    fn derived_record_changes_are_seen_as_stored() {
+        use super::super::journal::{RecordDelta, Unlogged};
+        let o = Overlay::partitioned();
+        let slot = slot::slot_key(1, b"k");
+        o.apply(vec![Change::PutNewRecord {
+            key: slot.clone(),
+            value: vec![1],
+        }]);
+        assert_eq!(value(o.record(b"k")), Some(Some(vec![1])));
+        o.apply(vec![Change::PutRecordDelta {
+            key: slot.clone(),
+            base: [0; 8],
+            delta: RecordDelta::default(),
+            live: Unlogged(vec![2]),
+        }]);
+        assert_eq!(value(o.record(b"k")), Some(Some(vec![2])));
+        o.apply(vec![Change::DelIndexedRecord { key: slot }]);
+        assert_eq!(value(o.record(b"k")), Some(None));
     }
 
     #[test]

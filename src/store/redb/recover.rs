@@ -4,12 +4,12 @@
 
 use std::path::Path;
 
-use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, WriteTransaction};
 
 use crate::error::OpenError;
 
 use super::journal::{
-    Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
+    expand, Change, Frame, IndexTable, Journal, JournalError, JournalStorage, Recovered, Scanned,
 };
 use super::meta::{self, file_format, read_meta, Counter, Format, MetaError, StoredJournal};
 use super::partition::catalog;
@@ -306,7 +306,88 @@ pub(super) fn apply(
     let mut steps = txn.open_table(steps_def)?;
     let mut history = txn.open_table(history_def)?;
     let mut table = txn.open_table(META)?;
-    for change in &frame.changes {
+    for logged in &frame.changes {
+        // A derived change (format 3) stands for the plain changes the
+        // live path made, which the record stored under its key tells.
+        let expanded;
+        let plain = match logged.derived_key() {
+            Some(key) => {
+                if !partitioned {
+                    return Err(misfit(format!(
+                        "a format-2 file's journal holds format 3's change {logged:?}"
+                    )));
+                }
+                let base = records.get(key.as_slice())?.map(|v| v.value().to_vec());
+                expanded = expand(logged, base.as_deref()).map_err(|e| misfit(e.to_string()))?;
+                expanded.as_slice()
+            }
+            None => std::slice::from_ref(logged),
+        };
+        for change in plain {
+            apply_plain(
+                txn,
+                change,
+                &mut AppliedTables {
+                    records: &mut records,
+                    leases: &mut leases,
+                    recovery: &mut recovery,
+                    expiry: &mut expiry,
+                    outbox: &mut outbox,
+                    entities: &mut entities,
+                    steps: &mut steps,
+                    history: &mut history,
+                },
+            )?;
+        }
+    }
+    // Counters never go back (a frame holds them after its batch).
+    for (counter, in_frame) in [
+        (Counter::NextToken, frame.next_token),
+        (Counter::NextOutboxSeq, frame.next_outbox),
+    ] {
+        let stored = meta::required_counter(&table, counter)?;
+        meta::write_counter(&mut table, counter, stored.max(in_frame))?;
+    }
+    Ok(())
+}
+
+/// The engine tables a frame's changes are applied to.
+struct AppliedTables<'a, 't> {
+    records: &'a mut Table<'t, &'static [u8], &'static [u8]>,
+    leases: &'a mut Table<'t, (u64, &'static [u8]), ()>,
+    recovery: &'a mut Table<'t, (u64, &'static [u8]), ()>,
+    expiry: &'a mut Table<'t, (u64, &'static [u8]), ()>,
+    outbox: &'a mut Table<'t, u64, &'static [u8]>,
+    entities: &'a mut Table<'t, &'static str, &'static [u8]>,
+    steps: &'a mut Table<'t, (&'static [u8], &'static str), &'static [u8]>,
+    history: &'a mut Table<'t, (&'static [u8], u32), &'static [u8]>,
+}
+
+/// The journal does not fit the file: reported as corruption.
+fn misfit(what: impl std::fmt::Display) -> MetaError {
+    MetaError::Storage(redb::Error::Corrupted(format!(
+        "{what}: the journal does not fit the file"
+    )))
+}
+
+/// Applies one plain change (a derived one is refused: [`expand`] turns
+/// it into plain ones first).
+fn apply_plain(
+    txn: &WriteTransaction,
+    change: &Change,
+    t: &mut AppliedTables<'_, '_>,
+) -> Result<(), MetaError> {
+    let AppliedTables {
+        records,
+        leases,
+        recovery,
+        expiry,
+        outbox,
+        entities,
+        steps,
+        history,
+    } = t;
+    {
         match change {
             Change::PutRecord { key, value } => {
                 records.insert(key.as_slice(), value.as_slice())?;
@@ -315,11 +396,11 @@ pub(super) fn apply(
                 records.remove(key.as_slice())?;
             }
             Change::PutIndex { index, at, key } => {
-                let indexes = [&mut leases, &mut recovery, &mut expiry];
+                let indexes = [&mut **leases, &mut **recovery, &mut **expiry];
                 pick(indexes, *index).insert((*at, key.as_slice()), ())?;
             }
             Change::DelIndex { index, at, key } => {
-                let indexes = [&mut leases, &mut recovery, &mut expiry];
+                let indexes = [&mut **leases, &mut **recovery, &mut **expiry];
                 pick(indexes, *index).remove((*at, key.as_slice()))?;
             }
             Change::PutOutbox { seq, value } => {
@@ -366,21 +447,18 @@ pub(super) fn apply(
             }
             Change::MergeDrop { .. } | Change::MergeCopy { .. } => {
                 let mut t = MergeTables {
-                    records: &mut records,
-                    steps: &mut steps,
-                    history: &mut history,
+                    records,
+                    steps,
+                    history,
                 };
                 replay_merge_step(txn, &mut t, change)?;
             }
+            Change::PutNewRecord { .. }
+            | Change::PutRecordDelta { .. }
+            | Change::DelIndexedRecord { .. } => {
+                return Err(misfit(format!("{change:?} was not expanded")));
+            }
         }
-    }
-    // Counters never go back (a frame holds them after its batch).
-    for (counter, in_frame) in [
-        (Counter::NextToken, frame.next_token),
-        (Counter::NextOutboxSeq, frame.next_outbox),
-    ] {
-        let stored = meta::required_counter(&table, counter)?;
-        meta::write_counter(&mut table, counter, stored.max(in_frame))?;
     }
     Ok(())
 }
@@ -398,11 +476,6 @@ fn replay_merge_step(
     t: &mut MergeTables<'_, '_>,
     change: &Change,
 ) -> Result<(), MetaError> {
-    let misfit = |what: String| {
-        MetaError::Storage(redb::Error::Corrupted(format!(
-            "{what}: the journal does not fit the file"
-        )))
-    };
     match change {
         Change::MergeDrop {
             partition,

@@ -32,7 +32,7 @@ use crate::store::ops::{Loaded, LoadedStep, Txn};
 use crate::store::record::{EntityState, Record};
 use crate::store::step::{HistoryRecord, StepRecord};
 
-use super::journal::{Change, IndexTable};
+use super::journal::{base_sum, Change, IndexTable, RecordDelta, Unlogged};
 use super::partition::catalog::{self, Catalog, CatalogChange, CatalogTables};
 use super::partition::merge::MergeTables;
 use super::partition::row::{FILTERS, PARTITIONS};
@@ -321,42 +321,98 @@ impl<'t> Tables<'t> {
         }
     }
 
-    /// Adds an index entry.
-    pub(super) fn put_index(
+    /// Adds an index entry; `logged`: as its own change (else the record
+    /// change that follows stands for it, `journal/derived.rs`).
+    fn put_index_as(
         &mut self,
         which: IndexTable,
         at: u64,
         rkey: &[u8],
+        logged: bool,
     ) -> std::result::Result<(), redb::StorageError> {
         self.index_table(which).insert((at, rkey), ())?;
-        self.log(|| Change::PutIndex {
-            index: which,
-            at,
-            key: rkey.to_vec(),
-        });
+        if logged {
+            self.log(|| Change::PutIndex {
+                index: which,
+                at,
+                key: rkey.to_vec(),
+            });
+        }
         Ok(())
     }
 
-    /// Removes an index entry.
+    /// Removes an index entry, logged.
     pub(super) fn del_index(
         &mut self,
         which: IndexTable,
         at: u64,
         rkey: &[u8],
     ) -> std::result::Result<(), redb::StorageError> {
+        self.del_index_as(which, at, rkey, true)
+    }
+
+    /// Removes an index entry; `logged` as in [`Self::put_index_as`].
+    fn del_index_as(
+        &mut self,
+        which: IndexTable,
+        at: u64,
+        rkey: &[u8],
+        logged: bool,
+    ) -> std::result::Result<(), redb::StorageError> {
         self.index_table(which).remove((at, rkey))?;
-        self.log(|| Change::DelIndex {
-            index: which,
-            at,
-            key: rkey.to_vec(),
-        });
+        if logged {
+            self.log(|| Change::DelIndex {
+                index: which,
+                at,
+                key: rkey.to_vec(),
+            });
+        }
         Ok(())
     }
 
+    /// Whether a write of record `rkey` over `old` may be logged as one
+    /// change whose index entries replay derives (`journal/derived.rs`):
+    /// in format 3, with changes kept, when the value stored under its
+    /// slot is `old`'s encoding (none for `None`). Replay then finds that
+    /// same value (a frame is applied to the state it was written from).
+    /// Otherwise (format 2, whose journal keeps the changes a released
+    /// build reads, or a caller's `old` that is not what is stored) the
+    /// index changes are logged as they are made.
+    fn derivable(
+        &mut self,
+        rkey: &[u8],
+        old: Option<&Record>,
+    ) -> std::result::Result<Derivable, redb::StorageError> {
+        if self.changes.is_none() || self.partitioned.is_none() {
+            return Ok(Derivable::No);
+        }
+        let (slot, _) = self.slot_of(rkey)?;
+        let stored = self.records.get(&*slot)?;
+        Ok(match (stored, old) {
+            (None, None) => Derivable::New,
+            (Some(v), Some(old)) if v.value() == codec::encode(rkey, old).as_slice() => {
+                Derivable::Over(base_sum(v.value()))
+            }
+            _ => Derivable::No,
+        })
+    }
+
+    /// Stores `value` under record key `rkey`, logged as it is.
     pub(super) fn put_record(
         &mut self,
         rkey: &[u8],
         value: Vec<u8>,
+    ) -> std::result::Result<(), redb::StorageError> {
+        self.put_record_as(rkey, value, Logged::Plain)
+    }
+
+    /// Stores `value` under record key `rkey` (and its merge copy and
+    /// twins), logged as `logged` says.
+    fn put_record_as(
+        &mut self,
+        rkey: &[u8],
+        value: Vec<u8>,
+        logged: Logged,
     ) -> std::result::Result<(), redb::StorageError> {
         let (slot, new) = self.slot_of(rkey)?;
         self.records.insert(&*slot, value.as_slice())?;
@@ -375,14 +431,33 @@ impl<'t> Tables<'t> {
                 part.last = Some((rkey.to_vec(), Some(p)));
             }
         }
-        self.log(|| Change::PutRecord {
-            key: slot.into_owned(),
-            value,
+        let key = slot.into_owned();
+        self.log(|| match logged {
+            Logged::Plain => Change::PutRecord { key, value },
+            Logged::New => Change::PutNewRecord { key, value },
+            Logged::Delta(base, delta) => Change::PutRecordDelta {
+                key,
+                base,
+                delta,
+                live: Unlogged(value),
+            },
         });
         Ok(())
     }
 
+    /// Deletes record `rkey` (and its merge copy and twins), logged as it
+    /// is.
     fn del_record(&mut self, rkey: &[u8]) -> std::result::Result<(), redb::StorageError> {
+        self.del_record_as(rkey, false)
+    }
+
+    /// Deletes record `rkey`; `derived`: logged as a delete whose index
+    /// change replay derives (`Change::DelIndexedRecord`).
+    fn del_record_as(
+        &mut self,
+        rkey: &[u8],
+        derived: bool,
+    ) -> std::result::Result<(), redb::StorageError> {
         let (slot, _) = self.slot_of(rkey)?;
         self.records.remove(&*slot)?;
         if let Some(copy) = self.mirror_of(&slot) {
@@ -396,7 +471,14 @@ impl<'t> Tables<'t> {
                 part.gone = Some((rkey.to_vec(), p));
             }
         }
-        self.log(|| Change::DelRecord { key: slot.to_vec() });
+        let key = slot.to_vec();
+        self.log(|| {
+            if derived {
+                Change::DelIndexedRecord { key }
+            } else {
+                Change::DelRecord { key }
+            }
+        });
         self.drop_if_emptied(&slot)
     }
 
@@ -538,11 +620,20 @@ impl<'t> Tables<'t> {
         old: Option<&Record>,
         new: &Record,
     ) -> std::result::Result<(), redb::StorageError> {
+        let derived = self.derivable(rkey, old)?;
+        let plain = derived == Derivable::No;
         if let Some(old) = old {
-            self.unindex(rkey, old)?;
+            self.unindex(rkey, old, plain)?;
         }
-        self.index(rkey, new)?;
-        self.put_record(rkey, codec::encode(rkey, new))
+        self.index(rkey, new, plain)?;
+        let logged = match (derived, old) {
+            (Derivable::New, None) => Logged::New,
+            (Derivable::Over(base), Some(old)) => {
+                Logged::Delta(base, RecordDelta::between(old, new))
+            }
+            _ => Logged::Plain,
+        };
+        self.put_record_as(rkey, codec::encode(rkey, new), logged)
     }
 
     /// Removes every index entry naming `rkey`, in any index.
@@ -568,22 +659,31 @@ impl<'t> Tables<'t> {
         rkey: &[u8],
         old: &Record,
     ) -> std::result::Result<(), redb::StorageError> {
-        self.unindex(rkey, old)?;
-        self.del_record(rkey)
+        let derived = self.derivable(rkey, Some(old))? != Derivable::No;
+        self.unindex(rkey, old, !derived)?;
+        self.del_record_as(rkey, derived)
     }
 
-    fn index(&mut self, rkey: &[u8], rec: &Record) -> std::result::Result<(), redb::StorageError> {
-        let (which, at) = index_of(rec);
-        self.put_index(which, at, rkey)
+    /// Adds `rec`'s index entry; `logged` as in [`Self::put_index_as`].
+    fn index(
+        &mut self,
+        rkey: &[u8],
+        rec: &Record,
+        logged: bool,
+    ) -> std::result::Result<(), redb::StorageError> {
+        let (which, at) = IndexTable::of(rec);
+        self.put_index_as(which, at, rkey, logged)
     }
 
+    /// Removes `rec`'s index entry; `logged` as in [`Self::put_index_as`].
     fn unindex(
         &mut self,
         rkey: &[u8],
         rec: &Record,
+        logged: bool,
     ) -> std::result::Result<(), redb::StorageError> {
-        let (which, at) = index_of(rec);
-        self.del_index(which, at, rkey)
+        let (which, at) = IndexTable::of(rec);
+        self.del_index_as(which, at, rkey, logged)
     }
 }
 
@@ -899,14 +999,25 @@ impl From<CatalogChange> for Change {
     }
 }
 
-/// The index a record sits in, and at which instant (ms): the one rule,
-/// [`Record::index`].
-fn index_of(rec: &Record) -> (IndexTable, u64) {
-    let (name, at) = rec.index();
-    let which = match name {
-        "leases" => IndexTable::Leases,
-        "recovery" => IndexTable::Recovery,
-        _ => IndexTable::Expiry,
-    };
-    (which, at)
+/// How a record write is logged.
+enum Logged {
+    /// As it is (`Change::PutRecord`), its index changes beside it.
+    Plain,
+    /// Format 3, where no record was stored: `Change::PutNewRecord`.
+    New,
+    /// Format 3, as the fields changed from the stored record (whose
+    /// last 8 bytes come first): `Change::PutRecordDelta`.
+    Delta([u8; 8], RecordDelta),
+}
+
+/// Whether a record write may be logged as a derived change
+/// ([`Tables::derivable`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Derivable {
+    /// No: log its index changes as they are made.
+    No,
+    /// Yes, and no record is stored under its slot.
+    New,
+    /// Yes, over the stored value whose last 8 bytes these are.
+    Over([u8; 8]),
 }

@@ -48,6 +48,9 @@ pub(super) struct Writer {
     pub(super) seq: Sequences,
     pub(super) now: u64,
     pub(super) frames: Vec<Frame>,
+    /// The settings its groups run with ([`cfg`] unless a test changes
+    /// them).
+    pub(super) cfg: StoreConfig,
 }
 
 impl Writer {
@@ -85,6 +88,7 @@ impl Writer {
             },
             now: T0,
             frames: vec![first],
+            cfg: cfg(),
         })
     }
 
@@ -110,7 +114,7 @@ impl Writer {
         let txn = self.db.begin_write()?;
         let (out, seq, changes, dropped) = {
             let mut t =
-                Tables::open_partitioned(&txn, self.seq, self.now, cfg(), &mut self.catalog)?;
+                Tables::open_partitioned(&txn, self.seq, self.now, self.cfg, &mut self.catalog)?;
             t.keep_changes();
             t.seal_if_due()?;
             let out = ops(&mut t)?;
@@ -149,6 +153,26 @@ where
     for entry in table.iter()? {
         let (k, v) = entry?;
         out.push((format!("{:?}", k.value()).into_bytes(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+/// Every entry of an index table.
+pub(super) fn dump_index(
+    db: &Database,
+    def: TableDefinition<(u64, &'static [u8]), ()>,
+) -> R<Vec<(u64, Vec<u8>)>> {
+    let txn = db.begin_read()?;
+    let table = match txn.open_table(def) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (k, _) = entry?;
+        let (at, key) = k.value();
+        out.push((at, key.to_vec()));
     }
     Ok(out)
 }
@@ -210,7 +234,8 @@ impl Writer {
     }
 
     /// Fails (naming `what` and the table) unless the writer's records,
-    /// rows, filters, steps and log entries are those its frames replay to.
+    /// rows, filters, index entries, outbox, steps and log entries are
+    /// those its frames replay to, byte for byte.
     pub(super) fn assert_replays(&self, what: &str) -> R<()> {
         use super::partition::catalog::RECORDS;
         let replayed = self.replayed()?;
@@ -234,6 +259,18 @@ impl Writer {
             if a != b {
                 return Err(format!("{what}: replayed {name} differ").into());
             }
+        }
+        for (name, def) in [
+            ("leases", super::tables::LEASES),
+            ("recovery", super::tables::RECOVERY),
+            ("expiry", super::tables::EXPIRY),
+        ] {
+            if dump_index(&replayed, def)? != dump_index(&self.db, def)? {
+                return Err(format!("{what}: replayed {name} index differs").into());
+            }
+        }
+        if dump(&replayed, super::tables::OUTBOX)? != dump(&self.db, super::tables::OUTBOX)? {
+            return Err(format!("{what}: replayed outbox differs").into());
         }
         if dump_steps(&replayed)? != dump_steps(&self.db)? {
             return Err(format!("{what}: replayed steps differ").into());

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::delta::{RecordDelta, Unlogged};
+
 /// Bytes of a frame before its payload.
 pub(super) const FRAME_HEADER: usize = 32;
 /// Fewest payload bytes of a frame the writer writes: a [`Frame`] in
@@ -141,16 +143,50 @@ pub(in crate::store::redb) enum Change {
         limit: u64,
         records: u64,
     },
+    // Added with index entries derived at replay: appended, as above.
+    // Written only to a format-3 file's journal (a format-2 file's keeps
+    // the plain changes above, which a released build reads). Each stands
+    // for a record write and the index changes it made, which replay
+    // derives from the record stored under `key` before it
+    // (`derived.rs`).
+    /// A record stored under slot key `key`, where none was; its index
+    /// entry added.
+    PutNewRecord {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+        #[serde(with = "crate::store::wire::byte_buf")]
+        value: Vec<u8>,
+    },
+    /// The record under slot key `key` rewritten: the fields that differ
+    /// from the stored one (`delta.rs`); its index entry moved. `base`:
+    /// the last 8 bytes of the stored value it changes (a format-2 value's
+    /// checksum), so a delta is never applied to another value.
+    PutRecordDelta {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+        base: [u8; 8],
+        delta: RecordDelta,
+        /// The value the live write stored, for the overlay; not in the
+        /// frame.
+        #[serde(skip)]
+        live: Unlogged,
+    },
+    /// The record under slot key `key` deleted, with its index entry.
+    DelIndexedRecord {
+        #[serde(with = "crate::store::wire::byte_buf")]
+        key: Vec<u8>,
+    },
 }
 
 impl Change {
     /// Bytes of the keys and values it carries (what makes a frame large).
     pub(in crate::store::redb) fn size_bytes(&self) -> usize {
         match self {
-            Change::PutRecord { key, value } | Change::PutHistory { key, value, .. } => {
-                key.len().saturating_add(value.len())
-            }
+            Change::PutRecord { key, value }
+            | Change::PutNewRecord { key, value }
+            | Change::PutHistory { key, value, .. } => key.len().saturating_add(value.len()),
             Change::DelRecord { key }
+            | Change::DelIndexedRecord { key }
             | Change::PutIndex { key, .. }
             | Change::DelIndex { key, .. }
             | Change::DelHistory { key, .. } => key.len(),
@@ -170,6 +206,9 @@ impl Change {
                 .saturating_add(value.len()),
             Change::DelStep { key, name } => key.len().saturating_add(name.len()),
             Change::MergeCopy { after, .. } => after.as_ref().map_or(0, Vec::len),
+            Change::PutRecordDelta { key, delta, .. } => {
+                key.len().saturating_add(delta.size_bytes())
+            }
         }
     }
 }

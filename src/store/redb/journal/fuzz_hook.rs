@@ -38,16 +38,45 @@ pub(in crate::store::redb) fn fuzz_read(framed: bool, checkpointed: u64, body: &
     match reader.read_frames(&bytes) {
         Ok(scanned) => {
             let mut last = checkpointed;
-            for (lsn, _) in &scanned.frames {
+            for (lsn, frame) in &scanned.frames {
                 assert!(
                     last.checked_add(1) == Some(*lsn),
                     "frames out of order: {lsn} after {last}"
                 );
                 last = *lsn;
+                expand_all(frame);
             }
             scanned.frames.len()
         }
         Err(_) => 0,
+    }
+}
+
+/// Expands each of `frame`'s changes as replay does (`derived.rs`), over
+/// no stored record, a value that does not decode, and a record that
+/// decodes under the change's key; and applies each delta to a record:
+/// refused or applied, never a panic.
+fn expand_all(frame: &super::frame::Frame) {
+    use crate::store::codec;
+    use crate::store::record::Record;
+    let record = Record::processing(
+        crate::fingerprint::Fingerprint::from_bytes([1; 32]),
+        1,
+        "fuzz".into(),
+        1,
+        2,
+    );
+    for change in &frame.changes {
+        let _ = super::derived::expand(change, None);
+        let _ = super::derived::expand(change, Some(&[2, 0, 0]));
+        if let Some(key) = change.derived_key() {
+            if let Some((_, rkey)) = crate::store::redb::partition::slot::split(key) {
+                let _ = super::derived::expand(change, Some(&codec::encode(rkey, &record)));
+            }
+        }
+        if let super::frame::Change::PutRecordDelta { delta, .. } = change {
+            let _ = delta.apply(record.clone());
+        }
     }
 }
 

@@ -68,6 +68,10 @@
 //!
 //! - `frame.rs`: what a frame holds ([`Frame`], [`Change`]) and its
 //!   on-disk framing (header, checksum, padding);
+//! - `delta.rs`: a record rewrite as the fields it changed (format 3's
+//!   `Change::PutRecordDelta`);
+//! - `derived.rs`: format 3's record changes whose index entries replay
+//!   derives, turned back into the plain changes the live path made;
 //! - `storage.rs`: where the bytes live ([`JournalStorage`]);
 //! - `writer.rs`: appending frames, syncing them ([`JournalSync`]) and the
 //!   checkpoint anchor;
@@ -75,6 +79,8 @@
 //! - `recovery.rs`: opening a journal and scanning it for read-only views;
 //! - `error.rs`: [`JournalError`].
 
+mod delta;
+mod derived;
 mod error;
 mod frame;
 #[cfg(any(test, fuzzing))]
@@ -88,6 +94,8 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+pub(super) use self::delta::{RecordDelta, Unlogged};
+pub(super) use self::derived::{base_sum, expand};
 pub(crate) use self::error::JournalError;
 pub(super) use self::frame::{Change, Frame, IndexTable};
 pub(super) use self::reader::Scanned;

@@ -705,3 +705,58 @@ fn appends_write_whole_pages_and_read_back() -> Result<(), Box<dyn std::error::E
 }
 
 const PAGE_BYTES: u64 = 4096;
+
+/// Format 3's derived record changes (`derived.rs`) keep their variant
+/// indexes and shapes (appended after `MergeDrop`), and their bytes are
+/// pinned: a new record, a completion's delta of its claim (with the
+/// base's checksum; the live value beside it is not written), a delete.
+#[test]
+fn derived_record_changes_have_their_golden_bytes() -> TestResult {
+    use crate::envelope::Envelope;
+    use crate::fingerprint::Fingerprint;
+    use crate::store::record::{Completion, Record, StoredResponse};
+    let claim = Record::processing(
+        Fingerprint::from_bytes([7; 32]),
+        41,
+        "ref-41".into(),
+        1_790_000_000_000,
+        1_790_000_030_000,
+    );
+    let response = StoredResponse::new(Envelope::new(1, 201, b"paid".to_vec()), None);
+    let done = claim.completed(Completion::Success, response, 1_790_000_000_500, 86_400_000);
+    let slot = b"\x00\x00\x00\x00\x00\x00\x00\x01\x04shoppay-1".to_vec();
+    let new = Change::PutNewRecord {
+        key: slot.clone(),
+        value: vec![2, 1, 0, 255],
+    };
+    let delta = Change::PutRecordDelta {
+        key: slot.clone(),
+        base: [1, 2, 3, 4, 5, 6, 7, 8],
+        delta: RecordDelta::between(&claim, &done),
+        live: Unlogged(vec![9; 40]),
+    };
+    let delete = Change::DelIndexedRecord { key: slot };
+    let hex = |c: &Change| -> Result<String, postcard::Error> {
+        Ok(crate::store::record::hex(&postcard::to_allocvec(c)?))
+    };
+    assert_eq!(
+        hex(&new)?,
+        "131200000000000000010473686f707061792d3104020100ff"
+    );
+    // Variant 20, the slot key, the base's 8 bytes, then 4 fields: state
+    // COMPLETED, updated at, expires at, the response (schema 1, status
+    // 201, no headers, body "paid", no resource).
+    assert_eq!(
+        hex(&delta)?,
+        concat!(
+            "141200000000000000010473686f707061792d310102030405060708",
+            "04000106f4dbc1a28c3408f493dbcb8c340d0101c90100047061696400"
+        )
+    );
+    assert_eq!(hex(&delete)?, "151200000000000000010473686f707061792d31");
+    for change in [new, delta, delete] {
+        let read: Change = postcard::from_bytes(&postcard::to_allocvec(&change)?)?;
+        assert_eq!(read, change);
+    }
+    Ok(())
+}

@@ -9,7 +9,7 @@ use crate::salvage::Lost;
 use crate::store::codec;
 use crate::store::record::hex;
 
-use super::super::journal::{salvage_frames, Change, Frame, IndexTable, JournalStorage};
+use super::super::journal::{expand, salvage_frames, Change, Frame, IndexTable, JournalStorage};
 use super::super::meta;
 use super::gathered::{Entries, Gathered, IndexEntry, Reasons, StoredCounter};
 use super::walk::{Gap, IndexGaps};
@@ -52,73 +52,24 @@ impl Work {
         let mut last_write: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
         let mut last_entity_write: BTreeMap<String, u64> = BTreeMap::new();
         for (lsn, frame) in frames {
-            for change in &frame.changes {
-                match change {
-                    Change::PutRecord { key, value } => {
-                        last_write.insert(key.clone(), *lsn);
-                        self.unreadable.remove(key);
-                        self.records.insert(key.clone(), value.clone());
-                    }
-                    Change::DelRecord { key } => {
-                        last_write.insert(key.clone(), *lsn);
-                        self.unreadable.remove(key);
-                        self.records.remove(key);
-                    }
-                    Change::PutIndex {
-                        index: which,
-                        at,
-                        key,
-                    } => {
-                        self.index.insert((index_name(*which), *at, key.clone()));
-                    }
-                    Change::DelIndex {
-                        index: which,
-                        at,
-                        key,
-                    } => {
-                        self.index.remove(&(index_name(*which), *at, key.clone()));
-                    }
-                    Change::PutOutbox { seq, value } => {
-                        self.outbox.insert(*seq, value.clone());
-                    }
-                    Change::DelOutbox { seq } => {
-                        self.outbox.remove(seq);
-                    }
-                    Change::PutEntity { id, value } => {
-                        last_entity_write.insert(id.clone(), *lsn);
-                        self.entities.insert(id.clone(), value.clone());
-                    }
-                    Change::PutStep { key, name, value } => {
-                        self.steps
-                            .insert((key.clone(), name.clone()), value.clone());
-                    }
-                    Change::DelStep { key, name } => {
-                        self.steps.remove(&(key.clone(), name.clone()));
-                    }
-                    Change::PutHistory { key, seq, value } => {
-                        self.history.insert((key.clone(), *seq), value.clone());
-                    }
-                    Change::DelHistory { key, seq } => {
-                        self.history.remove(&(key.clone(), *seq));
-                    }
-                    // Salvage keeps what requests and relays need; dead
-                    // letters (an operator's list) are not carried over.
-                    // Format 3: rows and filters are built anew for the new
-                    // file, never copied (`partitioned::known_partitions`
-                    // reads the partitions they name).
-                    Change::PutDeadLetter { .. }
-                    | Change::DelDeadLetter { .. }
-                    | Change::PutPartition { .. }
-                    | Change::DelPartition { .. }
-                    | Change::PutFilter { .. }
-                    | Change::DelFilter { .. }
-                    // A merge's copies are twins of their sources, and its
-                    // drops delete stale copies: the sources' records
-                    // (found by the walks or written by the frames) stand
-                    // for both (`partitioned::unslot` weighs a key found in
-                    // a source and in the merged partition).
-                    | Change::MergeCopy { .. }
-                    | Change::MergeDrop { .. } => {}
+            for logged in &frame.changes {
+                // A derived change (format 3) stands for the plain changes
+                // the live path made, which the record found under its key
+                // tells; one that does not fit it leaves the key unknown.
+                let plain = match logged.derived_key() {
+                    Some(key) => match expand(logged, self.records.get(key).map(Vec::as_slice)) {
+                        Ok(plain) => plain,
+                        Err(e) => {
+                            last_write.insert(key.clone(), *lsn);
+                            self.records.remove(key);
+                            self.unreadable.insert(key.clone(), e.to_string());
+                            continue;
+                        }
+                    },
+                    None => vec![logged.clone()],
+                };
+                for change in &plain {
+                    self.apply_plain(change, *lsn, &mut last_write, &mut last_entity_write);
                 }
             }
             self.next_token = self.next_token.max(frame.next_token);
@@ -134,6 +85,88 @@ impl Work {
         {
             self.entities.remove(&id);
             self.stale_entities.push((id, lsn));
+        }
+    }
+
+    /// Applies one plain change of frame `lsn`, noting the last write of
+    /// each record key and entity.
+    fn apply_plain(
+        &mut self,
+        change: &Change,
+        lsn: u64,
+        last_write: &mut BTreeMap<Vec<u8>, u64>,
+        last_entity_write: &mut BTreeMap<String, u64>,
+    ) {
+        match change {
+            Change::PutRecord { key, value } => {
+                last_write.insert(key.clone(), lsn);
+                self.unreadable.remove(key);
+                self.records.insert(key.clone(), value.clone());
+            }
+            Change::DelRecord { key } => {
+                last_write.insert(key.clone(), lsn);
+                self.unreadable.remove(key);
+                self.records.remove(key);
+            }
+            Change::PutIndex {
+                index: which,
+                at,
+                key,
+            } => {
+                self.index.insert((index_name(*which), *at, key.clone()));
+            }
+            Change::DelIndex {
+                index: which,
+                at,
+                key,
+            } => {
+                self.index.remove(&(index_name(*which), *at, key.clone()));
+            }
+            Change::PutOutbox { seq, value } => {
+                self.outbox.insert(*seq, value.clone());
+            }
+            Change::DelOutbox { seq } => {
+                self.outbox.remove(seq);
+            }
+            Change::PutEntity { id, value } => {
+                last_entity_write.insert(id.clone(), lsn);
+                self.entities.insert(id.clone(), value.clone());
+            }
+            Change::PutStep { key, name, value } => {
+                self.steps
+                    .insert((key.clone(), name.clone()), value.clone());
+            }
+            Change::DelStep { key, name } => {
+                self.steps.remove(&(key.clone(), name.clone()));
+            }
+            Change::PutHistory { key, seq, value } => {
+                self.history.insert((key.clone(), *seq), value.clone());
+            }
+            Change::DelHistory { key, seq } => {
+                self.history.remove(&(key.clone(), *seq));
+            }
+            // Salvage keeps what requests and relays need; dead
+            // letters (an operator's list) are not carried over.
+            // Format 3: rows and filters are built anew for the new
+            // file, never copied (`partitioned::known_partitions`
+            // reads the partitions they name).
+            Change::PutDeadLetter { .. }
+            | Change::DelDeadLetter { .. }
+            | Change::PutPartition { .. }
+            | Change::DelPartition { .. }
+            | Change::PutFilter { .. }
+            | Change::DelFilter { .. }
+            // A merge's copies are twins of their sources, and its
+            // drops delete stale copies: the sources' records
+            // (found by the walks or written by the frames) stand
+            // for both (`partitioned::unslot` weighs a key found in
+            // a source and in the merged partition).
+            | Change::MergeCopy { .. }
+            | Change::MergeDrop { .. }
+            // Expanded before (`expand` gives plain changes only).
+            | Change::PutNewRecord { .. }
+            | Change::PutRecordDelta { .. }
+            | Change::DelIndexedRecord { .. } => {}
         }
     }
 

@@ -251,17 +251,15 @@ fn named_keys(index: &BTreeSet<IndexEntry>, frames: &[(u64, Frame)], partitioned
     };
     for (_, frame) in frames {
         for change in &frame.changes {
-            match change {
-                Change::PutRecord { key, .. } | Change::DelRecord { key } if partitioned => {
+            match (change.record_write(), change) {
+                (Some((key, _)), _) if partitioned => {
                     if let Some((_, rkey)) = slot::split(key) {
                         named.record_keys.insert(rkey.to_vec());
                     }
                     named.slots.insert(key.clone());
                 }
-                Change::PutRecord { key, .. }
-                | Change::DelRecord { key }
-                | Change::PutIndex { key, .. }
-                | Change::DelIndex { key, .. } => {
+                (Some((key, _)), _)
+                | (_, Change::PutIndex { key, .. } | Change::DelIndex { key, .. }) => {
                     named.record_keys.insert(key.clone());
                 }
                 _ => {}

@@ -52,10 +52,11 @@ pub(super) fn known_partitions(
     known.extend(prefixes(history.keys().map(|(s, _)| s.as_slice())));
     for (_, frame) in frames {
         for change in &frame.changes {
+            if let Some((key, _)) = change.record_write() {
+                known.extend(slot::split(key).map(|(p, _)| p));
+            }
             match change {
-                Change::PutRecord { key, .. }
-                | Change::DelRecord { key }
-                | Change::PutStep { key, .. }
+                Change::PutStep { key, .. }
                 | Change::DelStep { key, .. }
                 | Change::PutHistory { key, .. }
                 | Change::DelHistory { key, .. } => {
@@ -201,11 +202,10 @@ pub(super) fn unslot(
     let mut last_put: BTreeMap<Vec<u8>, Option<u64>> = BTreeMap::new();
     for (_, frame) in frames {
         for change in &frame.changes {
-            if let Change::PutRecord { key, .. } | Change::DelRecord { key } = change {
+            if let Some((key, put)) = change.record_write() {
                 // A slot a frame wrote is settled by it.
                 failed.remove(key);
                 if let Some((rkey, p)) = unslotted(key) {
-                    let put = matches!(change, Change::PutRecord { .. });
                     last_put.insert(rkey, put.then_some(p));
                 }
             }
