@@ -298,13 +298,20 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             return;
         }
         let Ok(client) = client else { continue };
-        if shared.lock().refuse {
-            let _ = client.shutdown(Shutdown::Both);
-            continue;
-        }
-        if shared.accepted.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            let _ = client.shutdown(Shutdown::Both);
-            continue;
+        {
+            // Checked and registered under one lock: a `refuse` or
+            // `cut_all` either comes first (refused here) or finds the
+            // connection in `live` (closed by it). Registered by its
+            // thread instead, a connection accepted just before a cut
+            // could outlive it.
+            let mut s = shared.lock();
+            if s.refuse || shared.accepted.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                let _ = client.shutdown(Shutdown::Both);
+                continue;
+            }
+            if let Ok(c) = client.try_clone() {
+                s.live.push(c);
+            }
         }
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
@@ -319,11 +326,8 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 /// Serves one client: waits out a black hole (the client's connect
 /// hangs), reaches the server, and pumps both ways.
 fn connection(client: TcpStream, shared: &Arc<Shared>) {
-    // The client side is registered at once, so a drop closes it even
-    // while it waits here.
-    if let Ok(c) = client.try_clone() {
-        shared.lock().live.push(c);
-    }
+    // The client side is registered (by the accept loop), so a drop or a
+    // cut closes it even while it waits here.
     if !shared.wait_open() {
         let _ = client.shutdown(Shutdown::Both);
         return;
