@@ -25,6 +25,9 @@ use super::partition::catalog;
 use super::partition::slot;
 use super::tables::{OpError, Tables};
 
+/// Records [`Tables::rescue_twins`] reads between looks at its time.
+const READ_CHUNK: usize = 16;
+
 impl Tables<'_> {
     /// The twins of slot key `slot` in dropping sources (none in format 2,
     /// outside a merged partition, or when nothing is dropping).
@@ -166,6 +169,13 @@ impl Tables<'_> {
         let batch: Vec<(Vec<u8>, Vec<u8>)> = {
             let mut out = Vec::new();
             for entry in catalog::range(&self.records, partition)?.take(limit) {
+                // Read no further than the time allows (asked every
+                // `READ_CHUNK` records): a step cut short would otherwise
+                // read `limit` records to look at a few, and its drop
+                // delete no more than those.
+                if !out.is_empty() && out.len() % READ_CHUNK == 0 && spent() {
+                    break;
+                }
                 let (k, v) = entry?;
                 out.push((k.value().to_vec(), v.value().to_vec()));
             }
