@@ -21,8 +21,8 @@ use crate::store::codec;
 use crate::store::record::hex;
 
 use super::journal::Change;
-use super::partition::catalog;
 use super::partition::slot;
+use super::partition::{catalog, merge};
 use super::tables::{OpError, Tables};
 
 /// Records [`Tables::rescue_twins`] reads between looks at its time.
@@ -173,7 +173,7 @@ impl Tables<'_> {
                 // `READ_CHUNK` records): a step cut short would otherwise
                 // read `limit` records to look at a few, and its drop
                 // delete no more than those.
-                if !out.is_empty() && out.len() % READ_CHUNK == 0 && spent() {
+                if out.len() >= merge::MIN_STEP_RECORDS && out.len() % READ_CHUNK == 0 && spent() {
                     break;
                 }
                 let (k, v) = entry?;
@@ -191,7 +191,7 @@ impl Tables<'_> {
             .filter(|d| *d > partition)
             .collect();
         for (looked, (source, value)) in batch.into_iter().enumerate() {
-            if looked > 0 && spent() {
+            if looked >= merge::MIN_STEP_RECORDS && spent() {
                 return Ok(looked);
             }
             let Some((_, rkey)) = slot::split(&source) else {

@@ -69,6 +69,12 @@ pub(crate) const MERGE_STEP_TIME: std::time::Duration = std::time::Duration::fro
 /// Records a copy step reads from the sources at a time, between looks
 /// at its time.
 const COPY_CHUNK: usize = 16;
+/// The fewest records a copy or drop step does before its time may cut
+/// it (fewer only when fewer are left): a step has costs of its own (its
+/// frame, its group), and on pages the cache does not hold one record can
+/// take the whole 1 ms, so a floor of one record could stretch a drop
+/// into a step per record.
+pub(crate) const MIN_STEP_RECORDS: usize = COPY_CHUNK;
 
 /// The tables a copy or drop step writes.
 pub(crate) struct MergeTables<'a, 't> {
@@ -265,8 +271,9 @@ fn pull(
 /// are gone, up to `limit` steps and as many log entries left in its
 /// range too (none this build writes). Returns how many records it
 /// deleted and whether the ranges are empty. It stops early once
-/// `spent()` says its time is up (asked after each record, so at least
-/// one is deleted when any is left): it has then done what a step with
+/// `spent()` says its time is up (asked after each record from the
+/// [`MIN_STEP_RECORDS`]th on, so at least that many are deleted when that
+/// many are left): it has then done what a step with
 /// `limit` = the records it deleted does, and says so in
 /// [`Dropped::limit`], the limit its replay passes.
 ///
@@ -301,7 +308,7 @@ pub(crate) fn drop_step(
         limit: limit as u64,
     };
     for (i, s) in slots.iter().enumerate() {
-        if i > 0 && spent() {
+        if i >= MIN_STEP_RECORDS && spent() {
             // Records are left: a step with limit `i` stops here too.
             more = true;
             out.limit = i as u64;

@@ -12,7 +12,7 @@ use super::super::row::{PartitionRow, PartitionState};
 use super::super::slot::{slot_key, BUILT_PARTITIONS};
 use super::{
     copy_step, drop_step, due_sources, merging_row, next_built, MergeTables, COPY_CHUNK,
-    MERGE_GRACE_MS, MERGE_SPAN_MS,
+    MERGE_GRACE_MS, MERGE_SPAN_MS, MIN_STEP_RECORDS,
 };
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -244,7 +244,7 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
         }
         assert_eq!(counts.iter().sum::<usize>(), n);
         assert_eq!(counts.len(), n.div_ceil(COPY_CHUNK));
-        // Dropped with no time: a record a step.
+        // Dropped with no time: the floor of records a step.
         let mut drops = Vec::new();
         loop {
             let step = drop_step(&mut t, 1, 512, &|| true)?;
@@ -256,7 +256,8 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
         }
         assert!(drops[..drops.len() - 1]
             .iter()
-            .all(|&(records, limit)| records == 1 && limit == 1));
+            .all(|&(records, limit)| records == MIN_STEP_RECORDS as u64
+                && limit == MIN_STEP_RECORDS as u64));
         assert!(partition_records(t.records, 1)?.is_empty());
     }
     let timed = partition_records(&txn.open_table(RECORDS)?, m)?;
@@ -287,10 +288,12 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
         assert_eq!(t.history.len()?, 2 * n as u64);
     }
     txn.abort()?;
-    // A drop step cut after 3 records of a 10-record limit says limit 3,
-    // and a step with that limit on the same state (its replay) does the
-    // same; so does a cut that leaves the partition's last record.
-    for (records, limit, looks) in [(10, 10, 2), (4, 10, 2)] {
+    // A drop step cut after the floor and 2 more records of a 40-record
+    // limit says limit 18, and a step with that limit on the same state
+    // (its replay) does the same; so does a cut that leaves the
+    // partition's last record. Time is first asked at the floor.
+    let cut = MIN_STEP_RECORDS + 2;
+    for (records, limit, looks) in [(40, 40, 2), (cut + 1, 40, 2)] {
         let mut after = Vec::new();
         for spent in [&spent_after(looks) as &dyn Fn() -> bool, &|| false] {
             let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
@@ -316,8 +319,8 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
                 (step.records, step.done, t.steps.len()?),
             ));
         }
-        assert_eq!(after[0].1, 3, "the cut step's limit");
-        assert_eq!(after[0].2, (3, false, records as u64 - 3));
+        assert_eq!(after[0].1, cut, "the cut step's limit");
+        assert_eq!(after[0].2, (cut as u64, false, (records - cut) as u64));
         assert_eq!(after[0], after[1], "the replay does the same");
     }
     Ok(())
