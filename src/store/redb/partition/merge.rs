@@ -62,7 +62,8 @@ pub(crate) const MERGE_STEP_RECORDS: usize = 512;
 /// it (about one group commit's time beside 64 clients, BENCHMARKS.md
 /// "The merge's writer stall"): a step stops at [`MERGE_STEP_RECORDS`],
 /// or once this much time has gone and a client waits, whichever comes
-/// first, having done at least one record (so a merge always finishes).
+/// first, having done at least [`MIN_STEP_RECORDS`] (so a merge always
+/// finishes, in at most one step per that many records).
 /// The count it did is in its journal frame, so a replay does the same
 /// without a clock.
 pub(crate) const MERGE_STEP_TIME: std::time::Duration = std::time::Duration::from_millis(1);
