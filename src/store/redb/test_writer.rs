@@ -144,10 +144,8 @@ where
     for<'a> K::SelfType<'a>: std::fmt::Debug,
 {
     let txn = db.begin_read()?;
-    let table = match txn.open_table(def) {
-        Ok(table) => table,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
+    let Some(table) = opened(&txn, def)? else {
+        return Ok(Vec::new());
     };
     let mut out = Vec::new();
     for entry in table.iter()? {
@@ -157,16 +155,26 @@ where
     Ok(out)
 }
 
+/// Table `def` of `txn`, `None` if the file has none.
+fn opened<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> R<Option<redb::ReadOnlyTable<K, V>>> {
+    match txn.open_table(def) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Every entry of an index table.
 pub(super) fn dump_index(
     db: &Database,
     def: TableDefinition<(u64, &'static [u8]), ()>,
 ) -> R<Vec<(u64, Vec<u8>)>> {
     let txn = db.begin_read()?;
-    let table = match txn.open_table(def) {
-        Ok(table) => table,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
+    let Some(table) = opened(&txn, def)? else {
+        return Ok(Vec::new());
     };
     let mut out = Vec::new();
     for entry in table.iter()? {

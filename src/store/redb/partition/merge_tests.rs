@@ -17,6 +17,21 @@ use super::{
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// Runs `f` on the three tables a merge step writes, in `txn`.
+fn with_tables<T>(
+    txn: &redb::WriteTransaction,
+    f: impl FnOnce(&mut MergeTables<'_, '_>) -> R<T>,
+) -> R<T> {
+    let mut records = txn.open_table(RECORDS)?;
+    let mut steps = txn.open_table(STEPS)?;
+    let mut history = txn.open_table(HISTORY)?;
+    f(&mut MergeTables {
+        records: &mut records,
+        steps: &mut steps,
+        history: &mut history,
+    })
+}
+
 const DAY: u64 = 86_400_000;
 /// The start of a span.
 const H0: u64 = 500_000 * MERGE_SPAN_MS;
@@ -218,18 +233,10 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
     let txn = db.begin_write()?;
     build(&txn)?;
     let mut counts = Vec::new();
-    {
-        let mut records = txn.open_table(RECORDS)?;
-        let mut steps = txn.open_table(STEPS)?;
-        let mut history = txn.open_table(HISTORY)?;
-        let mut t = MergeTables {
-            records: &mut records,
-            steps: &mut steps,
-            history: &mut history,
-        };
+    with_tables(&txn, |t| {
         let mut after: Option<Vec<u8>> = None;
         loop {
-            let step = copy_step(&mut t, m, &[1, 2, 3], after.as_deref(), 512, &|| true)?;
+            let step = copy_step(t, m, &[1, 2, 3], after.as_deref(), 512, &|| true)?;
             assert!(
                 !step.keys.is_empty() || step.done,
                 "a step copies a record while any is left"
@@ -247,7 +254,7 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
         // Dropped with no time: the floor of records a step.
         let mut drops = Vec::new();
         loop {
-            let step = drop_step(&mut t, 1, 512, &|| true)?;
+            let step = drop_step(t, 1, 512, &|| true)?;
             drops.push((step.records, step.limit));
             if step.done {
                 break;
@@ -259,7 +266,8 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
             .all(|&(records, limit)| records == MIN_STEP_RECORDS as u64
                 && limit == MIN_STEP_RECORDS as u64));
         assert!(partition_records(t.records, 1)?.is_empty());
-    }
+        Ok(())
+    })?;
     let timed = partition_records(&txn.open_table(RECORDS)?, m)?;
     txn.abort()?;
 
@@ -268,25 +276,18 @@ fn steps_out_of_time_still_finish_the_merge_and_replay_alike() -> R<()> {
     let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
     let txn = db.begin_write()?;
     build(&txn)?;
-    {
-        let mut records = txn.open_table(RECORDS)?;
-        let mut steps = txn.open_table(STEPS)?;
-        let mut history = txn.open_table(HISTORY)?;
-        let mut t = MergeTables {
-            records: &mut records,
-            steps: &mut steps,
-            history: &mut history,
-        };
+    with_tables(&txn, |t| {
         let mut after: Option<Vec<u8>> = None;
         for count in &counts {
-            let step = copy_step(&mut t, m, &[1, 2, 3], after.as_deref(), *count, &|| false)?;
+            let step = copy_step(t, m, &[1, 2, 3], after.as_deref(), *count, &|| false)?;
             assert_eq!(step.keys.len(), *count);
             after = step.keys.last().cloned().or(after);
         }
         assert_eq!(partition_records(t.records, m)?, timed);
         assert_eq!(t.steps.len()?, 2 * n as u64);
         assert_eq!(t.history.len()?, 2 * n as u64);
-    }
+        Ok(())
+    })?;
     txn.abort()?;
     // A drop step cut after the floor and 2 more records of a 40-record
     // limit says limit 18, and a step with that limit on the same state
