@@ -53,7 +53,12 @@
 //!   (per format):
 //!   the oldest `IDEMPOTENCY_BENCH_SWEEP_MINUTES` (20) of the day's
 //!   records, in 3 passes (a day does not fit the budget: the line gives
-//!   the day's time at the measured rate);
+//!   the day's time at the measured rate). Each pass runs beside the
+//!   clients for at most 20 s, then alone to its end, as the merge does.
+//!   The store's clock stood near T0 at the merge above, so the day's
+//!   last hour (claims in `[T0 - 1 h, T0)`) is merged in the pass that
+//!   passes `T0 + 15 min` (the merge's grace), the third: its line counts
+//!   the merge steps in it;
 //! - peak RSS (`VmHWM`) of each server, with redb's default 1 GiB cache
 //!   (the engine sets none), or `IDEMPOTENCY_BENCH_CACHE_MIB` MiB
 //!   (`EngineBuilder::cache_size`) for every server.
@@ -428,8 +433,17 @@ fn serve(n: u64, path: &Path) {
                 let e = engine.as_ref().expect("open");
                 clock.set(at.parse::<u64>().expect("at").max(clock.now_ms()));
                 let cap = Duration::from_millis(cap_ms.parse().expect("cap"));
-                let (deleted, took, busy, idle) = sweep_pair(e, cap);
-                format!("{deleted} {} {busy} {idle}", took.as_secs_f64())
+                let w = sweep_pair(e, cap, times);
+                format!(
+                    "{} {} {} {} {} {} {}",
+                    w.deleted,
+                    w.took.as_secs_f64(),
+                    w.busy_p99,
+                    w.idle_p99,
+                    w.busy_for.as_secs_f64(),
+                    w.merge_steps.0,
+                    w.merge_steps.1
+                )
             }
             ["merge", window_ms] => {
                 // Format 3: the sweep merges each closed hour's partitions
@@ -489,34 +503,65 @@ fn run_with_real_time(clock: ManualClock) {
     });
 }
 
-/// `sweep_now` beside 64 clients, then an idle window as long as the sweep
-/// (at most `cap`): (records deleted, sweep time, begin p99 µs while
-/// sweeping, idle begin p99 µs).
-fn sweep_pair(engine: &Engine, cap: Duration) -> (u64, Duration, f64, f64) {
+/// What [`sweep_pair`] saw.
+struct Swept {
+    /// Records the sweep deleted.
+    deleted: u64,
+    /// The sweep's time (one `sweep_now`, to its end).
+    took: Duration,
+    /// How long the clients ran beside it (at most the cap).
+    busy_for: Duration,
+    /// `begin` p99 µs of the clients beside it (NaN: none ran).
+    busy_p99: f64,
+    /// `begin` p99 µs of the clients alone, as long as the busy window.
+    idle_p99: f64,
+    /// Merge copy and drop steps the sweep ran (`(0, 0)` without the
+    /// recorder): an hour that closed by the sweep's time merges in it.
+    merge_steps: (u64, u64),
+}
+
+/// `sweep_now` beside 64 clients for at most `cap` (the clients add
+/// records: the cap bounds how many, as [`merge_pair`]'s window does),
+/// then alone to its end; then the clients alone for as long as they ran
+/// beside it (at least 200 ms).
+fn sweep_pair(engine: &Engine, cap: Duration, times: Option<&StepTimes>) -> Swept {
+    if let Some(t) = times {
+        t.keep(true);
+    }
     let active = AtomicBool::new(true);
-    let (busy, took, counts) = std::thread::scope(|s| {
+    let (busy_p99, busy_for, took, counts) = std::thread::scope(|s| {
         let sweeper = s.spawn(|| {
             let start = Instant::now();
             let counts = engine.sweep_now().expect("sweep");
             active.store(false, Ordering::SeqCst);
             (start.elapsed(), counts)
         });
-        let p99 = common::begin_p99_while(engine, || active.load(Ordering::SeqCst));
+        let started = Instant::now();
+        let stop = started + cap;
+        let p99 = common::begin_p99_while(engine, || {
+            active.load(Ordering::SeqCst) && Instant::now() < stop
+        });
+        let busy_for = started.elapsed();
         let (took, counts) = sweeper.join().expect("sweeper");
-        (p99, took, counts)
+        (p99, busy_for, took, counts)
     });
-    let end = Instant::now()
-        + took.clamp(
-            Duration::from_millis(200),
-            cap.max(Duration::from_millis(200)),
-        );
+    let merge_steps = times.map_or((0, 0), |t| {
+        let s = t.summary();
+        (s[0] as u64, s[4] as u64)
+    });
+    if let Some(t) = times {
+        t.keep(false);
+    }
+    let end = Instant::now() + busy_for.max(Duration::from_millis(200));
     let idle = common::begin_p99_while(engine, || Instant::now() < end);
-    (
-        counts.deleted,
+    Swept {
+        deleted: counts.deleted,
         took,
-        busy.unwrap_or(f64::NAN),
-        idle.unwrap_or(f64::NAN),
-    )
+        busy_for,
+        busy_p99: busy_p99.unwrap_or(f64::NAN),
+        idle_p99: idle.unwrap_or(f64::NAN),
+        merge_steps,
+    }
 }
 
 /// What [`merge_pair`] saw.
@@ -1062,11 +1107,14 @@ fn sweep(large_s: &mut Server, measuring: bool) {
             idle.push(v[3]);
         }
         println!(
-            "SWEEP {} pass {p}: {} records in {:.2}s ({:.1} us each), begin p99 {:.0} us sweeping vs {:.0} us idle",
+            "SWEEP {} pass {p}: {} records in {:.2}s ({:.1} us each), the first {:.1}s beside 64 clients; merge steps in it: {} copy, {} drop; begin p99 {:.0} us sweeping vs {:.0} us idle",
             large_s.name,
             v[0],
             v[1],
             v[1] * 1e6 / v[0].max(1.0),
+            v[4],
+            v[5],
+            v[6],
             v[2],
             v[3]
         );
