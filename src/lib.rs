@@ -179,6 +179,14 @@ pub use store::LocalTx;
 pub use transition::{Transition, MAX_ENTITY_BYTES};
 pub use verify::{Damage, VerifyReport};
 
+/// The `tracing` target of the events that record an operator's action on
+/// a record: today a purge (`Engine::purge`), at WARN, with the key, its
+/// state and whether it was forced. An app can route them to an audit
+/// log with a target filter; the `idem` CLI leaves them out of its
+/// stderr, since it prints what it did itself. Every other event's target
+/// is its module path (`idempotency::...`).
+pub const AUDIT_TARGET: &str = "idempotency::audit";
+
 /// The synchronous PostgreSQL client crate, for tools that share the
 /// engine's connection settings. Its types (`types::ToSql`,
 /// `types::Type`, `Row`, `Statement`) are the ones [`PgTransaction`] takes

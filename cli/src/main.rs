@@ -28,6 +28,7 @@
 
 mod commands;
 mod envelope_json;
+mod logging;
 mod render;
 mod target;
 
@@ -298,6 +299,7 @@ fn parse_state(name: &str) -> Result<State, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init();
     match try_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&*e) => ExitCode::SUCCESS,

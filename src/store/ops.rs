@@ -643,7 +643,13 @@ pub(crate) trait Ops: Txn + Sized {
         }
         self.delete(key, &rec)?;
         drop_steps(self, key)?;
-        tracing::warn!(key = %key, state = %state, force, "record purged");
+        tracing::warn!(
+            target: crate::AUDIT_TARGET,
+            key = %key,
+            state = %state,
+            force,
+            "record purged"
+        );
         Ok(Some(state))
     }
 
