@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,9 +23,12 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 /// loaded machine, yet is short enough for the crash check to wait out.
 const SERVE_ARGS: [&str; 4] = ["--ttl", "2s", "--lease-ms", "3000"];
 
-/// A `payments serve` child; killed when dropped.
+/// A `payments serve` child; killed when dropped. It also exits when its
+/// stdin closes (`--exit-on-stdin-eof`), so a test process killed before
+/// its drops ran (an interrupted `cargo test`) leaves no server behind.
 struct Server {
     child: Child,
+    _stdin: ChildStdin,
     // Kept open: the server must never write to a closed pipe.
     _stdout: BufReader<ChildStdout>,
     addr: SocketAddr,
@@ -38,10 +41,12 @@ impl Server {
             .args(["serve", "--addr", &addr.to_string(), "--store"])
             .arg(db)
             .args(SERVE_ARGS)
-            .stdin(Stdio::null())
+            .arg("--exit-on-stdin-eof")
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
         let mut stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
         let mut first = String::new();
         stdout.read_line(&mut first)?;
@@ -55,6 +60,7 @@ impl Server {
         };
         Ok(Server {
             child,
+            _stdin: stdin,
             _stdout: stdout,
             addr,
         })
