@@ -478,10 +478,10 @@ pub enum Error {
 
     /// A commit or I/O failure poisoned the engine: this call's own (the
     /// calls of the group whose commit failed hear it first) or an earlier
-    /// one. Nothing is written after the disk has said no. An engine opened from a file
-    /// reopens it by itself once the disk takes writes again (see
-    /// [`crate::Engine::poisoned`]); one opened with `open_with_backend`
-    /// must be dropped and opened again.
+    /// one. Nothing is written after the disk has said no. An engine
+    /// opened from a file reopens it by itself once the disk takes writes
+    /// again (see [`crate::Engine::poisoned`]); one opened with
+    /// `open_with_backend` must be dropped and opened again.
     #[error("writes refused: the engine is poisoned by a storage failure ({cause}); it reopens the database once storage takes writes again")]
     Poisoned {
         /// The failure that poisoned the engine.

@@ -127,10 +127,7 @@ impl Db {
         // for a command that writes moves the claims of the process that
         // ended to UNKNOWN and says so; PostgreSQL leaves them to their
         // lease. What the commands print is compared, not those.
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(v)
-            .env("RUST_LOG", "error")
-            .output()?;
+        let out = idem_command().args(v).env("RUST_LOG", "error").output()?;
         Ok((
             out.status.code(),
             String::from_utf8(out.stdout)?,

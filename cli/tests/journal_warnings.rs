@@ -91,14 +91,6 @@ fn tear_last_frame(journal: &Path) -> TestResult {
     Ok(())
 }
 
-/// Runs `idem` with `RUST_LOG` unset, as an operator would.
-fn idem_plain(args: &[&std::ffi::OsStr]) -> TestResult<Output> {
-    Ok(Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()?)
-}
-
 #[test]
 fn salvage_prints_the_torn_frame_warning() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -106,7 +98,7 @@ fn salvage_prints_the_torn_frame_warning() -> TestResult {
     tear_last_frame(&journal)?;
     let db = db_path(dir.path());
     let new = dir.path().join("new.redb");
-    let out = idem_plain(&["salvage".as_ref(), db.as_os_str(), new.as_os_str()])?;
+    let out = idem(["salvage".as_ref(), db.as_os_str(), new.as_os_str()])?;
     let stderr = String::from_utf8(out.stderr)?;
     assert!(out.status.success(), "{:?}\n{stderr}", out.status);
     assert!(stderr.contains(TORN), "stderr: {stderr}");
@@ -125,7 +117,7 @@ fn sweep_prints_the_torn_frame_warning_and_rust_log_off_silences_it() -> TestRes
     let journal = crashed(dir.path())?;
     tear_last_frame(&journal)?;
     let db = db_path(dir.path());
-    let out = idem_plain(&["sweep".as_ref(), db.as_os_str()])?;
+    let out = idem(["sweep".as_ref(), db.as_os_str()])?;
     let stderr = String::from_utf8(out.stderr)?;
     assert!(out.status.success(), "{:?}\n{stderr}", out.status);
     assert!(stderr.contains(TORN), "stderr: {stderr}");
@@ -134,7 +126,7 @@ fn sweep_prints_the_torn_frame_warning_and_rust_log_off_silences_it() -> TestRes
     let dir2 = tempfile::tempdir()?;
     let journal2 = crashed(dir2.path())?;
     tear_last_frame(&journal2)?;
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+    let out = idem_command()
         .args(["sweep".as_ref(), db_path(dir2.path()).as_os_str()])
         .env("RUST_LOG", "off")
         .output()?;

@@ -148,7 +148,7 @@ fn the_password_can_come_from_pgpassword() -> TestResult {
     let prefix = unique_prefix("envpw");
     let args = ["stats", as_role.as_str(), "--table-prefix", prefix.as_str()];
 
-    let without = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+    let without = idem_command()
         .args(args)
         .env_remove("PGPASSWORD")
         .output()?;
@@ -159,7 +159,7 @@ fn the_password_can_come_from_pgpassword() -> TestResult {
         "expected an authentication error: {err}"
     );
 
-    let with = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+    let with = idem_command()
         .args(args)
         .env("PGPASSWORD", password)
         .output()?;

@@ -256,7 +256,7 @@ fn a_wrong_password_is_one_line_without_the_password() -> TestResult {
 
 /// `idem` with `REDISCLI_AUTH` set (or removed, for `None`).
 fn idem_with_auth(args: &[&str], auth: Option<&str>) -> TestResult<std::process::Output> {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+    let mut cmd = idem_command();
     cmd.args(args);
     match auth {
         Some(pw) => cmd.env("REDISCLI_AUTH", pw),

@@ -9,15 +9,23 @@ use idempotency::{Begin, Claim, Engine, Fingerprint, IdempotencyKey};
 
 pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
-/// Runs `idem` with `args` and returns its output.
+/// The `idem` binary as a command with `RUST_LOG` unset, so its stderr
+/// holds what it prints by default (the library's warnings included),
+/// whatever the shell running the tests sets. Add arguments and
+/// environment, then run it.
+pub fn idem_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.env_remove("RUST_LOG");
+    cmd
+}
+
+/// Runs `idem` with `args` (as [`idem_command`]) and returns its output.
 pub fn idem<I, S>(args: I) -> TestResult<Output>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    Ok(Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()?)
+    Ok(idem_command().args(args).output()?)
 }
 
 /// `idem` that must succeed; returns stdout.
