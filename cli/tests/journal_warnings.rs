@@ -91,12 +91,17 @@ fn tear_last_frame(journal: &Path) -> TestResult {
     Ok(())
 }
 
+/// A store in `dir` left by the crashed child with its journal's last
+/// frame torn; returns the database's path.
+fn torn_store(dir: &Path) -> TestResult<PathBuf> {
+    tear_last_frame(&crashed(dir)?)?;
+    Ok(db_path(dir))
+}
+
 #[test]
 fn salvage_prints_the_torn_frame_warning() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let journal = crashed(dir.path())?;
-    tear_last_frame(&journal)?;
-    let db = db_path(dir.path());
+    let db = torn_store(dir.path())?;
     let new = dir.path().join("new.redb");
     let out = idem(["salvage".as_ref(), db.as_os_str(), new.as_os_str()])?;
     let stderr = String::from_utf8(out.stderr)?;
@@ -114,9 +119,7 @@ fn salvage_prints_the_torn_frame_warning() -> TestResult {
 #[test]
 fn sweep_prints_the_torn_frame_warning_and_rust_log_off_silences_it() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let journal = crashed(dir.path())?;
-    tear_last_frame(&journal)?;
-    let db = db_path(dir.path());
+    let db = torn_store(dir.path())?;
     let out = idem(["sweep".as_ref(), db.as_os_str()])?;
     let stderr = String::from_utf8(out.stderr)?;
     assert!(out.status.success(), "{:?}\n{stderr}", out.status);
@@ -124,10 +127,9 @@ fn sweep_prints_the_torn_frame_warning_and_rust_log_off_silences_it() -> TestRes
 
     // The same damage again, with logging off: nothing on stderr.
     let dir2 = tempfile::tempdir()?;
-    let journal2 = crashed(dir2.path())?;
-    tear_last_frame(&journal2)?;
+    let db2 = torn_store(dir2.path())?;
     let out = idem_command()
-        .args(["sweep".as_ref(), db_path(dir2.path()).as_os_str()])
+        .args(["sweep".as_ref(), db2.as_os_str()])
         .env("RUST_LOG", "off")
         .output()?;
     assert!(out.status.success(), "{:?}", out.status);
